@@ -1,0 +1,42 @@
+"""The events a worker accepts, validated by Powertools Parser (pydantic) before any work starts.
+
+A malformed event is refused with an error naming the field, instead of failing deep inside a
+phase; Step Functions sees it as ``BadEvent`` and does not retry it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+_BUCKET = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
+
+
+class _Task(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job: str = Field(pattern=_NAME)
+    bucket: str = Field(pattern=_BUCKET)
+    t: int = Field(ge=0)
+    stage: int = Field(ge=0)
+    window_start: int = Field(ge=0, default=0)
+
+
+class ForwardEvent(_Task):
+    phase: Literal["forward"]
+    replica: int = Field(ge=0)
+
+
+class BackwardEvent(_Task):
+    phase: Literal["backward"]
+    replica: int = Field(ge=0)
+
+
+class SyncEvent(_Task):
+    phase: Literal["sync"]
+    shard: int = Field(ge=0)
+
+
+TaskEvent = Annotated[Union[ForwardEvent, BackwardEvent, SyncEvent], Field(discriminator="phase")]

@@ -1,0 +1,84 @@
+"""The worker's Lambda entry point: validate the event, run its phase, record the task's metrics.
+
+One handler serves every phase; a function per stage keeps that stage's parameters warm in its
+containers. The handler holds no training logic of its own (see phases.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+import uuid
+from typing import Any
+
+import boto3
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.parser import ValidationError, parse
+from botocore.config import Config
+
+from stagecoach.lambdas import keys
+from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.events import TaskEvent
+from stagecoach.lambdas.jobctx import job_context
+from stagecoach.lambdas.phases import PHASES
+
+logger = Logger(service="stagecoach-worker")
+
+CONTAINER_ID = uuid.uuid4().hex[:12]
+_STARTED = time.time()
+_invocations = 0
+_s3 = None
+
+
+class BadEvent(Exception):
+    """The event does not describe a task; Step Functions should not retry it."""
+
+
+def _client() -> Any:
+    global _s3
+    if _s3 is None:
+        # botocore owns transient-error retries of single requests (standard mode)
+        _s3 = boto3.client("s3", config=Config(retries={"mode": "standard", "max_attempts": 5}, max_pool_connections=16))
+    return _s3
+
+
+@logger.inject_lambda_context(log_event=False)
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    global _invocations
+    _invocations += 1
+    t0 = time.time()
+    try:
+        ev = parse(event=event, model=TaskEvent)
+    except (ValidationError, ValueError, TypeError) as e:
+        raise BadEvent(f"malformed worker event {json.dumps(event)[:300]}: {e}") from None
+    deadline = t0 + context.get_remaining_time_in_millis() / 1000.0 - 0.5
+    logger.append_keys(job=ev.job, phase=ev.phase, t=ev.t, stage=ev.stage)
+    ch = Channel(_client(), ev.bucket)
+    ctx = job_context(ch, ev.job)
+    result = PHASES[ev.phase](ctx, ch, ev, deadline)
+    end = time.time()
+    st = ch.stats
+    index = ev.shard if ev.phase == "sync" else ev.replica
+    m = {
+        "phase": ev.phase,
+        "t": ev.t,
+        "stage": ev.stage,
+        "index": index,
+        "start": t0,
+        "end": end,
+        "duration_s": end - t0,
+        "compute_s": max(0.0, end - t0 - st.upload_s - st.download_s - st.wait_s),
+        **st.as_dict(),
+        "container": CONTAINER_ID,
+        "container_started": _STARTED,
+        "invocation": _invocations,
+        "cold": _invocations == 1,
+        "memory_mb": context.memory_limit_in_mb,
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        **result,
+    }
+    ch.put_bytes(keys.metrics(ev.job, ev.t, ev.phase, ev.stage, index), json.dumps(m).encode())
+    logger.info("task done", extra={"duration_s": m["duration_s"], "cold": m["cold"]})
+    return {"phase": ev.phase, "t": ev.t, "stage": ev.stage, "index": index, **result}

@@ -1,0 +1,103 @@
+"""What a container keeps between invocations: the job's spec and code, its stage modules, its data.
+
+Module-level caches survive between invocations of a warm Lambda execution environment, so a
+stage's parameters are downloaded once per version, not once per phase.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import cloudpickle
+import torch
+from safetensors.torch import load as st_load
+from torch import nn
+
+from stagecoach.lambdas import keys
+from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.training import assign_flat
+from stagecoach.planner.plan import Plan
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass
+class JobContext:
+    job: str
+    bucket: str
+    spec: dict[str, Any]
+    plan: Plan
+    model_factory: Callable[[], nn.Module]
+    loss_fn: Callable[..., torch.Tensor]
+    make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+    stages: dict[int, nn.ModuleList] = field(default_factory=dict)
+    loaded_version: dict[int, int] = field(default_factory=dict)
+    data: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return DTYPES[self.spec["dtype"]]
+
+    @property
+    def seed(self) -> int:
+        return int(self.spec["seed"])
+
+    def stage_module(self, stage: int) -> nn.ModuleList:
+        if stage not in self.stages:
+            model = self.model_factory().to(self.dtype)
+            layers = list(model.children())
+            self.stages[stage] = nn.ModuleList([layers[i] for i in self.plan.stage_layers(stage)]).train()
+        return self.stages[stage]
+
+    def stage_params(self, stage: int) -> list[nn.Parameter]:
+        return list(self.stage_module(stage).parameters())
+
+    def ensure_params(self, channel: Channel, stage: int, version: int, deadline: float) -> nn.ModuleList:
+        """Load the stage's parameters at ``version`` (all shards) unless this container has them."""
+        module = self.stage_module(stage)
+        if self.loaded_version.get(stage) != version:
+            shards = [
+                channel.wait_tensors(keys.params(self.job, version, stage, k), deadline)["p"]
+                for k in range(self.plan.replicas)
+            ]
+            assign_flat(self.stage_params(stage), torch.cat(shards))
+            self.loaded_version[stage] = version
+        return module
+
+    def dataset(self, channel: Channel, split: str = "train") -> dict[str, torch.Tensor]:
+        if split not in self.data:
+            body = channel.get_bytes(keys.dataset(self.spec["dataset"]["id"], split))
+            if body is None:
+                raise FileNotFoundError(f"data set object {keys.dataset(self.spec['dataset']['id'], split)} is missing")
+            tensors = st_load(body)
+            tensors["x"] = tensors["x"].to(self.dtype) if tensors["x"].is_floating_point() else tensors["x"]
+            self.data[split] = tensors
+        return self.data[split]
+
+
+_CACHE: dict[tuple[str, str], JobContext] = {}
+
+
+def job_context(channel: Channel, job: str) -> JobContext:
+    """The job's context, loaded from its own bucket once per container."""
+    key = (channel.bucket, job)
+    if key not in _CACHE:
+        spec_body = channel.get_bytes(keys.job_spec(job))
+        code_body = channel.get_bytes(keys.job_code(job))
+        if spec_body is None or code_body is None:
+            raise FileNotFoundError(f"job {job!r} has no spec or code in s3://{channel.bucket}/{keys.job_prefix(job)}")
+        spec = json.loads(spec_body)
+        code = cloudpickle.loads(code_body)  # the user's own code, from the job's own bucket
+        _CACHE.clear()  # one job per function: drop any other job's state
+        _CACHE[key] = JobContext(
+            job=job,
+            bucket=channel.bucket,
+            spec=spec,
+            plan=Plan.from_dict(spec["plan"]),
+            model_factory=code["model"],
+            loss_fn=code["loss"],
+            make_optimizer=code["optimizer"],
+        )
+    return _CACHE[key]

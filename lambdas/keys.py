@@ -1,0 +1,52 @@
+"""The S3 key layout of DESIGN.md §4, in one place: every key carries its job and iteration."""
+
+from __future__ import annotations
+
+
+def job_prefix(job: str) -> str:
+    return f"jobs/{job}/"
+
+
+def job_spec(job: str) -> str:
+    return f"jobs/{job}/job.json"
+
+
+def job_code(job: str) -> str:
+    return f"jobs/{job}/model/job.pkl"
+
+
+def plan(job: str) -> str:
+    return f"jobs/{job}/plan.json"
+
+
+def params(job: str, version: int, stage: int, shard: int) -> str:
+    return f"jobs/{job}/params/v{version}/s{stage}/k{shard}"
+
+
+def optim(job: str, version: int, stage: int, shard: int) -> str:
+    return f"jobs/{job}/optim/v{version}/s{stage}/k{shard}"
+
+
+def act(job: str, t: int, stage: int, replica: int, mb: int) -> str:
+    return f"jobs/{job}/iter/{t}/act/s{stage}/r{replica}/m{mb}"
+
+
+def grad(job: str, t: int, stage: int, replica: int, mb: int) -> str:
+    return f"jobs/{job}/iter/{t}/grad/s{stage}/r{replica}/m{mb}"
+
+
+def gshard(job: str, t: int, stage: int, replica: int, shard: int) -> str:
+    return f"jobs/{job}/iter/{t}/gshard/s{stage}/r{replica}/k{shard}"
+
+
+def metrics_prefix(job: str) -> str:
+    return f"jobs/{job}/metrics/"
+
+
+def metrics(job: str, t: int, phase: str, stage: int, index: int) -> str:
+    """One object per task; zero-padded so a listing comes back in iteration order."""
+    return f"jobs/{job}/metrics/it{t:08d}/{phase}-s{stage}-{index}.json"
+
+
+def dataset(dataset_id: str, split: str) -> str:
+    return f"data/{dataset_id}/{split}.safetensors"

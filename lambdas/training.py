@@ -1,0 +1,87 @@
+"""The training arithmetic shared by the workers and the single-process reference.
+
+Everything that must agree bit for bit between a pipelined, data-parallel run and plain PyTorch
+lives here: which samples form iteration t's global batch, how it splits into replicas and
+micro-batches, how randomness is seeded, and how a stage's parameters flatten into shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable, Sequence
+
+import torch
+from torch import nn
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from (seed, iteration, layer, replica, micro-batch...): stable across processes."""
+    h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+def batch_indices(seed: int, t: int, n_samples: int, global_batch: int) -> torch.Tensor:
+    """Sample indices of iteration t's global batch: epochs of a seeded permutation, last partial batch dropped."""
+    steps = n_samples // global_batch
+    epoch, i = divmod(t, steps)
+    g = torch.Generator().manual_seed(derive_seed(seed, "data", epoch))
+    perm = torch.randperm(n_samples, generator=g)
+    return perm[i * global_batch : (i + 1) * global_batch]
+
+
+def micro_batch(batch: torch.Tensor, replicas: int, micro_batches: int, replica: int, mb: int) -> torch.Tensor:
+    """Replica r takes the r-th contiguous slice of the global batch, then splits it into micro-batches."""
+    size = batch.numel() // (replicas * micro_batches)
+    start = (replica * micro_batches + mb) * size
+    return batch[start : start + size]
+
+
+def run_layers(
+    layers: Sequence[nn.Module], first_layer: int, x: torch.Tensor, seed: int, t: int, replica: int, mb: int
+) -> torch.Tensor:
+    """Run consecutive layers, reseeding the RNG before each one.
+
+    Seeding per (seed, t, layer, replica, micro-batch) makes dropout masks independent of how the
+    layers are split into stages, and lets the backward phase's recompute see the forward's masks.
+    """
+    for i, layer in enumerate(layers):
+        torch.manual_seed(derive_seed(seed, t, first_layer + i, replica, mb))
+        x = layer(x)
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"layer {first_layer + i} ({type(layer).__name__}) returned {type(x).__name__}, not a tensor: "
+                "every block of the nn.Sequential must map one tensor to one tensor"
+            )
+    return x
+
+
+def flat_params(params: Iterable[nn.Parameter]) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in params]) if params else torch.zeros(0)
+
+
+def flat_grads(params: Iterable[nn.Parameter]) -> torch.Tensor:
+    return torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+    )
+
+
+def assign_flat(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None:
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            p.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+    if offset != flat.numel():
+        raise ValueError(f"parameter vector has {flat.numel()} elements, the stage needs {offset}")
+
+
+def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
+    """Contiguous, nearly equal [start, end) ranges of a flat vector: shard k is reduced by sync task k."""
+    q, r = divmod(numel, shards)
+    out, start = [], 0
+    for k in range(shards):
+        end = start + q + (1 if k < r else 0)
+        out.append((start, end))
+        start = end
+    return out

@@ -1,0 +1,1 @@
+"""Stagecoach planner: pure functions and plain data, no AWS calls."""

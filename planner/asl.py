@@ -1,0 +1,273 @@
+"""Emit the Step Functions state machines of a plan, as plain ASL dicts (JSONPath).
+
+The window state machine runs iterations [start, end) of one job; each iteration is three phases
+as states (DESIGN.md §3):
+
+    Loop (Choice) -> Forward (Map over every worker but the last stage's)
+                  -> BackwardSync (Parallel, a branch per stage: Map(backward) -> Map(sync))
+                  -> Next (Pass: t + 1) -> Loop
+
+The job state machine (statemachines/job.asl.json, deployed by SAM) runs the windows one after the
+other with states:startExecution.sync:2, so no single execution nears the 25,000-event history
+limit; the emitter sizes the windows for that (``window_length``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from stagecoach.planner.plan import Plan
+
+HISTORY_LIMIT = 25_000
+# Share of the history a window may plan to use; the rest absorbs retries (each retry of a Task
+# adds TaskScheduled, TaskStarted and TaskFailed) and the window's fixed events.
+HISTORY_BUDGET = 0.8
+
+LAMBDA_RETRY = {
+    "ErrorEquals": [
+        "Lambda.ServiceException",
+        "Lambda.AWSLambdaException",
+        "Lambda.SdkClientException",
+        "Lambda.TooManyRequestsException",
+    ],
+    "IntervalSeconds": 1,
+    "MaxAttempts": 4,
+    "BackoffRate": 2.0,
+    "MaxDelaySeconds": 30,
+    "JitterStrategy": "FULL",
+}
+
+# Events one state adds to the history (the same on AWS and moto's interpreter).
+EV_TASK = 5  # TaskStateEntered, TaskScheduled, TaskStarted, TaskSucceeded, TaskStateExited
+EV_MAP_ITEM = 2  # MapIterationStarted, MapIterationSucceeded
+EV_MAP = 4  # MapStateEntered, MapStateStarted, MapStateSucceeded, MapStateExited
+EV_PARALLEL = 4  # ParallelStateEntered, ParallelStateStarted, ParallelStateSucceeded, ParallelStateExited
+EV_PASS = 2  # PassStateEntered, PassStateExited (Choice: ChoiceStateEntered/Exited, likewise)
+EV_WINDOW_FIXED = 1 + EV_PASS + EV_PASS + EV_PASS + 1  # started, Init, last Loop, Done, succeeded
+
+
+def _map_events(items: int) -> int:
+    return EV_MAP + items * (EV_MAP_ITEM + EV_TASK)
+
+
+def events_per_iteration(plan: Plan) -> int:
+    """History events one fault-free iteration adds to a window execution."""
+    s, d = plan.stages, plan.replicas
+    n = EV_PASS  # Loop (Choice)
+    if s > 1:
+        n += _map_events((s - 1) * d)  # Forward
+    n += EV_PARALLEL + s * _map_events(d)  # backward Maps
+    if d > 1:
+        n += s * _map_events(d)  # sync Maps
+    n += EV_PASS  # Next
+    return n
+
+
+def window_length(plan: Plan, limit: int = HISTORY_LIMIT) -> int:
+    """Iterations per window execution so its history stays well under ``limit`` events."""
+    usable = int(limit * HISTORY_BUDGET) - EV_WINDOW_FIXED
+    n = usable // events_per_iteration(plan)
+    if n < 1:
+        raise ValueError(
+            f"one iteration of this plan needs {events_per_iteration(plan)} history events, more than a "
+            f"window can hold ({usable}): use fewer stages or replicas"
+        )
+    return n
+
+
+def windows(iterations: int, length: int, start: int = 0) -> list[dict[str, int]]:
+    """[{start, end}) ranges covering [start, iterations)."""
+    return [{"start": a, "end": min(a + length, iterations)} for a in range(start, iterations, length)]
+
+
+def _task(phase: str, function: str | None, timeout: int, index_field: str) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "phase": phase,
+        "job.$": "$.job",
+        "bucket.$": "$.bucket",
+        "t.$": "$.t",
+        "window_start.$": "$.window_start",
+        "stage.$": "$.stage",
+        f"{index_field}.$": f"$.{index_field}",
+    }
+    params: dict[str, Any] = {"Payload": payload}
+    if function is None:
+        params["FunctionName.$"] = "$.fn"
+    else:
+        params["FunctionName"] = function
+    return {
+        "Type": "Task",
+        "Resource": "arn:aws:states:::lambda:invoke",
+        "Parameters": params,
+        "TimeoutSeconds": timeout,
+        "Retry": [dict(LAMBDA_RETRY)],
+        "ResultPath": None,
+        "End": True,
+    }
+
+
+def _map(name: str, items_path: str, selector: dict[str, Any], task: dict[str, Any], nxt: str | None) -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "Type": "Map",
+        "ItemsPath": items_path,
+        "ItemSelector": {
+            "job.$": "$.job",
+            "bucket.$": "$.bucket",
+            "t.$": "$.t",
+            "window_start.$": "$.window_start",
+            **selector,
+        },
+        "MaxConcurrency": 0,  # every worker of a phase runs at once (they wait on each other)
+        "ItemProcessor": {
+            "ProcessorConfig": {"Mode": "INLINE"},
+            "StartAt": f"{name}Task",
+            "States": {f"{name}Task": task},
+        },
+        "ResultPath": None,
+    }
+    if nxt is None:
+        state["End"] = True
+    else:
+        state["Next"] = nxt
+    return state
+
+
+def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
+    """The window state machine of ``plan``; ``functions[s]`` is stage s's Lambda function name or ARN."""
+    if len(functions) != plan.stages:
+        raise ValueError(f"need one function per stage ({plan.stages}), got {len(functions)}")
+    s_count, d = plan.stages, plan.replicas
+    ranks = list(range(d))
+    fw_items = [{"stage": s, "replica": r, "fn": functions[s]} for s in range(s_count - 1) for r in ranks]
+    carry = {
+        "job.$": "$.job",
+        "bucket.$": "$.bucket",
+        "end.$": "$.end",
+        "window_start.$": "$.window_start",
+        "ranks.$": "$.ranks",
+        "fw.$": "$.fw",
+    }
+    first_phase = "Forward" if s_count > 1 else "BackwardSync"
+    states: dict[str, Any] = {
+        "Init": {
+            "Type": "Pass",
+            "Parameters": {
+                "job.$": "$.job",
+                "bucket.$": "$.bucket",
+                "t.$": "$.start",
+                "end.$": "$.end",
+                "window_start.$": "$.start",
+                "ranks": ranks,
+                "fw": fw_items,
+            },
+            "Next": "Loop",
+        },
+        "Loop": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.t", "NumericLessThanPath": "$.end", "Next": first_phase}],
+            "Default": "Done",
+        },
+    }
+    if s_count > 1:
+        fw_timeout = max(plan.timeouts_s[s]["forward"] for s in range(s_count - 1))
+        states["Forward"] = _map(
+            "Forward",
+            "$.fw",
+            {
+                "stage.$": "$$.Map.Item.Value.stage",
+                "replica.$": "$$.Map.Item.Value.replica",
+                "fn.$": "$$.Map.Item.Value.fn",
+            },
+            _task("forward", None, fw_timeout, "replica"),
+            "BackwardSync",
+        )
+    branches = []
+    for s in range(s_count):
+        stage_states: dict[str, Any] = {}
+        stage_states[f"Backward{s}"] = _map(
+            f"Backward{s}",
+            "$.ranks",
+            {"stage": s, "replica.$": "$$.Map.Item.Value"},
+            _task("backward", functions[s], plan.timeouts_s[s]["backward"], "replica"),
+            f"Sync{s}" if d > 1 else None,
+        )
+        if d > 1:
+            stage_states[f"Sync{s}"] = _map(
+                f"Sync{s}",
+                "$.ranks",
+                {"stage": s, "shard.$": "$$.Map.Item.Value"},
+                _task("sync", functions[s], plan.timeouts_s[s]["sync"], "shard"),
+                None,
+            )
+        branches.append({"StartAt": f"Backward{s}", "States": stage_states})
+    states["BackwardSync"] = {"Type": "Parallel", "Branches": branches, "ResultPath": None, "Next": "Next"}
+    states["Next"] = {"Type": "Pass", "Parameters": {**carry, "t.$": "States.MathAdd($.t, 1)"}, "Next": "Loop"}
+    states["Done"] = {"Type": "Succeed"}
+    return {
+        "Comment": f"Stagecoach window: {s_count} stages x {d} replicas, {plan.micro_batches} micro-batches",
+        "StartAt": "Init",
+        "States": states,
+    }
+
+
+def job_definition(window_retries: int = 2) -> dict[str, Any]:
+    """The job state machine: run each window with startExecution.sync:2, retrying a failed window.
+
+    A retried window starts again from the parameters checkpointed at its first iteration (the
+    workers keep that version until the window has finished).
+    """
+    return {
+        "Comment": "Stagecoach job: runs the job's windows one after the other",
+        "StartAt": "Windows",
+        "States": {
+            "Windows": {
+                "Type": "Map",
+                "ItemsPath": "$.windows",
+                "ItemSelector": {
+                    "job.$": "$.job",
+                    "bucket.$": "$.bucket",
+                    "arn.$": "$.windowStateMachineArn",
+                    "start.$": "$$.Map.Item.Value.start",
+                    "end.$": "$$.Map.Item.Value.end",
+                    "timeout.$": "$$.Map.Item.Value.timeout",
+                },
+                "MaxConcurrency": 1,
+                "ItemProcessor": {
+                    "ProcessorConfig": {"Mode": "INLINE"},
+                    "StartAt": "RunWindow",
+                    "States": {
+                        "RunWindow": {
+                            "Type": "Task",
+                            "Resource": "arn:aws:states:::states:startExecution.sync:2",
+                            "Parameters": {
+                                "StateMachineArn.$": "$.arn",
+                                # unique per attempt: a retried window is a new execution
+                                "Name.$": "States.Format('w{}-{}', $.start, States.UUID())",
+                                "Input": {
+                                    "job.$": "$.job",
+                                    "bucket.$": "$.bucket",
+                                    "start.$": "$.start",
+                                    "end.$": "$.end",
+                                    "AWS_STEP_FUNCTIONS_STARTED_BY_EXECUTION_ID.$": "$$.Execution.Id",
+                                },
+                            },
+                            "TimeoutSecondsPath": "$.timeout",
+                            "Retry": [
+                                {
+                                    "ErrorEquals": ["States.TaskFailed"],
+                                    "IntervalSeconds": 2,
+                                    "MaxAttempts": window_retries,
+                                    "BackoffRate": 2.0,
+                                }
+                            ],
+                            "ResultPath": None,
+                            "End": True,
+                        }
+                    },
+                },
+                "ResultPath": None,
+                "Next": "Done",
+            },
+            "Done": {"Type": "Succeed"},
+        },
+    }

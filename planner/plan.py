@@ -1,0 +1,205 @@
+"""The contract between the planner and the runtime: one small, validated, JSON-able Plan.
+
+Like torchgpipe's ``balance``, a plan names how many consecutive layers (children of the user's
+nn.Sequential) each pipeline stage holds. Everything else the runtime needs — data-parallel degree,
+micro-batching, sync algorithm, Lambda memory and per-phase timeouts — sits beside it. A plan is
+checked when it is built, so a bad one is refused before any object, function or state machine
+exists.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator, Mapping, Sequence
+
+LAMBDA_MIN_MB = 128
+LAMBDA_MAX_MB = 10_240
+LAMBDA_MAX_TIMEOUT_S = 900
+INLINE_MAP_MAX_CONCURRENCY = 40
+SYNC_ALGORITHMS = ("scatter_reduce",)
+PHASES = ("forward", "backward", "sync")
+
+
+class PlanError(ValueError):
+    """A plan that the runtime cannot execute; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one training job runs.
+
+    balance:        layers per stage, e.g. (2, 3, 1) puts layers 0-1 in stage 0, 2-4 in stage 1, 5 in 2.
+    replicas:       data-parallel degree d (every stage is replicated d times).
+    micro_batches:  micro-batches per replica per iteration (m).
+    global_batch:   samples per iteration over all replicas; must equal d * m * micro-batch size.
+    sync:           gradient synchronisation algorithm, per stage.
+    memory_mb:      Lambda memory per stage.
+    timeouts_s:     per stage, per phase, the Task's TimeoutSeconds.
+    """
+
+    balance: tuple[int, ...]
+    replicas: int = 1
+    micro_batches: int = 1
+    global_batch: int = 1
+    sync: tuple[str, ...] = ()
+    memory_mb: tuple[int, ...] = ()
+    timeouts_s: tuple[Mapping[str, int], ...] = ()
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "balance", _int_tuple("balance", self.balance))
+        n = len(self.balance)
+        if not self.sync:
+            object.__setattr__(self, "sync", ("scatter_reduce",) * n)
+        elif isinstance(self.sync, str):
+            object.__setattr__(self, "sync", (self.sync,) * n)
+        else:
+            object.__setattr__(self, "sync", tuple(self.sync))
+        if not self.memory_mb:
+            object.__setattr__(self, "memory_mb", (2048,) * n)
+        elif isinstance(self.memory_mb, int):
+            object.__setattr__(self, "memory_mb", (self.memory_mb,) * n)
+        else:
+            object.__setattr__(self, "memory_mb", _int_tuple("memory_mb", self.memory_mb))
+        if not self.timeouts_s:
+            object.__setattr__(self, "timeouts_s", tuple({p: 300 for p in PHASES} for _ in range(n)))
+        else:
+            object.__setattr__(self, "timeouts_s", tuple(dict(t) for t in self.timeouts_s))
+        object.__setattr__(self, "extras", dict(self.extras))
+        self.validate()
+
+    # -- derived -------------------------------------------------------------------------------
+    @property
+    def stages(self) -> int:
+        return len(self.balance)
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.global_batch // (self.replicas * self.micro_batches)
+
+    @property
+    def layers(self) -> int:
+        return sum(self.balance)
+
+    def stage_layers(self, stage: int) -> range:
+        """Indices (into the nn.Sequential) of the layers stage ``stage`` holds."""
+        start = sum(self.balance[:stage])
+        return range(start, start + self.balance[stage])
+
+    def workers(self) -> Iterator[tuple[int, int]]:
+        """Every (stage, replica) worker, stage-major."""
+        for s in range(self.stages):
+            for r in range(self.replicas):
+                yield s, r
+
+    def function_timeout_s(self, stage: int) -> int:
+        """The Lambda function's own timeout: the longest phase it runs, within Lambda's limit."""
+        return min(LAMBDA_MAX_TIMEOUT_S, max(self.timeouts_s[stage].values()) + 5)
+
+    # -- validation ----------------------------------------------------------------------------
+    def validate(self, layers: int | None = None) -> None:
+        """Raise PlanError naming what is wrong and how to fix it. ``layers``: the model's count."""
+        n = len(self.balance)
+        if n == 0:
+            raise PlanError("plan.balance is empty: give at least one stage, e.g. balance=[4]")
+        bad = [b for b in self.balance if b < 1]
+        if bad:
+            raise PlanError(f"plan.balance={list(self.balance)}: every stage needs at least one layer")
+        if layers is not None and sum(self.balance) != layers:
+            raise PlanError(
+                f"plan.balance={list(self.balance)} covers {sum(self.balance)} layers but the model has "
+                f"{layers}: the balance must sum to the number of children of the nn.Sequential"
+            )
+        for name in ("replicas", "micro_batches", "global_batch"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise PlanError(f"plan.{name}={v!r}: must be a positive integer")
+        per = self.replicas * self.micro_batches
+        if self.global_batch % per:
+            raise PlanError(
+                f"global batch {self.global_batch} is not divisible into {self.replicas} replicas x "
+                f"{self.micro_batches} micro-batches: choose a global batch that is a multiple of {per}"
+            )
+        if (self.stages - 1) * self.replicas > INLINE_MAP_MAX_CONCURRENCY or self.replicas > INLINE_MAP_MAX_CONCURRENCY:
+            raise PlanError(
+                f"{self.stages} stages x {self.replicas} replicas need more than "
+                f"{INLINE_MAP_MAX_CONCURRENCY} concurrent tasks in one inline Map state, and every worker "
+                "of a phase must run at once: use fewer stages or replicas"
+            )
+        for what, seq in (("sync", self.sync), ("memory_mb", self.memory_mb), ("timeouts_s", self.timeouts_s)):
+            if len(seq) != n:
+                raise PlanError(f"plan.{what} has {len(seq)} entries but the plan has {n} stages: give one per stage")
+        for s, algo in enumerate(self.sync):
+            if algo not in SYNC_ALGORITHMS:
+                raise PlanError(f"plan.sync[{s}]={algo!r} is unknown: choose one of {', '.join(SYNC_ALGORITHMS)}")
+        for s, mb in enumerate(self.memory_mb):
+            if not LAMBDA_MIN_MB <= mb <= LAMBDA_MAX_MB:
+                raise PlanError(
+                    f"plan.memory_mb[{s}]={mb}: Lambda memory must be {LAMBDA_MIN_MB}-{LAMBDA_MAX_MB} MB"
+                )
+        for s, t in enumerate(self.timeouts_s):
+            missing = [p for p in PHASES if p not in t]
+            if missing:
+                raise PlanError(f"plan.timeouts_s[{s}] lacks {missing}: give seconds for {list(PHASES)}")
+            for p, v in t.items():
+                if p not in PHASES:
+                    raise PlanError(f"plan.timeouts_s[{s}] has unknown phase {p!r}: phases are {list(PHASES)}")
+                if not isinstance(v, int) or not 1 <= v <= LAMBDA_MAX_TIMEOUT_S:
+                    raise PlanError(
+                        f"plan.timeouts_s[{s}][{p!r}]={v!r}: a Lambda task runs 1-{LAMBDA_MAX_TIMEOUT_S} s; "
+                        "if a phase needs longer, use more stages, more replicas or smaller micro-batches"
+                    )
+
+    # -- (de)serialisation ---------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["balance"] = list(self.balance)
+        d["sync"] = list(self.sync)
+        d["memory_mb"] = list(self.memory_mb)
+        d["timeouts_s"] = [dict(t) for t in self.timeouts_s]
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
+        if not isinstance(data, Mapping):
+            raise PlanError(f"a plan must be a JSON object, got {type(data).__name__}")
+        known = {"balance", "replicas", "micro_batches", "global_batch", "sync", "memory_mb", "timeouts_s", "extras"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise PlanError(f"plan has unknown fields {unknown}: known fields are {sorted(known)}")
+        if "balance" not in data:
+            raise PlanError("plan lacks 'balance' (layers per stage, e.g. [2, 2])")
+        try:
+            return cls(**dict(data))
+        except TypeError as e:  # wrong types inside tuples etc.
+            raise PlanError(f"malformed plan: {e}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"plan is not valid JSON: {e}") from None
+        return cls.from_dict(data)
+
+
+def even_balance(layers: int, stages: int) -> tuple[int, ...]:
+    """Split ``layers`` into ``stages`` contiguous groups as evenly as possible (earlier stages larger)."""
+    if stages < 1 or stages > layers:
+        raise PlanError(f"cannot split {layers} layers into {stages} stages: need 1 <= stages <= {layers}")
+    q, r = divmod(layers, stages)
+    return tuple(q + (1 if i < r else 0) for i in range(stages))
+
+
+def _int_tuple(name: str, seq: Sequence[Any]) -> tuple[int, ...]:
+    if isinstance(seq, (str, bytes)) or not hasattr(seq, "__iter__"):
+        raise PlanError(f"plan.{name}={seq!r}: must be a list of integers")
+    out = tuple(seq)
+    for v in out:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise PlanError(f"plan.{name}={list(out)!r}: every entry must be an integer")
+    return out

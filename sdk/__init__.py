@@ -1,0 +1,32 @@
+"""Stagecoach: pipelined, data-parallel PyTorch training on AWS Lambda, orchestrated by Step Functions.
+
+    from stagecoach import Job
+    run = Job(model=..., loss=..., optimizer=..., train=(x, y), global_batch=64, iterations=100).run(stages=2)
+    run.wait(); model = run.trained_model()
+
+Names are imported lazily so that ``import stagecoach`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Job", "Run", "Plan", "PlanError", "JobError", "RunFailed"]
+__version__ = "0.1.0"
+
+_WHERE = {
+    "Job": "stagecoach.job",
+    "JobError": "stagecoach.job",
+    "Run": "stagecoach.run",
+    "RunFailed": "stagecoach.run",
+    "Plan": "stagecoach.planner.plan",
+    "PlanError": "stagecoach.planner.plan",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'stagecoach' has no attribute {name!r}")

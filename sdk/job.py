@@ -1,0 +1,171 @@
+"""A training job as the user describes it: model, loss, optimizer, data, batch, iterations, seed.
+
+The job holds no operational settings (memory, retries, timeouts): those belong to the plan and the
+backend, so the same job runs locally and on AWS unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from stagecoach.planner.plan import Plan
+    from stagecoach.run import Run
+
+DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+class JobError(ValueError):
+    """A job that cannot run; the message names what is wrong and how to fix it."""
+
+
+@dataclass
+class Job:
+    """A training job.
+
+    model:        zero-argument factory returning an nn.Sequential of blocks (each block one
+                  tensor in, one tensor out); a block is the unit the planner places on a stage.
+    loss:         ``loss(output, target) -> scalar``, a mean over the batch (e.g. nn.CrossEntropyLoss()).
+    optimizer:    ``optimizer(params) -> torch.optim.Optimizer`` with an elementwise update
+                  (SGD, Adam, AdamW, RMSprop, ...): its state is sharded across sync tasks.
+    train:        (inputs, labels) tensors; ``test`` likewise, optional, for evaluation.
+    global_batch: samples per iteration over all replicas.
+    """
+
+    model: Callable[[], nn.Module]
+    loss: Callable[..., torch.Tensor]
+    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+    train: tuple[torch.Tensor, torch.Tensor]
+    global_batch: int
+    iterations: int
+    seed: int = 0
+    test: tuple[torch.Tensor, torch.Tensor] | None = None
+    dtype: torch.dtype = torch.float32
+    name: str = "job"
+    _layers: int | None = field(default=None, init=False, repr=False)
+
+    # -- validation (before any AWS call) --------------------------------------------------------
+    def validate(self) -> None:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,29}", self.name):
+            raise JobError(f"job name {self.name!r}: use 1-30 lowercase letters, digits and '-'")
+        for what in ("global_batch", "iterations", "seed"):
+            v = getattr(self, what)
+            if not isinstance(v, int) or isinstance(v, bool) or v < (0 if what == "seed" else 1):
+                raise JobError(f"job.{what}={v!r}: must be a {'non-negative' if what == 'seed' else 'positive'} integer")
+        if self.dtype not in DTYPE_NAMES:
+            raise JobError(f"job.dtype={self.dtype}: use torch.float32 or torch.float64")
+        x, y = _split("train", self.train)
+        if self.test is not None:
+            _split("test", self.test)
+        if self.global_batch > x.shape[0]:
+            raise JobError(
+                f"global batch {self.global_batch} is larger than the training set ({x.shape[0]} samples): "
+                "use a smaller global batch"
+            )
+        for what in ("model", "loss", "optimizer"):
+            if not callable(getattr(self, what)):
+                raise JobError(f"job.{what} must be callable (see the Job docstring)")
+        model = self.build_model()
+        self._layers = len(list(model.children()))
+        sample = x[: min(2, x.shape[0])].to(self.dtype) if x.is_floating_point() else x[:2]
+        out = sample
+        with torch.no_grad():
+            for i, block in enumerate(model.children()):
+                try:
+                    out = block(out)
+                except Exception as e:
+                    raise JobError(f"block {i} ({type(block).__name__}) fails on a sample batch: {e}") from None
+                if not isinstance(out, torch.Tensor):
+                    raise JobError(
+                        f"block {i} ({type(block).__name__}) returns {type(out).__name__}, not a tensor: every "
+                        "block of the nn.Sequential must map one tensor to one tensor"
+                    )
+        try:
+            loss = self.loss(out, y[: sample.shape[0]])
+        except Exception as e:
+            raise JobError(f"job.loss fails on the model's output and the labels: {e}") from None
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise JobError("job.loss must return a scalar tensor (a mean over the batch)")
+        try:
+            opt = self.optimizer(list(model.parameters()))
+        except Exception as e:
+            raise JobError(f"job.optimizer(params) fails: {e}") from None
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise JobError(f"job.optimizer(params) returned {type(opt).__name__}, not a torch.optim.Optimizer")
+
+    def build_model(self) -> nn.Sequential:
+        """The model at its initial parameters: the factory run under the job's seed."""
+        torch.manual_seed(self.seed)
+        try:
+            model = self.model()
+        except Exception as e:
+            raise JobError(f"job.model() fails: {e}") from None
+        if not isinstance(model, nn.Sequential):
+            raise JobError(
+                f"job.model() returned {type(model).__name__}, not an nn.Sequential: Stagecoach splits the "
+                "model between its children, so wrap the blocks in nn.Sequential(block0, block1, ...)"
+            )
+        if len(model) == 0:
+            raise JobError("job.model() returned an empty nn.Sequential")
+        for i, block in enumerate(model.children()):
+            for name, m in block.named_modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+                    raise JobError(
+                        f"block {i} has BatchNorm ({name or type(m).__name__}) with running statistics, which "
+                        "the recompute in the backward phase would update twice: use GroupNorm or LayerNorm"
+                    )
+        return model.to(self.dtype)
+
+    @property
+    def layers(self) -> int:
+        if self._layers is None:
+            self._layers = len(list(self.build_model().children()))
+        return self._layers
+
+    # -- running ---------------------------------------------------------------------------------
+    def run(self, plan: "Plan | None" = None, backend: Any = None, **manual: Any) -> "Run":
+        """Deploy and start the job; returns a Run to wait on and inspect.
+
+        ``plan``: a Plan; else a manual one from ``stages``, ``replicas``, ``micro_batches``,
+        ``memory_mb`` (defaults: one stage, one replica, one micro-batch).
+        """
+        from stagecoach.backends import get_backend
+
+        self.validate()
+        plan = plan if plan is not None else self.manual_plan(**manual)
+        plan.validate(layers=self.layers)
+        if plan.global_batch != self.global_batch:
+            from stagecoach.planner.plan import PlanError
+
+            raise PlanError(f"plan.global_batch={plan.global_batch} differs from job.global_batch={self.global_batch}")
+        return get_backend(backend).launch(self, plan)
+
+    def manual_plan(
+        self, stages: int = 1, replicas: int = 1, micro_batches: int = 1, memory_mb: int = 1024, timeout_s: int = 300
+    ) -> "Plan":
+        from stagecoach.planner.plan import PHASES, Plan, even_balance
+
+        return Plan(
+            balance=even_balance(self.layers, stages),
+            replicas=replicas,
+            micro_batches=micro_batches,
+            global_batch=self.global_batch,
+            memory_mb=(memory_mb,) * stages,
+            timeouts_s=tuple({p: timeout_s for p in PHASES} for _ in range(stages)),
+        )
+
+
+def _split(what: str, data: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        raise JobError(f"job.{what} must be an (inputs, labels) pair of tensors; a data set without labels cannot be trained")
+    x, y = data
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise JobError(f"job.{what} must hold tensors, got ({type(x).__name__}, {type(y).__name__})")
+    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise JobError(f"job.{what}: {x.shape[0]} inputs but {y.shape[0]} labels; they must match and be non-empty")
+    return x, y

@@ -1,0 +1,137 @@
+"""The local backend: the embedded stack (moto + the local Lambda runtime) provisioned like SAM would.
+
+Provisioning creates what template.yaml creates on AWS — the bucket (encrypted), the worker and
+state-machine roles, the job state machine — so the job deployment code that follows is the same
+as on AWS.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+from stagecoach.deploy import Clients, StackResources
+from stagecoach.planner import asl
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"
+PREFIX = "stagecoach"
+BUCKET = "stagecoach-local"
+IMAGE = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/stagecoach-worker:local"
+
+_TRUST = {
+    "Version": "2012-10-17",
+    "Statement": [{"Effect": "Allow", "Principal": {"Service": "{svc}"}, "Action": "sts:AssumeRole"}],
+}
+
+
+class LocalStack:
+    """A moto server process with the Step Functions interpreter and the local Lambda runtime."""
+
+    def __init__(self, log_dir: str | None = None) -> None:
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="stagecoach-local-")
+        self.log_path = os.path.join(self.log_dir, "workers.log")
+        self._server_log = open(os.path.join(self.log_dir, "server.log"), "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stagecoach.local.stack", "0", self.log_path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._server_log,
+        )
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("READY"):
+            self.close()
+            raise RuntimeError(f"the local stack did not start; see {self.log_dir}/server.log")
+        self.port = int(line.split()[1])
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        atexit.register(self.close)
+
+    def client(self, service: str) -> Any:
+        return boto3.client(
+            service,
+            endpoint_url=self.endpoint_url,
+            region_name=REGION,
+            aws_access_key_id="local",
+            aws_secret_access_key="local",
+            config=Config(retries={"mode": "standard", "max_attempts": 5}, max_pool_connections=20),
+        )
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=20)
+            except Exception:
+                self.proc.kill()
+
+
+class LocalBackend:
+    """Runs jobs on the embedded stack; one stack per process, started on first use."""
+
+    name = "local"
+    _lock = threading.Lock()
+    _stack: LocalStack | None = None
+
+    def __init__(self) -> None:
+        with LocalBackend._lock:
+            if LocalBackend._stack is None or LocalBackend._stack.proc.poll() is not None:
+                LocalBackend._stack = LocalStack()
+                self.stack = LocalBackend._stack
+                self.clients = self._clients()
+                self.resources = self._provision()
+            else:
+                self.stack = LocalBackend._stack
+                self.clients = self._clients()
+                self.resources = self._resources(self._existing_job_sm())
+
+    def _clients(self) -> Clients:
+        return Clients(s3=self.stack.client("s3"), lambda_=self.stack.client("lambda"), sfn=self.stack.client("stepfunctions"))
+
+    def _resources(self, job_sm: str) -> StackResources:
+        return StackResources(
+            prefix=PREFIX,
+            region=REGION,
+            bucket=BUCKET,
+            image_uri=IMAGE,
+            worker_role_arn=f"arn:aws:iam::{ACCOUNT}:role/{PREFIX}-worker",
+            states_role_arn=f"arn:aws:iam::{ACCOUNT}:role/{PREFIX}-states",
+            job_state_machine_arn=job_sm,
+            console=self.stack.endpoint_url + " (local stack; execution {arn})",
+        )
+
+    def _existing_job_sm(self) -> str:
+        return f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{PREFIX}-job"
+
+    def _provision(self) -> StackResources:
+        """What template.yaml provisions on AWS, created on the embedded stack."""
+        iam = self.stack.client("iam")
+        for role, svc in (("worker", "lambda.amazonaws.com"), ("states", "states.amazonaws.com")):
+            trust = json.loads(json.dumps(_TRUST).replace("{svc}", svc))
+            iam.create_role(RoleName=f"{PREFIX}-{role}", AssumeRolePolicyDocument=json.dumps(trust))
+        s3 = self.clients.s3
+        s3.create_bucket(Bucket=BUCKET)
+        s3.put_bucket_encryption(
+            Bucket=BUCKET,
+            ServerSideEncryptionConfiguration={"Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]},
+        )
+        res = self._resources(self._existing_job_sm())
+        self.clients.sfn.create_state_machine(
+            name=f"{PREFIX}-job", definition=json.dumps(asl.job_definition()), roleArn=res.states_role_arn
+        )
+        return res
+
+    def launch(self, job: Any, plan: Any) -> Any:
+        from stagecoach.deploy import deploy_and_start
+        from stagecoach.run import Run
+
+        job_id, arn = deploy_and_start(job, plan, self.resources, self.clients)
+        return Run(self, job, plan, job_id, arn)

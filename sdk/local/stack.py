@@ -1,0 +1,161 @@
+"""The embedded local stack: a moto server (S3, IAM, Lambda, Step Functions) in its own process.
+
+Step Functions' interpreter is switched on, so state machines really execute, and moto's Lambda
+invocation (which would need Docker) is routed into the local Lambda runtime. The process exits
+when its parent closes stdin, taking its worker processes with it.
+
+Run as ``python -m stagecoach.local.stack``; it prints ``READY <port>`` once it serves.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Any
+
+from stagecoach.local.runtime import FunctionSpec, LocalLambdaRuntime
+
+MOTO_VERSION = "5.2.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _function_spec(fn: Any) -> FunctionSpec:
+    """Read what the runtime needs off moto's LambdaFunction (image functions: ImageConfig.Command)."""
+    cmd = getattr(getattr(fn, "image_config", None), "cmd", None) or []
+    handler = cmd[0] if cmd else fn.handler
+    env = tuple(sorted((fn.environment_vars or {}).items()))
+    return FunctionSpec(
+        name=fn.function_name,
+        handler=handler,
+        memory_mb=int(fn.memory_size),
+        timeout_s=float(fn.timeout),
+        environment=env,
+        version_key=f"{fn.code_sha_256}:{fn.last_modified}",
+    )
+
+
+def install_lambda_hook(runtime: LocalLambdaRuntime) -> None:
+    """Route moto's Lambda invocation into ``runtime``.
+
+    moto.awslambda.models.LambdaFunction._invoke_lambda(self, event) -> (payload, errored, logs) is
+    a moto internal; moto is pinned exactly and tests/test_moto_hook.py fails loudly if it moves.
+    """
+    import moto
+    from moto.awslambda.models import LambdaFunction
+
+    if moto.__version__ != MOTO_VERSION:
+        raise RuntimeError(
+            f"stagecoach's local stack needs moto=={MOTO_VERSION} (found {moto.__version__}): "
+            f"pip install 'moto[server]=={MOTO_VERSION}'"
+        )
+
+    def _invoke_lambda(self: Any, event: Any = None) -> tuple[str, bool, str]:
+        return runtime.invoke(_function_spec(self), event if event is not None else {})
+
+    LambdaFunction._invoke_lambda = _invoke_lambda  # type: ignore[method-assign]
+
+
+def install_execution_snapshot_fix() -> None:
+    """Make moto snapshot a state machine without deep-copying its whole backend.
+
+    moto 5.2.1's start_execution deep-copies the StateMachine, which references its backend and
+    every earlier Execution (holding thread locks), so any second execution in a server fails with
+    "cannot pickle '_thread.RLock'". Real Step Functions has no such limit; the snapshot only needs
+    the definition and configuration, which are immutable values, so a shallow copy with its own
+    (empty) executions list is equivalent. Guarded by tests/test_moto_hook.py.
+    """
+    import copy
+
+    from moto.stepfunctions.models import StateMachine
+
+    def __deepcopy__(self: Any, memo: dict) -> Any:
+        clone = copy.copy(self)
+        clone.executions = []
+        return clone
+
+    StateMachine.__deepcopy__ = __deepcopy__  # type: ignore[attr-defined]
+
+
+def install_sfn_integration_fix() -> None:
+    """Make moto's states:startExecution integration speak boto3's parameter names.
+
+    moto 5.2.1 passes the ASL field names (StateMachineArn, Input, Name) to boto3 unchanged, which
+    expects stateMachineArn, input, name, and reads the submission's ``ExecutionArn`` from a boto3
+    response that says ``executionArn``. Step Functions on AWS does this translation itself; here we
+    add it. Guarded by tests/test_moto_hook.py.
+    """
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_sfn import (
+        StateTaskServiceSfn,
+    )
+
+    normalise = StateTaskServiceSfn._normalise_parameters
+    evaluate = StateTaskServiceSfn._eval_service_task
+
+    def _normalise_parameters(self: Any, parameters: dict, *args: Any, **kwargs: Any) -> None:
+        normalise(self, parameters, *args, **kwargs)
+        for key in list(parameters):
+            if key[:1].isupper():
+                parameters[key[0].lower() + key[1:]] = parameters.pop(key)
+
+    def _eval_service_task(self: Any, env: Any, *args: Any, **kwargs: Any) -> None:
+        evaluate(self, env, *args, **kwargs)
+        response = env.stack[-1]
+        if isinstance(response, dict):
+            env.stack[-1] = {k[0].upper() + k[1:]: v for k, v in response.items()}
+
+    StateTaskServiceSfn._normalise_parameters = _normalise_parameters  # type: ignore[method-assign]
+    StateTaskServiceSfn._eval_service_task = _eval_service_task  # type: ignore[method-assign]
+
+
+def install_jsonpath_cache() -> None:
+    """Parse each JSONPath once: moto's interpreter builds a new LR parser per path evaluation.
+
+    That rebuild (jsonpath_ng's yacc tables) took ~80% of the stack's CPU and ~0.5 s per state;
+    parsed paths are immutable, so caching them changes nothing but speed.
+    """
+    import functools
+
+    from moto.stepfunctions.parser.asl.component.common.path import result_path
+    from moto.stepfunctions.parser.asl.utils import json_path
+
+    for module in (json_path, result_path):
+        if not hasattr(module.parse, "cache_info"):
+            module.parse = functools.lru_cache(maxsize=4096)(module.parse)
+
+
+def install_moto_fixes(runtime: LocalLambdaRuntime) -> None:
+    install_lambda_hook(runtime)
+    install_jsonpath_cache()
+    install_execution_snapshot_fix()
+    install_sfn_integration_fix()
+
+
+def main() -> None:
+    port = (int(sys.argv[1]) if len(sys.argv) > 1 else 0) or free_port()
+    log_path = sys.argv[2] if len(sys.argv) > 2 else None
+    # The Step Functions interpreter calls Lambda and Step Functions at localhost:MOTO_PORT.
+    os.environ["MOTO_PORT"] = str(port)
+    from moto.core.config import default_user_config
+    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+
+    default_user_config["stepfunctions"] = {"execute_state_machine": True}
+    runtime = LocalLambdaRuntime(f"http://127.0.0.1:{port}", log_path=log_path)
+    install_moto_fixes(runtime)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    print(f"READY {port}", flush=True)
+    try:
+        sys.stdin.read()  # until the parent closes the pipe (or dies)
+    finally:
+        runtime.shutdown()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

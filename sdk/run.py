@@ -1,0 +1,209 @@
+"""A started training run: wait on it, watch it, read its metrics, history and trained model."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save_file
+from torch import nn
+
+from stagecoach.lambdas import keys
+from stagecoach.lambdas.training import assign_flat
+
+TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
+
+
+class RunFailed(RuntimeError):
+    """The run's job execution ended without succeeding; the message carries the failing task's error."""
+
+
+class Run:
+    def __init__(self, backend: Any, job: Any, plan: Any, job_id: str, execution_arn: str) -> None:
+        self.backend = backend
+        self.job = job
+        self.plan = plan
+        self.job_id = job_id
+        self.execution_arn = execution_arn
+        self._metrics: list[dict[str, Any]] = []
+        self._seen: set[str] = set()
+
+    @property
+    def _c(self) -> Any:
+        return self.backend.clients
+
+    @property
+    def bucket(self) -> str:
+        return self.backend.resources.bucket
+
+    @property
+    def console_url(self) -> str:
+        r = self.backend.resources
+        return r.console.format(region=r.region, arn=self.execution_arn)
+
+    # -- status ----------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        return self._c.sfn.describe_execution(executionArn=self.execution_arn)
+
+    def status(self) -> str:
+        return self.describe()["status"]
+
+    def wait(self, progress: bool = True, poll_s: float = 1.0, timeout_s: float | None = None) -> str:
+        """Block until the run ends; show iteration, loss and phase times. Raises RunFailed."""
+        from tqdm import tqdm
+
+        bar = tqdm(total=self.job.iterations, unit="it", disable=not progress, dynamic_ncols=True)
+        start = time.time()
+        done = 0
+        try:
+            while True:
+                status = self.status()
+                self._fetch_metrics()
+                it = self.iterations_done()
+                if it > done:
+                    bar.update(it - done)
+                    done = it
+                    summary = self.iteration_summary(it - 1)
+                    bar.set_postfix_str(
+                        f"loss {summary.get('loss', float('nan')):.4f} "
+                        + " ".join(f"{p} {summary.get(p + '_s', 0):.2f}s" for p in ("forward", "backward", "sync"))
+                    )
+                if status in TERMINAL:
+                    break
+                if timeout_s is not None and time.time() - start > timeout_s:
+                    raise TimeoutError(f"run {self.job_id} still {status} after {timeout_s} s")
+                time.sleep(poll_s)
+        finally:
+            bar.close()
+        if status != "SUCCEEDED":
+            raise RunFailed(f"run {self.job_id} {status}: {self.failure()}")
+        return status
+
+    def failure(self) -> str:
+        """The first failed task's error and cause, from the window executions' histories."""
+        d = self.describe()
+        msgs = []
+        for ev in self.history(windows=True):
+            for k in ("taskFailedEventDetails", "executionFailedEventDetails", "lambdaFunctionFailedEventDetails"):
+                det = ev.get(k)
+                if det and det.get("error"):
+                    msgs.append(f"{det.get('error')}: {str(det.get('cause', ''))[:500]}")
+        first = msgs[0] if msgs else ""
+        return f"{d.get('error', '')} {d.get('cause', '')[:300]} | first task error: {first}"
+
+    # -- history ---------------------------------------------------------------------------------
+    def window_executions(self) -> list[str]:
+        spec = self.spec()
+        arns = []
+        paginator = self._c.sfn.get_paginator("list_executions")
+        for page in paginator.paginate(stateMachineArn=spec["window_state_machine"]):
+            arns += [e["executionArn"] for e in page["executions"]]
+        return arns
+
+    def history(self, windows: bool = False, execution_arn: str | None = None) -> list[dict[str, Any]]:
+        """Events of the job execution (paged); with ``windows``, of every window execution too."""
+        arns = [execution_arn] if execution_arn else [self.execution_arn]
+        if windows and not execution_arn:
+            arns += self.window_executions()
+        events: list[dict[str, Any]] = []
+        for arn in arns:
+            paginator = self._c.sfn.get_paginator("get_execution_history")
+            for page in paginator.paginate(executionArn=arn):
+                events += page["events"]
+        return events
+
+    # -- metrics ---------------------------------------------------------------------------------
+    def spec(self) -> dict[str, Any]:
+        return json.loads(self._c.s3.get_object(Bucket=self.bucket, Key=keys.job_spec(self.job_id))["Body"].read())
+
+    def _fetch_metrics(self) -> None:
+        """Read metrics objects not yet seen, listing from the first unfinished iteration on."""
+        prefix = keys.metrics_prefix(self.job_id)
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+        start = self.iterations_done()
+        if start > 0:
+            kw["StartAfter"] = f"{prefix}it{start - 1:08d}/~"
+        paginator = self._c.s3.get_paginator("list_objects_v2")
+        for page in paginator.paginate(**kw):
+            for o in page.get("Contents", []):
+                if o["Key"] in self._seen:
+                    continue
+                body = self._c.s3.get_object(Bucket=self.bucket, Key=o["Key"])["Body"].read()
+                self._metrics.append(json.loads(body))
+                self._seen.add(o["Key"])
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every task's metrics (phase, stage, index, timings, bytes, container, loss)."""
+        self._fetch_metrics()
+        return list(self._metrics)
+
+    def _by_iteration(self) -> dict[int, list[dict[str, Any]]]:
+        out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for m in self._metrics:
+            out[m["t"]].append(m)
+        return out
+
+    def iterations_done(self) -> int:
+        """Iterations whose every task has reported (the sync tasks, or backward when d = 1)."""
+        last_phase = "sync" if self.plan.replicas > 1 else "backward"
+        need = self.plan.stages * self.plan.replicas
+        done = 0
+        by_it = self._by_iteration()
+        while sum(1 for m in by_it.get(done, []) if m["phase"] == last_phase) >= need:
+            done += 1
+        return done
+
+    def iteration_summary(self, t: int) -> dict[str, float]:
+        """Loss (global-batch mean) and each phase's span (first start to last end) at iteration t."""
+        ms = self._by_iteration().get(t, [])
+        out: dict[str, float] = {}
+        losses = [m["loss"] for m in ms if "loss" in m]
+        if losses:
+            out["loss"] = sum(losses) / len(losses)
+        for phase in ("forward", "backward", "sync"):
+            pm = [m for m in ms if m["phase"] == phase]
+            if pm:
+                out[phase + "_s"] = max(m["end"] for m in pm) - min(m["start"] for m in pm)
+        if ms:
+            out["span_s"] = max(m["end"] for m in ms) - min(m["start"] for m in ms)
+        return out
+
+    def losses(self) -> list[float]:
+        self._fetch_metrics()
+        return [self.iteration_summary(t).get("loss", float("nan")) for t in range(self.iterations_done())]
+
+    # -- results ---------------------------------------------------------------------------------
+    def stage_vector(self, stage: int, version: int | None = None) -> torch.Tensor:
+        v = self.job.iterations if version is None else version
+        shards = []
+        for k in range(self.plan.replicas):
+            body = self._c.s3.get_object(Bucket=self.bucket, Key=keys.params(self.job_id, v, stage, k))["Body"].read()
+            shards.append(st_load(body)["p"])
+        return torch.cat(shards)
+
+    def trained_model(self) -> nn.Sequential:
+        """The model with the parameters after the last iteration."""
+        model = self.job.build_model()
+        layers = list(model.children())
+        for s in range(self.plan.stages):
+            params = [p for i in self.plan.stage_layers(s) for p in layers[i].parameters()]
+            assign_flat(params, self.stage_vector(s))
+        return model
+
+    def save(self, directory: str) -> str:
+        """Write the trained model (safetensors), the plan, the metrics and the loss curve to ``directory``."""
+        os.makedirs(directory, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.trained_model().state_dict().items()}, os.path.join(directory, "model.safetensors"))
+        with open(os.path.join(directory, "plan.json"), "w") as f:
+            f.write(self.plan.to_json())
+        with open(os.path.join(directory, "metrics.jsonl"), "w") as f:
+            for m in self.metrics():
+                f.write(json.dumps(m) + "\n")
+        with open(os.path.join(directory, "losses.json"), "w") as f:
+            json.dump(self.losses(), f)
+        return directory
