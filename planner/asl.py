@@ -5,7 +5,7 @@ as states (DESIGN.md §3):
 
     Loop (Choice) -> Forward (Map over every worker but the last stage's)
                   -> BackwardSync (Parallel, a branch per stage: Map(backward) -> Map(sync))
-                  -> Next (Pass: t + 1) -> Loop
+                  -> Advance (Pass: t + 1) -> Loop
 
 The job state machine (statemachines/job.asl.json, deployed by SAM) runs the windows one after the
 other with states:startExecution.sync:2, so no single execution nears the 25,000-event history
@@ -200,8 +200,8 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
                 None,
             )
         branches.append({"StartAt": f"Backward{s}", "States": stage_states})
-    states["BackwardSync"] = {"Type": "Parallel", "Branches": branches, "ResultPath": None, "Next": "Next"}
-    states["Next"] = {"Type": "Pass", "Parameters": {**carry, "t.$": "States.MathAdd($.t, 1)"}, "Next": "Loop"}
+    states["BackwardSync"] = {"Type": "Parallel", "Branches": branches, "ResultPath": None, "Next": "Advance"}
+    states["Advance"] = {"Type": "Pass", "Parameters": {**carry, "t.$": "States.MathAdd($.t, 1)"}, "Next": "Loop"}
     states["Done"] = {"Type": "Succeed"}
     return {
         "Comment": f"Stagecoach window: {s_count} stages x {d} replicas, {plan.micro_batches} micro-batches",

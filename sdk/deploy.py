@@ -84,6 +84,36 @@ def upload_dataset(s3: Any, bucket: str, x: torch.Tensor, y: torch.Tensor, split
     return ds_id
 
 
+def _user_modules(*objs: Any) -> list[Any]:
+    """Modules of the user's callables that workers cannot import (scripts, tests, notebooks)."""
+    import inspect
+    import sys
+    import sysconfig
+
+    site = sysconfig.get_paths()["purelib"]
+    out = []
+    for obj in objs:
+        mod = inspect.getmodule(obj) or inspect.getmodule(type(obj))
+        if mod is None or mod.__name__ == "__main__" or mod.__name__.split(".")[0] in ("torch", "stagecoach", "builtins"):
+            continue
+        path = getattr(mod, "__file__", None) or ""
+        if not path.startswith(site) and not path.startswith(sys.base_prefix) and mod not in out:
+            out.append(mod)
+    return out
+
+
+def pickle_job_code(job: Job) -> bytes:
+    """cloudpickle the model factory, loss and optimizer; user code ships by value, not by import."""
+    modules = _user_modules(job.model, job.loss, job.optimizer)
+    for m in modules:
+        cloudpickle.register_pickle_by_value(m)
+    try:
+        return cloudpickle.dumps({"model": job.model, "loss": job.loss, "optimizer": job.optimizer})
+    finally:
+        for m in modules:
+            cloudpickle.unregister_pickle_by_value(m)
+
+
 def window_timeout_s(plan: Plan, length: int) -> int:
     """A window must finish within its iterations' worst case (every phase at its timeout) plus slack."""
     per_iter = max(t["forward"] for t in plan.timeouts_s) + max(t["backward"] + t["sync"] for t in plan.timeouts_s)
@@ -110,7 +140,7 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients) -> t
             "plan": plan.to_dict(),
             "created": time.time(),
         }
-        code = cloudpickle.dumps({"model": job.model, "loss": job.loss, "optimizer": job.optimizer})
+        code = pickle_job_code(job)
         c.s3.put_object(Bucket=res.bucket, Key=keys.job_code(job_id), Body=code)
         c.s3.put_object(Bucket=res.bucket, Key=keys.plan(job_id), Body=plan.to_json().encode())
         model = job.build_model()

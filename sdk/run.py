@@ -85,16 +85,18 @@ class Run:
         return status
 
     def failure(self) -> str:
-        """The first failed task's error and cause, from the window executions' histories."""
+        """The execution's error, and the first failed task's error and cause inside its windows."""
         d = self.describe()
-        msgs = []
-        for ev in self.history(windows=True):
-            for k in ("taskFailedEventDetails", "executionFailedEventDetails", "lambdaFunctionFailedEventDetails"):
-                det = ev.get(k)
+        first = ""
+        for arn in self.window_executions():
+            for ev in self.history(execution_arn=arn):
+                det = ev.get("taskFailedEventDetails") or ev.get("taskTimedOutEventDetails")
                 if det and det.get("error"):
-                    msgs.append(f"{det.get('error')}: {str(det.get('cause', ''))[:500]}")
-        first = msgs[0] if msgs else ""
-        return f"{d.get('error', '')} {d.get('cause', '')[:300]} | first task error: {first}"
+                    first = f"{det.get('error')}: {str(det.get('cause', ''))[:500]}"
+                    break
+            if first:
+                break
+        return f"{d.get('error', '')}: {d.get('cause', '')[:300]} | first failed task: {first or 'none'}"
 
     # -- history ---------------------------------------------------------------------------------
     def window_executions(self) -> list[str]:

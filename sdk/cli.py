@@ -1,0 +1,107 @@
+"""The ``stagecoach`` command: train a job file, and (with the planner) plan one."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+from typing import Any
+
+import click
+
+
+def load_job_file(path: str) -> Any:
+    """Import a job file as a module; its code ships to the workers by value (cloudpickle)."""
+    if not os.path.isfile(path):
+        raise click.BadParameter(f"{path}: no such file", param_hint="FILE")
+    name = "stagecoach_user_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    if not hasattr(module, "job"):
+        raise click.BadParameter(f"{path} defines no `job` (a stagecoach.Job)", param_hint="FILE")
+    return module
+
+
+def accuracy(model: Any, data: Any) -> float:
+    import torch
+
+    x, y = data
+    model.eval()
+    with torch.no_grad():
+        pred = model(x.to(next(model.parameters()).dtype)).argmax(dim=1)
+    return float((pred == y).float().mean())
+
+
+@click.group()
+@click.version_option(package_name="stagecoach")
+def main() -> None:
+    """Pipelined, data-parallel PyTorch training on AWS Lambda and Step Functions."""
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--stages", type=int, help="pipeline stages (manual plan)")
+@click.option("--replicas", type=int, help="data-parallel degree d (manual plan)")
+@click.option("--micro-batches", type=int, help="micro-batches per replica per iteration")
+@click.option("--memory", "memory_mb", type=int, help="Lambda memory per stage, MB")
+@click.option("--iterations", type=int, help="override the job's iterations")
+@click.option("--backend", default="local", show_default=True, help="where to run: local")
+@click.option("--out", default="stagecoach-runs", show_default=True, help="directory for results")
+def train(file: str, stages: int | None, replicas: int | None, micro_batches: int | None, memory_mb: int | None,
+          iterations: int | None, backend: str, out: str) -> None:
+    """Train the `job` defined in FILE; print progress, final loss, test accuracy and where results are."""
+    from stagecoach.job import JobError
+    from stagecoach.planner.plan import PlanError
+    from stagecoach.run import RunFailed
+
+    t0 = time.time()
+    module = load_job_file(file)
+    job = module.job
+    if iterations is not None:
+        job.iterations = iterations
+    manual = dict(getattr(module, "defaults", {}))
+    for k, v in (("stages", stages), ("replicas", replicas), ("micro_batches", micro_batches), ("memory_mb", memory_mb)):
+        if v is not None:
+            manual[k] = v
+    try:
+        job.validate()
+        plan = job.manual_plan(**manual)
+        plan.validate(layers=job.layers)
+        click.echo(
+            f"plan: {plan.stages} stages (layers per stage {list(plan.balance)}) x {plan.replicas} replicas, "
+            f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}, memory {list(plan.memory_mb)} MB"
+        )
+        run = job.run(plan=plan, backend=backend)
+    except (JobError, PlanError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"job {run.job_id}: execution {run.execution_arn}")
+    click.echo(f"console: {run.console_url}")
+    try:
+        run.wait(progress=True)
+    except RunFailed as e:
+        raise click.ClickException(str(e)) from None
+    wall = time.time() - t0
+    losses = run.losses()
+    directory = run.save(os.path.join(out, run.job_id))
+    click.echo(f"final loss {losses[-1]:.4f} (first {losses[0]:.4f}) after {len(losses)} iterations")
+    if job.test is not None:
+        click.echo(f"test accuracy {accuracy(run.trained_model(), job.test):.4f}")
+    spans = [run.iteration_summary(t).get("span_s", 0.0) for t in range(len(losses))]
+    steady = spans[1:] or spans
+    click.echo(f"wall time {wall:.1f} s; {sum(steady) / len(steady):.2f} s per iteration after the first")
+    click.echo(f"results: {directory} (model.safetensors, plan.json, metrics.jsonl, losses.json)")
+
+
+try:  # the planner's command, when it is there
+    from stagecoach.cli_plan import plan_command
+
+    main.add_command(plan_command, name="plan")
+except ImportError:  # pragma: no cover
+    pass
+
+
+if __name__ == "__main__":
+    main()

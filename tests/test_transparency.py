@@ -1,0 +1,101 @@
+"""Transparency: a pipelined, data-parallel run ends with the parameters of plain single-process PyTorch.
+
+Every configuration of the issue runs on the embedded local stack — Step Functions states, Lambda
+tasks, S3 transport, sharded optimizer — in float64, and is compared element by element with
+stagecoach.reference.train_reference (same init, data order, global batch; the same micro-batches,
+so dropout draws the same masks). A model without dropout is also compared with ordinary
+full-batch training, which knows nothing of replicas or micro-batches.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from stagecoach import Job
+from stagecoach.planner import asl
+from stagecoach.reference import train_reference
+
+ITERATIONS = 6
+GLOBAL_BATCH = 24
+CONFIGS = [(1, 1, 1), (2, 1, 4), (1, 3, 2), (3, 2, 4)]  # (stages, replicas, micro-batches)
+OPTIMIZERS = {
+    "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+    "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+}
+
+
+def model_with_dropout() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Dropout(0.2), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+
+
+def model_without_dropout() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 16), nn.Linear(16, 4))
+
+
+def make_job(name: str, model, optimizer) -> Job:
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(96, 10, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 4, (96,), generator=g)
+    return Job(model=model, loss=nn.CrossEntropyLoss(), optimizer=optimizer, train=(x, y), global_batch=GLOBAL_BATCH,
+               iterations=ITERATIONS, seed=3, dtype=torch.float64, name=name)
+
+
+def max_diff(a: nn.Module, b: nn.Module) -> float:
+    return max(float((p.detach() - q.detach()).abs().max()) for p, q in zip(a.parameters(), b.parameters()))
+
+
+@pytest.fixture(scope="module")
+def runs(backend):
+    """Start every configuration at once (they share the stack), then wait for all of them."""
+    started = {}
+    for opt_name, opt in OPTIMIZERS.items():
+        for cfg in CONFIGS:
+            s, d, m = cfg
+            job = make_job(f"tr-{opt_name[:4]}-{s}{d}{m}", model_with_dropout, opt)
+            started[(opt_name, cfg)] = job.run(stages=s, replicas=d, micro_batches=m, backend=backend)
+    job = make_job("tr-nodrop", model_without_dropout, OPTIMIZERS["adam"])
+    started[("nodrop", (3, 2, 4))] = job.run(stages=3, replicas=2, micro_batches=4, backend=backend)
+    for run in started.values():
+        run.wait(progress=False, poll_s=2.0, timeout_s=600)
+    return started
+
+
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "%dx%dx%d" % c)
+def test_parameters_equal_single_process_pytorch(runs, opt_name, cfg):
+    run = runs[(opt_name, cfg)]
+    _, d, m = cfg
+    expected = train_reference(run.job, replicas=d, micro_batches=m)
+    trained = run.trained_model()
+    initial = run.job.build_model()
+    assert max_diff(trained, initial) > 1e-3, "training must have moved the parameters"
+    assert max_diff(trained, expected) < 1e-5
+
+
+def test_micro_batched_data_parallel_pipeline_equals_full_batch_training(runs):
+    run = runs[("nodrop", (3, 2, 4))]
+    expected = train_reference(run.job)  # one batch of 24, no replicas, no micro-batches
+    assert max_diff(run.trained_model(), expected) < 1e-5
+
+
+def test_losses_are_reported_per_iteration(runs):
+    run = runs[("adam", (3, 2, 4))]
+    losses = run.losses()
+    assert len(losses) == ITERATIONS and all(0 < v < 10 for v in losses)
+
+
+def test_window_history_matches_the_emitters_count(runs):
+    for (_, cfg), run in runs.items():
+        windows = run.window_executions()
+        assert len(windows) == 1
+        events = run.history(execution_arn=windows[0])
+        assert len(events) == asl.EV_WINDOW_FIXED + ITERATIONS * asl.events_per_iteration(run.plan), cfg
+
+
+def test_warm_containers_are_reused_and_cold_starts_counted(runs):
+    ms = runs[("adam", (3, 2, 4))].metrics()
+    containers = {m["container"] for m in ms}
+    cold = [m for m in ms if m["cold"]]
+    assert len(cold) == len(containers), "exactly one cold start per container"
+    assert len(containers) < len(ms) / 4, "most tasks run in warm containers"
+    assert max(m["invocation"] for m in ms) >= ITERATIONS
