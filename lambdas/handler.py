@@ -26,10 +26,18 @@ from stagecoach.lambdas.phases import PHASES
 
 logger = Logger(service="stagecoach-worker")
 
-CONTAINER_ID = uuid.uuid4().hex[:12]
-_STARTED = time.time()
+_container: tuple[int, str, float] | None = None  # (pid, id, started): set on the first invocation
 _invocations = 0
 _s3 = None
+
+
+def _container_id() -> tuple[str, float]:
+    """Identity of this execution environment, made on its first invocation (not at import, which
+    a local zygote does once for many environments)."""
+    global _container
+    if _container is None or _container[0] != os.getpid():
+        _container = (os.getpid(), uuid.uuid4().hex[:12], time.time())
+    return _container[1], _container[2]
 
 
 class BadEvent(Exception):
@@ -49,6 +57,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     global _invocations
     _invocations += 1
     t0 = time.time()
+    container, started = _container_id()
     try:
         ev = parse(event=event, model=TaskEvent)
     except (ValidationError, ValueError, TypeError) as e:
@@ -71,8 +80,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         "duration_s": end - t0,
         "compute_s": max(0.0, end - t0 - st.upload_s - st.download_s - st.wait_s),
         **st.as_dict(),
-        "container": CONTAINER_ID,
-        "container_started": _STARTED,
+        "container": container,
+        "container_started": started,
         "invocation": _invocations,
         "cold": _invocations == 1,
         "memory_mb": context.memory_limit_in_mb,

@@ -19,14 +19,18 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
+import socket
 import struct
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from stagecoach.local.worker import recv_msg, send_msg
 
 POLL_S = 0.02
 
@@ -43,11 +47,62 @@ class FunctionSpec:
     version_key: str = ""
 
 
-@dataclass
 class _Worker:
-    proc: subprocess.Popen
-    started: float = field(default_factory=time.time)
-    invocations: int = 0
+    """One execution environment: a forked process and the socket the runtime talks to it on."""
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid = pid
+        self.sock = sock
+        self.invocations = 0
+
+    def alive(self) -> bool:
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                return f.read().split(") ")[1][0] not in "ZX"
+        except FileNotFoundError:
+            return False
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.sock.close()
+
+
+class _Zygote:
+    """A process that has imported a handler module and forks execution environments on request."""
+
+    def __init__(self, handler: str, env: dict[str, str], log: Any) -> None:
+        ours, theirs = socket.socketpair()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stagecoach.local.worker", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env={**env, "_HANDLER": handler},
+        )
+        theirs.close()
+        self.sock = ours
+        self.lock = threading.Lock()
+        if not recv_msg(self.sock).get("ready"):
+            raise RuntimeError(f"the zygote for {handler} did not start")
+
+    def fork(self, env: dict[str, str]) -> _Worker:
+        ours, theirs = socket.socketpair()
+        with self.lock:
+            send_msg(self.sock, {"env": env}, fds=[theirs.fileno()])
+            pid = recv_msg(self.sock)["pid"]
+        theirs.close()
+        return _Worker(pid, ours)
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except Exception:
+            self.proc.kill()
 
 
 def _rss_mb(pid: int) -> float:
@@ -69,42 +124,52 @@ def _error(error_type: str, message: str) -> str:
 class LocalLambdaRuntime:
     """Runs Lambda invocations in warm pools of local worker processes."""
 
+    # Variables that differ per function; everything else in a function's environment (PYTHONPATH
+    # above all, which decides what the handler import finds) is part of its zygote's identity.
+    PER_FUNCTION = ("AWS_LAMBDA_FUNCTION_NAME", "AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "AWS_LAMBDA_FUNCTION_TIMEOUT")
+
     def __init__(self, endpoint_url: str, log_path: str | None = None) -> None:
         self.endpoint_url = endpoint_url
         self._idle: dict[FunctionSpec, list[_Worker]] = {}
+        self._zygotes: dict[tuple, _Zygote] = {}
         self._lock = threading.Lock()
         self._all: list[_Worker] = []
         self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL
 
     # -- pool ------------------------------------------------------------------------------------
-    def _start(self, spec: FunctionSpec) -> _Worker:
+    def _env(self, spec: FunctionSpec) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MOTO_")}
         env.update(dict(spec.environment))
+        region = env.get("AWS_DEFAULT_REGION", "us-east-1")
         env.update(
             {
-                "_HANDLER": spec.handler,
                 "AWS_ENDPOINT_URL": self.endpoint_url,
                 "AWS_ACCESS_KEY_ID": "local",
                 "AWS_SECRET_ACCESS_KEY": "local",
-                "AWS_DEFAULT_REGION": env.get("AWS_DEFAULT_REGION", "us-east-1"),
-                "AWS_REGION": env.get("AWS_DEFAULT_REGION", "us-east-1"),
+                "AWS_DEFAULT_REGION": region,
+                "AWS_REGION": region,
                 "AWS_LAMBDA_FUNCTION_NAME": spec.name,
                 "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(spec.memory_mb),
                 "AWS_LAMBDA_FUNCTION_TIMEOUT": str(int(spec.timeout_s)),
                 "STAGECOACH_LOCAL_RUNTIME": "1",
-                # one thread per worker: Lambda's vCPU share is modelled by the platform, and the
-                # workers of a phase share this machine's cores
+                # one thread per worker: the workers of a phase share this machine's cores
                 "OMP_NUM_THREADS": env.get("STAGECOACH_WORKER_THREADS", "1"),
             }
         )
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "stagecoach.local.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=env,
-        )
-        w = _Worker(proc)
+        return env
+
+    def _zygote(self, spec: FunctionSpec, env: dict[str, str]) -> _Zygote:
+        shared = {k: v for k, v in env.items() if k not in self.PER_FUNCTION}
+        key = (spec.handler, tuple(sorted(shared.items())))
+        with self._lock:
+            z = self._zygotes.get(key)
+            if z is None or z.proc.poll() is not None:
+                z = self._zygotes[key] = _Zygote(spec.handler, shared, self._log)
+        return z
+
+    def _start(self, spec: FunctionSpec) -> _Worker:
+        env = self._env(spec)
+        w = self._zygote(spec, env).fork(env)
         with self._lock:
             self._all.append(w)
         return w
@@ -114,7 +179,7 @@ class LocalLambdaRuntime:
             idle = self._idle.setdefault(spec, [])
             while idle:
                 w = idle.pop()
-                if w.proc.poll() is None:
+                if w.alive():
                     return w, False
         return self._start(spec), True
 
@@ -123,20 +188,18 @@ class LocalLambdaRuntime:
             self._idle.setdefault(spec, []).append(w)
 
     def _kill(self, w: _Worker) -> None:
-        try:
-            w.proc.kill()
-            w.proc.wait(timeout=5)
-        except Exception:
-            pass
+        w.kill()
         with self._lock:
             if w in self._all:
                 self._all.remove(w)
 
     def shutdown(self) -> None:
         with self._lock:
-            workers = list(self._all)
+            workers, zygotes = list(self._all), list(self._zygotes.values())
         for w in workers:
             self._kill(w)
+        for z in zygotes:
+            z.close()
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -145,21 +208,18 @@ class LocalLambdaRuntime:
     # -- invocation --------------------------------------------------------------------------------
     def invoke(self, spec: FunctionSpec, event: Any) -> tuple[str, bool, str]:
         request_id = str(uuid.uuid4())
-        w, cold = self._take(spec)
-        deadline = time.time() + spec.timeout_s
-        msg = json.dumps(
-            {"event": event, "request_id": request_id, "deadline": deadline, "cold": cold}
-        ).encode()
         try:
-            w.proc.stdin.write(struct.pack("<I", len(msg)) + msg)
-            w.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+            w, cold = self._take(spec)
+        except Exception as e:  # the handler cannot even be imported
+            return _error("Runtime.ImportModuleError", f"RequestId: {request_id} {e}"), True, ""
+        deadline = time.time() + spec.timeout_s
+        try:
+            send_msg(w.sock, {"event": event, "request_id": request_id, "deadline": deadline})
+        except OSError:
             self._kill(w)
             return _error("Runtime.ExitError", f"RequestId: {request_id} worker process died"), True, ""
         w.invocations += 1
-        fd = w.proc.stdout.fileno()
         buf = b""
-        peak = 0.0
         while True:
             now = time.time()
             if now >= deadline:
@@ -169,8 +229,7 @@ class LocalLambdaRuntime:
                     True,
                     "",
                 )
-            rss = _rss_mb(w.proc.pid)
-            peak = max(peak, rss)
+            rss = _rss_mb(w.pid)
             if rss > spec.memory_mb:
                 self._kill(w)
                 return (
@@ -182,18 +241,13 @@ class LocalLambdaRuntime:
                     True,
                     "",
                 )
-            r, _, _ = select.select([fd], [], [], min(POLL_S, max(0.0, deadline - now)))
+            r, _, _ = select.select([w.sock], [], [], min(POLL_S, max(0.0, deadline - now)))
             if not r:
                 continue
-            chunk = os.read(fd, 1 << 20)
+            chunk = w.sock.recv(1 << 20)
             if not chunk:
-                code = w.proc.poll()
                 self._kill(w)
-                return (
-                    _error("Runtime.ExitError", f"RequestId: {request_id} Error: Runtime exited with error: exit status {code}"),
-                    True,
-                    "",
-                )
+                return _error("Runtime.ExitError", f"RequestId: {request_id} Error: Runtime exited with error"), True, ""
             buf += chunk
             if len(buf) >= 4:
                 (n,) = struct.unpack("<I", buf[:4])

@@ -1,8 +1,13 @@
-"""One local Lambda execution environment: a process that runs invocations one at a time.
+"""Local Lambda execution environments: a zygote per handler, and the worker processes it forks.
 
-Started by the local runtime; it imports the function's handler once (the cold start) and then
-serves invocations from its parent over stdin/stdout, so module-level state survives between
-invocations exactly as it does in a warm Lambda container.
+The zygote imports the function's handler module (torch included) once; every cold start is a
+fork of it — a new process with empty module-level caches, like a new Lambda execution environment,
+without paying the import again. A worker then serves invocations one at a time over its socket,
+so module-level state survives between invocations exactly as in a warm Lambda container.
+
+Protocol (length-prefixed JSON): zygote control socket receives {"env": {...}} plus the worker's
+socket as an SCM_RIGHTS fd and answers {"pid": n}; a worker receives {"event", "request_id",
+"deadline"} and answers {"payload": str, "errored": bool}.
 """
 
 from __future__ import annotations
@@ -10,11 +15,37 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
+import socket
 import struct
 import sys
 import time
 import traceback
 from typing import Any
+
+
+def send_msg(sock: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
+    data = json.dumps(obj).encode()
+    frame = struct.pack("<I", len(data)) + data
+    if fds:
+        socket.send_fds(sock, [frame], fds)
+    else:
+        sock.sendall(frame)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return buf
+
+
+def recv_msg(sock: socket.socket) -> Any:
+    (n,) = struct.unpack("<I", recv_exact(sock, 4))
+    return json.loads(recv_exact(sock, n))
 
 
 class LambdaContext:
@@ -35,48 +66,51 @@ class LambdaContext:
         return max(0, int((self._deadline - time.time()) * 1000))
 
 
-def _read_exact(stream: Any, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = stream.read(n - len(data))
-        if not chunk:
-            raise EOFError
-        data += chunk
-    return data
-
-
-def main() -> None:
-    proto_in = sys.stdin.buffer
-    proto_out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # anything the handler prints goes to the log, not into the protocol
-    sys.stdout = sys.stderr
-    module_name, _, func_name = os.environ["_HANDLER"].rpartition(".")
-    handler = getattr(importlib.import_module(module_name), func_name)
+def serve(sock: socket.socket, handler: Any) -> None:
+    """A worker: run invocations until the runtime closes the socket."""
     while True:
         try:
-            (n,) = struct.unpack("<I", _read_exact(proto_in, 4))
-            msg = json.loads(_read_exact(proto_in, n))
-        except EOFError:
-            return
+            msg = recv_msg(sock)
+        except (EOFError, ConnectionError):
+            os._exit(0)
         ctx = LambdaContext(msg["request_id"], msg["deadline"])
         try:
-            result = handler(msg["event"], ctx)
-            reply = {"payload": json.dumps(result), "errored": False}
+            reply = {"payload": json.dumps(handler(msg["event"], ctx)), "errored": False}
         except Exception as e:  # the AWS Python runtime's error shape
             reply = {
                 "payload": json.dumps(
-                    {
-                        "errorType": type(e).__name__,
-                        "errorMessage": str(e),
-                        "stackTrace": traceback.format_tb(e.__traceback__),
-                    }
+                    {"errorType": type(e).__name__, "errorMessage": str(e), "stackTrace": traceback.format_tb(e.__traceback__)}
                 ),
                 "errored": True,
             }
-        out = json.dumps(reply).encode()
-        proto_out.write(struct.pack("<I", len(out)) + out)
-        proto_out.flush()
+        send_msg(sock, reply)
+
+
+def zygote(control_fd: int) -> None:
+    control = socket.socket(fileno=control_fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked workers are reaped automatically
+    module_name, _, func_name = os.environ["_HANDLER"].rpartition(".")
+    handler = getattr(importlib.import_module(module_name), func_name)
+    send_msg(control, {"ready": True})
+    while True:
+        # the fd travels with the frame's first bytes: receive them with recv_fds, not recv
+        data, fds, _, _ = socket.recv_fds(control, 1 << 16, 1)
+        if not data:
+            os._exit(0)
+        (n,) = struct.unpack("<I", data[:4])
+        while len(data) < 4 + n:
+            data += recv_exact(control, 4 + n - len(data))
+        msg = json.loads(data[4 : 4 + n])
+        pid = os.fork()
+        if pid == 0:  # the new execution environment
+            control.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.environ.update(msg["env"])
+            serve(socket.socket(fileno=fds[0]), handler)
+        os.close(fds[0])
+        send_msg(control, {"pid": pid})
 
 
 if __name__ == "__main__":
-    main()
+    sys.stdout = sys.stderr  # anything the handler prints goes to the log
+    zygote(int(sys.argv[1]))

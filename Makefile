@@ -1,0 +1,27 @@
+# Everything installs into .venv from nothing: torch first (pinned, CPU build), then the project.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-all clean
+
+$(STAMP): pyproject.toml package.json package-lock.json
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/stagecoach train examples/digits.py
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+test-all: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) node_modules stagecoach-runs
