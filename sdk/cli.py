@@ -89,9 +89,14 @@ def train(file: str, stages: int | None, replicas: int | None, micro_batches: in
     click.echo(f"final loss {losses[-1]:.4f} (first {losses[0]:.4f}) after {len(losses)} iterations")
     if job.test is not None:
         click.echo(f"test accuracy {accuracy(run.trained_model(), job.test):.4f}")
-    spans = [run.iteration_summary(t).get("span_s", 0.0) for t in range(len(losses))]
-    steady = spans[1:] or spans
-    click.echo(f"wall time {wall:.1f} s; {sum(steady) / len(steady):.2f} s per iteration after the first")
+    b = run.time_breakdown()
+    if b:
+        it = b["iteration_s"]
+        click.echo(
+            f"wall time {wall:.1f} s; {it:.2f} s per iteration after the first: orchestration "
+            f"{b['orchestration_s'] / it:.0%}, in tasks: compute {b['compute_s'] / it:.0%}, "
+            f"S3 transfer {b['transfer_s'] / it:.0%}, waiting on other workers {b['wait_s'] / it:.0%}"
+        )
     click.echo(f"results: {directory} (model.safetensors, plan.json, metrics.jsonl, losses.json)")
 
 

@@ -175,6 +175,44 @@ class Run:
             out["span_s"] = max(m["end"] for m in ms) - min(m["start"] for m in ms)
         return out
 
+    def time_breakdown(self, skip_first: int = 1) -> dict[str, float]:
+        """Mean seconds per iteration spent in orchestration versus inside tasks (compute, transfer, waiting).
+
+        Iteration time runs from one iteration's first task start to the next's. The phases' spans
+        (first task start to last task end, per phase) are task time; the rest of the iteration is
+        orchestration (Step Functions state transitions and Lambda invocation). Task time is split
+        by the tasks' own compute / upload+download / waiting shares. The first ``skip_first``
+        iterations (cold starts) are left out.
+        """
+        self._fetch_metrics()
+        by_it = self._by_iteration()
+        n = self.iterations_done()
+        its = list(range(skip_first, n - 1)) or list(range(0, max(0, n - 1)))
+        if not its:
+            return {}
+        first = {t: min(m["start"] for m in by_it[t]) for t in range(n)}
+        wall = spans = comp = xfer = wait = dur = 0.0
+        for t in its:
+            wall += first[t + 1] - first[t]
+            for phase in ("forward", "backward", "sync"):
+                pm = [m for m in by_it[t] if m["phase"] == phase]
+                if pm:
+                    spans += max(m["end"] for m in pm) - min(m["start"] for m in pm)
+            for m in by_it[t]:
+                comp += m["compute_s"]
+                xfer += m["upload_s"] + m["download_s"]
+                wait += m["wait_s"]
+                dur += m["duration_s"]
+        k = len(its)
+        in_tasks = spans / k
+        return {
+            "iteration_s": wall / k,
+            "orchestration_s": (wall - spans) / k,
+            "compute_s": in_tasks * comp / dur,
+            "transfer_s": in_tasks * xfer / dur,
+            "wait_s": in_tasks * wait / dur,
+        }
+
     def losses(self) -> list[float]:
         self._fetch_metrics()
         return [self.iteration_summary(t).get("loss", float("nan")) for t in range(self.iterations_done())]

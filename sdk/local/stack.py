@@ -145,6 +145,9 @@ def main() -> None:
     from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
     default_user_config["stepfunctions"] = {"execute_state_machine": True}
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no access log line per S3 request
     runtime = LocalLambdaRuntime(f"http://127.0.0.1:{port}", log_path=log_path)
     install_moto_fixes(runtime)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)

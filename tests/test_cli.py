@@ -1,0 +1,56 @@
+"""`stagecoach train FILE` end to end on the local stack, with a manual plan from the options."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+JOB_FILE = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+    from stagecoach import Job
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=g)
+    y = (x[:, 0] > 0).long()
+
+    def model():
+        return nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
+
+    job = Job(model=model, loss=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.5),
+              train=(x, y), test=(x, y), global_batch=16, iterations=20, seed=0, name="cli")
+    """
+)
+
+
+def stagecoach(*args, cwd):
+    exe = os.path.join(os.path.dirname(sys.executable), "stagecoach")
+    return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def test_train_prints_loss_accuracy_and_results(tmp_path):
+    (tmp_path / "tiny.py").write_text(JOB_FILE)
+    r = stagecoach("train", "tiny.py", "--stages", "2", "--replicas", "2", "--micro-batches", "2", "--iterations", "4",
+                   "--out", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "plan: 2 stages (layers per stage [2, 1]) x 2 replicas, 2 micro-batches of 4" in r.stdout
+    assert "after 4 iterations" in r.stdout
+    assert "test accuracy" in r.stdout
+    results = [line for line in r.stdout.splitlines() if line.startswith("results: ")]
+    directory = results[0].split()[1]
+    for f in ("model.safetensors", "plan.json", "metrics.jsonl", "losses.json"):
+        assert (tmp_path / directory / f).exists(), f
+
+
+def test_bad_plan_options_are_refused_before_anything_runs(tmp_path):
+    (tmp_path / "tiny.py").write_text(JOB_FILE)
+    r = stagecoach("train", "tiny.py", "--replicas", "3", cwd=tmp_path)
+    assert r.returncode != 0
+    assert "not divisible into 3 replicas" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    r = stagecoach("train", "nope.py", cwd=tmp_path)
+    assert r.returncode != 0 and "no such file" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,51 @@
+"""The worker handler refuses malformed events up front, naming the field (Powertools Parser)."""
+
+import time
+
+import pytest
+
+from stagecoach.lambdas.handler import BadEvent, handler
+
+GOOD = {"phase": "backward", "job": "j-1", "bucket": "stagecoach-local", "t": 0, "stage": 0, "replica": 0}
+
+
+class Ctx:
+    function_name = "f"
+    function_version = "$LATEST"
+    memory_limit_in_mb = 1024
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:f"
+    aws_request_id = "r"
+
+    def get_remaining_time_in_millis(self):
+        return 10_000
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"phase": "dance"}, "phase"),
+        ({"t": -1}, "t"),
+        ({"stage": "one"}, "stage"),
+        ({"bucket": "Not_A_Bucket"}, "bucket"),
+        ({"job": "../etc"}, "job"),
+        ({"replica": None}, "replica"),
+        ({"extra": 1}, "extra"),
+    ],
+)
+def test_malformed_events_are_refused(change, field):
+    with pytest.raises(BadEvent, match=field):
+        handler({**GOOD, **change}, Ctx())
+
+
+def test_sync_event_needs_a_shard():
+    ev = {**GOOD, "phase": "sync"}
+    del ev["replica"]
+    with pytest.raises(BadEvent, match="shard"):
+        handler(ev, Ctx())
+
+
+def test_missing_fields_are_named():
+    t0 = time.time()
+    with pytest.raises(BadEvent, match="bucket"):
+        handler({"phase": "forward", "job": "j", "t": 0, "stage": 0, "replica": 0}, Ctx())
+    assert time.time() - t0 < 5  # refused before any S3 call
