@@ -62,10 +62,12 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         ev = parse(event=event, model=TaskEvent)
     except (ValidationError, ValueError, TypeError) as e:
         raise BadEvent(f"malformed worker event {json.dumps(event)[:300]}: {e}") from None
-    deadline = t0 + context.get_remaining_time_in_millis() / 1000.0 - 0.5
     logger.append_keys(job=ev.job, phase=ev.phase, t=ev.t, stage=ev.stage)
     ch = Channel(_client(), ev.bucket)
     ctx = job_context(ch, ev.job)
+    # Give up waiting for another worker's object just before the Task's own timeout: a lost object
+    # is then reported as ObjectWaitTimeout (the window restarts) rather than retried as a timeout.
+    deadline = t0 + min(context.get_remaining_time_in_millis() / 1000.0 - 0.5, ctx.plan.timeouts_s[ev.stage][ev.phase] - 1.0)
     result = PHASES[ev.phase](ctx, ch, ev, deadline)
     end = time.time()
     st = ch.stats

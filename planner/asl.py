@@ -37,6 +37,17 @@ LAMBDA_RETRY = {
     "JitterStrategy": "FULL",
 }
 
+# A worker that crashed or hung: the task is idempotent (same input, same bytes, same keys), so
+# running it again is safe. Out-of-memory is not retried here: the same memory would fail again.
+WORKER_RETRY = {
+    "ErrorEquals": ["Runtime.ExitError", "Sandbox.Timedout", "States.Timeout"],
+    "IntervalSeconds": 1,
+    "MaxAttempts": 3,
+    "BackoffRate": 2.0,
+    "MaxDelaySeconds": 10,
+    "JitterStrategy": "FULL",
+}
+
 # Events one state adds to the history (the same on AWS and moto's interpreter).
 EV_TASK = 5  # TaskStateEntered, TaskScheduled, TaskStarted, TaskSucceeded, TaskStateExited
 EV_MAP_ITEM = 2  # MapIterationStarted, MapIterationSucceeded
@@ -100,7 +111,7 @@ def _task(phase: str, function: str | None, timeout: int, index_field: str) -> d
         "Resource": "arn:aws:states:::lambda:invoke",
         "Parameters": params,
         "TimeoutSeconds": timeout,
-        "Retry": [dict(LAMBDA_RETRY)],
+        "Retry": [dict(LAMBDA_RETRY), dict(WORKER_RETRY)],
         "ResultPath": None,
         "End": True,
     }
@@ -210,12 +221,23 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def job_definition(window_retries: int = 2) -> dict[str, Any]:
-    """The job state machine: run each window with startExecution.sync:2, retrying a failed window.
+def job_definition(window_attempts: int = 3, backoff_s: int = 2) -> dict[str, Any]:
+    """The job state machine: run each window with startExecution.sync:2, restarting a failed window.
 
-    A retried window starts again from the parameters checkpointed at its first iteration (the
-    workers keep that version until the window has finished).
+    A restarted window starts again from the parameters checkpointed at its first iteration (the
+    workers keep that version until the window has finished); its tasks are idempotent, so what a
+    failed attempt left behind is rewritten with the same bytes. The restart is an explicit
+    Catch -> Choice -> Wait loop rather than a Retry, so every attempt is a visible state in the
+    job's history (and a place where a remediation step can act before the next attempt).
     """
+    carry = {
+        "job.$": "$.job",
+        "bucket.$": "$.bucket",
+        "arn.$": "$.arn",
+        "start.$": "$.start",
+        "end.$": "$.end",
+        "timeout.$": "$.timeout",
+    }
     return {
         "Comment": "Stagecoach job: runs the job's windows one after the other",
         "StartAt": "Windows",
@@ -230,6 +252,7 @@ def job_definition(window_retries: int = 2) -> dict[str, Any]:
                     "start.$": "$$.Map.Item.Value.start",
                     "end.$": "$$.Map.Item.Value.end",
                     "timeout.$": "$$.Map.Item.Value.timeout",
+                    "attempt": 1,
                 },
                 "MaxConcurrency": 1,
                 "ItemProcessor": {
@@ -241,7 +264,7 @@ def job_definition(window_retries: int = 2) -> dict[str, Any]:
                             "Resource": "arn:aws:states:::states:startExecution.sync:2",
                             "Parameters": {
                                 "StateMachineArn.$": "$.arn",
-                                # unique per attempt: a retried window is a new execution
+                                # unique per attempt: a restarted window is a new execution
                                 "Name.$": "States.Format('w{}-{}', $.start, States.UUID())",
                                 "Input": {
                                     "job.$": "$.job",
@@ -252,17 +275,28 @@ def job_definition(window_retries: int = 2) -> dict[str, Any]:
                                 },
                             },
                             "TimeoutSecondsPath": "$.timeout",
-                            "Retry": [
-                                {
-                                    "ErrorEquals": ["States.TaskFailed"],
-                                    "IntervalSeconds": 2,
-                                    "MaxAttempts": window_retries,
-                                    "BackoffRate": 2.0,
-                                }
-                            ],
+                            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.failure", "Next": "CanRestart"}],
                             "ResultPath": None,
                             "End": True,
-                        }
+                        },
+                        "CanRestart": {
+                            "Type": "Choice",
+                            "Choices": [
+                                {"Variable": "$.attempt", "NumericLessThan": window_attempts, "Next": "Backoff"}
+                            ],
+                            "Default": "WindowFailed",
+                        },
+                        "Backoff": {"Type": "Wait", "Seconds": backoff_s, "Next": "NextAttempt"},
+                        "NextAttempt": {
+                            "Type": "Pass",
+                            "Parameters": {**carry, "attempt.$": "States.MathAdd($.attempt, 1)"},
+                            "Next": "RunWindow",
+                        },
+                        "WindowFailed": {
+                            "Type": "Fail",
+                            "Error": "Stagecoach.WindowFailed",
+                            "Cause": "a window failed on every attempt; its last error is in the job's history",
+                        },
                     },
                 },
                 "ResultPath": None,

@@ -37,8 +37,11 @@ _TRUST = {
 class LocalStack:
     """A moto server process with the Step Functions interpreter and the local Lambda runtime."""
 
-    def __init__(self, log_dir: str | None = None) -> None:
+    def __init__(self, log_dir: str | None = None, faults: dict[str, Any] | None = None) -> None:
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="stagecoach-local-")
+        env = dict(os.environ)
+        if faults:
+            env["STAGECOACH_FAULTS"] = json.dumps(faults)
         self.log_path = os.path.join(self.log_dir, "workers.log")
         self._server_log = open(os.path.join(self.log_dir, "server.log"), "wb")
         self.proc = subprocess.Popen(
@@ -46,6 +49,7 @@ class LocalStack:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._server_log,
+            env=env,
         )
         line = self.proc.stdout.readline().decode()
         if not line.startswith("READY"):
@@ -81,7 +85,13 @@ class LocalBackend:
     _lock = threading.Lock()
     _stack: LocalStack | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, faults: dict[str, Any] | None = None) -> None:
+        """``faults``: seeded fault injection (see stagecoach.local.faults) on a stack of its own."""
+        if faults:
+            self.stack = LocalStack(faults=faults)
+            self.clients = self._clients()
+            self.resources = self._provision()
+            return
         with LocalBackend._lock:
             if LocalBackend._stack is None or LocalBackend._stack.proc.poll() is not None:
                 LocalBackend._stack = LocalStack()

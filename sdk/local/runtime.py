@@ -30,6 +30,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from stagecoach.local.faults import Fault, FaultInjector
 from stagecoach.local.worker import recv_msg, send_msg
 
 POLL_S = 0.02
@@ -105,6 +106,10 @@ class _Zygote:
             self.proc.kill()
 
 
+class Throttled(Exception):
+    """Raised into moto's invoke: becomes HTTP 429 TooManyRequestsException (see stack.py)."""
+
+
 def _rss_mb(pid: int) -> float:
     """Resident set of a process in MB (Linux /proc); 0 if it is gone."""
     try:
@@ -128,8 +133,9 @@ class LocalLambdaRuntime:
     # above all, which decides what the handler import finds) is part of its zygote's identity.
     PER_FUNCTION = ("AWS_LAMBDA_FUNCTION_NAME", "AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "AWS_LAMBDA_FUNCTION_TIMEOUT")
 
-    def __init__(self, endpoint_url: str, log_path: str | None = None) -> None:
+    def __init__(self, endpoint_url: str, log_path: str | None = None, faults: FaultInjector | None = None) -> None:
         self.endpoint_url = endpoint_url
+        self.faults = faults
         self._idle: dict[FunctionSpec, list[_Worker]] = {}
         self._zygotes: dict[tuple, _Zygote] = {}
         self._lock = threading.Lock()
@@ -207,14 +213,35 @@ class LocalLambdaRuntime:
 
     # -- invocation --------------------------------------------------------------------------------
     def invoke(self, spec: FunctionSpec, event: Any) -> tuple[str, bool, str]:
+        fault = self.faults.draw(event) if self.faults else None
+        if fault is not None and fault.kind == "throttle":
+            raise Throttled()
+        result = self._invoke(spec, event, fault)
+        if fault is not None and fault.kind == "delete" and not result[1]:
+            self._delete_an_activation(event)
+        return result
+
+    def _delete_an_activation(self, event: dict[str, Any]) -> None:
+        import boto3
+
+        from stagecoach.lambdas import keys
+
+        s3 = boto3.client("s3", endpoint_url=self.endpoint_url, region_name="us-east-1",
+                          aws_access_key_id="local", aws_secret_access_key="local")
+        key = keys.act(event["job"], event["t"], event["stage"], event["replica"], 0)
+        s3.delete_object(Bucket=event["bucket"], Key=key)
+
+    def _invoke(self, spec: FunctionSpec, event: Any, fault: Fault | None) -> tuple[str, bool, str]:
         request_id = str(uuid.uuid4())
         try:
             w, cold = self._take(spec)
         except Exception as e:  # the handler cannot even be imported
             return _error("Runtime.ImportModuleError", f"RequestId: {request_id} {e}"), True, ""
         deadline = time.time() + spec.timeout_s
+        started = time.time()
         try:
-            send_msg(w.sock, {"event": event, "request_id": request_id, "deadline": deadline})
+            if fault is None or fault.kind != "hang":  # a hung worker never gets (or answers) its event
+                send_msg(w.sock, {"event": event, "request_id": request_id, "deadline": deadline})
         except OSError:
             self._kill(w)
             return _error("Runtime.ExitError", f"RequestId: {request_id} worker process died"), True, ""
@@ -229,6 +256,9 @@ class LocalLambdaRuntime:
                     True,
                     "",
                 )
+            if fault is not None and fault.kind == "kill" and now - started >= fault.delay_s:
+                self._kill(w)
+                return _error("Runtime.ExitError", f"RequestId: {request_id} Error: Runtime exited with error: signal: killed (injected)"), True, ""
             rss = _rss_mb(w.pid)
             if rss > spec.memory_mb:
                 self._kill(w)
@@ -252,6 +282,11 @@ class LocalLambdaRuntime:
             if len(buf) >= 4:
                 (n,) = struct.unpack("<I", buf[:4])
                 if len(buf) >= 4 + n:
+                    if fault is not None and fault.kind == "kill":
+                        # the kill point fell after the task's work: the container dies before it
+                        # can reply, its outputs already written (a retry must rewrite them alike)
+                        self._kill(w)
+                        return _error("Runtime.ExitError", f"RequestId: {request_id} Error: Runtime exited with error: signal: killed (injected)"), True, ""
                     reply = json.loads(buf[4 : 4 + n])
                     self._give_back(spec, w)
                     return reply["payload"], bool(reply["errored"]), ""

@@ -55,8 +55,21 @@ def install_lambda_hook(runtime: LocalLambdaRuntime) -> None:
             f"pip install 'moto[server]=={MOTO_VERSION}'"
         )
 
+    from moto.awslambda.exceptions import LambdaClientError
+
+    from stagecoach.local.runtime import Throttled
+
+    class TooManyRequests(LambdaClientError):
+        code = 429
+
+        def __init__(self) -> None:
+            super().__init__("TooManyRequestsException", "Rate Exceeded.")
+
     def _invoke_lambda(self: Any, event: Any = None) -> tuple[str, bool, str]:
-        return runtime.invoke(_function_spec(self), event if event is not None else {})
+        try:
+            return runtime.invoke(_function_spec(self), event if event is not None else {})
+        except Throttled:
+            raise TooManyRequests() from None
 
     LambdaFunction._invoke_lambda = _invoke_lambda  # type: ignore[method-assign]
 
@@ -148,7 +161,9 @@ def main() -> None:
     import logging
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no access log line per S3 request
-    runtime = LocalLambdaRuntime(f"http://127.0.0.1:{port}", log_path=log_path)
+    from stagecoach.local.faults import FaultInjector
+
+    runtime = LocalLambdaRuntime(f"http://127.0.0.1:{port}", log_path=log_path, faults=FaultInjector.from_env())
     install_moto_fixes(runtime)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()

@@ -1,0 +1,92 @@
+"""Seeded fault injection for the local Lambda runtime: the failures a Lambda training run meets.
+
+Configured by the environment variable ``STAGECOACH_FAULTS`` of the local stack process, a JSON
+object of probabilities per training-task invocation, e.g.
+``{"seed": 1, "kill": 0.1, "throttle": 0.05, "hang": 0.02, "delete": 0.02}``:
+
+- kill:     the worker process is killed at a random point of its task (mid-upload included);
+            the invocation fails with ``Runtime.ExitError``.
+- throttle: the invocation is refused by the "service" with ``TooManyRequestsException``
+            (Step Functions sees ``Lambda.TooManyRequestsException``).
+- hang:     the worker never answers; the invocation times out (``Sandbox.Timedout``) unless the
+            Task's own timeout fires first (``States.Timeout``).
+- delete:   after a forward task succeeds, one activation it wrote is deleted, so its consumer waits
+            in vain and the window must be restarted from its checkpoint.
+
+``once`` scripts faults for tests: a list of {"kind", and event fields to match such as "phase",
+"t", "stage", "replica", "shard"}; each fires on the first invocation that matches it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+KINDS = ("kill", "throttle", "hang", "delete")
+
+
+@dataclass
+class Fault:
+    kind: str
+    delay_s: float = 0.0  # for kill: how far into the task
+
+
+@dataclass
+class FaultInjector:
+    seed: int = 0
+    kill: float = 0.0
+    throttle: float = 0.0
+    hang: float = 0.0
+    delete: float = 0.0
+    kill_within_s: float = 0.5
+    once: list[dict[str, Any]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
+    _rng: random.Random = field(init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        for f in self.once:
+            if f.get("kind") not in KINDS:
+                raise ValueError(f"STAGECOACH_FAULTS: once entry {f} needs a kind in {KINDS}")
+        for k in KINDS:
+            p = getattr(self, k)
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"STAGECOACH_FAULTS: {k}={p} is not a probability")
+        self._rng = random.Random(self.seed)
+
+    @classmethod
+    def from_env(cls) -> "FaultInjector | None":
+        raw = os.environ.get("STAGECOACH_FAULTS")
+        if not raw:
+            return None
+        try:
+            spec = json.loads(raw)
+            return cls(**spec)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"STAGECOACH_FAULTS={raw!r} is not a valid fault spec ({e}); see stagecoach/local/faults.py") from None
+
+    def draw(self, event: Any) -> Fault | None:
+        """The fault (if any) to inject into this invocation; only training tasks are hit."""
+        if not isinstance(event, dict) or event.get("phase") not in ("forward", "backward", "sync"):
+            return None
+        with self._lock:
+            for i, f in enumerate(self.once):
+                if all(event.get(k) == v for k, v in f.items() if k != "kind"):
+                    del self.once[i]
+                    self.counts[f["kind"]] += 1
+                    return Fault(f["kind"], self._rng.uniform(0.0, self.kill_within_s))
+            u = self._rng.random()
+            delay = self._rng.uniform(0.0, self.kill_within_s)
+            edge = 0.0
+            for kind in KINDS:
+                edge += getattr(self, kind)
+                if u < edge:
+                    if kind == "delete" and event["phase"] != "forward":
+                        return None
+                    self.counts[kind] += 1
+                    return Fault(kind, delay)
+        return None

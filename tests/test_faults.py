@@ -1,0 +1,83 @@
+"""Reliability: killed workers, throttling, hung tasks and lost objects are recovered by Step Functions
+retries and window restarts, and the trained parameters are bit-identical to a fault-free run."""
+
+import pytest
+import torch
+from torch import nn
+
+from stagecoach import Job
+from stagecoach.local.backend import LocalBackend
+
+TIMEOUT_S = 20
+
+
+def make_job(name: str) -> Job:
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(64, 6, generator=g)
+    y = torch.randint(0, 3, (64,), generator=g)
+    model = lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.1), nn.Linear(16, 3))  # noqa: E731
+    return Job(model=model, loss=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
+               train=(x, y), global_batch=16, iterations=5, seed=5, name=name)
+
+
+def run(backend, name: str):
+    r = make_job(name).run(stages=2, replicas=2, micro_batches=2, timeout_s=TIMEOUT_S, backend=backend)
+    r.wait(progress=False, poll_s=1.0, timeout_s=900)
+    return r
+
+
+def task_errors(r) -> list[str]:
+    errors = []
+    for arn in r.window_executions():
+        for ev in r.history(execution_arn=arn):
+            det = ev.get("taskFailedEventDetails") or ev.get("taskTimedOutEventDetails")
+            if det:
+                errors.append(det.get("error", ""))
+    return errors
+
+
+def same_parameters(a: nn.Module, b: nn.Module) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+@pytest.fixture(scope="module")
+def clean(backend):
+    return run(backend, "clean")
+
+
+def test_killed_and_throttled_tasks_are_retried_and_the_result_is_bit_identical(clean):
+    faulty = LocalBackend(faults={"seed": 3, "kill": 0.25, "throttle": 0.05})
+    try:
+        r = run(faulty, "killed")
+        errors = task_errors(r)
+        tasks = r.job.iterations * (1 * 2 + 2 * 2 + 2 * 2)  # forward, backward and sync tasks
+        assert errors.count("Runtime.ExitError") >= 0.1 * tasks, errors
+        assert "Lambda.TooManyRequestsException" in errors, errors
+        assert same_parameters(r.trained_model(), clean.trained_model())
+    finally:
+        faulty.stack.close()
+
+
+def test_a_hung_task_is_timed_out_and_retried(clean):
+    faulty = LocalBackend(faults={"once": [{"kind": "hang", "phase": "sync", "t": 1, "stage": 1, "shard": 0}]})
+    try:
+        r = run(faulty, "hung")
+        errors = task_errors(r)
+        assert "States.Timeout" in errors, errors
+        assert len(r.window_executions()) == 1, "the task retry, not a window restart, recovered it"
+        assert same_parameters(r.trained_model(), clean.trained_model())
+    finally:
+        faulty.stack.close()
+
+
+def test_a_lost_activation_restarts_the_window_from_its_checkpoint(clean):
+    faulty = LocalBackend(faults={"once": [{"kind": "delete", "phase": "forward", "t": 2, "stage": 0, "replica": 1}]})
+    try:
+        r = run(faulty, "lost")
+        windows = r.window_executions()
+        statuses = [r._c.sfn.describe_execution(executionArn=a)["status"] for a in windows]
+        assert "FAILED" in statuses and statuses.count("SUCCEEDED") == 1, statuses
+        assert "ObjectWaitTimeout" in task_errors(r)
+        assert same_parameters(r.trained_model(), clean.trained_model())
+    finally:
+        faulty.stack.close()
