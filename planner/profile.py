@@ -388,7 +388,10 @@ def profile_meta(
 
     with torch.device("meta"):
         m = model() if callable(model) and not isinstance(model, torch.nn.Module) else model
-    m = m.to("meta") if any(p.device.type != "meta" for p in m.parameters()) else m
+    if any(p.device.type != "meta" for p in m.parameters()):
+        import copy
+
+        m = copy.deepcopy(m).to("meta")  # never move the caller's model
     if not isinstance(m, torch.nn.Sequential):
         raise TypeError(f"{name}: the planner partitions an nn.Sequential of blocks, got {type(m).__name__}")
     sample = _to_meta(sample_input)

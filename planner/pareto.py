@@ -1,0 +1,42 @@
+"""Pareto sweep and FuncPipe's recommendation rule.
+
+Weights (a1, a2) of a1*cost + a2*time are FuncPipe's: (1, 0), (1, 2^16), (1, 2^19), (1, 2^22),
+with cost in nano-dollars (COST_UNIT in milp.py; see docs/planner.md for why that unit). The
+recommendation is the fastest Pareto plan p whose speed-up pays for its extra cost relative to
+the cheapest plan mc: delta = (t_mc/t_p - 1) / (c_p/c_mc - 1) >= 0.8.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, TypeVar
+
+FUNCPIPE_WEIGHTS: tuple[tuple[float, float], ...] = ((1, 0), (1, 2**16), (1, 2**19), (1, 2**22))
+DELTA_THRESHOLD = 0.8
+
+T = TypeVar("T")
+
+
+def pareto_front(items: Sequence[T], time_of=lambda x: x.time_s, cost_of=lambda x: x.cost) -> list[T]:
+    """Items not dominated in (time, cost), sorted by cost ascending (= time descending)."""
+    out: list[T] = []
+    for it in sorted(items, key=lambda x: (cost_of(x), time_of(x))):
+        if not out or time_of(it) < time_of(out[-1]) - 1e-12:
+            out.append(it)
+    return out
+
+
+def delta(t_mc: float, c_mc: float, t_p: float, c_p: float) -> float:
+    """FuncPipe's delta: relative speed-up per relative extra cost (inf if p is not dearer)."""
+    if c_p <= c_mc:
+        return float("inf")
+    return (t_mc / t_p - 1.0) / (c_p / c_mc - 1.0)
+
+
+def recommend(front: Sequence[T], threshold: float = DELTA_THRESHOLD, time_of=lambda x: x.time_s, cost_of=lambda x: x.cost) -> T:
+    """The fastest plan with delta >= threshold against the cheapest plan (the cheapest itself
+    qualifies trivially)."""
+    if not front:
+        raise ValueError("no feasible plan to recommend")
+    mc = min(front, key=lambda x: (cost_of(x), time_of(x)))
+    ok = [p for p in front if p is mc or delta(time_of(mc), cost_of(mc), time_of(p), cost_of(p)) >= threshold]
+    return min(ok, key=lambda x: (time_of(x), cost_of(x)))

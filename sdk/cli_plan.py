@@ -1,0 +1,80 @@
+"""`stagecoach plan FILE`: profile a model, plan it, print the Pareto table, write the plot.
+
+FILE is a Python file defining ``model`` (an nn.Sequential or a zero-argument factory),
+``sample_input`` (one sample, or a factory) and ``global_batch``; or ``zoo:NAME`` (resnet101,
+amoebanet_d18, amoebanet_d36, bert_large). Zoo models are sized on the meta device; a FILE model
+is measured by running it (--meta sizes it on the meta device instead).
+"""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def _load(target: str, meta: bool) -> tuple[Any, int | None]:
+    from stagecoach.planner.zoo import zoo_profile
+
+    if target.startswith("zoo:"):
+        return zoo_profile(target), None
+    path = Path(target)
+    if not path.exists():
+        raise click.BadParameter(f"{target}: no such file (or use zoo:NAME)")
+    ns = runpy.run_path(str(path))
+    if "job" in ns and "model" not in ns:
+        raise click.BadParameter(f"{target} defines `job`; planning a Job is not wired yet: define model, sample_input, global_batch")
+    missing = [k for k in ("model", "sample_input") if k not in ns]
+    if missing:
+        raise click.BadParameter(f"{target} must define {', '.join(missing)} (and global_batch)")
+    sample = ns["sample_input"]() if callable(ns["sample_input"]) else ns["sample_input"]
+    model = ns["model"]
+    if meta:
+        from stagecoach.planner.profile import profile_meta
+
+        prof = profile_meta(model, sample, name=path.stem)
+    else:
+        import torch
+
+        from stagecoach.lambdas.profiling import measure_model
+
+        m = model() if callable(model) and not isinstance(model, torch.nn.Module) else model
+        prof = measure_model(m, sample, (1, 2, 4, 8), name=path.stem)
+    return prof, ns.get("global_batch")
+
+
+@click.command("plan")
+@click.argument("target")
+@click.option("--global-batch", "-b", type=int, default=None, help="samples per iteration (default: FILE's global_batch, or 64)")
+@click.option("--samples-per-epoch", type=int, default=50_000, show_default=True, help="for the $/epoch column")
+@click.option("--platform", "platform_name", type=click.Choice(["aws", "aws-arm64", "local"]), default="aws", show_default=True)
+@click.option("--max-layers", type=int, default=12, show_default=True, help="merge layers to at most this many before the MILP")
+@click.option("--max-stages", type=int, default=8, show_default=True)
+@click.option("--time-limit", type=float, default=5.0, show_default=True, help="seconds per MILP solve")
+@click.option("--all-sync", is_flag=True, help="also consider sync algorithms the runtime does not run yet")
+@click.option("--meta", is_flag=True, help="size a FILE model on the meta device (FLOP-based times) instead of running it")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Pareto PNG (default: plan-<name>.png)")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="write the recommended Plan as JSON")
+def plan_command(target: str, global_batch: int | None, samples_per_epoch: int, platform_name: str, max_layers: int, max_stages: int,
+                 time_limit: float, all_sync: bool, meta: bool, plot: str | None, json_out: str | None) -> None:
+    """Plan TARGET (a Python FILE or zoo:NAME): Pareto plans and a recommendation."""
+    from stagecoach.planner.api import plan_model
+    from stagecoach.planner.platforms import aws_platform, local_platform
+    from stagecoach.planner.report import pareto_png, result_table
+
+    prof, file_batch = _load(target, meta)
+    G = global_batch or file_batch or 64
+    plat = {"aws": aws_platform, "aws-arm64": lambda: aws_platform("arm64"), "local": local_platform}[platform_name]()
+    algos = ("scatter_reduce", "pipelined_scatter_reduce", "k_reduce", "all_reduce") if all_sync else ("scatter_reduce",)
+    res = plan_model(prof, G, plat, max_layers=max_layers, max_stages=max_stages, time_limit=time_limit, sync_algos=algos)
+    click.echo(f"{prof.name}: {prof.original_layers} layers, {prof.param_bytes / 2**20:.0f} MiB of parameters, global batch {G}, "
+               f"platform {plat.name} (prices as of {plat.prices_as_of}); planned in {res.solve_s:.1f} s")
+    click.echo(result_table(res, samples_per_epoch))
+    click.echo("* = recommended: the fastest plan whose speed-up over the cheapest is worth >= 0.8 of its extra cost")
+    png = pareto_png(res, plot or f"plan-{prof.name}.png")
+    click.echo(f"Pareto plot: {png}")
+    if json_out:
+        Path(json_out).write_text(res.recommended.to_plan().to_json())
+        click.echo(f"recommended plan: {json_out}")

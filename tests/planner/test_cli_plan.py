@@ -1,0 +1,32 @@
+"""`stagecoach plan FILE` prints the table and writes the Pareto PNG and the plan JSON."""
+
+from click.testing import CliRunner
+
+from stagecoach.cli_plan import plan_command
+from stagecoach.planner.plan import Plan
+
+MODEL = """
+import torch
+model = lambda: torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+sample_input = torch.randn(32)
+global_batch = 16
+"""
+
+
+def test_plan_command_writes_table_png_and_plan(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text(MODEL)
+    png, js = tmp_path / "p.png", tmp_path / "plan.json"
+    r = CliRunner().invoke(plan_command, [str(f), "--time-limit", "2", "--plot", str(png), "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    assert "s/iter" in r.output and "$/epoch" in r.output and "orch. $ share" in r.output
+    assert png.stat().st_size > 1000
+    plan = Plan.from_json(js.read_text())
+    assert sum(plan.balance) == 3 and plan.global_batch == 16
+
+
+def test_plan_command_explains_a_bad_file(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("x = 1\n")
+    r = CliRunner().invoke(plan_command, [str(f)])
+    assert r.exit_code != 0 and "must define model, sample_input" in r.output

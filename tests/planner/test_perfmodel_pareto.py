@@ -1,0 +1,68 @@
+"""Performance-model sanity, plans respect memory, Pareto and the delta rule."""
+
+import pytest
+
+from stagecoach.planner.api import plan_model
+from stagecoach.planner.pareto import delta, pareto_front, recommend
+from stagecoach.planner.perfmodel import Config, SyncChoice, evaluate
+from stagecoach.planner.platforms import aws_platform
+from stagecoach.planner.profile import LayerProfile, ModelProfile
+
+MB = 2**20
+
+
+def toy(L=6, pmb=60.0):
+    layers = tuple(LayerProfile(f"l{i}", pmb * MB, 20 * MB, 2 * MB, 2 * MB, 3e9, 6e9) for i in range(L))
+    return ModelProfile("toy", layers, 2 * MB)
+
+
+def test_more_memory_is_faster_and_single_replica_has_no_sync():
+    plat = aws_platform()
+    p = toy()
+    t = [evaluate(p, Config((6,), (tier,), 1, 4, 4, (SyncChoice("none", 1),)), plat) for tier in (2048, 4096, 10240)]
+    assert t[0].time_s > t[1].time_s > t[2].time_s
+    assert all(e.stage_sync_s == [0.0] for e in t)
+    e = evaluate(p, Config((3, 3), (4096, 4096), 4, 4, 1, (SyncChoice("scatter_reduce", 4),) * 2), plat)
+    assert e.stage_forward_s[1] == 0.0  # the last stage's forward runs inside its backward
+    assert all(s > 0 for s in e.stage_sync_s)
+    assert 0 < e.orchestration_share < 1
+    assert e.cost == pytest.approx(e.cost_lambda_duration + e.cost_lambda_requests + e.cost_transitions + e.cost_s3)
+
+
+def test_pipelined_scatter_reduce_beats_scatter_reduce_and_pipeline_overlaps():
+    plat = aws_platform()
+    p = toy()
+    mk = lambda algo, m: Config((3, 3), (4096, 4096), 4, 1, m, (SyncChoice(algo, 4),) * 2)
+    sr, psr = evaluate(p, mk("scatter_reduce", 4), plat), evaluate(p, mk("pipelined_scatter_reduce", 4), plat)
+    assert psr.time_s < sr.time_s and psr.stage_sync_s[0] < sr.stage_sync_s[0]
+    # pipelining: 4 micro-batches over 2 stages take less than 4x one micro-batch's two stages
+    one = evaluate(p, mk("scatter_reduce", 1), plat)
+    assert sr.forward_s < 4 * one.forward_s
+
+
+def test_every_plan_respects_memory_limits():
+    plat = aws_platform()
+    res = plan_model(toy(8, 400.0), 32, plat, replicas=(1, 2, 4), time_limit=5)
+    assert res.candidates
+    for c in res.candidates:
+        assert c.estimate.feasible
+        for need, tier in zip(c.estimate.stage_memory_bytes, c.config.tiers_mb):
+            assert need <= plat.usable_bytes(tier)
+        plan = c.to_plan()
+        assert sum(plan.balance) == 8 and plan.global_batch == 32
+    assert res.recommended in res.pareto
+
+
+class P:
+    def __init__(self, t, c):
+        self.time_s, self.cost = t, c
+
+
+def test_pareto_front_and_delta_rule():
+    pts = [P(10, 1.0), P(8, 1.1), P(9, 1.2), P(5, 2.0), P(4.9, 4.0)]
+    front = pareto_front(pts)
+    assert [(p.time_s, p.cost) for p in front] == [(10, 1.0), (8, 1.1), (5, 2.0), (4.9, 4.0)]
+    assert delta(10, 1.0, 5, 2.0) == pytest.approx(1.0)
+    assert delta(10, 1.0, 4.9, 4.0) < 0.8
+    assert recommend(front) is front[2]
+    assert recommend(front[:1]) is front[0]
