@@ -120,8 +120,32 @@ def window_timeout_s(plan: Plan, length: int) -> int:
     return min(365 * 24 * 3600, length * per_iter + 300)
 
 
+class DeployError(RuntimeError):
+    """The stack cannot take the job; the message says what is missing and how to fix it."""
+
+
+def preflight(res: StackResources, c: Clients) -> None:
+    """Check the stack's bucket and job state machine exist before creating anything."""
+    try:
+        c.s3.head_bucket(Bucket=res.bucket)
+    except c.s3.exceptions.ClientError as e:
+        code = e.response.get("Error", {}).get("Code", "")
+        raise DeployError(
+            f"bucket {res.bucket!r} is not usable ({code or e}): deploy the stack first (sam deploy), "
+            "or point the backend at the stack that owns the bucket"
+        ) from None
+    try:
+        c.sfn.describe_state_machine(stateMachineArn=res.job_state_machine_arn)
+    except c.sfn.exceptions.ClientError as e:
+        raise DeployError(
+            f"job state machine {res.job_state_machine_arn} is missing ({e.response['Error'].get('Code')}): "
+            "deploy the stack first (sam deploy)"
+        ) from None
+
+
 def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients) -> tuple[str, str]:
     """Create the job's resources and start it; returns (job id, job execution ARN)."""
+    preflight(res, c)
     job_id = new_job_id(job)
     created_functions: list[str] = []
     created_sm: list[str] = []

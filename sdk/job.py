@@ -69,7 +69,13 @@ class Job:
             )
         for what in ("model", "loss", "optimizer"):
             if not callable(getattr(self, what)):
-                raise JobError(f"job.{what} must be callable (see the Job docstring)")
+                raise JobError(
+                    f"job.{what}={getattr(self, what)!r} is not callable: give "
+                    + {"model": "a zero-argument function returning an nn.Sequential",
+                       "loss": "a function loss(output, target) -> scalar, e.g. nn.CrossEntropyLoss()",
+                       "optimizer": "a function optimizer(params) -> torch.optim.Optimizer, "
+                                    "e.g. lambda p: torch.optim.Adam(p, lr=1e-3)"}[what]
+                )
         model = self.build_model()
         self._layers = len(list(model.children()))
         sample = x[: min(2, x.shape[0])].to(self.dtype) if x.is_floating_point() else x[:2]
