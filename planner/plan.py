@@ -10,6 +10,7 @@ exists.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -19,6 +20,8 @@ LAMBDA_MAX_TIMEOUT_S = 900
 INLINE_MAP_MAX_CONCURRENCY = 40
 SYNC_ALGORITHMS = ("scatter_reduce",)
 PHASES = ("forward", "backward", "sync")
+# A task's TimeoutSeconds is its predicted (or observed) duration times this factor, plus slack.
+TIMEOUT_SAFETY = 2.0
 
 
 class PlanError(ValueError):
@@ -138,6 +141,16 @@ class Plan:
                 raise PlanError(
                     f"plan.memory_mb[{s}]={mb}: Lambda memory must be {LAMBDA_MIN_MB}-{LAMBDA_MAX_MB} MB"
                 )
+        predicted = self.extras.get("predicted_task_s")
+        if predicted is not None:
+            for s, per_phase in enumerate(predicted):
+                for p, secs in per_phase.items():
+                    if secs * TIMEOUT_SAFETY > LAMBDA_MAX_TIMEOUT_S:
+                        raise PlanError(
+                            f"stage {s}'s {p} task is predicted to take {secs:.0f} s, and with the safety factor "
+                            f"{TIMEOUT_SAFETY} that exceeds Lambda's {LAMBDA_MAX_TIMEOUT_S} s limit: use more stages "
+                            "(less work per task), more replicas (fewer samples per task) or smaller micro-batches"
+                        )
         for s, t in enumerate(self.timeouts_s):
             missing = [p for p in PHASES if p not in t]
             if missing:
@@ -185,6 +198,27 @@ class Plan:
         except json.JSONDecodeError as e:
             raise PlanError(f"plan is not valid JSON: {e}") from None
         return cls.from_dict(data)
+
+
+def timeouts_from(task_s: Sequence[Mapping[str, float]], minimum: int = 60) -> tuple[dict[str, int], ...]:
+    """Per stage and phase TimeoutSeconds from predicted or observed task seconds.
+
+    Raises PlanError, through Plan validation, when a phase cannot fit Lambda's 15 minutes.
+    """
+    out = []
+    for s, per_phase in enumerate(task_s):
+        row = {}
+        for p in PHASES:
+            secs = float(per_phase.get(p, 0.0))
+            if secs * TIMEOUT_SAFETY > LAMBDA_MAX_TIMEOUT_S:
+                raise PlanError(
+                    f"stage {s}'s {p} task takes {secs:.0f} s, and with the safety factor {TIMEOUT_SAFETY} that "
+                    f"exceeds Lambda's {LAMBDA_MAX_TIMEOUT_S} s limit: use more stages (less work per task), "
+                    "more replicas (fewer samples per task) or smaller micro-batches"
+                )
+            row[p] = int(min(LAMBDA_MAX_TIMEOUT_S, max(minimum, math.ceil(secs * TIMEOUT_SAFETY + 10))))
+        out.append(row)
+    return tuple(out)
 
 
 def even_balance(layers: int, stages: int) -> tuple[int, ...]:

@@ -149,7 +149,11 @@ class Job:
             from stagecoach.planner.plan import PlanError
 
             raise PlanError(f"plan.global_batch={plan.global_batch} differs from job.global_batch={self.global_batch}")
-        return get_backend(backend).launch(self, plan)
+        from stagecoach import timeouts
+
+        backend = get_backend(backend)
+        plan = timeouts.refine(plan, self.name, backend.clients.s3, backend.resources.bucket)
+        return backend.launch(self, plan)
 
     def manual_plan(
         self, stages: int = 1, replicas: int = 1, micro_batches: int = 1, memory_mb: int = 1024, timeout_s: int = 300

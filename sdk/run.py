@@ -82,6 +82,9 @@ class Run:
             bar.close()
         if status != "SUCCEEDED":
             raise RunFailed(f"run {self.job_id} {status}: {self.failure()}")
+        from stagecoach import timeouts
+
+        timeouts.record(self)  # the next run of this job sets its task timeouts from this one
         return status
 
     def failure(self) -> str:
