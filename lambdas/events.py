@@ -40,3 +40,16 @@ class SyncEvent(_Task):
 
 
 TaskEvent = Annotated[Union[ForwardEvent, BackwardEvent, SyncEvent], Field(discriminator="phase")]
+
+
+class RemediateEvent(BaseModel):
+    """From the job state machine after a window failed with a stage out of memory."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    phase: Literal["remediate"]
+    job: str = Field(pattern=_NAME)
+    bucket: str = Field(pattern=_BUCKET)
+    function: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    stage: int = Field(ge=0)
+    error: str = ""

@@ -20,9 +20,10 @@ from botocore.config import Config
 
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.events import TaskEvent
+from stagecoach.lambdas.events import RemediateEvent, TaskEvent
 from stagecoach.lambdas.jobctx import job_context
 from stagecoach.lambdas.phases import PHASES
+from stagecoach.lambdas.remediate import remediate
 
 logger = Logger(service="stagecoach-worker")
 
@@ -58,6 +59,12 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     _invocations += 1
     t0 = time.time()
     container, started = _container_id()
+    if isinstance(event, dict) and event.get("phase") == "remediate":
+        try:
+            rev = parse(event=event, model=RemediateEvent)
+        except (ValidationError, ValueError, TypeError) as e:
+            raise BadEvent(f"malformed remediation event {json.dumps(event)[:300]}: {e}") from None
+        return remediate(rev, Channel(_client(), rev.bucket))
     try:
         ev = parse(event=event, model=TaskEvent)
     except (ValidationError, ValueError, TypeError) as e:

@@ -48,6 +48,8 @@ WORKER_RETRY = {
     "JitterStrategy": "FULL",
 }
 
+OOM_ERROR = "Stagecoach.OutOfMemory"
+
 # Events one state adds to the history (the same on AWS and moto's interpreter).
 EV_TASK = 5  # TaskStateEntered, TaskScheduled, TaskStarted, TaskSucceeded, TaskStateExited
 EV_MAP_ITEM = 2  # MapIterationStarted, MapIterationSucceeded
@@ -132,7 +134,19 @@ def _map(name: str, items_path: str, selector: dict[str, Any], task: dict[str, A
         "ItemProcessor": {
             "ProcessorConfig": {"Mode": "INLINE"},
             "StartAt": f"{name}Task",
-            "States": {f"{name}Task": task},
+            "States": {
+                f"{name}Task": {
+                    **task,
+                    "Catch": [{"ErrorEquals": ["Runtime.OutOfMemory"], "ResultPath": "$.caught", "Next": f"{name}OutOfMemory"}],
+                },
+                # name the stage in the failure, so the job state machine can raise its memory
+                f"{name}OutOfMemory": {
+                    "Type": "Pass",
+                    "Parameters": {"stage.$": "$.stage", "error.$": "$.caught.Error", "cause.$": "$.caught.Cause"},
+                    "Next": f"{name}Failed",
+                },
+                f"{name}Failed": {"Type": "Fail", "Error": OOM_ERROR, "CausePath": "States.JsonToString($)"},
+            },
         },
         "ResultPath": None,
     }
@@ -221,7 +235,7 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def job_definition(window_attempts: int = 3, backoff_s: int = 2) -> dict[str, Any]:
+def job_definition(window_attempts: int = 4, backoff_s: int = 2) -> dict[str, Any]:
     """The job state machine: run each window with startExecution.sync:2, restarting a failed window.
 
     A restarted window starts again from the parameters checkpointed at its first iteration (the
@@ -237,6 +251,8 @@ def job_definition(window_attempts: int = 3, backoff_s: int = 2) -> dict[str, An
         "start.$": "$.start",
         "end.$": "$.end",
         "timeout.$": "$.timeout",
+        "functionPrefix.$": "$.functionPrefix",
+        "attempt.$": "$.attempt",
     }
     return {
         "Comment": "Stagecoach job: runs the job's windows one after the other",
@@ -252,6 +268,7 @@ def job_definition(window_attempts: int = 3, backoff_s: int = 2) -> dict[str, An
                     "start.$": "$$.Map.Item.Value.start",
                     "end.$": "$$.Map.Item.Value.end",
                     "timeout.$": "$$.Map.Item.Value.timeout",
+                    "functionPrefix.$": "$.functionPrefix",
                     "attempt": 1,
                 },
                 "MaxConcurrency": 1,
@@ -275,9 +292,61 @@ def job_definition(window_attempts: int = 3, backoff_s: int = 2) -> dict[str, An
                                 },
                             },
                             "TimeoutSecondsPath": "$.timeout",
-                            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.failure", "Next": "CanRestart"}],
+                            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.failure", "Next": "HowDidItFail"}],
                             "ResultPath": None,
                             "End": True,
+                        },
+                        # a failed child execution's Cause is its DescribeExecution output, as JSON
+                        "HowDidItFail": {
+                            "Type": "Choice",
+                            "Choices": [
+                                {"Variable": "$.failure.Error", "StringEquals": "States.TaskFailed", "Next": "ReadFailure"}
+                            ],
+                            "Default": "CanRestart",
+                        },
+                        "ReadFailure": {
+                            "Type": "Pass",
+                            "Parameters": {**carry, "child.$": "States.StringToJson($.failure.Cause)"},
+                            "Next": "OutOfMemory?",
+                        },
+                        "OutOfMemory?": {
+                            "Type": "Choice",
+                            "Choices": [
+                                {
+                                    "And": [
+                                        {"Variable": "$.child.error", "IsPresent": True},
+                                        {"Variable": "$.child.error", "StringEquals": OOM_ERROR},
+                                    ],
+                                    "Next": "ReadStage",
+                                }
+                            ],
+                            "Default": "CanRestart",
+                        },
+                        "ReadStage": {
+                            "Type": "Pass",
+                            "Parameters": {**carry, "oom.$": "States.StringToJson($.child.cause)"},
+                            "Next": "RaiseMemory",
+                        },
+                        # DiSDeL's failure manager: the stage's function goes one memory tier up
+                        "RaiseMemory": {
+                            "Type": "Task",
+                            "Resource": "arn:aws:states:::lambda:invoke",
+                            "Parameters": {
+                                "FunctionName.$": "States.Format('{}{}', $.functionPrefix, $.oom.stage)",
+                                "Payload": {
+                                    "phase": "remediate",
+                                    "job.$": "$.job",
+                                    "bucket.$": "$.bucket",
+                                    "function.$": "States.Format('{}{}', $.functionPrefix, $.oom.stage)",
+                                    "stage.$": "$.oom.stage",
+                                    "error.$": "$.oom.cause",
+                                },
+                            },
+                            "TimeoutSeconds": 120,
+                            "Retry": [dict(LAMBDA_RETRY)],
+                            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.remediation", "Next": "WindowFailed"}],
+                            "ResultPath": None,
+                            "Next": "CanRestart",
                         },
                         "CanRestart": {
                             "Type": "Choice",

@@ -20,6 +20,8 @@ LAMBDA_MAX_TIMEOUT_S = 900
 INLINE_MAP_MAX_CONCURRENCY = 40
 SYNC_ALGORITHMS = ("scatter_reduce",)
 PHASES = ("forward", "backward", "sync")
+# The memory ladder an out-of-memory stage climbs, one step per failure (FuncPipe's tiers, MB).
+MEMORY_TIERS_MB = (512, 1024, 2048, 3072, 4096, 6144, 8192, 10240)
 # A task's TimeoutSeconds is its predicted (or observed) duration times this factor, plus slack.
 TIMEOUT_SAFETY = 2.0
 
@@ -219,6 +221,11 @@ def timeouts_from(task_s: Sequence[Mapping[str, float]], minimum: int = 60) -> t
             row[p] = int(min(LAMBDA_MAX_TIMEOUT_S, max(minimum, math.ceil(secs * TIMEOUT_SAFETY + 10))))
         out.append(row)
     return tuple(out)
+
+
+def next_memory_tier(mb: int) -> int | None:
+    """The next tier above ``mb``, or None at Lambda's maximum."""
+    return next((t for t in MEMORY_TIERS_MB if t > mb), None)
 
 
 def even_balance(layers: int, stages: int) -> tuple[int, ...]:

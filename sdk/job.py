@@ -149,10 +149,10 @@ class Job:
             from stagecoach.planner.plan import PlanError
 
             raise PlanError(f"plan.global_batch={plan.global_batch} differs from job.global_batch={self.global_batch}")
-        from stagecoach import timeouts
+        from stagecoach import history as learnt
 
         backend = get_backend(backend)
-        plan = timeouts.refine(plan, self.name, backend.clients.s3, backend.resources.bucket)
+        plan = learnt.refine(plan, self.name, backend.clients.s3, backend.resources.bucket)
         return backend.launch(self, plan)
 
     def manual_plan(

@@ -82,9 +82,9 @@ class Run:
             bar.close()
         if status != "SUCCEEDED":
             raise RunFailed(f"run {self.job_id} {status}: {self.failure()}")
-        from stagecoach import timeouts
+        from stagecoach import history as learnt
 
-        timeouts.record(self)  # the next run of this job sets its task timeouts from this one
+        learnt.record(self)  # the next run of this job sets its task timeouts from this one
         return status
 
     def failure(self) -> str:

@@ -81,3 +81,28 @@ def test_a_lost_activation_restarts_the_window_from_its_checkpoint(clean):
         assert same_parameters(r.trained_model(), clean.trained_model())
     finally:
         faulty.stack.close()
+
+
+def test_a_stage_planned_with_too_little_memory_is_raised_a_tier_and_completes(backend, clean):
+    from stagecoach import Plan
+    from stagecoach.history import memory_key
+
+    job = make_job("oom")
+    plan = Plan(balance=[2, 2], replicas=2, micro_batches=2, global_batch=16, memory_mb=(1024, 256),
+                timeouts_s=[{"forward": TIMEOUT_S, "backward": TIMEOUT_S, "sync": TIMEOUT_S}] * 2)
+    r = job.run(plan=plan, backend=backend)
+    r.wait(progress=False, poll_s=1.0, timeout_s=900)
+    c = backend.clients
+    fn = r.spec()["window_state_machine"].split(":")[-1].replace("-window", "-s1")
+    assert c.lambda_.get_function_configuration(FunctionName=fn)["MemorySize"] == 512
+    steps = [e["stateEnteredEventDetails"]["name"] for e in r.history() if e["type"].endswith("StateEntered")]
+    assert "RaiseMemory" in steps and steps.count("RunWindow") == 2
+    records = c.s3.list_objects_v2(Bucket=r.bucket, Prefix=f"jobs/{r.job_id}/remediations/")["Contents"]
+    assert len(records) == 1
+    assert same_parameters(r.trained_model(), clean.trained_model())
+    # the next run of the job starts stage 1 at the memory that worked
+    learnt = c.s3.get_object(Bucket=r.bucket, Key=memory_key("oom"))["Body"].read()
+    assert b'"1": 512' in learnt
+    from stagecoach.history import refine
+
+    assert refine(plan, "oom", c.s3, r.bucket).memory_mb == (1024, 512)

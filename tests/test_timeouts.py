@@ -8,7 +8,7 @@ from torch import nn
 
 from stagecoach import Job, Plan, PlanError
 from stagecoach.planner.plan import TIMEOUT_SAFETY, timeouts_from
-from stagecoach.timeouts import observed_task_seconds
+from stagecoach.history import observed_task_seconds
 
 
 def test_a_phase_predicted_past_15_minutes_is_refused_with_what_to_change():

@@ -1,10 +1,14 @@
-"""DiSDeL's timeout manager: task timeouts from a job's past runs.
+"""What a job's past runs teach its next one (DiSDeL's timeout and failure managers).
 
-After a run succeeds, the slowest warm task per stage and phase is recorded under
+Timeouts: after a run succeeds, the slowest warm task per stage and phase is recorded under
 ``history/{job name}/task_seconds.json`` in the stack's bucket. The next run of a job with the same
 name (and the same stage count) sets each Task's TimeoutSeconds from those observations instead of
 the plan's defaults: tight enough that a hung task is noticed quickly, loose enough for noise, and
 refused outright if a phase could not fit Lambda's 15 minutes.
+
+Memory: when a stage runs out of memory, the job state machine's remediation step raises that
+stage's function by one tier and records it under ``history/{job name}/memory.json``; the next run
+of the same shape starts each stage at no less than the memory that worked.
 """
 
 from __future__ import annotations
@@ -18,6 +22,14 @@ from stagecoach.planner.plan import PHASES, Plan, timeouts_from
 
 def history_key(name: str) -> str:
     return f"history/{name}/task_seconds.json"
+
+
+def memory_key(name: str) -> str:
+    return f"history/{name}/memory.json"
+
+
+def _shape(plan: Plan) -> list:
+    return [list(plan.balance), plan.replicas, plan.micro_batches]
 
 
 def observed_task_seconds(metrics: list[dict[str, Any]], stages: int) -> list[dict[str, float]]:
@@ -43,14 +55,20 @@ def record(run: Any) -> None:
     run._c.s3.put_object(Bucket=run.bucket, Key=history_key(run.job.name), Body=json.dumps(body).encode())
 
 
-def refine(plan: Plan, name: str, s3: Any, bucket: str) -> Plan:
-    """The plan with timeouts from the job's last successful run of the same shape, if there is one."""
+def _read(s3: Any, bucket: str, key: str) -> Any:
     try:
-        past = json.loads(s3.get_object(Bucket=bucket, Key=history_key(name))["Body"].read())
+        return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     except s3.exceptions.NoSuchKey:
-        return plan
-    same_shape = (past["balance"], past["replicas"], past["micro_batches"]) == (
-        list(plan.balance), plan.replicas, plan.micro_batches)
-    if not same_shape:
-        return plan
-    return replace(plan, timeouts_s=timeouts_from(past["task_seconds"]))
+        return None
+
+
+def refine(plan: Plan, name: str, s3: Any, bucket: str) -> Plan:
+    """The plan with timeouts and memory learnt from the job's past runs of the same shape."""
+    past = _read(s3, bucket, history_key(name))
+    if past and [past["balance"], past["replicas"], past["micro_batches"]] == _shape(plan):
+        plan = replace(plan, timeouts_s=timeouts_from(past["task_seconds"]))
+    memory = _read(s3, bucket, memory_key(name))
+    if memory and memory.get("shape") == _shape(plan):
+        learnt = {int(s): mb for s, mb in memory["memory_mb"].items()}
+        plan = replace(plan, memory_mb=tuple(max(mb, learnt.get(s, 0)) for s, mb in enumerate(plan.memory_mb)))
+    return plan
