@@ -15,6 +15,9 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+# Iteration objects carry this tag; the bucket's lifecycle rule expires tagged objects as a safety net
+# (S3 lifecycle filters cannot match jobs/*/iter/ by prefix).
+TRANSIENT_TAG = "stagecoach%3Atransient=true"
 WAIT_FIRST_S = 0.005
 WAIT_MAX_S = 0.1
 
@@ -45,7 +48,8 @@ class Channel:
 
     def put_bytes(self, key: str, body: bytes) -> None:
         t0 = time.perf_counter()
-        self.s3.put_object(Bucket=self.bucket, Key=key, Body=body)
+        extra = {"Tagging": TRANSIENT_TAG} if "/iter/" in key else {}
+        self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, **extra)
         self.stats.upload_s += time.perf_counter() - t0
         self.stats.bytes_up += len(body)
         self.stats.puts += 1

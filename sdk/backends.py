@@ -21,6 +21,13 @@ def get_backend(backend: Any = None) -> Any:
         from stagecoach.local.backend import LocalBackend
 
         return LocalBackend()
+    if isinstance(backend, str) and backend.startswith("aws:"):
+        from stagecoach.aws_backend import AwsBackend
+
+        return AwsBackend(backend.split(":", 1)[1])
     if isinstance(backend, str):
-        raise ValueError(f"unknown backend {backend!r}: use 'local' (the AWS backend arrives with the deploy issue)")
+        raise ValueError(
+            f"unknown backend {backend!r}: use 'local', 'aws:STACK_NAME', or an instance such as "
+            "stagecoach.aws_backend.AwsBackend('STACK_NAME', region)"
+        )
     return backend

@@ -48,11 +48,15 @@ def main() -> None:
 @click.option("--micro-batches", type=int, help="micro-batches per replica per iteration")
 @click.option("--memory", "memory_mb", type=int, help="Lambda memory per stage, MB")
 @click.option("--iterations", type=int, help="override the job's iterations")
-@click.option("--backend", default="local", show_default=True, help="where to run: local")
+@click.option("--backend", type=click.Choice(["local", "aws"]), default=None,
+              help="local (default) or aws (default when --stack is given)")
+@click.option("--stack", envvar="STAGECOACH_STACK", help="SAM stack name (aws backend)")
+@click.option("--region", envvar="AWS_REGION", help="the stack's region")
 @click.option("--out", default="stagecoach-runs", show_default=True, help="directory for results")
 def train(file: str, stages: int | None, replicas: int | None, micro_batches: int | None, memory_mb: int | None,
-          iterations: int | None, backend: str, out: str) -> None:
+          iterations: int | None, backend: str | None, stack: str | None, region: str | None, out: str) -> None:
     """Train the `job` defined in FILE; print progress, final loss, test accuracy and where results are."""
+    from stagecoach.deploy import DeployError
     from stagecoach.job import JobError
     from stagecoach.planner.plan import PlanError
     from stagecoach.run import RunFailed
@@ -74,8 +78,10 @@ def train(file: str, stages: int | None, replicas: int | None, micro_batches: in
             f"plan: {plan.stages} stages (layers per stage {list(plan.balance)}) x {plan.replicas} replicas, "
             f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}, memory {list(plan.memory_mb)} MB"
         )
-        run = job.run(plan=plan, backend=backend)
-    except (JobError, PlanError) as e:
+        from stagecoach.cli_aws import train_backend
+
+        run = job.run(plan=plan, backend=train_backend(backend, stack, region))
+    except (JobError, PlanError, DeployError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"job {run.job_id}: execution {run.execution_arn}")
     click.echo(f"console: {run.console_url}")
@@ -100,12 +106,14 @@ def train(file: str, stages: int | None, replicas: int | None, micro_batches: in
     click.echo(f"results: {directory} (model.safetensors, plan.json, metrics.jsonl, losses.json)")
 
 
-try:  # the planner's command, when it is there
-    from stagecoach.cli_plan import plan_command
+from stagecoach.cli_aws import cleanup_command, inspect_command  # noqa: E402
+from stagecoach.cli_local import local_group  # noqa: E402
+from stagecoach.cli_plan import plan_command  # noqa: E402
 
-    main.add_command(plan_command, name="plan")
-except ImportError:  # pragma: no cover
-    pass
+main.add_command(plan_command, name="plan")
+main.add_command(inspect_command, name="inspect")
+main.add_command(cleanup_command, name="cleanup")
+main.add_command(local_group, name="local")
 
 
 if __name__ == "__main__":

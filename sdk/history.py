@@ -58,8 +58,8 @@ def record(run: Any) -> None:
 def _read(s3: Any, bucket: str, key: str) -> Any:
     try:
         return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-    except s3.exceptions.NoSuchKey:
-        return None
+    except (s3.exceptions.NoSuchKey, s3.exceptions.NoSuchBucket):
+        return None  # no history yet (a missing bucket is reported by the deployment's preflight)
 
 
 def refine(plan: Plan, name: str, s3: Any, bucket: str) -> Plan:

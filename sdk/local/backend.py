@@ -94,6 +94,15 @@ class LocalBackend:
             return
         with LocalBackend._lock:
             if LocalBackend._stack is None or LocalBackend._stack.proc.poll() is not None:
+                # a stack kept alive by `stagecoach local start` (already provisioned): attach to it
+                from stagecoach.cli_local import running_stack
+
+                attached = running_stack()
+                if attached is not None:
+                    LocalBackend._stack = self.stack = attached  # type: ignore[assignment]
+                    self.clients = self._clients()
+                    self.resources = self._resources(self._existing_job_sm())
+                    return
                 LocalBackend._stack = LocalStack()
                 self.stack = LocalBackend._stack
                 self.clients = self._clients()
