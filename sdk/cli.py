@@ -48,14 +48,21 @@ def main() -> None:
 @click.option("--micro-batches", type=int, help="micro-batches per replica per iteration")
 @click.option("--memory", "memory_mb", type=int, help="Lambda memory per stage, MB")
 @click.option("--iterations", type=int, help="override the job's iterations")
+@click.option("--recommended", is_flag=True,
+              help="use the planner's recommended plan even if FILE defines manual `defaults`")
 @click.option("--backend", type=click.Choice(["local", "aws"]), default=None,
               help="local (default) or aws (default when --stack is given)")
 @click.option("--stack", envvar="STAGECOACH_STACK", help="SAM stack name (aws backend)")
 @click.option("--region", envvar="AWS_REGION", help="the stack's region")
 @click.option("--out", default="stagecoach-runs", show_default=True, help="directory for results")
 def train(file: str, stages: int | None, replicas: int | None, micro_batches: int | None, memory_mb: int | None,
-          iterations: int | None, backend: str | None, stack: str | None, region: str | None, out: str) -> None:
-    """Train the `job` defined in FILE; print progress, final loss, test accuracy and where results are."""
+          iterations: int | None, recommended: bool, backend: str | None, stack: str | None, region: str | None,
+          out: str) -> None:
+    """Train the `job` defined in FILE; print progress, final loss, test accuracy and where results are.
+
+    The plan is the planner's recommendation, unless options (--stages, --replicas, --micro-batches,
+    --memory) or FILE's `defaults` give a manual one.
+    """
     from stagecoach.deploy import DeployError
     from stagecoach.job import JobError
     from stagecoach.planner.plan import PlanError
@@ -66,13 +73,18 @@ def train(file: str, stages: int | None, replicas: int | None, micro_batches: in
     job = module.job
     if iterations is not None:
         job.iterations = iterations
-    manual = dict(getattr(module, "defaults", {}))
-    for k, v in (("stages", stages), ("replicas", replicas), ("micro_batches", micro_batches), ("memory_mb", memory_mb)):
-        if v is not None:
-            manual[k] = v
+    given = {k: v for k, v in (("stages", stages), ("replicas", replicas), ("micro_batches", micro_batches),
+                                ("memory_mb", memory_mb)) if v is not None}
+    manual = {} if recommended and not given else {**getattr(module, "defaults", {}), **given}
     try:
         job.validate()
-        plan = job.manual_plan(**manual)
+        if manual:
+            plan = job.manual_plan(**manual)
+        else:
+            result = job.plan()
+            plan = result.recommended.to_plan()
+            click.echo(f"planner: recommended plan of {len(result.pareto)} on the Pareto front "
+                       f"(predicted {plan.extras.get('predicted_s_per_iteration', float('nan')):.2f} s/iteration on AWS)")
         plan.validate(layers=job.layers)
         click.echo(
             f"plan: {plan.stages} stages (layers per stage {list(plan.balance)}) x {plan.replicas} replicas, "

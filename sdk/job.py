@@ -155,6 +155,22 @@ class Job:
         plan = learnt.refine(plan, self.name, backend.clients.s3, backend.resources.bucket)
         return backend.launch(self, plan)
 
+    def plan(self, platform: Any = None, **options: Any) -> Any:
+        """Profile the model here and plan it: the Pareto set of plans and FuncPipe's recommendation.
+
+        Returns a stagecoach.planner.api.PlanningResult; ``result.recommended.to_plan()`` is the
+        Plan to pass to ``run(plan=...)``. ``platform`` defaults to AWS Lambda's constants
+        (planner/platforms.py); ``options`` go to planner.api.plan_model.
+        """
+        from stagecoach.lambdas.profiling import measure_model
+        from stagecoach.planner.api import plan_model
+
+        self.validate()
+        x = self.train[0]
+        sample = x[0].to(self.dtype) if x.is_floating_point() else x[0]
+        profile = measure_model(self.build_model(), sample, micro_batch_sizes=(1, 2, 4), name=self.name)
+        return plan_model(profile, self.global_batch, platform=platform, **options)
+
     def manual_plan(
         self, stages: int = 1, replicas: int = 1, micro_batches: int = 1, memory_mb: int = 1024, timeout_s: int = 300
     ) -> "Plan":

@@ -54,3 +54,11 @@ def test_bad_plan_options_are_refused_before_anything_runs(tmp_path):
 def test_missing_file_is_a_clear_error(tmp_path):
     r = stagecoach("train", "nope.py", cwd=tmp_path)
     assert r.returncode != 0 and "no such file" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_without_a_manual_plan_train_uses_the_planners_recommendation(tmp_path):
+    (tmp_path / "tiny.py").write_text(JOB_FILE)
+    r = stagecoach("train", "tiny.py", "--iterations", "2", "--out", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "planner: recommended plan of" in r.stdout
+    assert "after 2 iterations" in r.stdout
