@@ -18,7 +18,14 @@ LAMBDA_MIN_MB = 128
 LAMBDA_MAX_MB = 10_240
 LAMBDA_MAX_TIMEOUT_S = 900
 INLINE_MAP_MAX_CONCURRENCY = 40
-SYNC_ALGORITHMS = ("scatter_reduce",)
+# Gradient synchronisation per stage (DESIGN.md §3, docs/runtime.md "Sync algorithms"):
+#   scatter_reduce            LambdaML: backward writes d shards, a sync Map of d tasks reduces them
+#   k_reduce                  FasDL: backward writes K shards, a sync Map of K aggregators (1 <= K <= d)
+#   all_reduce                K = 1: one aggregator reduces and updates the whole stage
+#   pipelined_scatter_reduce  FuncPipe: the d backward tasks exchange shards among themselves, uploading
+#                             and downloading at once in a staggered order; the stage has no sync Map
+SYNC_ALGORITHMS = ("scatter_reduce", "k_reduce", "all_reduce", "pipelined_scatter_reduce")
+FUSED_SYNC = ("pipelined_scatter_reduce",)
 PHASES = ("forward", "backward", "sync")
 # The memory ladder an out-of-memory stage climbs, one step per failure (FuncPipe's tiers, MB).
 MEMORY_TIERS_MB = (512, 1024, 2048, 3072, 4096, 6144, 8192, 10240)
@@ -38,7 +45,9 @@ class Plan:
     replicas:       data-parallel degree d (every stage is replicated d times).
     micro_batches:  micro-batches per replica per iteration (m).
     global_batch:   samples per iteration over all replicas; must equal d * m * micro-batch size.
-    sync:           gradient synchronisation algorithm, per stage.
+    sync:           gradient synchronisation algorithm, per stage (SYNC_ALGORITHMS).
+    aggregators:    per stage, K: how many shards the gradient is cut into and how many sync tasks
+                    reduce them (d for scatter-reduce, 1 for all-reduce, 1..d for K-reduce).
     memory_mb:      Lambda memory per stage.
     timeouts_s:     per stage, per phase, the Task's TimeoutSeconds.
     """
@@ -48,6 +57,7 @@ class Plan:
     micro_batches: int = 1
     global_batch: int = 1
     sync: tuple[str, ...] = ()
+    aggregators: tuple[int, ...] = ()
     memory_mb: tuple[int, ...] = ()
     timeouts_s: tuple[Mapping[str, int], ...] = ()
     extras: Mapping[str, Any] = field(default_factory=dict)
@@ -61,6 +71,12 @@ class Plan:
             object.__setattr__(self, "sync", (self.sync,) * n)
         else:
             object.__setattr__(self, "sync", tuple(self.sync))
+        if not self.aggregators:
+            object.__setattr__(self, "aggregators", tuple(_default_k(a, self.replicas) for a in self.sync))
+        elif isinstance(self.aggregators, int):
+            object.__setattr__(self, "aggregators", (self.aggregators,) * n)
+        else:
+            object.__setattr__(self, "aggregators", _int_tuple("aggregators", self.aggregators))
         if not self.memory_mb:
             object.__setattr__(self, "memory_mb", (2048,) * n)
         elif isinstance(self.memory_mb, int):
@@ -98,6 +114,16 @@ class Plan:
             for r in range(self.replicas):
                 yield s, r
 
+    def grad_shards(self, stage: int) -> int:
+        """How many shards stage ``stage``'s gradient is written in (1 when there is no sync)."""
+        return 1 if self.replicas == 1 else self.aggregators[stage]
+
+    def sync_tasks(self, stage: int) -> int:
+        """Tasks in stage ``stage``'s sync Map: 0 without one (d = 1, or a sync fused into backward)."""
+        if self.replicas == 1 or self.sync[stage] in FUSED_SYNC:
+            return 0
+        return self.aggregators[stage]
+
     def function_timeout_s(self, stage: int) -> int:
         """The Lambda function's own timeout: the longest phase it runs, within Lambda's limit."""
         return min(LAMBDA_MAX_TIMEOUT_S, max(self.timeouts_s[stage].values()) + 5)
@@ -132,12 +158,21 @@ class Plan:
                 f"{INLINE_MAP_MAX_CONCURRENCY} concurrent tasks in one inline Map state, and every worker "
                 "of a phase must run at once: use fewer stages or replicas"
             )
-        for what, seq in (("sync", self.sync), ("memory_mb", self.memory_mb), ("timeouts_s", self.timeouts_s)):
+        for what, seq in (("sync", self.sync), ("aggregators", self.aggregators), ("memory_mb", self.memory_mb), ("timeouts_s", self.timeouts_s)):
             if len(seq) != n:
                 raise PlanError(f"plan.{what} has {len(seq)} entries but the plan has {n} stages: give one per stage")
         for s, algo in enumerate(self.sync):
             if algo not in SYNC_ALGORITHMS:
                 raise PlanError(f"plan.sync[{s}]={algo!r} is unknown: choose one of {', '.join(SYNC_ALGORITHMS)}")
+            k, d = self.aggregators[s], self.replicas
+            if not 1 <= k <= d:
+                raise PlanError(f"plan.aggregators[{s}]={k}: K must be between 1 and the {d} replicas")
+            want = _default_k(algo, d)
+            if algo != "k_reduce" and k != want:
+                raise PlanError(
+                    f"plan.aggregators[{s}]={k} does not fit sync {algo!r}, which uses K={want}: "
+                    "use sync 'k_reduce' to choose K yourself"
+                )
         for s, mb in enumerate(self.memory_mb):
             if not LAMBDA_MIN_MB <= mb <= LAMBDA_MAX_MB:
                 raise PlanError(
@@ -171,6 +206,7 @@ class Plan:
         d = asdict(self)
         d["balance"] = list(self.balance)
         d["sync"] = list(self.sync)
+        d["aggregators"] = list(self.aggregators)
         d["memory_mb"] = list(self.memory_mb)
         d["timeouts_s"] = [dict(t) for t in self.timeouts_s]
         return d
@@ -182,7 +218,7 @@ class Plan:
     def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
         if not isinstance(data, Mapping):
             raise PlanError(f"a plan must be a JSON object, got {type(data).__name__}")
-        known = {"balance", "replicas", "micro_batches", "global_batch", "sync", "memory_mb", "timeouts_s", "extras"}
+        known = {"balance", "replicas", "micro_batches", "global_batch", "sync", "aggregators", "memory_mb", "timeouts_s", "extras"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise PlanError(f"plan has unknown fields {unknown}: known fields are {sorted(known)}")
@@ -221,6 +257,11 @@ def timeouts_from(task_s: Sequence[Mapping[str, float]], minimum: int = 60) -> t
             row[p] = int(min(LAMBDA_MAX_TIMEOUT_S, max(minimum, math.ceil(secs * TIMEOUT_SAFETY + 10))))
         out.append(row)
     return tuple(out)
+
+
+def _default_k(algo: str, replicas: int) -> int:
+    """K implied by an algorithm: 1 for all-reduce, d otherwise (K-reduce defaults to d too)."""
+    return 1 if algo == "all_reduce" else replicas
 
 
 def next_memory_tier(mb: int) -> int | None:
