@@ -47,6 +47,9 @@ def main() -> None:
 @click.option("--replicas", type=int, help="data-parallel degree d (manual plan)")
 @click.option("--micro-batches", type=int, help="micro-batches per replica per iteration")
 @click.option("--memory", "memory_mb", type=int, help="Lambda memory per stage, MB")
+@click.option("--sync", type=click.Choice(["scatter_reduce", "pipelined_scatter_reduce", "k_reduce", "all_reduce"]),
+              help="gradient sync algorithm for every stage (docs/runtime.md, 'Sync algorithms')")
+@click.option("--aggregators", type=int, help="K for --sync k_reduce: shards and sync tasks per stage (1..d)")
 @click.option("--iterations", type=int, help="override the job's iterations")
 @click.option("--recommended", is_flag=True,
               help="use the planner's recommended plan even if FILE defines manual `defaults`")
@@ -56,7 +59,7 @@ def main() -> None:
 @click.option("--region", envvar="AWS_REGION", help="the stack's region")
 @click.option("--out", default="stagecoach-runs", show_default=True, help="directory for results")
 def train(file: str, stages: int | None, replicas: int | None, micro_batches: int | None, memory_mb: int | None,
-          iterations: int | None, recommended: bool, backend: str | None, stack: str | None, region: str | None,
+          sync: str | None, aggregators: int | None, iterations: int | None, recommended: bool, backend: str | None, stack: str | None, region: str | None,
           out: str) -> None:
     """Train the `job` defined in FILE; print progress, final loss, test accuracy and where results are.
 
@@ -85,10 +88,13 @@ def train(file: str, stages: int | None, replicas: int | None, micro_batches: in
             plan = result.recommended.to_plan()
             click.echo(f"planner: recommended plan of {len(result.pareto)} on the Pareto front "
                        f"(predicted {plan.extras.get('predicted_s_per_iteration', float('nan')):.2f} s/iteration on AWS)")
+        if sync or aggregators:
+            plan = _with_sync(plan, sync, aggregators)
         plan.validate(layers=job.layers)
         click.echo(
             f"plan: {plan.stages} stages (layers per stage {list(plan.balance)}) x {plan.replicas} replicas, "
-            f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}, memory {list(plan.memory_mb)} MB"
+            f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}, memory {list(plan.memory_mb)} MB, "
+            f"sync {_sync_label(plan)}"
         )
         from stagecoach.cli_aws import train_backend
 
@@ -116,6 +122,23 @@ def train(file: str, stages: int | None, replicas: int | None, micro_batches: in
             f"S3 transfer {b['transfer_s'] / it:.0%}, waiting on other workers {b['wait_s'] / it:.0%}"
         )
     click.echo(f"results: {directory} (model.safetensors, plan.json, metrics.jsonl, losses.json)")
+
+
+def _with_sync(plan: Any, sync: str | None, aggregators: int | None) -> Any:
+    """The plan with every stage's sync algorithm (and K) replaced; Plan validates the pair."""
+    import dataclasses
+
+    algo = sync or ("k_reduce" if aggregators else None)
+    if algo != "k_reduce" and aggregators:
+        raise click.BadParameter(f"--aggregators only applies to --sync k_reduce, not {algo}", param_hint="--aggregators")
+    k = aggregators or (1 if algo == "all_reduce" else plan.replicas)
+    return dataclasses.replace(plan, sync=(algo,) * plan.stages, aggregators=(k,) * plan.stages)
+
+
+def _sync_label(plan: Any) -> str:
+    if plan.replicas == 1:
+        return "none (d = 1)"
+    return ", ".join(a if a != "k_reduce" else f"k_reduce(K={k})" for a, k in zip(plan.sync, plan.aggregators))
 
 
 from stagecoach.cli_aws import cleanup_command, inspect_command  # noqa: E402

@@ -172,7 +172,7 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients) -> t
         for s in range(plan.stages):
             params = [p for i in plan.stage_layers(s) for p in layers[i].parameters()]
             flat = flat_params(params)
-            for k, (a, b) in enumerate(shard_bounds(flat.numel(), plan.replicas)):
+            for k, (a, b) in enumerate(shard_bounds(flat.numel(), plan.grad_shards(s))):
                 c.s3.put_object(Bucket=res.bucket, Key=keys.params(job_id, 0, s, k), Body=_safetensors({"p": flat[a:b]}))
         functions = []
         for s in range(plan.stages):

@@ -154,12 +154,15 @@ class Run:
         return out
 
     def iterations_done(self) -> int:
-        """Iterations whose every task has reported (the sync tasks, or backward when d = 1)."""
-        last_phase = "sync" if self.plan.replicas > 1 else "backward"
-        need = self.plan.stages * self.plan.replicas
+        """Iterations whose every stage has finished its last phase: the sync tasks, or the backward
+        tasks where there is no sync Map (d = 1, or a sync fused into backward)."""
+        plan = self.plan
+        last = [("sync", plan.sync_tasks(s)) if plan.sync_tasks(s) else ("backward", plan.replicas) for s in range(plan.stages)]
         done = 0
         by_it = self._by_iteration()
-        while sum(1 for m in by_it.get(done, []) if m["phase"] == last_phase) >= need:
+        while by_it.get(done) and all(
+            sum(1 for m in by_it[done] if m["stage"] == s and m["phase"] == phase) >= need for s, (phase, need) in enumerate(last)
+        ):
             done += 1
         return done
 
@@ -224,7 +227,7 @@ class Run:
     def stage_vector(self, stage: int, version: int | None = None) -> torch.Tensor:
         v = self.job.iterations if version is None else version
         shards = []
-        for k in range(self.plan.replicas):
+        for k in range(self.plan.grad_shards(stage)):
             body = self._c.s3.get_object(Bucket=self.bucket, Key=keys.params(self.job_id, v, stage, k))["Body"].read()
             shards.append(st_load(body)["p"])
         return torch.cat(shards)

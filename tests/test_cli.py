@@ -51,6 +51,15 @@ def test_bad_plan_options_are_refused_before_anything_runs(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_bad_sync_options_are_refused_with_the_fix(tmp_path):
+    (tmp_path / "tiny.py").write_text(JOB_FILE)
+    r = stagecoach("train", "tiny.py", "--replicas", "2", "--sync", "k_reduce", "--aggregators", "3", cwd=tmp_path)
+    assert r.returncode != 0 and "K must be between 1 and the 2 replicas" in r.stderr, r.stderr
+    r = stagecoach("train", "tiny.py", "--replicas", "2", "--sync", "scatter_reduce", "--aggregators", "1", cwd=tmp_path)
+    assert r.returncode != 0 and "--aggregators only applies to --sync k_reduce" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_missing_file_is_a_clear_error(tmp_path):
     r = stagecoach("train", "nope.py", cwd=tmp_path)
     assert r.returncode != 0 and "no such file" in r.stderr and "Traceback" not in r.stderr
