@@ -2,7 +2,7 @@
 
 Timeouts: after a run succeeds, the slowest warm task per stage and phase is recorded under
 ``history/{job name}/task_seconds.json`` in the stack's bucket. The next run of a job with the same
-name (and the same stage count) sets each Task's TimeoutSeconds from those observations instead of
+name (and the same stages, replicas, micro-batches and sync algorithms) sets each Task's TimeoutSeconds from those observations instead of
 the plan's defaults: tight enough that a hung task is noticed quickly, loose enough for noise, and
 refused outright if a phase could not fit Lambda's 15 minutes.
 
@@ -49,6 +49,8 @@ def record(run: Any) -> None:
         "balance": list(run.plan.balance),
         "replicas": run.plan.replicas,
         "micro_batches": run.plan.micro_batches,
+        "sync": list(run.plan.sync),
+        "aggregators": list(run.plan.aggregators),
         "task_seconds": observed_task_seconds(run.metrics(), run.plan.stages),
         "job": run.job_id,
     }
@@ -65,7 +67,9 @@ def _read(s3: Any, bucket: str, key: str) -> Any:
 def refine(plan: Plan, name: str, s3: Any, bucket: str) -> Plan:
     """The plan with timeouts and memory learnt from the job's past runs of the same shape."""
     past = _read(s3, bucket, history_key(name))
-    if past and [past["balance"], past["replicas"], past["micro_batches"]] == _shape(plan):
+    # task times depend on the sync algorithm too (a fused sync lengthens backward)
+    same_sync = past and past.get("sync") == list(plan.sync) and past.get("aggregators") == list(plan.aggregators)
+    if same_sync and [past["balance"], past["replicas"], past["micro_batches"]] == _shape(plan):
         plan = replace(plan, timeouts_s=timeouts_from(past["task_seconds"]))
     memory = _read(s3, bucket, memory_key(name))
     if memory and memory.get("shape") == _shape(plan):
