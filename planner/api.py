@@ -8,7 +8,6 @@ then take the Pareto front over everything found and recommend with FuncPipe's d
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -54,20 +53,26 @@ class PlannedConfig:
         return tuple(out)
 
     def to_plan(self) -> Any:
-        """The runtime contract (stagecoach.planner.plan.Plan)."""
+        """The runtime contract (stagecoach.planner.plan.Plan): per stage the sync algorithm and K,
+        the model's predicted task seconds per phase (extras["predicted_task_s"], what the
+        runtime's timeout manager starts from) and TimeoutSeconds by plan.timeouts_from. Raises
+        PlanError if a phase is predicted not to fit Lambda's 15 minutes."""
         from .plan import Plan
 
         c, e = self.config, self.estimate
-        runtime_sync = tuple("scatter_reduce" for _ in c.sync)  # what Plan accepts today
+        fields = [s.plan_fields() for s in c.sync]
+        task_s = [{p: round(v, 3) for p, v in row.items()} for row in e.task_seconds()]
         return Plan(
             balance=self.original_balance(),
             replicas=c.replicas,
             micro_batches=c.micro_batches,
             global_batch=c.global_batch,
-            sync=runtime_sync,
+            sync=tuple(f[0] for f in fields),
+            aggregators=tuple(f[1] for f in fields),
             memory_mb=tuple(c.tiers_mb),
-            timeouts_s=timeouts(e, self.platform),
+            timeouts_s=timeouts(e),  # plan.timeouts_from: refuses a phase that cannot fit 15 minutes
             extras={
+                "predicted_task_s": task_s,
                 "sync_algorithms": [s.label() for s in c.sync],
                 "predicted_s_per_iteration": round(e.time_s, 4),
                 "predicted_usd_per_iteration": e.cost,

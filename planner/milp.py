@@ -1,22 +1,26 @@
 """Exact MILP co-optimisation of partition, memory tier and sync algorithm per stage.
 
 For a fixed data-parallel degree d and micro-batching (b samples x m micro-batches) — few values,
-enumerated by the caller — the performance model of ``perfmodel`` becomes linear once products are
-linearised, so one MILP per (d, b) is exact (docs/performance-model.md §7). It is a *layer-chain*
-formulation (no stage slots, hence no slot symmetry):
+enumerated by the caller — one MILP per (d, b, m) is exact (docs/performance-model.md §7). It is an
+*interval* (path) formulation:
 
-  e[l]      a stage boundary after layer l                   (binary, l < L-1)
-  t[l,k]    layer l's stage runs at memory tier k            (binary; constant within a stage)
-  al[l,a]   layer l's stage syncs with choice a (algo, K)    (binary; constant within a stage)
+  x[i,j,k,a] = 1  iff layers i..j-1 form a stage at memory tier k with sync choice a
 
-st[l] = e[l-1] marks the first layer of a stage, e[l] the last one of a non-final stage, and
-q[l] = "no boundary at or after l" the final stage (whose forward is empty). Sums over stages
-become sums over layers (the flow-shop prefix/suffix sums), per-stage totals become accumulators
-that reset at boundaries, and maxima (bottlenecks, the slowest branch) become variables bounded
-below: every one enters the objective with a positive weight, so at an optimum they are tight.
-Products of a binary and a continuous time (billed GB-seconds) are linearised exactly with big-M,
-split into the stage's own compute work (exactly linear in t) plus the rest, which gives the LP
-relaxation a strong bound. HiGHS (pulp.HiGHS) solves it; no quadratic solver is needed.
+Every per-stage quantity (``perfmodel.stage_terms``: memory, per-micro-batch steps, parameter
+load, sync tail and task, requests, transitions, own billed work) is a *constant* of its interval,
+computed by the same code ``evaluate`` uses; memory-infeasible intervals and intervals that cannot
+beat the incumbent are never created. The stages form a path 0 -> L through boundary nodes (a
+flow: its LP relaxation is integral), so the only weak part left is the billing of the flow-shop
+waits, the one genuinely bilinear term (tier price of a stage x a time that depends on other
+stages), linearised exactly with a big-M per (boundary, tier). No stage slots: no symmetry.
+
+The flow-shop sums and maxima become node quantities without big-M:
+  SumF[n]  = sum of a_s over stages ending at <= n        (linear in x; exact on the path)
+  MaxA[n] >= MaxA[n-1], >= a of the stage ending at n     (bounded below; tight at an optimum)
+and likewise MaxL (parameter loads) forwards and SumB/MaxB backwards from stage starts. A constraint
+written for every node holds trivially at nodes that are not boundaries (their values are those of
+the previous boundary, or smaller), so none needs a big-M. HiGHS (pulp.HiGHS) solves it, with the
+heuristic incumbent's objective as a cutoff; no quadratic solver is needed.
 """
 
 from __future__ import annotations
@@ -29,17 +33,7 @@ from typing import Sequence
 
 import pulp
 
-from .perfmodel import (
-    TRANSITIONS_PER_ITERATION,
-    TRANSITIONS_PER_MAP,
-    TRANSITIONS_PER_PARALLEL,
-    TRANSITIONS_PER_TASK,
-    Config,
-    SyncChoice,
-    optimizer_seconds,
-    param_copies,
-    sync_choices,
-)
+from .perfmodel import Config, StageTerms, global_transitions, stage_terms, sync_choices
 from .platforms import Platform
 from .profile import ModelProfile
 
@@ -98,12 +92,71 @@ def solve_fixed(
 ) -> MilpResult:
     """Minimise a1*cost + a2*time for fixed (d, b, m). ``config`` is None if infeasible.
 
-    ``incumbent_objective`` (the objective of any feasible plan) tightens the big-M constants:
-    with a2 > 0 no task of an optimal plan can outlast obj/a2 seconds.
+    ``incumbent_objective`` (the objective of any feasible plan, e.g. the balanced heuristic's)
+    prunes intervals that alone would exceed it, bounds the big-M constants and is HiGHS's
+    objective cutoff. ``fix`` evaluates one configuration with the MILP (tests: MILP == evaluate).
     """
     with warnings.catch_warnings():  # pulp 3.x announces its 4.0 API on every variable
         warnings.simplefilter("ignore", DeprecationWarning)
         return _solve_fixed(profile, plat, replicas, micro_batch, micro_batches, a1, a2, tiers, max_stages, sync_algos, time_limit, gap, threads, incumbent_objective, fix)
+
+
+@dataclass(frozen=True)
+class _Interval:
+    i: int
+    j: int
+    k: int  # tier index
+    a: int  # sync choice index
+    st: StageTerms
+    own_cost: float  # USD: the stage's own billed work + its requests and transitions
+    fwd_own: float  # load + m a_s (a lower bound of the forward task, part of its billing)
+    bwd_own: float  # m bb_s (+ load if last): part of the backward task before its tail
+    branch: float  # what the stage adds after its backward flow shop: tail (+ o + sync task)
+
+
+def candidate_stages(profile: ModelProfile, plat: Platform, d: int, b: int, m: int, tiers: Sequence[int], choices: Sequence, time_cap: float = math.inf, cost_cap: float = math.inf) -> list[_Interval]:
+    """Every feasible (interval, tier, sync choice) with its constants; dominated sync choices
+    (no better in any respect than another for the same interval and tier) are dropped."""
+    lay = profile.layers
+    L = len(lay)
+    o, maxT = plat.invoke_overhead_s, plat.max_predicted_task_s
+    cum = lambda xs: [0.0] + list(__import__("itertools").accumulate(xs))
+    P = cum([l.param_bytes for l in lay])
+    SV = cum([l.saved_bytes_per_sample for l in lay])
+    out: list[_Interval] = []
+    for k, tier in enumerate(tiers):
+        tm = [l.times(tier, b, plat) for l in lay]
+        F = cum([t[0] for t in tm])
+        G = cum([t[1] for t in tm])
+        cap = plat.usable_bytes(tier)
+        price = plat.price_per_s(tier)
+        for i in range(L):
+            for j in range(i + 1, L + 1):
+                last = j == L
+                group = []
+                for a, ch in enumerate(choices):
+                    st = stage_terms(P[j] - P[i], F[j] - F[i], G[j] - G[i], SV[j] - SV[i], lay[i].in_bytes_per_sample,
+                                     lay[j - 1].out_bytes_per_sample, lay[i].ingrad_bytes_per_sample, profile.label_bytes_per_sample,
+                                     i == 0, last, tier, ch, d, b, m, plat)
+                    if st.memory_bytes > cap or st.sync.task_s > maxT:
+                        continue
+                    fwd_own = 0.0 if last else st.load_s + m * st.fwd_step_s
+                    bwd_own = m * st.bwd_step_s + (st.load_s if last else 0.0)
+                    if fwd_own > maxT or bwd_own + st.sync.tail_s > maxT:
+                        continue
+                    branch = st.sync.tail_s + ((o + st.sync.task_s) if st.sync.tasks else 0.0)
+                    own = (price * (d * (fwd_own + bwd_own + st.sync.tail_s) + st.sync.tasks * st.sync.task_s)
+                           + plat.price_request * st.invocations + plat.price_transition * st.transitions
+                           + plat.price_put * st.puts + plat.price_get * st.gets)
+                    if (0.0 if last else o + fwd_own) + o + bwd_own + branch > time_cap or own > cost_cap:
+                        continue
+                    group.append(_Interval(i, j, k, a, st, own, fwd_own, bwd_own, branch))
+                for c in group:  # dominance among sync choices of the same stage
+                    if not any(o_ is not c and o_.own_cost <= c.own_cost and o_.branch <= c.branch and o_.st.sync.tail_s <= c.st.sync.tail_s
+                               and o_.st.sync.task_s <= c.st.sync.task_s and (o_.own_cost, o_.branch, o_.a) < (c.own_cost, c.branch, c.a)
+                               for o_ in group):
+                        out.append(c)
+    return out
 
 
 def _solve_fixed(profile, plat, replicas, micro_batch, micro_batches, a1, a2, tiers, max_stages, sync_algos, time_limit, gap, threads, incumbent_objective, fix) -> MilpResult:  # type: ignore[no-untyped-def]
@@ -111,306 +164,128 @@ def _solve_fixed(profile, plat, replicas, micro_batch, micro_batches, a1, a2, ti
     L = len(profile.layers)
     d, b, m = replicas, micro_batch, micro_batches
     tiers = list(tiers or plat.tiers_mb)
-    K = range(len(tiers))
-    Smax = max_stages_for(d, L, max_stages)
     choices = sync_choices(d, sync_algos)
-    A = range(len(choices))
-    co = [c.coeffs(d, plat) for c in choices]
-    w, lat, o = plat.bandwidth_Bps, plat.storage_latency_s, plat.invoke_overhead_s
-    lay = profile.layers
-    R = range(L)
-    # Sizes in MiB inside the model: bytes (1e9) next to seconds per byte (1e-8) would give HiGHS
-    # badly scaled rows, and its cuts then drop feasible points.
-    MB = float(2**20)
-    Pl = [l.param_bytes / MB for l in lay]
-    SVl = [l.saved_bytes_per_sample / MB for l in lay]
-    INl = [l.in_bytes_per_sample / MB for l in lay]
-    IGl = [l.ingrad_bytes_per_sample / MB for l in lay]
-    OUTl = [l.out_bytes_per_sample / MB for l in lay]
-    LAB = profile.label_bytes_per_sample / MB
-    w = w / MB
-    f = [[lay[l].times(t, b, plat)[0] for t in tiers] for l in R]
-    g = [[lay[l].times(t, b, plat)[1] for t in tiers] for l in R]
-    opt = [[optimizer_seconds(lay[l].param_bytes, t, plat) for t in tiers] for l in R]
-    cap = [plat.usable_bytes(t) / MB for t in tiers]
-    price = [plat.price_per_s(t) for t in tiers]
-    copies = param_copies(d, plat)
-    maxT = plat.max_predicted_task_s
+    if fix is not None:
+        choices = list(dict.fromkeys(list(choices) + list(fix.sync)))
+    o, maxT = plat.invoke_overhead_s, plat.max_predicted_task_s
+    Smax = max_stages_for(d, L, max_stages)
     wc, wt = objective_weights(a1, a2)
-    Mt = maxT + o
-    if incumbent_objective is not None and a2 > 0:
-        Mt = min(Mt, incumbent_objective / wt + o)
-    Mt += 1.0
-    Ptot = sum(Pl)
-    optmax = sum(max(r) for r in opt)
-    Malg = 1.0 + o + max(max(c.tail_time(Ptot * MB, optmax), c.task_time(Ptot * MB, optmax)) for c in co)
-    Mp = Ptot + 1.0
-    Mo = optmax + 1.0
-
-    def alone(l: int) -> float:
-        return copies * Pl[l] + b * (SVl[l] + 2 * INl[l] + 2 * OUTl[l])
-
-    fits = {(l, k): alone(l) <= cap[k] for l in R for k in K}
-    for l in R:
-        if not any(fits[l, k] for k in K):
-            return MilpResult(None, math.inf, f"infeasible: layer {lay[l].name} fits no tier", time.perf_counter() - t0, 0, 0)
+    time_cap = cost_cap = math.inf
+    if incumbent_objective is not None:
+        slack = incumbent_objective * 1e-7 + 1e-9
+        time_cap = (incumbent_objective + slack) / wt
+        cost_cap = (incumbent_objective + slack) / wc
+    cands = candidate_stages(profile, plat, d, b, m, tiers, choices, time_cap, cost_cap)
+    if fix is not None:
+        want, i = set(), 0
+        for s, n in enumerate(fix.balance):
+            want.add((i, i + n, tiers.index(fix.tiers_mb[s]), choices.index(fix.sync[s])))
+            i += n
+        cands = [c for c in cands if (c.i, c.j, c.k, c.a) in want]
+    for l in range(L):
+        if not any(c.i <= l < c.j for c in cands):
+            return MilpResult(None, math.inf, f"infeasible: layer {profile.layers[l].name} fits in no stage", time.perf_counter() - t0, 0, 0)
 
     prob = pulp.LpProblem("stagecoach_plan", pulp.LpMinimize)
-    Bn = pulp.LpBinary
-    nv = lambda name, hi=None: pulp.LpVariable(name, lowBound=0, upBound=hi)
-    e = {l: pulp.LpVariable(f"e_{l}", cat=Bn) for l in range(L - 1)}
-    t = {(l, k): pulp.LpVariable(f"t_{l}_{k}", cat=Bn) for l in R for k in K if fits[l, k]}
-    al = {(l, a): pulp.LpVariable(f"al_{l}_{a}", cat=Bn) for l in R for a in A}
-    T = lambda l, k: t.get((l, k), 0)
-    st = {l: (1 if l == 0 else e[l - 1]) for l in R}
-    en = {l: (e[l] if l < L - 1 else 1) for l in R}
-    esum = pulp.lpSum(e.values())
-    # -- structure
-    prob += esum <= Smax - 1
-    for l in R:
-        prob += pulp.lpSum(T(l, k) for k in K) == 1
-        prob += pulp.lpSum(al[l, a] for a in A) == 1
-        if l + 1 < L:
-            for k in K:
-                prob += T(l + 1, k) - T(l, k) <= e[l]
-                prob += T(l, k) - T(l + 1, k) <= e[l]
-            for a in A:
-                prob += al[l + 1, a] - al[l, a] <= e[l]
-                prob += al[l, a] - al[l + 1, a] <= e[l]
-    # q[l]: layer l is in the final stage
-    q = {l: nv(f"q_{l}", 1) for l in R}
-    for l in R:
-        later = [e[j] for j in range(l, L - 1)]
-        prob += q[l] >= 1 - pulp.lpSum(later)
-        for j in later:
-            prob += q[l] <= 1 - j
-    tn = {}
-    for (l, k), var in t.items():  # t[l,k] and not in the final stage
-        tn[l, k] = nv(f"tn_{l}_{k}", 1)
-        prob += tn[l, k] >= var - q[l]
-        prob += tn[l, k] <= var
-        prob += tn[l, k] <= 1 - q[l]
-    sn = {}
-    for l in R:  # l starts a non-final stage
-        sn[l] = nv(f"sn_{l}", 1)
-        prob += sn[l] >= st[l] - q[l]
-        prob += sn[l] <= st[l]
-        prob += sn[l] <= 1 - q[l]
-    TN = lambda l, k: tn.get((l, k), 0)
-
-    def acc_exact(name: str, vals: dict, forward: bool, big: float) -> dict:
-        """Within-stage running sums, reset at boundaries, with equality (both directions)."""
-        out = {}
-        order = list(R) if forward else list(reversed(R))
-        prev = None
-        for l in order:
-            v = nv(f"{name}_{l}")
-            out[l] = v
-            prob.addConstraint(v >= vals[l])
-            if prev is not None:
-                cut = e[prev] if forward else e[l]
-                prob.addConstraint(v >= out[prev] + vals[l] - big * cut)
-                prob.addConstraint(v <= out[prev] + vals[l])
-                prob.addConstraint(v <= vals[l] + big * (1 - cut))
-            else:
-                prob.addConstraint(v <= vals[l])
-            prev = l
-        return out
-
-    def acc_lower(name: str, vals: dict, forward: bool, big: float) -> dict:
-        """Running sums bounded below only (used where larger is never better)."""
-        out = {}
-        order = list(R) if forward else list(reversed(R))
-        prev = None
-        for l in order:
-            v = nv(f"{name}_{l}")
-            out[l] = v
-            prob.addConstraint(v >= vals[l])
-            if prev is not None:
-                cut = e[prev] if forward else e[l]
-                prob.addConstraint(v >= out[prev] + vals[l] - big * cut)
-            prev = l
-        return out
-
-
-    # -- memory (§2): checked at each stage's last layer
-    memv = {l: copies * Pl[l] + b * SVl[l] for l in R}
-    accM = {}
-    for l in R:
-        v = nv(f"accM_{l}")
-        accM[l] = v
-        prob += v >= memv[l] + 2 * b * INl[l] * st[l]
-        if l > 0:
-            prob += v >= accM[l - 1] + memv[l] - (copies * Mp + b * 4 * Mp) * e[l - 1]
-    accP = acc_lower("accP", {l: Pl[l] for l in R}, True, Mp)
-    CAPl = {l: pulp.lpSum(cap[k] * T(l, k) for k in K) for l in R}
-    big_mem = max([copies] + [c.mem_per_byte for c in co]) * Ptot + 4 * b * sum(SVl[l] + INl[l] + OUTl[l] for l in R) + max(cap)
-    for l in R:
-        prob += accM[l] + 2 * b * OUTl[l] <= CAPl[l] + big_mem * (1 - en[l])
-        for a in A:
-            if d > 1 and co[a].mem_per_byte > copies:
-                prob += co[a].mem_per_byte * accP[l] <= CAPl[l] + big_mem * (2 - en[l] - al[l, a])
-    # -- forward flow shop (§3.1)
-    fc = {l: pulp.lpSum(f[l][k] * TN(l, k) for k in K) for l in R}
-    cF = {l: fc[l] + sn[l] * (2 * lat + b * INl[l] / w) + (e[l] * (b * OUTl[l] / w) if l < L - 1 else 0) for l in R}
-    accF = acc_lower("accF", cF, True, Mt)
-    accFC = acc_exact("accFC", fc, True, Mt)
-    Am, Lm = {}, {}
-    for l in R:
-        Am[l] = nv(f"Amax_{l}")
-        Lm[l] = nv(f"Lmax_{l}")
-        prob += Am[l] >= accF[l]
-        if l < L - 1:
-            prob += Lm[l] >= lat + accP[l] * (1 / w) - Mt * (1 - e[l])
-        if l > 0:
-            prob += Am[l] >= Am[l - 1]
-            prob += Lm[l] >= Lm[l - 1]
-    SA = {}
-    run = 0
-    for l in R:
-        run = run + cF[l]
-        SA[l] = run
-    Fend = {l: o + Lm[l] + SA[l] + (m - 1) * Am[l] for l in R}
+    x = [pulp.LpVariable(f"x_{c.i}_{c.j}_{c.k}_{c.a}", cat=pulp.LpBinary) for c in cands]
+    nv = lambda name: pulp.LpVariable(name, lowBound=0)
+    by_start: dict[int, list[int]] = {n: [] for n in range(L + 1)}
+    by_end: dict[int, list[int]] = {n: [] for n in range(L + 1)}
+    for q, c in enumerate(cands):
+        by_start[c.i].append(q)
+        by_end[c.j].append(q)
+    S = lambda qs, coef: pulp.lpSum(coef(cands[q]) * x[q] for q in qs)
+    one = lambda c: 1.0
+    # -- path: one stage leaves node 0, one enters node L, flow conserved between
+    for n in range(L + 1):
+        rhs = 1 if n == 0 else (-1 if n == L else 0)
+        prob += S(by_start[n], one) - S(by_end[n], one) == rhs
+    nstages = pulp.lpSum(x)
+    prob += nstages <= Smax
+    single = S([q for q in by_start[0] if cands[q].j == L], one)  # S = 1
+    # -- time bounds for big-M (any better plan than the incumbent is at most this slow)
+    Tb = min(maxT, time_cap)
+    # -- forward (§3.1): node quantities over stages ending at <= n (all non-final)
+    MaxL, MaxA, Fnode = {}, {}, {}
+    sumF = 0
+    for n in range(1, L):
+        MaxL[n], MaxA[n] = nv(f"maxL_{n}"), nv(f"maxA_{n}")
+        prob += MaxL[n] >= S(by_end[n], lambda c: c.st.load_s)
+        prob += MaxA[n] >= S(by_end[n], lambda c: c.st.fwd_step_s)
+        if n > 1:
+            prob += MaxL[n] >= MaxL[n - 1]
+            prob += MaxA[n] >= MaxA[n - 1]
+        sumF = sumF + S(by_end[n], lambda c: c.st.fwd_step_s)
+        Fnode[n] = MaxL[n] + sumF + (m - 1) * MaxA[n]  # F_s - o of the stage ending at n
+        prob += Fnode[n] <= maxT
     TF = nv("T_forward")
-    for l in range(L - 1):
-        prob += TF >= Fend[l] - Mt * (1 - e[l])
-        prob += Fend[l] - o <= maxT + Mt * (1 - e[l])
-    # -- backward flow shop (§3.2), reverse order
-    gc = {l: pulp.lpSum((f[l][k] + g[l][k]) * T(l, k) for k in K) for l in R}
-    cB = {}
-    for l in R:
-        c = gc[l] + st[l] * (lat + b * INl[l] / w)
-        if l > 0:
-            c += st[l] * (lat + b * IGl[l] / w)
-        if l < L - 1:
-            c += e[l] * (lat + b * OUTl[l] / w)
-        else:
-            c += lat + b * LAB / w
-        cB[l] = c
-    accB = acc_lower("accB", cB, False, Mt)
-    accBC = acc_exact("accBC", gc, False, Mt)
-    accPb = acc_lower("accPb", {l: Pl[l] for l in R}, False, Mp)
-    accOb = acc_lower("accOb", {l: pulp.lpSum(opt[l][k] * T(l, k) for k in K) for l in R}, False, Mo)
-    Bm = {}
-    for l in reversed(R):
-        Bm[l] = nv(f"Bmax_{l}")
-        prob += Bm[l] >= accB[l]
-        if l < L - 1:
-            prob += Bm[l] >= Bm[l + 1]
-    # valid inequalities: a bottleneck is at least the average stage (<= Smax stages)
-    prob += Bm[0] >= pulp.lpSum(cB.values()) * (1.0 / Smax)
-    if Smax > 1:
-        prob += Am[L - 1] >= pulp.lpSum(cF.values()) * (1.0 / (Smax - 1))
-    LL = nv("load_last")
-    prob += LL >= lat + pulp.lpSum(Pl[l] * q[l] for l in R) * (1 / w)
-    SB = {}
-    run = 0
-    for l in reversed(R):
-        run = run + cB[l]
-        SB[l] = run
-    Bstart = {l: o + LL + SB[l] + (m - 1) * Bm[l] for l in R}
-    tail = {l: nv(f"tail_{l}") for l in R}
-    Sy = {l: nv(f"sync_{l}") for l in R}
+    if L > 1:
+        prob += TF >= Fnode[L - 1] + o * (1 - single)
+    # -- backward (§3.2): node quantities over stages starting at >= n
+    LL = S(by_end[L], lambda c: c.st.load_s)
+    MaxB, Bnode = {}, {}
+    sumB = 0
     TBS = nv("T_backward_sync")
-    for l in R:
-        for a in A:
-            c = co[a]
-            te = c.tail_lat + c.tail_per_byte * MB * accPb[l] + (accOb[l] if c.tail_opt else 0)
-            prob += tail[l] >= te - Malg * (2 - st[l] - al[l, a])
-            if c.tasks:
-                prob += Sy[l] >= o + c.task_lat + c.task_per_byte * MB * accPb[l] + accOb[l] * (1.0 / c.k) - Malg * (2 - st[l] - al[l, a])
-        prob += TBS >= Bstart[l] + tail[l] + Sy[l] - (Mt + 2 * Malg) * (1 - st[l])
-        prob += Bstart[l] + tail[l] - o <= maxT + (Mt + Malg) * (1 - st[l])
-        prob += Sy[l] - o <= maxT + Malg * (1 - st[l])
-    # -- billing (§4.1): own compute work exactly linear in t, the rest via big-M per tier
-    sync_terms: list = []
-    gbs = [d * m * pulp.lpSum(price[k] * (f[l][k] * TN(l, k) + (f[l][k] + g[l][k]) * T(l, k)) for l in R for k in K)]
-    for l in R:
-        for k in K:
-            if (l, k) not in t:
+    for n in range(L - 1, -1, -1):
+        MaxB[n] = nv(f"maxB_{n}")
+        prob += MaxB[n] >= S(by_start[n], lambda c: c.st.bwd_step_s)
+        if n < L - 1:
+            prob += MaxB[n] >= MaxB[n + 1]
+        sumB = sumB + S(by_start[n], lambda c: c.st.bwd_step_s)
+        Bnode[n] = LL + sumB + (m - 1) * MaxB[n]  # B_s - o of the stage starting at n (before its tail)
+        prob += TBS >= o + Bnode[n] + S(by_start[n], lambda c: c.branch)
+        prob += Bnode[n] + S(by_start[n], lambda c: c.st.sync.tail_s) <= maxT
+    # valid inequalities: the bottleneck is at least the average stage
+    if L > 1:
+        prob += MaxB[0] * Smax >= sumB
+        prob += MaxA[L - 1] * max(1, Smax - 1) >= sumF
+    # -- billing (§4.1): own work is constant per interval; the waits on other stages (the rest)
+    # are billed at the stage's tier: rest[n,k] >= wait - Tb (1 - [a tier-k stage ends/starts at n])
+    cost = S(range(len(cands)), lambda c: c.own_cost)
+    cost = cost + plat.price_transition * (global_transitions(1) + (global_transitions(2) - global_transitions(1)) * (1 - single))
+    for n in range(1, L):
+        ownF = S(by_end[n], lambda c: c.fwd_own)
+        for k, tier in enumerate(tiers):
+            z = [q for q in by_end[n] if cands[q].k == k]
+            if not z:
                 continue
-            if l < L - 1:
-                wf = nv(f"wF_{l}_{k}")
-                prob += wf >= Fend[l] - o - m * accFC[l] - Mt * (2 - e[l] - t[l, k])
-                gbs.append(price[k] * d * wf)
-            wb = nv(f"wB_{l}_{k}")
-            prob += wb >= Bstart[l] + tail[l] - o - m * accBC[l] - (Mt + Malg) * (2 - st[l] - t[l, k])
-            gbs.append(price[k] * d * wb)
-            for a in A:
-                if co[a].tasks:
-                    ws = nv(f"wS_{l}_{k}_{a}")
-                    prob += ws >= Sy[l] - o - Malg * (3 - st[l] - t[l, k] - al[l, a])
-                    gbs.append(price[k] * co[a].tasks * ws)
-                    sync_terms.append(price[k] * co[a].tasks * ws)
-    if d > 1:  # valid inequality: sync billing >= the cheapest algorithm's own work, layer by layer
-        lb = pulp.lpSum(
-            price[k] * min(c.tasks * (c.task_per_byte * MB * Pl[l] + opt[l][k] / c.k) for c in co if c.tasks) * T(l, k) for l in R for k in K
-        )
-        prob += pulp.lpSum(sync_terms) >= lb
-    # -- requests (§4.2-4.4)
-    has2 = nv("multi_stage", 1)
-    for v_ in e.values():
-        prob += has2 >= v_
-    prob += has2 <= esum
-    ast = {}
-    for l in R:
-        for a in A:
-            ast[l, a] = nv(f"as_{l}_{a}", 1)
-            prob += ast[l, a] >= st[l] + al[l, a] - 1
-            prob += ast[l, a] <= al[l, a]
-            prob += ast[l, a] <= st[l]
-    S_ = 1 + esum
-    invocations = d * esum + d * S_ + pulp.lpSum(co[a].tasks * ast[l, a] for l in R for a in A)
-    trans = TRANSITIONS_PER_ITERATION + TRANSITIONS_PER_PARALLEL + TRANSITIONS_PER_MAP * has2 + TRANSITIONS_PER_TASK * d * esum
-    trans += (TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * d) * S_
-    trans += pulp.lpSum((TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * co[a].tasks) * ast[l, a] for l in R for a in A if co[a].tasks)
-    poll = plat.s3_polls_per_wait
-    nonlast = esum
-    nonlast_not_first = esum - has2
-    gets = d * m * nonlast + d * m * poll * nonlast_not_first + 2 * d * m * S_ + d * m * poll * nonlast
-    puts = d * m * nonlast + d * m * esum
-    gets += pulp.lpSum((d * (co[a].shards + co[a].tail_gets) + co[a].tasks * co[a].task_gets) * ast[l, a] for l in R for a in A)
-    puts += pulp.lpSum((d * co[a].tail_puts + co[a].tasks * co[a].task_puts) * ast[l, a] for l in R for a in A)
-    cost = pulp.lpSum(gbs) + plat.price_request * invocations + plat.price_transition * trans + plat.price_put * puts + plat.price_get * gets
-    if fix is not None:  # evaluate one configuration with the MILP (tests: MILP == perfmodel)
-        ends = set()
-        acc_ = 0
-        for n_ in fix.balance:
-            acc_ += n_
-            ends.add(acc_ - 1)
-        si = 0
-        for l in R:
-            if l < L - 1:
-                prob += e[l] == (1 if l in ends else 0)
-            kk = tiers.index(fix.tiers_mb[si])
-            if (l, kk) not in t:
-                return MilpResult(None, math.inf, "infeasible: fixed tier too small for a layer", time.perf_counter() - t0, 0, 0)
-            prob += t[l, kk] == 1
-            prob += al[l, choices.index(fix.sync[si])] == 1
-            if l in ends:
-                si += 1
+            r = nv(f"rF_{n}_{k}")
+            prob += r >= Fnode[n] - ownF - Tb * (1 - S(z, one))
+            cost = cost + plat.price_per_s(tier) * d * r
+    for n in range(L):
+        ownB = S(by_start[n], lambda c: c.bwd_own)
+        for k, tier in enumerate(tiers):
+            z = [q for q in by_start[n] if cands[q].k == k]
+            if not z:
+                continue
+            r = nv(f"rB_{n}_{k}")
+            prob += r >= Bnode[n] - ownB - Tb * (1 - S(z, one))
+            cost = cost + plat.price_per_s(tier) * d * r
     ref = max(1e-12, wc * 1e-4 + wt)
     prob += (wc * cost + wt * (TF + TBS)) * (1.0 / ref)
-    solver = pulp.HiGHS(msg=False, gapRel=gap, gapAbs=0.0, timeLimit=time_limit, threads=threads)
+    opts = {}
+    if incumbent_objective is not None and fix is None:
+        opts["objective_bound"] = (incumbent_objective * (1 + 1e-6) + 1e-9) / ref
+    solver = pulp.HiGHS(msg=False, gapRel=gap, gapAbs=0.0, timeLimit=time_limit, threads=threads, **opts)
     status = prob.solve(solver)
     solve_s = time.perf_counter() - t0
     nvars, ncons = len(prob.variables()), len(prob.constraints)
-    st_name = pulp.LpStatus[status]
-    if st_name != "Optimal":
-        return MilpResult(None, math.inf, st_name.lower(), solve_s, nvars, ncons)
+    if pulp.LpStatus[status] != "Optimal":
+        return MilpResult(None, math.inf, pulp.LpStatus[status].lower(), solve_s, nvars, ncons)
     try:  # pulp reports a time-limited incumbent as "Optimal"; ask HiGHS itself
         ms = prob.solverModel.modelStatusToString(prob.solverModel.getModelStatus()).lower()
         proven = "optimal" in ms
     except Exception:  # pragma: no cover - older highspy
         proven = True
+    chosen = {cands[q].i: cands[q] for q in range(len(cands)) if (x[q].value() or 0) > 0.5}
     balance, tier_sel, sync_sel = [], [], []
-    start = 0
-    for l in R:
-        if l == L - 1 or (e[l].value() or 0) > 0.5:
-            balance.append(l + 1 - start)
-            tier_sel.append(tiers[max(K, key=lambda k: (T(l, k).value() if (l, k) in t else 0) or 0)])
-            sync_sel.append(choices[max(A, key=lambda a: al[l, a].value() or 0)])
-            start = l + 1
+    n = 0
+    while n < L:
+        c = chosen[n]
+        balance.append(c.j - c.i)
+        tier_sel.append(tiers[c.k])
+        sync_sel.append(choices[c.a])
+        n = c.j
     cfg = Config(tuple(balance), tuple(tier_sel), d, b, m, tuple(sync_sel))
     obj = pulp.value(prob.objective) * ref
     return MilpResult(cfg, obj, "optimal" if proven else "time_limit", solve_s, nvars, ncons)

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .plan import TIMEOUT_SAFETY
+
 PRICES_AS_OF = "2025-01-15"  # us-east-1 list prices; see /work/shared/facts.md for the sources
 
 # FuncPipe's eight memory tiers (MB). Lambda accepts any value 128-10,240 in 1 MB steps.
@@ -49,7 +51,10 @@ class Platform:
     runtime_base_mb: float = 380.0
     memory_headroom: float = 0.9  # plan at most this fraction of the configured memory
     max_task_s: float = 900.0  # Lambda timeout limit
-    timeout_margin: float = 1.25  # TimeoutSeconds = margin * predicted + 10 s; predicted <= 900/margin
+    # TimeoutSeconds = margin * predicted + 10 s, by the runtime contract's rule (plan.timeouts_from,
+    # TIMEOUT_SAFETY); a plan whose task exceeds max_task_s / margin is refused there, so the
+    # planner treats it as infeasible.
+    timeout_margin: float = TIMEOUT_SAFETY
     optimizer_state_ratio: float = 2.0  # optimizer state bytes / parameter bytes (Adam: m and v)
     optimizer_flops_per_param: float = 12.0  # Adam update arithmetic per parameter
     s3_polls_per_wait: float = 1.0  # extra GETs (404s) while waiting for an object, per wait
@@ -86,7 +91,7 @@ class Platform:
 
     @property
     def max_predicted_task_s(self) -> float:
-        return (self.max_task_s - 10.0) / self.timeout_margin
+        return self.max_task_s / self.timeout_margin
 
     def replace(self, **changes: Any) -> "Platform":
         """A copy with some constants overridden, e.g. ``aws_platform().replace(bandwidth_Bps=70e6)``."""
