@@ -1,25 +1,45 @@
 """The S3 channel between workers: tensors as safetensors, waiting by GET with backoff.
 
 S3 is strongly consistent, so a worker that needs an object another worker writes simply GETs it
-until it exists (never LIST). Transfer time, waiting time and bytes are counted for the task's
-metrics.
+until it exists (never LIST). Requests may run concurrently (``submit_put``/``submit_wait``: one
+pool for uploads, one for downloads, since a Lambda's network is full duplex), so the collectives
+can upload while they download and keep several requests in flight to hide S3's latency.
+
+For the task's metrics the channel records bytes, requests and *union* times: ``upload_s`` is the
+time at least one upload was in flight, ``download_s`` likewise, ``transfer_s`` the time any
+transfer was, ``wait_s`` the time spent only waiting for another worker's object. With concurrent
+requests these overlap each other and compute, so the task's compute share is
+duration - transfer_s - wait_s.
+
+On the local stack each worker process may emulate Lambda's network (lambdas/netem.py): a request
+completes no earlier than its emulated link allows.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from stagecoach.lambdas.netem import Network, network
+
 # Iteration objects carry this tag; the bucket's lifecycle rule expires tagged objects as a safety net
 # (S3 lifecycle filters cannot match jobs/*/iter/ by prefix).
 TRANSIENT_TAG = "stagecoach%3Atransient=true"
 WAIT_FIRST_S = 0.005
-WAIT_MAX_S = 0.1
+WAIT_MAX_S = 0.05
+# Requests in flight per direction: enough to keep a ~78 MB/s link busy through S3's first-byte
+# latency with chunks of a few MB, few enough that objects arrive in the order they are needed.
+UPLOADS_IN_FLIGHT = 4
+DOWNLOADS_IN_FLIGHT = 4
 
 
 class ObjectWaitTimeout(Exception):
@@ -30,14 +50,77 @@ class ObjectWaitTimeout(Exception):
 class ChannelStats:
     upload_s: float = 0.0
     download_s: float = 0.0
+    transfer_s: float = 0.0
     wait_s: float = 0.0
     bytes_up: int = 0
     bytes_down: int = 0
     puts: int = 0
     gets: int = 0
+    _active: dict[str, int] = field(default_factory=lambda: {"up": 0, "down": 0, "wait": 0}, repr=False)
+    _last: float = field(default_factory=time.perf_counter, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def _advance(self) -> None:
+        now = time.perf_counter()
+        dt, self._last = now - self._last, now
+        a = self._active
+        if a["up"]:
+            self.upload_s += dt
+        if a["down"]:
+            self.download_s += dt
+        if a["up"] or a["down"]:
+            self.transfer_s += dt
+        elif a["wait"]:
+            self.wait_s += dt
+
+    @contextmanager
+    def activity(self, kind: str) -> Iterator[None]:
+        with self._lock:
+            self._advance()
+            self._active[kind] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._advance()
+                self._active[kind] -= 1
+
+    def count(self, **increments: int) -> None:
+        with self._lock:
+            for k, v in increments.items():
+                setattr(self, k, getattr(self, k) + v)
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        with self._lock:
+            self._advance()
+            return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+
+class Pools:
+    """An upload and a download thread pool: a worker's concurrent requests, per direction."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pools: dict[str, ThreadPoolExecutor] = {}
+
+    def __call__(self, kind: str) -> ThreadPoolExecutor:
+        with self._lock:
+            if kind not in self._pools:
+                n = UPLOADS_IN_FLIGHT if kind == "up" else DOWNLOADS_IN_FLIGHT
+                self._pools[kind] = ThreadPoolExecutor(max_workers=n, thread_name_prefix=f"s3-{kind}")
+            return self._pools[kind]
+
+
+_PROCESS_POOLS: tuple[int, Pools] | None = None
+
+
+def process_pools() -> Pools:
+    """The process's pools, made on first use (after a fork, in the process that uses them): one
+    Lambda execution environment runs one task at a time, so its tasks share them."""
+    global _PROCESS_POOLS
+    if _PROCESS_POOLS is None or _PROCESS_POOLS[0] != os.getpid():
+        _PROCESS_POOLS = (os.getpid(), Pools())
+    return _PROCESS_POOLS[1]
 
 
 @dataclass
@@ -45,14 +128,19 @@ class Channel:
     s3: Any
     bucket: str
     stats: ChannelStats = field(default_factory=ChannelStats)
+    net: Network = field(default_factory=network)
+    pools: Pools = field(default_factory=process_pools)
+    _pending: list[Future] = field(default_factory=list, repr=False)
+    _aborted: threading.Event = field(default_factory=threading.Event, repr=False)
 
+    # -- single requests -------------------------------------------------------------------------
     def put_bytes(self, key: str, body: bytes) -> None:
-        t0 = time.perf_counter()
-        extra = {"Tagging": TRANSIENT_TAG} if "/iter/" in key else {}
-        self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, **extra)
-        self.stats.upload_s += time.perf_counter() - t0
-        self.stats.bytes_up += len(body)
-        self.stats.puts += 1
+        with self.stats.activity("up"):
+            done = self.net.up.reserve(len(body)) if self.net.up else 0.0
+            extra = {"Tagging": TRANSIENT_TAG} if "/iter/" in key else {}
+            self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, **extra)
+            self.net.wait_until(done)
+        self.stats.count(bytes_up=len(body), puts=1)
 
     def put_tensors(self, key: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
         body = st_save({k: v.detach().contiguous() for k, v in tensors.items()}, metadata=metadata)
@@ -60,16 +148,19 @@ class Channel:
 
     def get_bytes(self, key: str) -> bytes | None:
         """The object's bytes, or None if it does not exist (yet)."""
-        t0 = time.perf_counter()
-        try:
-            body = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-        except self.s3.exceptions.NoSuchKey:
-            self.stats.wait_s += time.perf_counter() - t0
-            self.stats.gets += 1
-            return None
-        self.stats.download_s += time.perf_counter() - t0
-        self.stats.bytes_down += len(body)
-        self.stats.gets += 1
+        issued = self.net.clock()
+        with self.stats.activity("down"):
+            try:
+                resp = self.s3.get_object(Bucket=self.bucket, Key=key)
+            except self.s3.exceptions.NoSuchKey:
+                self.stats.count(gets=1)
+                if self.net.down:
+                    self.net.wait_until(self.net.down.latency_only(issued))
+                return None
+            done = self.net.down.reserve(int(resp.get("ContentLength", 0)), issued) if self.net.down else 0.0
+            body = resp["Body"].read()
+            self.net.wait_until(done)
+        self.stats.count(bytes_down=len(body), gets=1)
         return body
 
     def wait_bytes(self, key: str, deadline: float) -> bytes:
@@ -79,11 +170,12 @@ class Channel:
             body = self.get_bytes(key)
             if body is not None:
                 return body
+            if self._aborted.is_set():
+                raise ObjectWaitTimeout(f"s3://{self.bucket}/{key}: the task failed elsewhere, stopped waiting")
             if time.time() + delay > deadline:
                 raise ObjectWaitTimeout(f"s3://{self.bucket}/{key} did not appear before the task's deadline")
-            t0 = time.perf_counter()
-            time.sleep(delay)
-            self.stats.wait_s += time.perf_counter() - t0
+            with self.stats.activity("wait"):
+                time.sleep(delay)
             delay = min(WAIT_MAX_S, delay * 1.6)
 
     def wait_tensors(self, key: str, deadline: float) -> dict[str, torch.Tensor]:
@@ -101,3 +193,44 @@ class Channel:
                 self.s3.delete_objects(
                     Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True}
                 )
+
+    # -- concurrent requests ---------------------------------------------------------------------
+    def _submit(self, kind: str, fn: Any, *args: Any) -> Future:
+        f = self.pools(kind).submit(fn, *args)
+        self._pending.append(f)
+        return f
+
+    def submit_put(self, key: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> "Future[None]":
+        """Upload in the background (the caller keeps the tensors unchanged until the future is done)."""
+        return self._submit("up", self.put_tensors, key, tensors, metadata)
+
+    def submit_put_bytes(self, key: str, body: bytes) -> "Future[None]":
+        return self._submit("up", self.put_bytes, key, body)
+
+    def submit_wait(self, key: str, deadline: float) -> "Future[dict[str, torch.Tensor]]":
+        """Wait for and download an object in the background; requests start in submission order."""
+        return self._submit("down", self.wait_tensors, key, deadline)
+
+    def submit_get_bytes(self, key: str) -> "Future[bytes | None]":
+        return self._submit("down", self.get_bytes, key)
+
+    def settle(self, failed: bool = False) -> None:
+        """Wait for every background request of this task; after a failure, stop the waits first.
+
+        A task must not return (or be frozen by Lambda) with requests still running for it: an
+        upload could land after a retry rewrote the object, or a wait could poll into the next task.
+        """
+        if failed:
+            self._aborted.set()
+        pending, self._pending = self._pending, []
+        for f in pending:
+            try:
+                f.result()
+            except BaseException:  # noqa: BLE001 - the task's own error is what matters
+                if not failed:
+                    raise
+
+
+def results(futures: list[Future]) -> list[Any]:
+    """Results in order; raises the first failure (``Channel.settle`` then stops the rest)."""
+    return [f.result() for f in futures]

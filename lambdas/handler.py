@@ -75,7 +75,12 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     # Give up waiting for another worker's object just before the Task's own timeout: a lost object
     # is then reported as ObjectWaitTimeout (the window restarts) rather than retried as a timeout.
     deadline = t0 + min(context.get_remaining_time_in_millis() / 1000.0 - 0.5, ctx.plan.timeouts_s[ev.stage][ev.phase] - 1.0)
-    result = PHASES[ev.phase](ctx, ch, ev, deadline)
+    try:
+        result = PHASES[ev.phase](ctx, ch, ev, deadline)
+    except BaseException:
+        ch.settle(failed=True)
+        raise
+    ch.settle()  # every upload of the task has landed before it reports success
     end = time.time()
     st = ch.stats
     index = ev.shard if ev.phase == "sync" else ev.replica
@@ -87,8 +92,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         "start": t0,
         "end": end,
         "duration_s": end - t0,
-        "compute_s": max(0.0, end - t0 - st.upload_s - st.download_s - st.wait_s),
-        **st.as_dict(),
+        **(stats := st.as_dict()),
+        "compute_s": max(0.0, end - t0 - stats["transfer_s"] - stats["wait_s"]),
         "container": container,
         "container_started": started,
         "invocation": _invocations,

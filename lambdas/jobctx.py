@@ -17,7 +17,8 @@ from torch import nn
 
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.training import assign_flat
+from stagecoach.lambdas.collectives import Layout, SyncSpec, gather
+from stagecoach.lambdas.training import assign_flat, flat_params, stage_layout
 from stagecoach.planner.plan import Plan
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -54,17 +55,33 @@ class JobContext:
     def stage_params(self, stage: int) -> list[nn.Parameter]:
         return list(self.stage_module(stage).parameters())
 
+    def layout(self, stage: int) -> Layout:
+        """How stage ``stage``'s flat vector is cut into K shards of chunks (training.stage_layout)."""
+        numel = sum(p.numel() for p in self.stage_params(stage))
+        return stage_layout(numel, torch.empty(0, dtype=self.dtype).element_size(), self.plan.grad_shards(stage), self.plan.replicas)
+
+    def sync_spec(self, stage: int, t: int, window_start: int, deadline: float) -> SyncSpec:
+        return SyncSpec(self.job, stage, t, self.plan.replicas, self.layout(stage), self.make_optimizer, window_start, deadline)
+
     def ensure_params(self, channel: Channel, stage: int, version: int, deadline: float) -> nn.ModuleList:
-        """Load the stage's parameters at ``version`` (all shards) unless this container has them."""
+        """Load the stage's parameters at ``version`` (every chunk of every shard) unless this
+        container has them: its last task may have gathered them (pipelined scatter-reduce)."""
         module = self.stage_module(stage)
         if self.loaded_version.get(stage) != version:
-            shards = [
-                channel.wait_tensors(keys.params(self.job, version, stage, k), deadline)["p"]
-                for k in range(self.plan.replicas)
-            ]
-            assign_flat(self.stage_params(stage), torch.cat(shards))
-            self.loaded_version[stage] = version
+            flat = gather(channel, self.sync_spec(stage, version, 0, deadline), version)
+            self.set_params(stage, version, flat)
         return module
+
+    def set_params(self, stage: int, version: int, flat: torch.Tensor) -> None:
+        """Install the stage's flat parameters at ``version`` in this container's module."""
+        assign_flat(self.stage_params(stage), flat)
+        self.loaded_version[stage] = version
+
+    def cached_params(self, stage: int, version: int) -> torch.Tensor | None:
+        """The stage's flat parameters at ``version`` if this container holds them."""
+        if self.loaded_version.get(stage) != version:
+            return None
+        return flat_params(self.stage_params(stage))
 
     def dataset(self, channel: Channel, split: str = "train") -> dict[str, torch.Tensor]:
         if split not in self.data:

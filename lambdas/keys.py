@@ -19,12 +19,14 @@ def plan(job: str) -> str:
     return f"jobs/{job}/plan.json"
 
 
-def params(job: str, version: int, stage: int, shard: int) -> str:
-    return f"jobs/{job}/params/v{version}/s{stage}/k{shard}"
+def params(job: str, version: int, stage: int, shard: int, chunk: int) -> str:
+    """A shard is stored as chunk objects (training.stage_layout) so a reader can start on the first
+    chunk while the writer still updates the next."""
+    return f"jobs/{job}/params/v{version}/s{stage}/k{shard}/c{chunk}"
 
 
-def optim(job: str, version: int, stage: int, shard: int) -> str:
-    return f"jobs/{job}/optim/v{version}/s{stage}/k{shard}"
+def optim(job: str, version: int, stage: int, shard: int, chunk: int) -> str:
+    return f"jobs/{job}/optim/v{version}/s{stage}/k{shard}/c{chunk}"
 
 
 def act(job: str, t: int, stage: int, replica: int, mb: int) -> str:
@@ -35,8 +37,8 @@ def grad(job: str, t: int, stage: int, replica: int, mb: int) -> str:
     return f"jobs/{job}/iter/{t}/grad/s{stage}/r{replica}/m{mb}"
 
 
-def gshard(job: str, t: int, stage: int, replica: int, shard: int) -> str:
-    return f"jobs/{job}/iter/{t}/gshard/s{stage}/r{replica}/k{shard}"
+def gshard(job: str, t: int, stage: int, replica: int, shard: int, chunk: int) -> str:
+    return f"jobs/{job}/iter/{t}/gshard/s{stage}/r{replica}/k{shard}/c{chunk}"
 
 
 def metrics_prefix(job: str) -> str:

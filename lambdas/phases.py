@@ -2,8 +2,10 @@
 
 Forward (stage s, replica r): forward without grad, micro-batch by micro-batch, sending outputs on.
 Backward (s, r): micro-batches in reverse, recompute with grad (GPipe re-materialisation), send
-input-gradients back, accumulate parameter gradients scaled so they average over the global batch,
-then write them as d shards (or, with d = 1, apply the optimizer directly).
+input-gradients back, accumulate parameter gradients scaled so they average over the global batch.
+The gradient then leaves by the stage's sync algorithm (lambdas/collectives.py): written as K
+shards for a sync Map, exchanged among the backward tasks themselves (pipelined scatter-reduce),
+or, with d = 1, applied by the task directly.
 Sync (s, shard k): sum shard k over replicas in a fixed order, apply the optimizer to shard k.
 """
 
@@ -14,18 +16,12 @@ from typing import Any
 
 import torch
 
-from stagecoach.lambdas import keys
+from stagecoach.lambdas import collectives, keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.events import BackwardEvent, ForwardEvent, SyncEvent
 from stagecoach.lambdas.jobctx import JobContext
-from stagecoach.lambdas.optim_state import apply_update
-from stagecoach.lambdas.training import (
-    batch_indices,
-    flat_grads,
-    micro_batch,
-    run_layers,
-    shard_bounds,
-)
+from stagecoach.lambdas.training import batch_indices, flat_params, micro_batch, run_layers
+from stagecoach.planner.plan import FUSED_SYNC
 
 
 def _rows(ctx: JobContext, ch: Channel, t: int, replica: int, mb: int) -> torch.Tensor:
@@ -50,7 +46,7 @@ def forward(ctx: JobContext, ch: Channel, ev: ForwardEvent, deadline: float) -> 
         x = _stage_input(ctx, ch, ev.t, ev.stage, ev.replica, j, deadline)
         with torch.no_grad():
             y = run_layers(layers, first, x, ctx.seed, ev.t, ev.replica, j)
-        ch.put_tensors(keys.act(ctx.job, ev.t, ev.stage, ev.replica, j), {"x": y})
+        ch.submit_put(keys.act(ctx.job, ev.t, ev.stage, ev.replica, j), {"x": y})  # while j+1 computes
     return {}
 
 
@@ -62,6 +58,19 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     params = ctx.stage_params(s)
     for p in params:
         p.grad = None
+    spec = ctx.sync_spec(s, t, ev.window_start, deadline)
+    algo = plan.sync[s]
+    # what happens to each chunk of the gradient once the last backward pass has produced it
+    exchange = None
+    if plan.replicas == 1:
+        state = collectives.prefetch_state(ch, spec, 0)  # overlaps the compute below
+        grads: dict[tuple[int, int], torch.Tensor] = {}
+        stream = collectives.GradStream(params, spec.layout, collectives.write_order(spec), lambda k, c, g: grads.__setitem__((k, c), g))
+    elif algo in FUSED_SYNC:
+        exchange = collectives.PipelinedExchange(ch, spec, r)
+        stream = exchange.stream(params)
+    else:
+        stream = collectives.GradStream(params, spec.layout, collectives.write_order(spec), collectives.gradient_writer(ch, spec, r))
     first = plan.stage_layers(s).start
     scale = 1.0 / (plan.micro_batches * plan.replicas)
     losses = []
@@ -75,19 +84,24 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
             loss = ctx.loss_fn(y, labels)
             if loss.dim() != 0:
                 raise ValueError("the loss must reduce to a scalar (a mean over the micro-batch)")
+            if j == 0:
+                stream.arm()
             (loss * scale).backward()
             losses.append(float(loss.detach()))
         else:
             g = ch.wait_tensors(keys.grad(ctx.job, t, s + 1, r, j), deadline)["g"]
+            if j == 0:
+                stream.arm()
             y.backward(g)
         if s > 0:
-            ch.put_tensors(keys.grad(ctx.job, t, s, r, j), {"g": x.grad})
-    flat = flat_grads(params)
+            ch.submit_put(keys.grad(ctx.job, t, s, r, j), {"g": x.grad})
+    stream.finish()
     if plan.replicas == 1:
-        _update_shard(ctx, ch, s, 0, t, flat, ev.window_start)
-    else:
-        for k, (a, b) in enumerate(shard_bounds(flat.numel(), plan.replicas)):
-            ch.put_tensors(keys.gshard(ctx.job, t, s, r, k), {"g": flat[a:b]})
+        flat = torch.cat([grads[0, c] for c in spec.chunks(0)])
+        new = collectives.update_alone(ch, spec, flat_params(params), flat, state)
+        ctx.set_params(s, t + 1, new)
+    elif exchange is not None:
+        ctx.set_params(s, t + 1, exchange.finish(flat_params(params)))
     _forget_iteration(ctx, ch, t - 2, s, r)
     out: dict[str, Any] = {}
     if last:
@@ -96,32 +110,14 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
 
 
 def sync(ctx: JobContext, ch: Channel, ev: SyncEvent, deadline: float) -> dict[str, Any]:
-    """Scatter-reduce with a sharded update: this task owns shard k of stage s."""
+    """Reduce shard k of stage s over the replicas and update it (scatter_reduce, k_reduce, all_reduce)."""
     plan = ctx.plan
-    total = None
-    for r in range(plan.replicas):  # fixed order: bit-identical results on every run
-        g = ch.wait_tensors(keys.gshard(ctx.job, ev.t, ev.stage, r, ev.shard), deadline)["g"]
-        total = g if total is None else total + g
-    _update_shard(ctx, ch, ev.stage, ev.shard, ev.t, total, ev.window_start)
+    if plan.sync_tasks(ev.stage) == 0 or ev.shard >= plan.sync_tasks(ev.stage):
+        raise ValueError(f"stage {ev.stage} has {plan.sync_tasks(ev.stage)} sync tasks ({plan.sync[ev.stage]}, "
+                         f"{plan.replicas} replicas): there is no sync task for shard {ev.shard}")
+    spec = ctx.sync_spec(ev.stage, ev.t, ev.window_start, deadline)
+    collectives.reduce_shard(ch, spec, ev.shard, cached=ctx.cached_params(ev.stage, ev.t))
     return {}
-
-
-def _update_shard(ctx: JobContext, ch: Channel, stage: int, shard: int, t: int, grad: torch.Tensor, window_start: int) -> None:
-    job = ctx.job
-    p_body = ch.get_tensors(keys.params(job, t, stage, shard))
-    if p_body is None:
-        raise FileNotFoundError(f"parameters {keys.params(job, t, stage, shard)} are missing")
-    state = ch.get_bytes(keys.optim(job, t, stage, shard)) if t > 0 else None
-    if t > 0 and state is None:
-        raise FileNotFoundError(f"optimizer state {keys.optim(job, t, stage, shard)} is missing")
-    if grad.numel() != p_body["p"].numel():
-        raise ValueError(f"gradient shard has {grad.numel()} elements, parameter shard {p_body['p'].numel()}")
-    new_p, new_state = apply_update(ctx.make_optimizer, p_body["p"], grad, state)
-    ch.put_tensors(keys.params(job, t + 1, stage, shard), {"p": new_p})
-    ch.put_bytes(keys.optim(job, t + 1, stage, shard), new_state)
-    if t - 1 >= 0 and t - 1 != window_start:
-        # version t-1 is neither the window's checkpoint nor needed by anyone any more
-        ch.delete([keys.params(job, t - 1, stage, shard), keys.optim(job, t - 1, stage, shard)])
 
 
 def _forget_iteration(ctx: JobContext, ch: Channel, t: int, stage: int, replica: int) -> None:
@@ -131,7 +127,8 @@ def _forget_iteration(ctx: JobContext, ch: Channel, t: int, stage: int, replica:
     plan, job = ctx.plan, ctx.job
     ks = [keys.act(job, t, stage, replica, j) for j in range(plan.micro_batches)]
     ks += [keys.grad(job, t, stage, replica, j) for j in range(plan.micro_batches)]
-    ks += [keys.gshard(job, t, stage, replica, k) for k in range(plan.replicas)]
+    layout = ctx.layout(stage)
+    ks += [keys.gshard(job, t, stage, replica, k, c) for k in range(len(layout)) for c in range(len(layout[k]))]
     ch.delete(ks)
 
 

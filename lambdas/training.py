@@ -8,6 +8,7 @@ micro-batches, how randomness is seeded, and how a stage's parameters flatten in
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Iterable, Sequence
 
 import torch
@@ -84,4 +85,34 @@ def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
         end = start + q + (1 if k < r else 0)
         out.append((start, end))
         start = end
+    return out
+
+
+# Chunking of shards (docs/runtime.md "Sync algorithms"): a consumer waits for one chunk, not a
+# whole shard, before it can reduce, update and pass it on. The exchange then trails the data by
+# about one chunk; PIPELINE_CHUNKS chunk rounds over the d-1 peers keep that lag near 5%, and
+# MIN_CHUNK_BYTES keeps each request large against S3's per-request latency and price.
+PIPELINE_CHUNKS = 20
+MIN_CHUNK_BYTES = 1 << 20
+
+
+def chunk_count(shard_numel: int, itemsize: int, replicas: int) -> int:
+    """Chunks per gradient/parameter shard for a stage replicated ``replicas`` times."""
+    if replicas <= 1:
+        return 1
+    want = math.ceil(PIPELINE_CHUNKS / (replicas - 1))
+    most = max(1, shard_numel * itemsize // MIN_CHUNK_BYTES)
+    return int(max(1, min(want, most)))
+
+
+def stage_layout(numel: int, itemsize: int, shards: int, replicas: int) -> list[list[tuple[int, int]]]:
+    """Per shard, its chunks as [start, end) ranges of the stage's flat vector.
+
+    Everyone derives the same layout from the stage's size and the plan (shards = K, replicas = d),
+    so object keys need no manifest.
+    """
+    out = []
+    for a, b in shard_bounds(numel, shards):
+        n = chunk_count(b - a, itemsize, replicas)
+        out.append([(a + x, a + y) for x, y in shard_bounds(b - a, n)])
     return out

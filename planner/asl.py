@@ -70,8 +70,7 @@ def events_per_iteration(plan: Plan) -> int:
     if s > 1:
         n += _map_events((s - 1) * d)  # Forward
     n += EV_PARALLEL + s * _map_events(d)  # backward Maps
-    if d > 1:
-        n += s * _map_events(d)  # sync Maps
+    n += sum(_map_events(plan.sync_tasks(st)) for st in range(s) if plan.sync_tasks(st))  # sync Maps
     n += EV_PASS  # Next
     return n
 
@@ -170,6 +169,7 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
         "end.$": "$.end",
         "window_start.$": "$.window_start",
         "ranks.$": "$.ranks",
+        "shards.$": "$.shards",
         "fw.$": "$.fw",
     }
     first_phase = "Forward" if s_count > 1 else "BackwardSync"
@@ -183,6 +183,7 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
                 "end.$": "$.end",
                 "window_start.$": "$.start",
                 "ranks": ranks,
+                "shards": {f"s{st}": list(range(plan.sync_tasks(st))) for st in range(s_count)},
                 "fw": fw_items,
             },
             "Next": "Loop",
@@ -208,18 +209,19 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
         )
     branches = []
     for s in range(s_count):
+        has_sync = plan.sync_tasks(s) > 0  # d = 1 and the fused pipelined sync have no sync Map
         stage_states: dict[str, Any] = {}
         stage_states[f"Backward{s}"] = _map(
             f"Backward{s}",
             "$.ranks",
             {"stage": s, "replica.$": "$$.Map.Item.Value"},
             _task("backward", functions[s], plan.timeouts_s[s]["backward"], "replica"),
-            f"Sync{s}" if d > 1 else None,
+            f"Sync{s}" if has_sync else None,
         )
-        if d > 1:
+        if has_sync:
             stage_states[f"Sync{s}"] = _map(
                 f"Sync{s}",
-                "$.ranks",
+                f"$.shards.s{s}",
                 {"stage": s, "shard.$": "$$.Map.Item.Value"},
                 _task("sync", functions[s], plan.timeouts_s[s]["sync"], "shard"),
                 None,
@@ -229,7 +231,8 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
     states["Advance"] = {"Type": "Pass", "Parameters": {**carry, "t.$": "States.MathAdd($.t, 1)"}, "Next": "Loop"}
     states["Done"] = {"Type": "Succeed"}
     return {
-        "Comment": f"Stagecoach window: {s_count} stages x {d} replicas, {plan.micro_batches} micro-batches",
+        "Comment": f"Stagecoach window: {s_count} stages x {d} replicas, {plan.micro_batches} micro-batches, "
+                   f"sync {', '.join(sorted(set(plan.sync))) if d > 1 else 'none'}",
         "StartAt": "Init",
         "States": states,
     }

@@ -21,7 +21,7 @@ from safetensors.torch import save as st_save
 
 from stagecoach.job import DTYPE_NAMES, Job
 from stagecoach.lambdas import keys
-from stagecoach.lambdas.training import flat_params, shard_bounds
+from stagecoach.lambdas.training import flat_params, stage_layout
 from stagecoach.planner import asl
 from stagecoach.planner.plan import Plan
 
@@ -172,8 +172,9 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients) -> t
         for s in range(plan.stages):
             params = [p for i in plan.stage_layers(s) for p in layers[i].parameters()]
             flat = flat_params(params)
-            for k, (a, b) in enumerate(shard_bounds(flat.numel(), plan.grad_shards(s))):
-                c.s3.put_object(Bucket=res.bucket, Key=keys.params(job_id, 0, s, k), Body=_safetensors({"p": flat[a:b]}))
+            for k, chunks in enumerate(stage_layout(flat.numel(), flat.element_size(), plan.grad_shards(s), plan.replicas)):
+                for ci, (a, b) in enumerate(chunks):
+                    c.s3.put_object(Bucket=res.bucket, Key=keys.params(job_id, 0, s, k, ci), Body=_safetensors({"p": flat[a:b]}))
         functions = []
         for s in range(plan.stages):
             name = function_name(res, job_id, s)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -138,7 +138,8 @@ class Job:
         """Deploy and start the job; returns a Run to wait on and inspect.
 
         ``plan``: a Plan; else a manual one from ``stages``, ``replicas``, ``micro_batches``,
-        ``memory_mb`` (defaults: one stage, one replica, one micro-batch).
+        ``memory_mb``, ``sync`` and ``aggregators`` (defaults: one stage, one replica, one
+        micro-batch, scatter-reduce; see ``manual_plan``).
         """
         from stagecoach.backends import get_backend
 
@@ -172,8 +173,11 @@ class Job:
         return plan_model(profile, self.global_batch, platform=platform, **options)
 
     def manual_plan(
-        self, stages: int = 1, replicas: int = 1, micro_batches: int = 1, memory_mb: int = 1024, timeout_s: int = 300
+        self, stages: int = 1, replicas: int = 1, micro_batches: int = 1, memory_mb: int = 1024, timeout_s: int = 300,
+        sync: "str | Sequence[str] | None" = None, aggregators: "int | Sequence[int] | None" = None,
     ) -> "Plan":
+        """A plan with layers split evenly. ``sync``: one algorithm for every stage or one per stage
+        (planner/plan.py SYNC_ALGORITHMS); ``aggregators``: K for k_reduce (one, or one per stage)."""
         from stagecoach.planner.plan import PHASES, Plan, even_balance
 
         return Plan(
@@ -181,6 +185,8 @@ class Job:
             replicas=replicas,
             micro_batches=micro_batches,
             global_batch=self.global_batch,
+            sync=sync or (),
+            aggregators=aggregators or (),
             memory_mb=(memory_mb,) * stages,
             timeouts_s=tuple({p: timeout_s for p in PHASES} for _ in range(stages)),
         )

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from stagecoach.lambdas import keys
-from stagecoach.lambdas.training import assign_flat
+from stagecoach.lambdas.training import assign_flat, stage_layout
 
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
 
@@ -206,7 +206,7 @@ class Run:
                     spans += max(m["end"] for m in pm) - min(m["start"] for m in pm)
             for m in by_it[t]:
                 comp += m["compute_s"]
-                xfer += m["upload_s"] + m["download_s"]
+                xfer += m.get("transfer_s", m["upload_s"] + m["download_s"])
                 wait += m["wait_s"]
                 dur += m["duration_s"]
         k = len(its)
@@ -225,12 +225,18 @@ class Run:
 
     # -- results ---------------------------------------------------------------------------------
     def stage_vector(self, stage: int, version: int | None = None) -> torch.Tensor:
+        """Stage ``stage``'s flat parameters after ``version`` updates (default: the last)."""
         v = self.job.iterations if version is None else version
-        shards = []
-        for k in range(self.plan.grad_shards(stage)):
-            body = self._c.s3.get_object(Bucket=self.bucket, Key=keys.params(self.job_id, v, stage, k))["Body"].read()
-            shards.append(st_load(body)["p"])
-        return torch.cat(shards)
+        model = self.job.build_model()
+        layers = list(model.children())
+        numel = sum(p.numel() for i in self.plan.stage_layers(stage) for p in layers[i].parameters())
+        itemsize = torch.empty(0, dtype=self.job.dtype).element_size()
+        parts = []
+        for k, chunks in enumerate(stage_layout(numel, itemsize, self.plan.grad_shards(stage), self.plan.replicas)):
+            for c in range(len(chunks)):
+                body = self._c.s3.get_object(Bucket=self.bucket, Key=keys.params(self.job_id, v, stage, k, c))["Body"].read()
+                parts.append(st_load(body)["p"])
+        return torch.cat(parts)
 
     def trained_model(self) -> nn.Sequential:
         """The model with the parameters after the last iteration."""

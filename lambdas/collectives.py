@@ -1,0 +1,299 @@
+"""Gradient synchronisation through S3: the four algorithms of the seed papers (docs/runtime.md).
+
+A stage's flat parameter vector is cut into K shards, each shard into chunks (training.stage_layout);
+shard k's chunks are reduced and updated by one owner, ZeRO-1 style (its optimizer state lives
+only there). Every algorithm sums the replicas' gradients in the same fixed order, g_0 + g_1 + ...
++ g_{d-1}, and updates chunk by chunk with an elementwise optimizer, so they all produce the same
+bits (tests/test_collectives.py).
+
+- ``scatter_reduce`` (LambdaML), ``k_reduce`` (FasDL, 1 <= K <= d), ``all_reduce`` (K = 1): the
+  backward task writes its gradient as K shards (``write_gradient``); a sync Map of K tasks
+  reduces one shard each (``reduce_shard``); the next phase gathers the K updated shards.
+- ``pipelined_scatter_reduce`` (FuncPipe), fused into the backward task (``pipelined_exchange``):
+  replica r owns shard r. It uploads the d-1 shards the others own while it downloads its own
+  shard from them, in the paper's staggered order (in round c, replica r sends chunk c of shard
+  r+i to the replica that fetches it at step i), reduces and updates each chunk as soon as the d-1
+  copies have arrived, uploads it, and meanwhile downloads the others' updated chunks, so the
+  container ends the task holding version t+1 and the next phase reads nothing.
+
+Overlap: ``GradStream`` hands a chunk to the uploader as soon as the last backward pass has
+produced every parameter gradient in it, so uploads run while lower layers still compute.
+"""
+
+from __future__ import annotations
+
+import functools
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+from stagecoach.lambdas import keys
+from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.optim_state import apply_update
+
+Layout = Sequence[Sequence[tuple[int, int]]]  # per shard, its chunks' [start, end) in the flat vector
+MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class SyncSpec:
+    """Everything a collective needs to know about one stage at one iteration."""
+
+    job: str
+    stage: int
+    t: int
+    replicas: int
+    layout: Layout  # len(layout) = K shards
+    make_optimizer: MakeOptimizer
+    window_start: int
+    deadline: float
+
+    @property
+    def shards(self) -> int:
+        return len(self.layout)
+
+    def chunks(self, shard: int) -> range:
+        return range(len(self.layout[shard]))
+
+
+@functools.lru_cache(maxsize=8)
+def _stateful(make_optimizer: MakeOptimizer) -> bool:
+    p = nn.Parameter(torch.zeros(1))
+    opt = make_optimizer([p])
+    p.grad = torch.ones(1)
+    opt.step()
+    return bool(opt.state_dict()["state"])
+
+
+def stateful(make_optimizer: MakeOptimizer) -> bool:
+    """Whether the optimizer keeps per-parameter state (plain SGD does not: nothing to store)."""
+    try:
+        return _stateful(make_optimizer)
+    except TypeError:  # an unhashable factory: ask every time
+        return _stateful.__wrapped__(make_optimizer)
+
+
+def fold(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """g_0 + g_1 + ... in this order: the one reduction order every algorithm uses."""
+    total = parts[0].clone()
+    for g in parts[1:]:
+        total += g
+    return total
+
+
+# -- the optimizer update of one chunk --------------------------------------------------------------
+def prefetch_state(ch: Channel, spec: SyncSpec, shard: int) -> list["Future[bytes | None]"] | None:
+    """Start downloading the optimizer state of ``shard`` at version t (None: nothing to fetch)."""
+    if spec.t == 0 or not stateful(spec.make_optimizer):
+        return None
+    return [ch.submit_get_bytes(keys.optim(spec.job, spec.t, spec.stage, shard, c)) for c in spec.chunks(shard)]
+
+
+def update_chunk(ch: Channel, spec: SyncSpec, shard: int, c: int, param: torch.Tensor, grad: torch.Tensor,
+                 state: "list[Future[bytes | None]] | None") -> torch.Tensor:
+    """Apply the optimizer to one chunk, upload the new parameters and state; returns the parameters."""
+    body = None
+    if state is not None:
+        body = state[c].result()
+        if body is None:
+            raise FileNotFoundError(f"optimizer state {keys.optim(spec.job, spec.t, spec.stage, shard, c)} is missing")
+    new_p, new_state = apply_update(spec.make_optimizer, param, grad, body)
+    ch.submit_put(keys.params(spec.job, spec.t + 1, spec.stage, shard, c), {"p": new_p})
+    if stateful(spec.make_optimizer):
+        ch.submit_put_bytes(keys.optim(spec.job, spec.t + 1, spec.stage, shard, c), new_state)
+    return new_p
+
+
+def forget_old_version(ch: Channel, spec: SyncSpec, shard: int) -> None:
+    """Version t-1 of a shard is no longer read by anyone, unless it is the window's checkpoint."""
+    v = spec.t - 1
+    if v < 0 or v == spec.window_start:
+        return
+    ks = [keys.params(spec.job, v, spec.stage, shard, c) for c in spec.chunks(shard)]
+    ks += [keys.optim(spec.job, v, spec.stage, shard, c) for c in spec.chunks(shard)]
+    ch.delete(ks)
+
+
+def gather(ch: Channel, spec: SyncSpec, version: int, have: dict[tuple[int, int], torch.Tensor] | None = None) -> torch.Tensor:
+    """The stage's flat parameters at ``version``: every chunk not in ``have``, downloaded in order."""
+    have = have or {}
+    futures = {
+        (k, c): ch.submit_wait(keys.params(spec.job, version, spec.stage, k, c), spec.deadline)
+        for k in range(spec.shards) for c in spec.chunks(k) if (k, c) not in have
+    }
+    parts = []
+    for k in range(spec.shards):
+        for c in spec.chunks(k):
+            parts.append(have[k, c] if (k, c) in have else futures[k, c].result()["p"])
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
+# -- streaming the gradient out of the last backward pass -----------------------------------------------
+class GradStream:
+    """Emits chunks of a stage's flat gradient as soon as the final backward pass has produced them.
+
+    Backward visits layers top-down, so the chunks at the end of the flat vector are final first:
+    ``arm`` before the last micro-batch's backward registers post-accumulate-grad hooks, and each
+    chunk whose parameters have all been accumulated is emitted at once (to an upload) while the
+    lower layers still compute. ``finish`` emits the rest (parameters without a gradient count as
+    zero, like ``training.flat_grads``) in the order given.
+    """
+
+    def __init__(self, params: Sequence[nn.Parameter], layout: Layout, order: Sequence[tuple[int, int]],
+                 emit: Callable[[int, int, torch.Tensor], None]) -> None:
+        self.params = list(params)
+        self.layout = layout
+        self.order = list(order)
+        self.emit = emit
+        offs, o = [], 0
+        for p in self.params:
+            offs.append((o, o + p.numel()))
+            o += p.numel()
+        self.offsets = offs
+        self.pending: dict[tuple[int, int], set[int]] = {}
+        self.by_param: dict[int, list[tuple[int, int]]] = {}
+        for key in self.order:
+            a, b = layout[key[0]][key[1]]
+            ps = {i for i, (x, y) in enumerate(offs) if x < b and y > a}
+            self.pending[key] = ps
+            for i in ps:
+                self.by_param.setdefault(i, []).append(key)
+        self.emitted: set[tuple[int, int]] = set()
+        self.handles: list = []
+
+    def arm(self) -> None:
+        for i, p in enumerate(self.params):
+            if p.requires_grad:
+                self.handles.append(p.register_post_accumulate_grad_hook(functools.partial(self._accumulated, i)))
+        for key in self.order:  # chunks of no parameter at all (a stage smaller than K)
+            if not self.pending[key]:
+                self._emit(key)
+
+    def _accumulated(self, i: int, _p: torch.Tensor) -> None:
+        for key in self.by_param.get(i, ()):
+            pend = self.pending[key]
+            pend.discard(i)
+            if not pend:
+                self._emit(key)
+
+    def chunk(self, key: tuple[int, int]) -> torch.Tensor:
+        a, b = self.layout[key[0]][key[1]]
+        parts = []
+        for i, (x, y) in enumerate(self.offsets):
+            if x < b and y > a:
+                p = self.params[i]
+                g = p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype)
+                parts.append(g[max(a, x) - x : min(b, y) - x])
+        if not parts:
+            return torch.zeros(0, dtype=self.params[0].dtype if self.params else torch.float32)
+        return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+
+    def _emit(self, key: tuple[int, int]) -> None:
+        if key not in self.emitted:
+            self.emitted.add(key)
+            self.emit(key[0], key[1], self.chunk(key))
+
+    def finish(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        for key in self.order:
+            self._emit(key)
+
+
+# -- scatter_reduce, k_reduce, all_reduce: backward writes K shards, K sync tasks reduce them -----------
+def write_order(spec: SyncSpec) -> list[tuple[int, int]]:
+    """Chunks in round order (chunk c of every shard before chunk c+1), as the sync tasks read them."""
+    rounds = max(len(spec.layout[k]) for k in range(spec.shards))
+    return [(k, c) for c in range(rounds) for k in range(spec.shards) if c < len(spec.layout[k])]
+
+
+def gradient_writer(ch: Channel, spec: SyncSpec, replica: int) -> Callable[[int, int, torch.Tensor], None]:
+    def emit(k: int, c: int, g: torch.Tensor) -> None:
+        ch.submit_put(keys.gshard(spec.job, spec.t, spec.stage, replica, k, c), {"g": g})
+    return emit
+
+
+def reduce_shard(ch: Channel, spec: SyncSpec, shard: int, cached: torch.Tensor | None = None) -> None:
+    """Sync task: sum shard ``shard`` over the d replicas chunk by chunk, update it, write version t+1.
+
+    Downloads of chunk c+1 run while chunk c is reduced, updated and uploaded. ``cached``: the
+    stage's flat parameters at version t if this container holds them (else they are downloaded).
+    """
+    state = prefetch_state(ch, spec, shard)
+    chunks = spec.layout[shard]
+    params = None
+    if cached is None:
+        params = [ch.submit_wait(keys.params(spec.job, spec.t, spec.stage, shard, c), spec.deadline) for c in spec.chunks(shard)]
+    grads = [[ch.submit_wait(keys.gshard(spec.job, spec.t, spec.stage, r, shard, c), spec.deadline) for r in range(spec.replicas)]
+             for c in spec.chunks(shard)]
+    for c, (a, b) in enumerate(chunks):
+        total = fold([f.result()["g"] for f in grads[c]])
+        p = cached[a:b] if cached is not None else params[c].result()["p"]  # type: ignore[index]
+        update_chunk(ch, spec, shard, c, p, total, state)
+    forget_old_version(ch, spec, shard)
+
+
+# -- pipelined_scatter_reduce: fused into backward --------------------------------------------------------
+def exchange_order(spec: SyncSpec, replica: int) -> list[tuple[int, int]]:
+    """Replica r's uploads: round by round, chunk c of shard r+1, r+2, ... (mod d), then its own."""
+    d = spec.replicas
+    rounds = max(len(spec.layout[k]) for k in range(spec.shards))
+    out = [((replica + i) % d, c) for c in range(rounds) for i in range(1, d) if c < len(spec.layout[(replica + i) % d])]
+    return out + [(replica, c) for c in spec.chunks(replica)]
+
+
+class PipelinedExchange:
+    """FuncPipe's pipelined scatter-reduce for replica r (K = d, shard r is r's own).
+
+    Use: ``start`` at the beginning of the backward task (prefetches r's optimizer state while the
+    task computes), ``stream`` around the final backward pass (uploads chunks as they are final),
+    then ``finish`` (reduce, update, upload, gather) returns the flat parameters at version t+1.
+    """
+
+    def __init__(self, ch: Channel, spec: SyncSpec, replica: int) -> None:
+        if spec.shards != spec.replicas:
+            raise ValueError(f"pipelined scatter-reduce needs K = d shards, got K={spec.shards}, d={spec.replicas}")
+        self.ch, self.spec, self.r = ch, spec, replica
+        self.own: dict[int, torch.Tensor] = {}
+        self.state = prefetch_state(ch, spec, replica)
+
+    def stream(self, params: Sequence[nn.Parameter]) -> GradStream:
+        def emit(k: int, c: int, g: torch.Tensor) -> None:
+            if k == self.r:
+                self.own[c] = g
+            else:
+                self.ch.submit_put(keys.gshard(self.spec.job, self.spec.t, self.spec.stage, self.r, k, c), {"g": g})
+        return GradStream(params, self.spec.layout, exchange_order(self.spec, self.r), emit)
+
+    def finish(self, params_t: torch.Tensor) -> torch.Tensor:
+        spec, ch, r, d = self.spec, self.ch, self.r, self.spec.replicas
+        # downloads in the staggered order: at step i of a round, r reads from the replica r-i
+        incoming = {(c, src): ch.submit_wait(keys.gshard(spec.job, spec.t, spec.stage, src, r, c), spec.deadline)
+                    for c in spec.chunks(r) for src in ((r - i) % d for i in range(1, d))}
+        # queue the gather behind them: the link stays busy, and those chunks are ready about then
+        others = [(k, c) for c in range(max(len(x) for x in spec.layout)) for k in ((r + i) % d for i in range(1, d))
+                  if c < len(spec.layout[k])]
+        gathered = {key: ch.submit_wait(keys.params(spec.job, spec.t + 1, spec.stage, key[0], key[1]), spec.deadline) for key in others}
+        mine = {}
+        for c, (a, b) in enumerate(spec.layout[r]):
+            parts = [self.own[c] if src == r else incoming[c, src].result()["g"] for src in range(d)]
+            mine[r, c] = update_chunk(ch, spec, r, c, params_t[a:b], fold(parts), self.state)
+        forget_old_version(ch, spec, r)
+        parts = []
+        for k in range(spec.shards):
+            for c in spec.chunks(k):
+                parts.append(mine[k, c] if k == r else gathered[k, c].result()["p"])
+        return torch.cat(parts)
+
+
+# -- d = 1: the backward task updates the whole stage itself ----------------------------------------------
+def update_alone(ch: Channel, spec: SyncSpec, params_t: torch.Tensor, grad: torch.Tensor,
+                 state: "list[Future[bytes | None]] | None") -> torch.Tensor:
+    """One replica: no exchange; update every chunk of the single shard and write version t+1."""
+    out = [update_chunk(ch, spec, 0, c, params_t[a:b], grad[a:b], state) for c, (a, b) in enumerate(spec.layout[0])]
+    forget_old_version(ch, spec, 0)
+    return torch.cat(out) if out else torch.zeros(0)

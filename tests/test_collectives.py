@@ -1,0 +1,291 @@
+"""The collectives: every algorithm, every d in 1..8 and every K, gives the same bits.
+
+d replicas run as threads, each with its own channel and thread pools, over an in-memory object
+store with S3's semantics (tests/memory_s3.py); the end-to-end transparency tests run the same
+code through moto. Each replica really computes its gradient (two micro-batches of a small MLP,
+with the upload stream armed on the last one, as the backward task does), and after three
+iterations every algorithm must have produced exactly the parameters of one optimizer stepping on
+the whole stage with the gradients summed in replica order.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from memory_s3 import MemoryS3
+from stagecoach.lambdas import collectives, keys, training
+from stagecoach.lambdas.channel import Channel, Pools
+from stagecoach.lambdas.collectives import GradStream, PipelinedExchange, SyncSpec
+from stagecoach.lambdas.netem import Link, Network, NetworkSpec
+from stagecoach.lambdas.optim_state import apply_update
+from stagecoach.lambdas.training import assign_flat, flat_params, stage_layout
+
+JOB = "coll"
+MICRO_BATCHES = 2
+OPTIMIZERS = {
+    "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+    "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.05),
+}
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    """Chunks of 4 floats, so even this small stage is cut into many chunks per shard."""
+    monkeypatch.setattr(training, "MIN_CHUNK_BYTES", 16)
+
+
+def stage() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+
+
+def data(r: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 * r + j)
+    return torch.randn(4, 5, generator=g), torch.randn(4, 3, generator=g)
+
+
+def channel(s3: MemoryS3) -> Channel:
+    return Channel(s3, "bucket", net=Network(None), pools=Pools())
+
+
+def backward(model: nn.Sequential, r: int, d: int, stream: GradStream | None) -> None:
+    """Micro-batches in reverse; the stream is armed for the last backward pass, as in phases.py."""
+    for j in reversed(range(MICRO_BATCHES)):
+        x, y = data(r, j)
+        loss = nn.functional.mse_loss(model(x), y) / (MICRO_BATCHES * d)
+        if j == 0 and stream is not None:
+            stream.arm()
+        loss.backward()
+    if stream is not None:
+        stream.finish()
+
+
+def reference(d: int, make_opt, iterations: int) -> list[torch.Tensor]:
+    """One optimizer on the whole flat vector, gradients summed in replica order."""
+    flat = flat_params(stage().parameters())
+    state, out = None, []
+    for _ in range(iterations):
+        grads = []
+        for r in range(d):
+            model = stage()
+            assign_flat(list(model.parameters()), flat)
+            backward(model, r, d, None)
+            grads.append(training.flat_grads(list(model.parameters())))
+        flat, state = apply_update(make_opt, flat, collectives.fold(grads), state)
+        out.append(flat)
+    return out
+
+
+def run_in_threads(fns: list) -> list:
+    results: list = [None] * len(fns)
+    errors: list = []
+
+    def go(i: int) -> None:
+        try:
+            results[i] = fns[i]()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(fns))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def distributed(algo: str, d: int, k: int, make_opt, iterations: int) -> tuple[list[torch.Tensor], MemoryS3]:
+    """Run the algorithm for ``iterations``; returns the gathered parameters after each."""
+    s3 = MemoryS3()
+    p0 = flat_params(stage().parameters())
+    layout = stage_layout(p0.numel(), p0.element_size(), k, d)
+    for kk, chunks in enumerate(layout):
+        for c, (a, b) in enumerate(chunks):
+            channel(s3).put_tensors(keys.params(JOB, 0, 0, kk, c), {"p": p0[a:b]})
+    flat, out = p0, []
+    for t in range(iterations):
+        spec = SyncSpec(JOB, 0, t, d, layout, make_opt, window_start=0, deadline=time.time() + 30)
+
+        def replica(r: int, flat=flat, spec=spec):
+            ch = channel(s3)
+            model = stage()
+            params = list(model.parameters())
+            assign_flat(params, flat)
+            if d == 1:
+                grads: dict = {}
+                state = collectives.prefetch_state(ch, spec, 0)
+                stream = GradStream(params, layout, collectives.write_order(spec), lambda kk, c, g: grads.__setitem__((kk, c), g))
+                backward(model, r, d, stream)
+                new = collectives.update_alone(ch, spec, flat, torch.cat([grads[0, c] for c in spec.chunks(0)]), state)
+            elif algo == "pipelined_scatter_reduce":
+                ex = PipelinedExchange(ch, spec, r)
+                backward(model, r, d, ex.stream(params))
+                new = ex.finish(flat)
+            else:
+                backward(model, r, d, GradStream(params, layout, collectives.write_order(spec), collectives.gradient_writer(ch, spec, r)))
+                new = None
+            ch.settle()
+            return new
+
+        held = run_in_threads([lambda r=r: replica(r) for r in range(d)])
+        if d > 1 and algo != "pipelined_scatter_reduce":
+            def sync_task(kk: int, spec=spec):
+                ch = channel(s3)
+                collectives.reduce_shard(ch, spec, kk)
+                ch.settle()
+            run_in_threads([lambda kk=kk: sync_task(kk) for kk in range(k)])
+        flat = collectives.gather(channel(s3), spec, t + 1)
+        for h in held:  # what a replica holds after a fused sync is what everyone else reads
+            if h is not None:
+                assert torch.equal(h, flat)
+        out.append(flat)
+    return out, s3
+
+
+def cases():
+    for d in range(1, 9):
+        if d == 1:
+            yield "scatter_reduce", 1, 1
+            continue
+        yield "scatter_reduce", d, d
+        yield "pipelined_scatter_reduce", d, d
+        yield "all_reduce", d, 1
+        for k in range(2, d):
+            yield "k_reduce", d, k
+
+
+@pytest.mark.parametrize("algo,d,k", list(cases()), ids=lambda v: str(v))
+def test_every_algorithm_gives_the_bits_of_one_optimizer_on_the_summed_gradient(algo, d, k):
+    make_opt = OPTIMIZERS["adam"]
+    got, s3 = distributed(algo, d, k, make_opt, iterations=3)
+    want = reference(d, make_opt, iterations=3)
+    for t in range(3):
+        assert torch.equal(got[t], want[t]), f"iteration {t}: max diff {(got[t] - want[t]).abs().max()}"
+    assert not torch.equal(got[-1], flat_params(stage().parameters())), "the parameters must have moved"
+    # version 1 is neither the window's checkpoint (0) nor still read (the last update wrote 3)
+    assert not s3.keys(f"jobs/{JOB}/params/v1/") and not s3.keys(f"jobs/{JOB}/optim/v1/")
+    assert s3.keys(f"jobs/{JOB}/params/v0/") and s3.keys(f"jobs/{JOB}/params/v3/") and s3.keys(f"jobs/{JOB}/optim/v3/")
+
+
+@pytest.mark.parametrize("opt", ["sgd-momentum", "sgd"])
+def test_stateful_and_stateless_optimizers(opt):
+    got, s3 = distributed("pipelined_scatter_reduce", 3, 3, OPTIMIZERS[opt], iterations=2)
+    want = reference(3, OPTIMIZERS[opt], iterations=2)
+    assert torch.equal(got[-1], want[-1])
+    assert bool(s3.keys(f"jobs/{JOB}/optim/")) == (opt != "sgd"), "plain SGD has no state to store"
+
+
+def test_algorithms_agree_with_each_other_bit_for_bit():
+    make_opt = OPTIMIZERS["sgd-momentum"]
+    results = {(a, k): distributed(a, 4, k, make_opt, iterations=3)[0][-1]
+               for a, k in [("scatter_reduce", 4), ("pipelined_scatter_reduce", 4), ("all_reduce", 1), ("k_reduce", 2), ("k_reduce", 3)]}
+    first = next(iter(results.values()))
+    for key, v in results.items():
+        assert torch.equal(v, first), key
+
+
+def test_layout_covers_the_vector_in_order():
+    for numel in (1, 5, 66, 1000):
+        for d in range(1, 9):
+            for k in range(1, d + 1):
+                layout = stage_layout(numel, 4, k, d)
+                flat = [rng for shard in layout for rng in shard]
+                assert flat[0][0] == 0 and flat[-1][1] == numel
+                assert all(a[1] == b[0] for a, b in zip(flat, flat[1:]))
+                assert len(layout) == k
+
+
+def test_grad_stream_emits_top_chunks_while_lower_layers_still_compute():
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 2))
+    params = list(model.parameters())
+    numel = sum(p.numel() for p in params)
+    layout = stage_layout(numel, 4, 4, 4)
+    order = [(k, c) for k in range(4) for c in range(len(layout[k]))]
+    emitted: list[tuple[int, int]] = []
+    seen_when_first_layer_done: list[int] = []
+    stream = GradStream(params, layout, order, lambda k, c, g: emitted.append((k, c)))
+    # the first layer's weight is the last gradient backward produces
+    params[0].register_post_accumulate_grad_hook(lambda p: seen_when_first_layer_done.append(len(emitted)))
+    x = torch.randn(3, 6)
+    stream.arm()
+    model(x).pow(2).sum().backward()
+    stream.finish()
+    assert seen_when_first_layer_done[0] > 0, "chunks of the top layers must leave before the bottom layer is done"
+    assert sorted(emitted) == sorted(order) and len(emitted) == len(order)
+    flat = torch.cat([stream.chunk(key) for key in order])
+    assert torch.equal(flat, training.flat_grads(params))
+
+
+def test_pipelined_exchange_refuses_a_k_other_than_d():
+    spec = SyncSpec(JOB, 0, 0, 4, stage_layout(66, 4, 2, 4), OPTIMIZERS["sgd"], 0, time.time() + 5)
+    with pytest.raises(ValueError, match="K = d"):
+        PipelinedExchange(channel(MemoryS3()), spec, 0)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, dt: float) -> None:
+        self.now += dt
+
+
+def test_link_queues_bytes_and_overlaps_latency():
+    clock = FakeClock()
+    link = Link(rate_Bps=100.0, latency_s=0.5, clock=clock)
+    # three requests issued at once: the first waits its latency, the others queue behind it
+    assert link.reserve(100) == pytest.approx(1.5)
+    assert link.reserve(100) == pytest.approx(2.5)
+    assert link.reserve(50) == pytest.approx(3.0)
+    clock.now = 10.0  # an idle link: latency again
+    assert link.reserve(100) == pytest.approx(11.5)
+    assert link.latency_only() == pytest.approx(10.5)
+
+
+def test_channel_pays_the_emulated_link_per_direction():
+    clock = FakeClock()
+    net = Network(NetworkSpec(up_Bps=1000.0, down_Bps=4000.0, latency_s=0.01), clock=clock, sleep=clock.sleep)
+    ch = Channel(MemoryS3(), "bucket", net=net, pools=Pools())
+    ch.put_bytes("a", b"x" * 1000)
+    assert clock.now == pytest.approx(1.01)
+    assert ch.get_bytes("a") == b"x" * 1000
+    assert clock.now == pytest.approx(1.01 + 0.01 + 0.25)
+    assert ch.get_bytes("missing") is None  # a 404 costs only the latency
+    assert clock.now == pytest.approx(1.27 + 0.01)
+
+
+def test_network_spec_from_the_environment_is_checked():
+    assert NetworkSpec.from_env(NetworkSpec(70e6, 70e6, 0.03).to_env()) == NetworkSpec(70e6, 70e6, 0.03)
+    for bad in ("nope", '{"up_Bps": 1}', '{"up_Bps": -1, "down_Bps": 1}'):
+        with pytest.raises(ValueError, match="STAGECOACH_NETWORK"):
+            NetworkSpec.from_env(bad)
+
+
+class SlowS3(MemoryS3):
+    def put_object(self, **kw):  # each PUT takes 0.2 s
+        time.sleep(0.2)
+        return super().put_object(**kw)
+
+
+def test_concurrent_transfers_are_counted_once_in_the_task_time():
+    ch = channel(SlowS3())
+    t0 = time.perf_counter()
+    for i in range(4):  # four uploads in flight at once
+        ch.submit_put(f"k{i}", {"x": torch.zeros(3)})
+    ch.settle()
+    wall = time.perf_counter() - t0
+    st = ch.stats.as_dict()
+    assert st["puts"] == 4 and st["bytes_up"] > 0
+    assert st["upload_s"] <= wall + 0.01 and st["transfer_s"] == pytest.approx(st["upload_s"])
+    assert st["upload_s"] < 0.6, "four overlapping 0.2 s uploads occupy ~0.2 s of the task, not 0.8 s"
