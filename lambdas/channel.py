@@ -136,7 +136,10 @@ class Channel:
     # -- single requests -------------------------------------------------------------------------
     def put_bytes(self, key: str, body: bytes) -> None:
         with self.stats.activity("up"):
-            done = self.net.up.reserve(len(body)) if self.net.up else 0.0
+            done = 0.0
+            if self.net.up:  # an upload's size is known up front: book the link at once
+                ticket, issued = self.net.up.ticket()
+                done = self.net.up.reserve(len(body), issued, ticket)
             extra = {"Tagging": TRANSIENT_TAG} if "/iter/" in key else {}
             self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, **extra)
             self.net.wait_until(done)
@@ -148,16 +151,21 @@ class Channel:
 
     def get_bytes(self, key: str) -> bytes | None:
         """The object's bytes, or None if it does not exist (yet)."""
-        issued = self.net.clock()
+        link = self.net.down
+        ticket, issued = link.ticket() if link else (0, 0.0)
         with self.stats.activity("down"):
             try:
                 resp = self.s3.get_object(Bucket=self.bucket, Key=key)
-            except self.s3.exceptions.NoSuchKey:
-                self.stats.count(gets=1)
-                if self.net.down:
-                    self.net.wait_until(self.net.down.latency_only(issued))
-                return None
-            done = self.net.down.reserve(int(resp.get("ContentLength", 0)), issued) if self.net.down else 0.0
+            except BaseException as e:
+                if link:
+                    link.give_up(ticket)
+                    if isinstance(e, self.s3.exceptions.NoSuchKey):
+                        self.net.wait_until(link.latency_only(issued))
+                if isinstance(e, self.s3.exceptions.NoSuchKey):
+                    self.stats.count(gets=1)
+                    return None
+                raise
+            done = link.reserve(int(resp.get("ContentLength", 0)), issued, ticket) if link else 0.0
             body = resp["Body"].read()
             self.net.wait_until(done)
         self.stats.count(bytes_down=len(body), gets=1)

@@ -143,8 +143,9 @@ class GradStream:
     """
 
     def __init__(self, params: Sequence[nn.Parameter], layout: Layout, order: Sequence[tuple[int, int]],
-                 emit: Callable[[int, int, torch.Tensor], None]) -> None:
+                 emit: Callable[[int, int, torch.Tensor], None], on_arm: Callable[[], None] | None = None) -> None:
         self.params = list(params)
+        self.on_arm = on_arm
         self.layout = layout
         self.order = list(order)
         self.emit = emit
@@ -163,8 +164,12 @@ class GradStream:
                 self.by_param.setdefault(i, []).append(key)
         self.emitted: set[tuple[int, int]] = set()
         self.handles: list = []
+        self.armed = False
 
     def arm(self) -> None:
+        self.armed = True
+        if self.on_arm is not None:
+            self.on_arm()
         for i, p in enumerate(self.params):
             if p.requires_grad:
                 self.handles.append(p.register_post_accumulate_grad_hook(functools.partial(self._accumulated, i)))
@@ -197,6 +202,11 @@ class GradStream:
             self.emit(key[0], key[1], self.chunk(key))
 
     def finish(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        if not self.armed:  # finished without a backward pass to watch: everything is final now
+            self.arm()
         for h in self.handles:
             h.remove()
         self.handles = []
@@ -260,6 +270,21 @@ class PipelinedExchange:
         self.ch, self.spec, self.r = ch, spec, replica
         self.own: dict[int, torch.Tensor] = {}
         self.state = prefetch_state(ch, spec, replica)
+        self.incoming: dict[tuple[int, int], Future] = {}
+        self.gathered: dict[tuple[int, int], Future] = {}
+
+    def _start_downloads(self) -> None:
+        """Queue every download of the exchange, once the last backward pass begins (the peers are
+        at the same point): their requests are then in flight as the first chunks land."""
+        spec, ch, r, d = self.spec, self.ch, self.r, self.spec.replicas
+        # the staggered order: at step i of a round, r reads from the replica r-i
+        self.incoming = {(c, src): ch.submit_wait(keys.gshard(spec.job, spec.t, spec.stage, src, r, c), spec.deadline)
+                         for c in spec.chunks(r) for src in ((r - i) % d for i in range(1, d))}
+        # the gather queues behind them: the link stays busy, and those chunks are ready about then
+        others = [(k, c) for c in range(max(len(x) for x in spec.layout)) for k in ((r + i) % d for i in range(1, d))
+                  if c < len(spec.layout[k])]
+        self.gathered = {key: ch.submit_wait(keys.params(spec.job, spec.t + 1, spec.stage, key[0], key[1]), spec.deadline)
+                         for key in others}
 
     def stream(self, params: Sequence[nn.Parameter]) -> GradStream:
         def emit(k: int, c: int, g: torch.Tensor) -> None:
@@ -267,17 +292,13 @@ class PipelinedExchange:
                 self.own[c] = g
             else:
                 self.ch.submit_put(keys.gshard(self.spec.job, self.spec.t, self.spec.stage, self.r, k, c), {"g": g})
-        return GradStream(params, self.spec.layout, exchange_order(self.spec, self.r), emit)
+        return GradStream(params, self.spec.layout, exchange_order(self.spec, self.r), emit, on_arm=self._start_downloads)
 
     def finish(self, params_t: torch.Tensor) -> torch.Tensor:
         spec, ch, r, d = self.spec, self.ch, self.r, self.spec.replicas
-        # downloads in the staggered order: at step i of a round, r reads from the replica r-i
-        incoming = {(c, src): ch.submit_wait(keys.gshard(spec.job, spec.t, spec.stage, src, r, c), spec.deadline)
-                    for c in spec.chunks(r) for src in ((r - i) % d for i in range(1, d))}
-        # queue the gather behind them: the link stays busy, and those chunks are ready about then
-        others = [(k, c) for c in range(max(len(x) for x in spec.layout)) for k in ((r + i) % d for i in range(1, d))
-                  if c < len(spec.layout[k])]
-        gathered = {key: ch.submit_wait(keys.params(spec.job, spec.t + 1, spec.stage, key[0], key[1]), spec.deadline) for key in others}
+        if not self.incoming and d > 1:
+            self._start_downloads()
+        incoming, gathered = self.incoming, self.gathered
         mine = {}
         for c, (a, b) in enumerate(spec.layout[r]):
             parts = [self.own[c] if src == r else incoming[c, src].result()["g"] for src in range(d)]

@@ -22,10 +22,12 @@ from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.events import RemediateEvent, TaskEvent
 from stagecoach.lambdas.jobctx import job_context
+from stagecoach.lambdas.optim_state import warm_up
 from stagecoach.lambdas.phases import PHASES
 from stagecoach.lambdas.remediate import remediate
 
 logger = Logger(service="stagecoach-worker")
+warm_up()  # at import: Lambda's init phase, and locally the zygote every worker is forked from
 
 _container: tuple[int, str, float] | None = None  # (pid, id, started): set on the first invocation
 _invocations = 0

@@ -27,22 +27,47 @@ ENV = "STAGECOACH_NETWORK"
 
 @dataclass
 class Link:
-    """A token bucket of ``rate_Bps`` with per-request ``latency_s``; thread-safe."""
+    """A token bucket of ``rate_Bps`` with per-request ``latency_s``; thread-safe.
+
+    Requests take the link in the order they were issued (``ticket``), even when the real request
+    behind a later one returns first: a GET learns its size only from the response.
+    """
 
     rate_Bps: float
     latency_s: float = 0.0
     clock: Callable[[], float] = time.monotonic
     free_at: float = 0.0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
+    _issued: int = 0
+    _served: int = 0
 
-    def reserve(self, nbytes: int, issued: float | None = None) -> float:
-        """Book ``nbytes`` on the link for a request issued at ``issued``; returns when it completes."""
+    def ticket(self) -> tuple[int, float]:
+        """A place in the link's queue and the issue time, taken when a request is sent."""
+        with self._cond:
+            self._issued += 1
+            return self._issued, self.clock()
+
+    def reserve(self, nbytes: int, issued: float | None = None, ticket: int | None = None) -> float:
+        """Book ``nbytes`` on the link for a request issued at ``issued``; returns when it completes.
+        With a ``ticket``, wait until every earlier ticket has booked (or given up its place)."""
         a = self.clock() if issued is None else issued
-        with self._lock:
+        with self._cond:
+            if ticket is not None:
+                self._cond.wait_for(lambda: self._served >= ticket - 1, timeout=60)
             begin = max(a + self.latency_s, self.free_at)
             end = begin + (nbytes / self.rate_Bps if self.rate_Bps > 0 else 0.0)
             self.free_at = end
+            if ticket is not None:
+                self._served = max(self._served, ticket)
+                self._cond.notify_all()
         return end
+
+    def give_up(self, ticket: int) -> None:
+        """A request that moved no bytes (a 404, an error) leaves the queue."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._served >= ticket - 1, timeout=60)
+            self._served = max(self._served, ticket)
+            self._cond.notify_all()
 
     def latency_only(self, issued: float | None = None) -> float:
         """A request that moves no bytes (a 404, a DELETE): only the latency, no link time."""

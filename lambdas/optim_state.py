@@ -53,3 +53,12 @@ def apply_update(
     p.grad = grad.to(p.dtype)
     opt.step()
     return p.detach(), dump_state(opt)
+
+
+def warm_up() -> None:
+    """Take one optimizer step on a scalar: torch imports its optimizer machinery (~2 s) lazily on
+    the first step, and that belongs in a container's start, not in the first task's update."""
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.0)
+    p.grad = torch.zeros(1)
+    opt.step()

@@ -8,11 +8,12 @@ micro-batches, how randomness is seeded, and how a stage's parameters flatten in
 from __future__ import annotations
 
 import hashlib
-import math
 from typing import Iterable, Sequence
 
 import torch
 from torch import nn
+
+from stagecoach.planner.plan import chunk_count
 
 
 def derive_seed(*parts: object) -> int:
@@ -88,28 +89,12 @@ def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
     return out
 
 
-# Chunking of shards (docs/runtime.md "Sync algorithms"): a consumer waits for one chunk, not a
-# whole shard, before it can reduce, update and pass it on. The exchange then trails the data by
-# about one chunk; PIPELINE_CHUNKS chunk rounds over the d-1 peers keep that lag near 5%, and
-# MIN_CHUNK_BYTES keeps each request large against S3's per-request latency and price.
-PIPELINE_CHUNKS = 20
-MIN_CHUNK_BYTES = 1 << 20
-
-
-def chunk_count(shard_numel: int, itemsize: int, replicas: int) -> int:
-    """Chunks per gradient/parameter shard for a stage replicated ``replicas`` times."""
-    if replicas <= 1:
-        return 1
-    want = math.ceil(PIPELINE_CHUNKS / (replicas - 1))
-    most = max(1, shard_numel * itemsize // MIN_CHUNK_BYTES)
-    return int(max(1, min(want, most)))
-
-
 def stage_layout(numel: int, itemsize: int, shards: int, replicas: int) -> list[list[tuple[int, int]]]:
     """Per shard, its chunks as [start, end) ranges of the stage's flat vector.
 
     Everyone derives the same layout from the stage's size and the plan (shards = K, replicas = d),
-    so object keys need no manifest.
+    so object keys need no manifest; the chunk count is part of the runtime contract (planner/plan.py
+    ``chunk_count``), which the performance model reads too.
     """
     out = []
     for a, b in shard_bounds(numel, shards):

@@ -259,6 +259,23 @@ def timeouts_from(task_s: Sequence[Mapping[str, float]], minimum: int = 60) -> t
     return tuple(out)
 
 
+# Chunking of shards (docs/runtime.md "Sync algorithms"): a consumer waits for one chunk, not a
+# whole shard, before it can reduce, update and pass it on. The exchange then trails the data by
+# about one chunk; PIPELINE_CHUNKS chunk rounds over the d-1 peers keep that lag near 5%, and
+# MIN_CHUNK_BYTES keeps each request large against S3's per-request latency and price.
+PIPELINE_CHUNKS = 20
+MIN_CHUNK_BYTES = 1 << 20
+
+
+def chunk_count(shard_numel: float, itemsize: int, replicas: int) -> int:
+    """Chunks per gradient/parameter shard of a stage replicated ``replicas`` times."""
+    if replicas <= 1:
+        return 1
+    want = math.ceil(PIPELINE_CHUNKS / (replicas - 1))
+    most = max(1, int(shard_numel * itemsize // MIN_CHUNK_BYTES))
+    return int(max(1, min(want, most)))
+
+
 def _default_k(algo: str, replicas: int) -> int:
     """K implied by an algorithm: 1 for all-reduce, d otherwise (K-reduce defaults to d too)."""
     return 1 if algo == "all_reduce" else replicas

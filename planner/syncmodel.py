@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
+from .plan import chunk_count
+
 if TYPE_CHECKING:  # pragma: no cover
     from .platforms import Platform
 
@@ -25,9 +27,12 @@ class StageSync:
               shards; with d = 1 or a fused algorithm also the exchange and the optimizer update).
     task_s:   duration of ONE sync task of the sync Map (0 without a Map).
     tasks:    sync Map tasks (0 = no sync Map: d = 1 or a sync fused into backward).
-    shards:   objects the stage's parameters are stored as (the next forward GETs them all).
+    shards:   objects the stage's parameters are stored as, K shards x C chunks (a task that must
+              load the parameters GETs them all).
     tail_puts/tail_gets: S3 requests per backward task for the sync; task_puts/task_gets: per sync task.
     backward_extra_bytes: memory the sync adds to the backward task; task_bytes: a sync task's memory.
+    params_cached: the backward task ends holding version t+1 (d = 1, pipelined scatter-reduce),
+              so the next phase's task on that container loads nothing.
     """
 
     name: str
@@ -42,6 +47,7 @@ class StageSync:
     task_gets: float
     backward_extra_bytes: float = 0.0
     task_bytes: float = 0.0
+    params_cached: bool = False
 
 
 class SyncAlgorithm:
@@ -50,45 +56,70 @@ class SyncAlgorithm:
     name = "abstract"
     fused = False  # True: no sync Map, the backward tasks synchronise among themselves
 
-    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform") -> StageSync:  # pragma: no cover
+    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform",
+              last_backward_s: float = 0.0) -> StageSync:  # pragma: no cover
         """The stage's sync for d replicas and K aggregators. ``opt_s``: optimizer compute over the
         whole stage at its tier; ``backward_compute_s``: the backward task's compute seconds (what
-        a prefetch can hide behind)."""
+        the optimizer-state prefetch hides behind); ``last_backward_s``: the last micro-batch's
+        backward pass (what the gradient upload overlaps)."""
         raise NotImplementedError
 
 
+def chunks_per_shard(d: int, k: int, p_bytes: float) -> int:
+    """C of the runtime's layout (plan.chunk_count; fp32 parameters)."""
+    return chunk_count(p_bytes / (4 * k), 4, d)
+
+
+def _stateful(plat: "Platform") -> int:
+    return 1 if plat.optimizer_state_ratio > 0 else 0
+
+
 class NoSync(SyncAlgorithm):
-    """d = 1: the backward task applies the optimizer itself (runtime ``_update_shard`` on shard 0):
-    GET parameters and state, update, PUT both, one after another: 4 t_lat + 2(1+rho)P/w + opt."""
+    """d = 1: the backward task updates the stage itself (``collectives.update_alone``).
+
+    Its parameters are in memory; the state (rho P) is prefetched while it computes. After the
+    backward pass: the update, then PUT parameters and state: opt + t_lat + (1+rho) P/w, plus
+    whatever of the prefetch the compute did not hide. The container keeps version t+1.
+    """
 
     name = "none"
 
-    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform") -> StageSync:
+    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform",
+              last_backward_s: float = 0.0) -> StageSync:
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
-        return StageSync(self.name, 1, tail_s=4 * lat + 2 * (1 + rho) * p_bytes / w + opt_s, task_s=0.0, tasks=0, shards=1,
-                         tail_puts=2, tail_gets=2, task_puts=0, task_gets=0,
-                         backward_extra_bytes=(2 + 2 * rho) * p_bytes)
+        sf = _stateful(plat)
+        prefetch = max(0.0, lat + rho * p_bytes / w - backward_compute_s) if sf else 0.0
+        return StageSync(self.name, 1, tail_s=prefetch + opt_s + lat + (1 + rho) * p_bytes / w, task_s=0.0, tasks=0, shards=1,
+                         tail_puts=1 + sf, tail_gets=sf, task_puts=0, task_gets=0,
+                         backward_extra_bytes=(1 + 2 * rho) * p_bytes, params_cached=True)
 
 
 class ScatterReduce(SyncAlgorithm):
-    """LambdaML-style storage scatter-reduce with a sharded update, K sync tasks (K = d here).
+    """LambdaML's storage scatter-reduce with a sharded update: K = d sync tasks.
 
-    Backward tail: PUT the gradient as K shards, concurrently: t_lat + P/w.
-    Sync task k: GET shard k of each of the d replicas in a fixed order (d t_lat + d P/(K w)), sum,
-    GET its parameter shard and optimizer-state shard, apply the optimizer to 1/K of the stage,
-    PUT both (4 t_lat + 2(1+rho) P/(K w) + opt/K). The sync Map starts after every backward task
-    ended, so no GET waits (no polls). Memory: sum + incoming shard + parameters old/new + state
-    old/new = (4 + 2 rho) P/K.
+    Backward tail: the gradient leaves as K*C chunks while the last backward pass runs, so after it
+    max(chunk/w, P/w - g_last) + t_lat remain. Sync task k (``collectives.reduce_shard``): GET its
+    state (rho P/K) and chunk c of shard k from each of the d replicas (d P/K in all) while chunk
+    c-1 is reduced, updated and PUT, so the download link sets the pace:
+    2 t_lat + (d + rho) P/(K w) + the last chunk's update and upload (opt/(KC) + (1+rho) chunk/w).
+    Its container holds version t (it ran a backward task), so it does not load the parameters;
+    the next phase's tasks do: t_lat + P/w. Memory: incoming chunks (up to d P/K), state and new
+    parameters and state: (d + 1 + 2 rho) P/K.
     """
 
     name = "scatter_reduce"
 
-    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform") -> StageSync:
+    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform",
+              last_backward_s: float = 0.0) -> StageSync:
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
-        task = (d + 4) * lat + (d + 2 * (1 + rho)) * p_bytes / (k * w) + opt_s / k
-        return StageSync(self.name, k, tail_s=lat + p_bytes / w, task_s=task, tasks=k, shards=k,
-                         tail_puts=k, tail_gets=0, task_puts=2, task_gets=d + 2,
-                         task_bytes=(4 + 2 * rho) * p_bytes / k)
+        c = chunks_per_shard(d, k, p_bytes)
+        chunk = p_bytes / (k * c)
+        sf = _stateful(plat)
+        tail = lat + max(chunk / w, p_bytes / w - last_backward_s)
+        task = 2 * lat + (d + rho) * p_bytes / (k * w) + opt_s / (k * c) + (1 + rho) * chunk / w
+        return StageSync(self.name, k, tail_s=tail, task_s=task, tasks=k, shards=k * c,
+                         tail_puts=k * c, tail_gets=0, task_puts=c * (1 + sf), task_gets=c * (d + sf),
+                         task_bytes=(d + 1 + 2 * rho) * p_bytes / k)
 
 
 class KReduce(ScatterReduce):
@@ -106,30 +137,38 @@ class AllReduce(ScatterReduce):
 class PipelinedScatterReduce(SyncAlgorithm):
     """FuncPipe's pipelined scatter-reduce, fused into the backward task (no sync Map).
 
-    Backward task r, after its gradient: uploads the d-1 shards the other replicas own while it
-    downloads shard r from the d-1 others (staggered order; upload and download are separate
-    links of w each), reduces, applies the optimizer to shard r (it holds the parameters; its
-    optimizer-state shard was prefetched during compute), and uploads parameter shard r + state,
-    chunked so those uploads overlap the downloads of the next chunk. Link volumes:
-    up U = (d-1)P/d + (1+rho)P/d, down D = (d-1)P/d; the uploads dominate, so
-    tail = (d + 2) t_lat + max(U, D)/w + opt/d + the part of the state prefetch (t_lat + rho P/(d w))
-    that the backward compute could not hide. FuncPipe: 2s/w + (2+n) t_lat (its gather of the
-    parameters is our next forward's load). Memory: incoming shard, sum, state, new shard and state
-    = (2 + 2 rho) P/d on top of the backward task.
+    Replica r (``collectives.PipelinedExchange``) uploads the chunks of the d-1 shards the others
+    own, E = (d-1) P/(d w) on its upload link, as the last backward pass produces them, and
+    downloads its own shard's chunks from the others (E on its download link) in the staggered
+    order; it reduces, updates and PUTs each chunk of shard r, and downloads the others' updated
+    chunks (E again) behind the exchange. After the backward pass:
+        max(0, E - g_last) + max(E, (1 + rho) P/(d w)) + 3 t_lat + 2 chunk/w + opt/(dC)
+    (the exchange the compute did not hide; the gather, or the upload of r's parameters and state
+    when that is longer; a PUT and two GET latencies; a chunk of lag at the exchange and at the
+    gather; the last chunk's update) plus whatever of the state prefetch the compute did not hide.
+    The task ends holding version t+1: the next phase loads nothing. FuncPipe's own model:
+    2s/w + (2+n) t_lat. Memory on top of the backward task: the exchanged chunks and the gathered
+    vector, (d-1)/d P each, and r's new parameters and state: (2(d-1) + 1 + 2 rho) P/d.
     """
 
     name = "pipelined_scatter_reduce"
     fused = True
 
-    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform") -> StageSync:
+    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform",
+              last_backward_s: float = 0.0) -> StageSync:
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
-        up = (d - 1 + 1 + rho) * p_bytes / d
-        down = (d - 1) * p_bytes / d
-        prefetch = max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s)
-        tail = (d + 2) * lat + max(up, down) / w + opt_s / d + prefetch
-        return StageSync(self.name, d, tail_s=tail, task_s=0.0, tasks=0, shards=d,
-                         tail_puts=(d - 1) + 2, tail_gets=(d - 1) * (1 + plat.s3_polls_per_wait) + 1, task_puts=0, task_gets=0,
-                         backward_extra_bytes=(2 + 2 * rho) * p_bytes / d)
+        c = chunks_per_shard(d, d, p_bytes)
+        chunk = p_bytes / (d * c)
+        sf = _stateful(plat)
+        e = (d - 1) * p_bytes / (d * w)
+        prefetch = max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
+        tail = (max(0.0, e - last_backward_s) + max(e, (1 + rho) * p_bytes / (d * w)) + 3 * lat + 2 * chunk / w
+                + opt_s / (d * c) + prefetch)
+        polls = plat.s3_polls_per_wait
+        return StageSync(self.name, d, tail_s=tail, task_s=0.0, tasks=0, shards=d * c,
+                         tail_puts=(d - 1) * c + c * (1 + sf), tail_gets=2 * (d - 1) * c * (1 + polls) + c * sf,
+                         task_puts=0, task_gets=0,
+                         backward_extra_bytes=(2 * (d - 1) + 1 + 2 * rho) * p_bytes / d, params_cached=True)
 
 
 SYNC_ALGORITHMS: dict[str, SyncAlgorithm] = {

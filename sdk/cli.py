@@ -57,10 +57,12 @@ def main() -> None:
               help="local (default) or aws (default when --stack is given)")
 @click.option("--stack", envvar="STAGECOACH_STACK", help="SAM stack name (aws backend)")
 @click.option("--region", envvar="AWS_REGION", help="the stack's region")
+@click.option("--emulate-network", is_flag=True,
+              help="local backend: give every worker Lambda's bandwidth and S3 latency (the planner's AWS constants)")
 @click.option("--out", default="stagecoach-runs", show_default=True, help="directory for results")
 def train(file: str, stages: int | None, replicas: int | None, micro_batches: int | None, memory_mb: int | None,
           sync: str | None, aggregators: int | None, iterations: int | None, recommended: bool, backend: str | None, stack: str | None, region: str | None,
-          out: str) -> None:
+          emulate_network: bool, out: str) -> None:
     """Train the `job` defined in FILE; print progress, final loss, test accuracy and where results are.
 
     The plan is the planner's recommendation, unless options (--stages, --replicas, --micro-batches,
@@ -98,7 +100,10 @@ def train(file: str, stages: int | None, replicas: int | None, micro_batches: in
         )
         from stagecoach.cli_aws import train_backend
 
-        run = job.run(plan=plan, backend=train_backend(backend, stack, region))
+        chosen = train_backend(backend, stack, region)
+        if emulate_network:
+            chosen = _emulating_backend(chosen)
+        run = job.run(plan=plan, backend=chosen)
     except (JobError, PlanError, DeployError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"job {run.job_id}: execution {run.execution_arn}")
@@ -122,6 +127,18 @@ def train(file: str, stages: int | None, replicas: int | None, micro_batches: in
             f"S3 transfer {b['transfer_s'] / it:.0%}, waiting on other workers {b['wait_s'] / it:.0%}"
         )
     click.echo(f"results: {directory} (model.safetensors, plan.json, metrics.jsonl, losses.json)")
+
+
+def _emulating_backend(chosen: Any) -> Any:
+    from stagecoach.local.backend import LocalBackend
+    from stagecoach.planner.platforms import aws_platform
+
+    if chosen not in (None, "local"):
+        raise click.BadParameter("only the local backend emulates a network; on AWS the network is real", param_hint="--emulate-network")
+    plat = aws_platform()
+    click.echo(f"network: emulating {plat.bandwidth_Bps / 1e6:.0f} MB/s each way and {plat.storage_latency_s * 1e3:.0f} ms "
+               "per S3 request in every worker")
+    return LocalBackend(network=plat)
 
 
 def _with_sync(plan: Any, sync: str | None, aggregators: int | None) -> Any:

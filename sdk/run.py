@@ -71,7 +71,7 @@ class Run:
                     summary = self.iteration_summary(it - 1)
                     bar.set_postfix_str(
                         f"loss {summary.get('loss', float('nan')):.4f} "
-                        + " ".join(f"{p} {summary.get(p + '_s', 0):.2f}s" for p in ("forward", "backward", "sync"))
+                        + " ".join(f"{p} {summary[p + '_s']:.2f}s" for p in ("forward", "backward", "sync") if p + "_s" in summary)
                     )
                 if status in TERMINAL:
                     break

@@ -24,6 +24,7 @@ from stagecoach.lambdas.collectives import GradStream, PipelinedExchange, SyncSp
 from stagecoach.lambdas.netem import Link, Network, NetworkSpec
 from stagecoach.lambdas.optim_state import apply_update
 from stagecoach.lambdas.training import assign_flat, flat_params, stage_layout
+from stagecoach.planner import plan
 
 JOB = "coll"
 MICRO_BATCHES = 2
@@ -37,7 +38,7 @@ OPTIMIZERS = {
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     """Chunks of 4 floats, so even this small stage is cut into many chunks per shard."""
-    monkeypatch.setattr(training, "MIN_CHUNK_BYTES", 16)
+    monkeypatch.setattr(plan, "MIN_CHUNK_BYTES", 16)
 
 
 def stage() -> nn.Sequential:

@@ -20,8 +20,8 @@ def make_job(name: str) -> Job:
                train=(x, y), global_batch=16, iterations=5, seed=5, name=name)
 
 
-def run(backend, name: str):
-    r = make_job(name).run(stages=2, replicas=2, micro_batches=2, timeout_s=TIMEOUT_S, backend=backend)
+def run(backend, name: str, **plan):
+    r = make_job(name).run(stages=2, replicas=2, micro_batches=2, timeout_s=TIMEOUT_S, backend=backend, **plan)
     r.wait(progress=False, poll_s=1.0, timeout_s=900)
     return r
 
@@ -53,6 +53,20 @@ def test_killed_and_throttled_tasks_are_retried_and_the_result_is_bit_identical(
         tasks = r.job.iterations * (1 * 2 + 2 * 2 + 2 * 2)  # forward, backward and sync tasks
         assert errors.count("Runtime.ExitError") >= 0.1 * tasks, errors
         assert "Lambda.TooManyRequestsException" in errors, errors
+        assert same_parameters(r.trained_model(), clean.trained_model())
+    finally:
+        faulty.stack.close()
+
+
+def test_killed_tasks_mid_exchange_of_the_fused_pipelined_sync_are_retried_bit_identically(clean):
+    """The backward tasks exchange shards among themselves: a retried one rewrites what it wrote,
+    its peers keep waiting for it, and the result equals the fault-free run of another algorithm."""
+    faulty = LocalBackend(faults={"seed": 8, "kill": 0.3, "kill_within_s": 1.0})
+    try:
+        r = run(faulty, "killed-fused", sync="pipelined_scatter_reduce")
+        errors = task_errors(r)
+        tasks = r.job.iterations * (1 * 2 + 2 * 2)  # forward and backward tasks: no sync Map
+        assert errors.count("Runtime.ExitError") >= 0.1 * tasks, errors
         assert same_parameters(r.trained_model(), clean.trained_model())
     finally:
         faulty.stack.close()

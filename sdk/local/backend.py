@@ -20,6 +20,8 @@ import boto3
 from botocore.config import Config
 
 from stagecoach.deploy import Clients, StackResources
+from stagecoach.lambdas.netem import ENV as NETWORK_ENV
+from stagecoach.lambdas.netem import NetworkSpec
 from stagecoach.planner import asl
 
 REGION = "us-east-1"
@@ -37,11 +39,13 @@ _TRUST = {
 class LocalStack:
     """A moto server process with the Step Functions interpreter and the local Lambda runtime."""
 
-    def __init__(self, log_dir: str | None = None, faults: dict[str, Any] | None = None) -> None:
+    def __init__(self, log_dir: str | None = None, faults: dict[str, Any] | None = None, network: NetworkSpec | None = None) -> None:
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="stagecoach-local-")
         env = dict(os.environ)
         if faults:
             env["STAGECOACH_FAULTS"] = json.dumps(faults)
+        if network:
+            env[NETWORK_ENV] = network.to_env()  # the workers inherit it (runtime._env)
         self.log_path = os.path.join(self.log_dir, "workers.log")
         self._server_log = open(os.path.join(self.log_dir, "server.log"), "wb")
         self.proc = subprocess.Popen(
@@ -85,10 +89,14 @@ class LocalBackend:
     _lock = threading.Lock()
     _stack: LocalStack | None = None
 
-    def __init__(self, faults: dict[str, Any] | None = None) -> None:
-        """``faults``: seeded fault injection (see stagecoach.local.faults) on a stack of its own."""
-        if faults:
-            self.stack = LocalStack(faults=faults)
+    def __init__(self, faults: dict[str, Any] | None = None, network: "NetworkSpec | Any | None" = None) -> None:
+        """``faults``: seeded fault injection (see stagecoach.local.faults) on a stack of its own.
+        ``network``: emulate Lambda's network in every worker (lambdas/netem.py), on a stack of its
+        own: a NetworkSpec, or a planner Platform whose bandwidth and storage latency to use."""
+        if network is not None and not isinstance(network, NetworkSpec):
+            network = network_of(network)
+        if faults or network:
+            self.stack = LocalStack(faults=faults, network=network)
             self.clients = self._clients()
             self.resources = self._provision()
             return
@@ -154,3 +162,8 @@ class LocalBackend:
 
         job_id, arn = deploy_and_start(job, plan, self.resources, self.clients)
         return Run(self, job, plan, job_id, arn)
+
+
+def network_of(platform: Any) -> NetworkSpec:
+    """The emulated network of a planner Platform: its per-worker bandwidth both ways, its latency."""
+    return NetworkSpec(up_Bps=platform.bandwidth_Bps, down_Bps=platform.bandwidth_Bps, latency_s=platform.storage_latency_s)
