@@ -1,12 +1,15 @@
-"""template.yaml and the deployer policy: the real validators (cfn-lint, asl-validator, sam when
-installed) and the IAM, bucket and naming rules the design depends on."""
+"""template.yaml, the worker image and the deployer policy: the real validators (cfn-lint,
+asl-validator, the SAM transform, sam when installed) and the IAM, bucket and naming rules the
+design depends on, checked against the names and keys the SDK and the workers really use."""
 
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 
 import pytest
 from cfnlint.decode import decode
@@ -54,7 +57,11 @@ def allowed(statements):
 
 # ---------------------------------------------------------------------------------- validators
 def test_cfn_lint_reports_nothing():
+    """No error, no warning, and no informational finding either (I3011's deletion policies are explicit)."""
     r = _cfn_lint(TEMPLATE)
+    assert r.returncode == 0 and r.stdout.strip() == "", r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-c", "import sys; from cfnlint.runner import main; sys.exit(main())",
+                        "--include-checks", "I", "--", TEMPLATE], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "", r.stdout + r.stderr
 
 
@@ -102,6 +109,28 @@ def test_sam_translates_the_template(template, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------- IAM
+STACK = "sc"
+ACCOUNT = "123456789012"
+REGION = "us-east-1"
+BUCKET = "sc-bucket-1a2b3c4d5e6f"
+
+
+def render(pattern):
+    """A template Resource pattern with the stack's values substituted (the way CloudFormation would)."""
+    return (pattern.replace("${AWS::Partition}", "aws").replace("${AWS::Region}", REGION)
+            .replace("${AWS::AccountId}", ACCOUNT).replace("${AWS::StackName}", STACK)
+            .replace("${Bucket.Arn}", f"arn:aws:s3:::{BUCKET}").replace("GetAtt:Bucket.Arn", f"arn:aws:s3:::{BUCKET}")
+            .replace("GetAtt:WorkerLogGroup.Arn", f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/lambda/{STACK}-workers:*"))
+
+
+def grants(statements, action, arn):
+    """Whether an Allow statement grants ``action`` on ``arn`` (IAM wildcard matching)."""
+    from stagecoach.aws_backend import arn_matches
+
+    return any(st["Effect"] == "Allow" and action in _strings(st["Action"])
+               and any(arn_matches(render(r), arn) for r in _strings(st["Resource"])) for st in statements)
+
+
 def test_no_wildcard_actions_or_resources_beyond_the_design(template):
     justified_star = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}  # no resource-level permissions
     for logical, res in template["Resources"].items():
@@ -115,8 +144,9 @@ def test_no_wildcard_actions_or_resources_beyond_the_design(template):
                 if r == "*":
                     assert set(_strings(st["Action"])) <= justified_star, f"{logical}: Resource * for {st['Action']}"
                 elif "*" in r:
-                    # wildcards only after the stack's own prefix or the bucket's own key prefixes
-                    assert "${AWS::StackName}-*" in r or r.endswith(("/jobs/*", "/data/*")), f"{logical}: {r}"
+                    # wildcards only after the stack's own prefix or inside the bucket's own key prefixes
+                    assert "${AWS::StackName}-*" in r or r in {"${Bucket.Arn}/jobs/*", "${Bucket.Arn}/data/*",
+                                                              "${Bucket.Arn}/history/*"}, f"{logical}: {r}"
 
 
 def test_worker_role_reaches_only_the_stack_bucket_logs_xray_and_stack_function_memory(template):
@@ -124,23 +154,115 @@ def test_worker_role_reaches_only_the_stack_bucket_logs_xray_and_stack_function_
     services = {a.split(":")[0] for a, _ in got}
     assert services == {"s3", "logs", "xray", "lambda"}
     lam = {(a, r) for a, r in got if a.startswith("lambda:")}
-    assert lam == {(a, "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*")
+    assert lam == {(a, "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*")
                    for a in ("lambda:GetFunctionConfiguration", "lambda:UpdateFunctionConfiguration")}
     s3 = {(a, r) for a, r in got if a.startswith("s3:")}
-    assert {r for _, r in s3} == {"${Bucket.Arn}/jobs/*", "${Bucket.Arn}/data/*", "GetAtt:Bucket.Arn"}
-    assert ("s3:ListBucket", "GetAtt:Bucket.Arn") in s3
+    assert {r for _, r in s3} == {"${Bucket.Arn}/jobs/*", "${Bucket.Arn}/data/*", "${Bucket.Arn}/history/*", "GetAtt:Bucket.Arn"}
+    assert {a for a, r in s3 if r == "GetAtt:Bucket.Arn"} == {"s3:ListBucket"}
     assert {a for a, _ in s3} == {"s3:GetObject", "s3:PutObject", "s3:PutObjectTagging", "s3:DeleteObject", "s3:ListBucket"}
-    assert all("log-group:/aws/lambda/${AWS::StackName}-*" in r for a, r in got if a.startswith("logs:"))
+    (listing,) = [st for st in role_statements(template, "WorkerRole") if "s3:ListBucket" in _strings(st["Action"])]
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["jobs/*", "data/*", "history/*"]}}
+    assert {(a, r) for a, r in got if a.startswith("logs:")} == {
+        ("logs:CreateLogStream", "GetAtt:WorkerLogGroup.Arn"), ("logs:PutLogEvents", "GetAtt:WorkerLogGroup.Arn")}
     assert not any(a == "logs:CreateLogGroup" for a, _ in got)  # the stack creates the log group
+
+
+def test_worker_role_covers_every_key_the_workers_use_and_nothing_else(template):
+    """The keys come from the code (lambdas.keys, the remediation's history and record keys), so a
+    new key tree the workers start to write fails here before it fails on AWS with AccessDenied."""
+    from stagecoach import history
+    from stagecoach.lambdas import keys
+
+    sts = role_statements(template, "WorkerRole")
+    job = "digits-1a2b3c4d"
+    used = [keys.job_spec(job), keys.job_code(job), keys.plan(job), keys.act(job, 3, 1, 0, 1), keys.grad(job, 3, 1, 0, 1),
+            keys.metrics(job, 3, "sync", 1, 0), keys.dataset("abcdef0123456789", "train"),
+            f"{keys.job_prefix(job)}remediations/1700000000000-s1.json", history.memory_key("digits")]
+    for key in used:
+        for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
+            assert grants(sts, action, f"arn:aws:s3:::{BUCKET}/{key}"), (action, key)
+    for key in ("other/x", "jobsx/y"):
+        assert not grants(sts, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/{key}"), key
+    assert not grants(sts, "s3:GetObject", f"arn:aws:s3:::another-bucket/{keys.job_spec(job)}")
+    # the iteration objects are tagged (the lifecycle rule's filter), which needs PutObjectTagging
+    assert grants(sts, "s3:PutObjectTagging", f"arn:aws:s3:::{BUCKET}/{keys.act(job, 3, 1, 0, 1)}")
+
+
+def test_role_patterns_match_exactly_the_names_the_sdk_gives(template):
+    """The naming contract: stage functions and window machines of this stack's jobs, and nothing
+    else (not the default worker, not the job machine itself, not another stack's)."""
+    from stagecoach import deploy
+
+    res = deploy.StackResources(prefix=STACK, region=REGION, bucket=BUCKET, image_uri="i", worker_role_arn="w",
+                                states_role_arn="s", job_state_machine_arn=f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{STACK}-job")
+    def fn(name):
+        return f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}"
+
+    def sm(name):
+        return f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{name}"
+
+    def ex(name):
+        return f"arn:aws:states:{REGION}:{ACCOUNT}:execution:{name}:w0-abc"
+
+    job = "my-job-1a2b3c4d"
+    stage_fns = [deploy.function_name(res, job, s) for s in (0, 1, 12)]
+    window = deploy.window_state_machine_name(res, job)
+    window_role, job_role, worker = (role_statements(template, r) for r in ("WindowStatesRole", "JobStatesRole", "WorkerRole"))
+    for name in stage_fns:
+        assert grants(window_role, "lambda:InvokeFunction", fn(name))
+        assert grants(job_role, "lambda:InvokeFunction", fn(name))  # out-of-memory remediation
+        assert grants(worker, "lambda:UpdateFunctionConfiguration", fn(name))
+    for other in (f"{STACK}-worker", f"other-{job}-s0", "unrelated"):
+        for sts in (window_role, job_role, worker):
+            assert not grants(sts, "lambda:InvokeFunction", fn(other)) and not grants(sts, "lambda:UpdateFunctionConfiguration", fn(other))
+    assert grants(job_role, "states:StartExecution", sm(window))
+    assert grants(job_role, "states:DescribeExecution", ex(window)) and grants(job_role, "states:StopExecution", ex(window))
+    for other in (f"{STACK}-job", f"other-{job}-window"):
+        assert not grants(job_role, "states:StartExecution", sm(other))
+
+
+def test_roles_grant_what_the_state_machines_call(template):
+    """Each Task resource of the job and window definitions needs IAM actions (Step Functions'
+    policies for its service integrations); the machine's role must grant them."""
+    from stagecoach.planner import asl
+    from stagecoach.planner.plan import Plan
+
+    needs = {
+        "arn:aws:states:::lambda:invoke": {"lambda:InvokeFunction"},
+        # startExecution.sync:2: start the child, watch it, and the EventBridge rule it is watched through
+        "arn:aws:states:::states:startExecution.sync:2": {"states:StartExecution", "states:DescribeExecution", "states:StopExecution",
+                                                           "events:PutTargets", "events:PutRule", "events:DescribeRule"},
+    }
+
+    def resources(d):
+        out = set()
+        for st in d.get("States", {}).values():
+            if st.get("Type") == "Task":
+                out.add(st["Resource"])
+            for sub in [st.get("ItemProcessor") or st.get("Iterator") or {}] + st.get("Branches", []):
+                out |= resources(sub)
+        return out
+
+    with open(os.path.join(ROOT, "statemachines", "job.asl.json")) as f:
+        job_def = json.load(f)
+    window_def = asl.window_definition(Plan(balance=[1, 1], replicas=2, micro_batches=1, global_batch=2), ["a-s0", "a-s1"])
+    for d, role in ((job_def, "JobStatesRole"), (window_def, "WindowStatesRole")):
+        used = resources(d)
+        assert used and used <= set(needs), used - set(needs)
+        granted = {a for a, _ in allowed(role_statements(template, role))}
+        for r in used:
+            assert needs[r] <= granted, (role, r, needs[r] - granted)
 
 
 def test_window_role_invokes_only_stack_functions(template):
     got = allowed(role_statements(template, "WindowStatesRole"))
     assert {a for a, _ in got} == {"lambda:InvokeFunction"}
-    assert all(":function:${AWS::StackName}-*" in r for _, r in got)
+    assert {r for _, r in got} == {
+        "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*",
+        "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*:*"}
 
 
-def test_job_role_runs_only_stack_executions_the_sync_rule_and_remediation(template):
+def test_job_role_runs_only_stack_windows_the_sync_rule_and_remediation(template):
     got = allowed(role_statements(template, "JobStatesRole"))
     by_action = {}
     for a, r in got:
@@ -148,11 +270,11 @@ def test_job_role_runs_only_stack_executions_the_sync_rule_and_remediation(templ
     assert set(by_action) == {"states:StartExecution", "states:DescribeExecution", "states:StopExecution",
                               "events:PutTargets", "events:PutRule", "events:DescribeRule", "lambda:InvokeFunction"}
     assert by_action["lambda:InvokeFunction"] == {
-        "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*"}
+        "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*"}
     assert by_action["states:StartExecution"] == {
-        "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}:stateMachine:${AWS::StackName}-*"}
+        "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}:stateMachine:${AWS::StackName}-*-window"}
     for a in ("states:DescribeExecution", "states:StopExecution"):
-        assert by_action[a] == {"arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}:execution:${AWS::StackName}-*:*"}
+        assert by_action[a] == {"arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}:execution:${AWS::StackName}-*-window:*"}
     for a in ("events:PutTargets", "events:PutRule", "events:DescribeRule"):
         assert by_action[a] == {
             "arn:${AWS::Partition}:events:${AWS::Region}:${AWS::AccountId}:rule/StepFunctionsGetEventsForStepFunctionsExecutionRule"}
@@ -176,14 +298,14 @@ def test_functions_and_machines_use_the_scoped_roles(template):
 def test_bucket_encrypted_private_tls_only_with_expiry(template):
     b = template["Resources"]["Bucket"]["Properties"]
     (rule,) = b["BucketEncryption"]["ServerSideEncryptionConfiguration"]
-    assert rule["ServerSideEncryptionByDefault"]["SSEAlgorithm"] in ("AES256", "aws:kms")
+    assert rule["ServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"  # SSE-S3: no KMS key to grant
     assert all(b["PublicAccessBlockConfiguration"][k] is True for k in
                ("BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets"))
     pol = template["Resources"]["BucketPolicy"]["Properties"]
     assert pol["Bucket"] == {"Ref": "Bucket"}
     deny = [st for st in pol["PolicyDocument"]["Statement"] if st["Effect"] == "Deny"]
     assert any(st["Condition"] == {"Bool": {"aws:SecureTransport": "false"}} and st["Principal"] == "*"
-               and set(_strings(st["Resource"])) == {"GetAtt:Bucket.Arn", "${Bucket.Arn}/*"} for st in deny)
+               and st["Action"] == "s3:*" and set(_strings(st["Resource"])) == {"GetAtt:Bucket.Arn", "${Bucket.Arn}/*"} for st in deny)
     rules = {r["Id"]: r for r in b["LifecycleConfiguration"]["Rules"]}
     exp = rules["ExpireTransientIterationObjects"]
     assert exp["Status"] == "Enabled" and exp["Prefix"] == "jobs/"
@@ -192,30 +314,88 @@ def test_bucket_encrypted_private_tls_only_with_expiry(template):
     assert exp["TagFilters"] == [{"Key": "stagecoach:transient", "Value": "true"}]
 
 
+def test_lifecycle_tag_is_the_one_the_workers_put_on_iteration_objects(template):
+    from urllib.parse import parse_qs
+
+    from stagecoach.lambdas import channel
+
+    (f,) = template["Resources"]["Bucket"]["Properties"]["LifecycleConfiguration"]["Rules"][0]["TagFilters"]
+    assert parse_qs(channel.TRANSIENT_TAG) == {f["Key"]: [f["Value"]]}
+
+
 def test_parameters_outputs_and_names(template):
     p = template["Parameters"]
     assert p["Architecture"]["AllowedValues"] == ["x86_64", "arm64"]
     assert "LogRetentionDays" in p
     assert template["Resources"]["WorkerLogGroup"]["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
     outputs = set(template["Outputs"])
-    assert {"BucketName", "WorkerRoleArn", "StatesRoleArn", "JobStateMachineArn", "Region", "Architecture"} <= outputs
+    assert {"BucketName", "WorkerRoleArn", "StatesRoleArn", "JobStateMachineArn", "Region", "Architecture", "WorkerPython"} <= outputs
     assert "WorkerImageUri" in outputs or "WorkerFunctionName" in outputs
     assert template["Outputs"]["StatesRoleArn"]["Value"] == {"Fn::GetAtt": ["WindowStatesRole", "Arn"]}
     sm = template["Resources"]["JobStateMachine"]["Properties"]
     assert sm["DefinitionUri"] == "statemachines/job.asl.json" and sm["Name"] == {SUB: "${AWS::StackName}-job"}
+    assert sm["Type"] == "STANDARD" and "DefinitionSubstitutions" in sm
     fn = template["Resources"]["DefaultWorker"]
     assert fn["Properties"]["PackageType"] == "Image"
-    assert fn["Properties"]["ImageConfig"]["Command"] == ["stagecoach.lambdas.handler.handler"]
-    assert fn["Metadata"]["Dockerfile"] == "lambdas/Dockerfile"
+    assert fn["Properties"]["Architectures"] == [{"Ref": "Architecture"}]
+    assert fn["Metadata"]["Dockerfile"] == "lambdas/Dockerfile" and fn["Metadata"]["DockerContext"] == "."
     assert fn["Properties"]["Environment"]["Variables"]["STAGECOACH_BUCKET"] == {"Ref": "Bucket"}
 
 
-def test_dockerfile_builds_on_the_lambda_base_with_cpu_torch():
+# ---------------------------------------------------------------------------------- worker image
+def _dockerfile():
     with open(os.path.join(ROOT, "lambdas", "Dockerfile")) as f:
-        text = f.read()
-    assert "FROM public.ecr.aws/lambda/python:${PYTHON_VERSION}" in text and "PYTHON_VERSION=3.11" in text
-    assert "download.pytorch.org/whl/cpu" in text and "TORCH_VERSION=2.13.0" in text
-    assert 'CMD ["stagecoach.lambdas.handler.handler"]' in text
+        return f.read()
+
+
+def test_handler_path_is_the_package_layout():
+    """The handler the image runs, the default worker's and the SDK's per-stage functions' are one,
+    and it is a function of the installed package (setuptools package-dir: lambdas -> stagecoach.lambdas)."""
+    import importlib
+
+    from stagecoach import deploy
+
+    t, _ = decode(TEMPLATE)
+    assert t["Resources"]["DefaultWorker"]["Properties"]["ImageConfig"]["Command"] == [deploy.HANDLER]
+    assert f'CMD ["{deploy.HANDLER}"]' in _dockerfile()
+    module, fn = deploy.HANDLER.rsplit(".", 1)
+    assert callable(getattr(importlib.import_module(module), fn))
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        pkg_dirs = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    assert pkg_dirs["stagecoach.lambdas"] == "lambdas" and pkg_dirs["stagecoach"] == "sdk"
+
+
+def test_dockerfile_python_torch_and_entry_point():
+    """Lambda's python:3.11 image is Amazon Linux 2 (glibc 2.26), too old for torch 2.13's
+    manylinux_2_28 wheels: the image is the OS-only AL2023 base with Python 3.11 and awslambdaric.
+    Python, torch and the entry point must agree with the template and the project."""
+    text = _dockerfile()
+    t, _ = decode(TEMPLATE)
+    args = t["Resources"]["DefaultWorker"]["Metadata"]["DockerBuildArgs"]
+    assert re.findall(r"^FROM (\S+)", text, re.M) == ["public.ecr.aws/lambda/provided:al2023"]
+    assert re.search(r"^ARG PYTHON_VERSION=(\S+)$", text, re.M).group(1) == args["PYTHON_VERSION"] == t["Outputs"]["WorkerPython"]["Value"]
+    assert args["PYTHON_VERSION"] == f"{sys.version_info.major}.{sys.version_info.minor}"  # the SDK's own (cloudpickle)
+    assert re.search(r"^ARG TORCH_VERSION=(\S+)$", text, re.M).group(1) == args["TORCH_VERSION"]
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        deps = tomllib.load(f)["project"]["dependencies"]
+    assert f"<={args['TORCH_VERSION']}" in next(d for d in deps if d.startswith("torch"))  # the pin the project allows
+    assert "--index-url https://download.pytorch.org/whl/cpu" in text  # CPU-only torch, no CUDA libraries
+    assert 'ENTRYPOINT ["/usr/local/bin/stagecoach-python", "-m", "awslambdaric"]' in text
+    assert "/usr/local/bin/stagecoach-python" in text.split("ENTRYPOINT")[0]  # made before it is used
+
+
+def test_dockerfile_copies_what_the_package_needs_and_dockerignore_keeps_it():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)
+    sources = set(project["tool"]["setuptools"]["package-dir"].values())
+    top = {s.split("/")[0] for s in sources}
+    copied = set(re.findall(r"^COPY (\S+) \./", _dockerfile(), re.M)) | {"pyproject.toml", "README.md"}
+    assert top <= copied, top - copied
+    assert project["project"]["readme"] == "README.md"
+    with open(os.path.join(ROOT, ".dockerignore")) as f:
+        ignored = {line.strip().rstrip("/") for line in f if line.strip() and not line.startswith("#")}
+    assert not ignored & (top | {"pyproject.toml", "README.md"})
+    assert {".git", ".venv", "node_modules", "tests"} <= ignored
 
 
 # ---------------------------------------------------------------------------------- deployer policy
@@ -229,7 +409,7 @@ def test_deployer_policy_document_is_the_generated_one():
 def test_deployer_policy_is_scoped_to_the_stack():
     from stagecoach.aws_backend import deployer_policy
 
-    pol = deployer_policy("sc", "us-east-1", "123456789012")
+    pol = deployer_policy(STACK, REGION, ACCOUNT, bucket=BUCKET)
     sids = [st["Sid"] for st in pol["Statement"]]
     assert len(sids) == len(set(sids))
     list_actions = {"lambda:ListFunctions", "states:ListStateMachines"}  # no resource-level permissions
@@ -239,27 +419,82 @@ def test_deployer_policy_is_scoped_to_the_stack():
         for r in _strings(st["Resource"]):
             if r == "*":
                 assert set(st["Action"]) <= list_actions, st
-            elif st["Sid"] != "WorkerImage":
-                assert ":sc-" in r or "/sc-" in r or "/sc/" in r or ":::sc-bucket-" in r, r
+            else:
+                assert f":{STACK}-" in r or f"/{STACK}-" in r or f"/{STACK}/" in r or f":::{BUCKET}" in r, r
+    assert not any(a.startswith("ecr:") for st in pol["Statement"] for a in st["Action"])
     pass_role = next(st for st in pol["Statement"] if "iam:PassRole" in st["Action"])
     assert pass_role["Condition"]["StringEquals"]["iam:PassedToService"] == ["lambda.amazonaws.com", "states.amazonaws.com"]
+    roles = [f"arn:aws:iam::{ACCOUNT}:role/{STACK}-WorkerRole-X", f"arn:aws:iam::{ACCOUNT}:role/{STACK}-WindowStatesRole-Y"]
+    exact = deployer_policy(STACK, REGION, ACCOUNT, bucket=BUCKET, roles=roles)
+    assert next(st for st in exact["Statement"] if st["Sid"] == "PassStackRoles")["Resource"] == sorted(roles)
+
+
+def test_deployer_policy_covers_the_keys_the_sdk_uses():
+    from stagecoach import history
+    from stagecoach.aws_backend import deployer_policy
+    from stagecoach.lambdas import keys
+
+    sts = deployer_policy(STACK, REGION, ACCOUNT, bucket=BUCKET)["Statement"]
+    job = "digits-1a2b3c4d"
+    for key in (keys.job_spec(job), keys.metrics(job, 0, "forward", 0, 0), keys.dataset("abc", "train"),
+                history.history_key("digits"), history.memory_key("digits")):
+        for action in ("s3:GetObject", "s3:PutObject"):
+            assert grants(sts, action, f"arn:aws:s3:::{BUCKET}/{key}"), (action, key)
+    assert grants(sts, "s3:ListBucket", f"arn:aws:s3:::{BUCKET}")
+    assert not grants(sts, "s3:GetObject", f"arn:aws:s3:::other-bucket/{keys.job_spec(job)}")
 
 
 # ---------------------------------------------------------------------------------- sam (opt-in)
-@pytest.mark.slow
-def test_sam_validate_and_build(tmp_path):
-    """`sam validate --lint` and `sam build` in a copy of the repository (needs aws-sam-cli; the
-    image build also needs a Docker engine)."""
-    sam = shutil.which("sam")
-    if sam is None:
-        pytest.skip("aws-sam-cli is not installed (pip install aws-sam-cli in a separate virtualenv)")
+SAM_MISSING = ("aws-sam-cli is not installed: install it in a separate virtualenv (its pins clash with this "
+               "project's), e.g. python -m venv ~/.sam && ~/.sam/bin/pip install aws-sam-cli, then put its sam on "
+               "PATH or set STAGECOACH_SAM=~/.sam/bin/sam")
+
+
+def _sam():
+    """The sam executable: STAGECOACH_SAM (e.g. in its own virtualenv) or the one on PATH."""
+    sam = os.environ.get("STAGECOACH_SAM") or shutil.which("sam")
+    if not sam or not os.access(os.path.expanduser(sam), os.X_OK):
+        pytest.skip(SAM_MISSING)
+    return os.path.expanduser(sam)
+
+
+def _sam_env():
+    return dict(os.environ, AWS_DEFAULT_REGION=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"), SAM_CLI_TELEMETRY="0")
+
+
+def _repo_copy(tmp_path):
     work = tmp_path / "repo"
-    shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(".git", ".venv", "node_modules", ".aws-sam", "stagecoach-runs", "__pycache__"))
-    env = dict(os.environ, AWS_DEFAULT_REGION=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"), SAM_CLI_TELEMETRY="0")
-    r = subprocess.run([sam, "validate", "--lint", "--template", "template.yaml"], cwd=work, capture_output=True, text=True, env=env)
-    assert r.returncode == 0, r.stdout + r.stderr
-    if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
-        pytest.skip("sam build of an image function needs a Docker engine")
-    r = subprocess.run([sam, "build", "--template", "template.yaml"], cwd=work, capture_output=True, text=True, env=env, timeout=3600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert (work / ".aws-sam" / "build" / "template.yaml").exists()
+    shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(".git", ".venv", "node_modules", ".aws-sam", "stagecoach-runs",
+                                                              "__pycache__", "*.egg-info"))
+    return work
+
+
+@pytest.mark.slow
+def test_sam_validate_lint(tmp_path):
+    """`sam validate --lint`: SAM CLI's own transform and its (newer) cfn-lint. Skips only without aws-sam-cli."""
+    sam = _sam()
+    work = _repo_copy(tmp_path)
+    r = subprocess.run([sam, "validate", "--lint", "--template", "template.yaml"], cwd=work, capture_output=True, text=True,
+                       env=_sam_env(), timeout=600)
+    assert r.returncode == 0 and "is a valid SAM Template" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_sam_build(tmp_path):
+    """`sam build` of the worker image. Skips without aws-sam-cli. Without a container engine sam
+    cannot build an image at all: the test then checks that sam read the template, found the
+    Dockerfile and its build arguments and stopped only for the missing engine, and says so."""
+    sam = _sam()
+    work = _repo_copy(tmp_path)
+    r = subprocess.run([sam, "build", "--template", "template.yaml"], cwd=work, capture_output=True, text=True,
+                       env=_sam_env(), timeout=3600)
+    out = r.stdout + r.stderr
+    engine = shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+    if not engine:
+        assert r.returncode != 0 and "Building image for DefaultWorker function" in out, out
+        assert "Setting DockerBuildArgs for DefaultWorker function" in out and "container runtime" in out, out
+        pytest.skip("sam build accepted the template, the Dockerfile and its build arguments, but building the image "
+                    "needs a Docker (or Finch) engine, which is not running here")
+    assert r.returncode == 0, out
+    built = (work / ".aws-sam" / "build" / "template.yaml").read_text()
+    assert "defaultworker:py311-torch2.13.0" in built, built  # the image sam deploy pushes
