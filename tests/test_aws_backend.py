@@ -1,12 +1,15 @@
 """The AWS backend against moto (mock_aws): the resources template.yaml creates, then deploy, start,
-inspect and cleanup a job, and the errors a user meets (missing stack, region, AccessDenied)."""
+inspect and cleanup a job, with IAM enforced for the deployer policy, and the errors a user meets
+(missing stack, unusable stack, region, Python version, AccessDenied)."""
 
 import json
 import os
+import sys
 
 import boto3
 import pytest
 import torch
+from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 from click.testing import CliRunner
 from moto import mock_aws
@@ -23,7 +26,7 @@ def _trust(service):
         {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]})
 
 
-def make_stack(name=STACK, region=REGION):
+def make_stack(name=STACK, region=REGION, python=None):
     """What `sam deploy` of template.yaml leaves behind (names as CloudFormation generates them)."""
     iam = boto3.client("iam", region_name=region)
     roles = {}
@@ -50,6 +53,7 @@ def make_stack(name=STACK, region=REGION):
             "JobStateMachineArn": {"Value": job_sm},
             "Region": {"Value": region},
             "Architecture": {"Value": "arm64"},
+            "WorkerPython": {"Value": python or f"{sys.version_info.major}.{sys.version_info.minor}"},
         },
     }
     cfn = boto3.client("cloudformation", region_name=region)
@@ -80,17 +84,19 @@ def tiny_job(name="tiny"):
 
 
 def fake_metrics(backend, job_id, plan, iterations, loss0=2.0, t0=1000.0):
-    """Metrics objects as the workers write them (docs/runtime.md), with known timings."""
+    """Metrics objects as the workers write them (docs/runtime.md), with known timings: forward at
+    +0 s, backward at +2 s, sync at +5 s, each task 1.5 s; sync tasks as the plan has them (K per
+    stage, none for a fused sync)."""
     from stagecoach.lambdas import keys
 
     s3, bucket = backend.clients.s3, backend.resources.bucket
     for t in range(iterations):
         base = t0 + 10.0 * t
-        for phase, off, n_idx, stages in (("forward", 0.0, plan.replicas, range(plan.stages - 1)),
-                                          ("backward", 2.0, plan.replicas, range(plan.stages)),
-                                          ("sync", 5.0, plan.replicas, range(plan.stages))):
+        for phase, off, count, stages in (("forward", 0.0, lambda s: plan.replicas, range(plan.stages - 1)),
+                                          ("backward", 2.0, lambda s: plan.replicas, range(plan.stages)),
+                                          ("sync", 5.0, plan.sync_tasks, range(plan.stages))):
             for s in stages:
-                for i in range(n_idx):
+                for i in range(count(s)):
                     m = {"phase": phase, "t": t, "stage": s, "index": i, "start": base + off, "end": base + off + 1.5,
                          "duration_s": 1.5, "compute_s": 0.9, "upload_s": 0.2, "download_s": 0.1, "wait_s": 0.3,
                          "container": f"c{s}{i}", "cold": t == 0, "memory_mb": 1024}
@@ -150,6 +156,7 @@ def test_not_a_stagecoach_stack(aws):
 def test_access_denied_names_action_resource_and_statement(aws):
     from stagecoach.aws_backend import AccessDenied, AwsBackend
 
+    roles, _ = aws
     b = AwsBackend(STACK, REGION)
     s3 = b.clients.s3
     with Stubber(s3) as stub:
@@ -174,8 +181,42 @@ def test_access_denied_names_action_resource_and_statement(aws):
         with pytest.raises(AccessDenied) as e:
             lam.create_function(FunctionName="sc-x-s0", Role=b.resources.worker_role_arn, Code={"ImageUri": IMAGE}, PackageType="Image")
     assert (e.value.action, e.value.resource) == ("iam:PassRole", b.resources.worker_role_arn)
-    assert e.value.statement["Sid"] == "PassStackRoles"
-    assert e.value.statement["Resource"] == "arn:aws:iam::123456789012:role/sc-*"
+    assert e.value.statement["Sid"] == "PassStackRoles" and e.value.covered
+    # rendered for this stack: its own two roles, its bucket
+    assert e.value.statement["Resource"] == sorted([roles["WorkerRole"], roles["WindowStatesRole"]])
+    assert f"arn:aws:s3:::{b.resources.bucket}/jobs/*" in b.deployer_policy()["Statement"][1]["Resource"]
+    # S3's newer messages quote the resource
+    quoted = (f'User: arn:aws:iam::123456789012:user/dev is not authorized to perform: s3:GetObject on resource: '
+              f'"arn:aws:s3:::{b.resources.bucket}/history/j/memory.json" because no identity-based policy allows the s3:GetObject action')
+    with Stubber(s3) as stub:
+        stub.add_client_error("get_object", service_error_code="AccessDenied", service_message=quoted, http_status_code=403)
+        with pytest.raises(AccessDenied) as e:
+            s3.get_object(Bucket=b.resources.bucket, Key="history/j/memory.json")
+    assert e.value.resource == f"arn:aws:s3:::{b.resources.bucket}/history/j/memory.json"
+    assert e.value.statement["Sid"] == "JobObjects" and e.value.covered
+    # an explicit Deny cannot be fixed by adding the statement: say so
+    deny = msg + " with an explicit deny in a service control policy"
+    with Stubber(lam) as stub:
+        stub.add_client_error("create_function", service_error_code="AccessDeniedException", service_message=deny, http_status_code=403)
+        with pytest.raises(AccessDenied, match="explicit Deny .* cannot override") as e:
+            lam.create_function(FunctionName="sc-x-s0", Role=b.resources.worker_role_arn, Code={"ImageUri": IMAGE}, PackageType="Image")
+    assert e.value.explicit_deny
+    # a resource that is not the stack's: the statement exists but does not cover it
+    with Stubber(s3) as stub:
+        stub.add_client_error("get_object", service_error_code="AccessDenied", http_status_code=403)
+        with pytest.raises(AccessDenied, match=r"grants s3:GetObject only on .* is arn:aws:s3:::other-bucket/x a resource of stack 'sc'"):
+            s3.get_object(Bucket="other-bucket", Key="x")
+    # bad credentials are not a missing permission: they pass through as they are
+    with Stubber(lam) as stub:
+        stub.add_client_error("get_function", service_error_code="UnrecognizedClientException", http_status_code=403,
+                              service_message="The security token included in the request is invalid.")
+        with pytest.raises(ClientError) as e:
+            lam.get_function(FunctionName="sc-x-s0")
+    assert not isinstance(e.value, AccessDenied)
+    # ... and AccessDenied is a DeployError, which `stagecoach train` reports as a message
+    from stagecoach.deploy import DeployError
+
+    assert issubclass(AccessDenied, DeployError) and issubclass(AccessDenied, ClientError)
     # a non-denial error passes through untouched
     with Stubber(s3) as stub:
         stub.add_client_error("get_object", service_error_code="NoSuchKey", http_status_code=404)
@@ -308,3 +349,265 @@ def test_train_cli_needs_a_stack_for_aws(aws, monkeypatch):
         train_backend("aws", None, REGION)
     assert train_backend(None, None, None) == "local"
     assert train_backend(None, STACK, REGION).name == "aws"
+
+
+# ------------------------------------------------------------------------------ IAM, enforced
+def _identity_with(policy, user):
+    """Credentials of a new IAM user whose only permissions are ``policy`` (moto's IAM)."""
+    iam = boto3.client("iam", region_name=REGION)
+    iam.create_user(UserName=user)
+    iam.put_user_policy(UserName=user, PolicyName="stagecoach-deployer", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    return boto3.Session(aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"], region_name=REGION)
+
+
+def _for_moto(policy):
+    """The deployer policy as moto can evaluate it. moto checks S3 requests against the bucket and
+    key ARNs, so the S3 statements stay exactly as they are; it checks Lambda, Step Functions and
+    CloudFormation requests only against Resource "*", so their statements keep their actions
+    (every action the SDK calls must be listed) with Resource "*" (the resource scoping of those is
+    checked against the real names in test_template.py). moto also calls HeadBucket's action
+    s3:HeadBucket, where AWS authorises it as s3:ListBucket."""
+    out = json.loads(json.dumps(policy))
+    for st in out["Statement"]:
+        if not any(a.startswith("s3:") for a in st["Action"]):
+            st["Resource"] = "*"
+            st.pop("Condition", None)  # moto does not know iam:PassedToService (and does not check PassRole)
+        if "s3:ListBucket" in st["Action"]:
+            st["Action"].append("s3:HeadBucket")
+    return out
+
+
+@pytest.fixture
+def enforced_iam(aws, monkeypatch):
+    """IAM enforcement in moto. Request signatures are not what is under test (moto recomputes
+    Lambda's REST signatures differently from botocore), so their check is switched off."""
+    from moto.core import enable_iam_authentication
+    from moto.iam import access_control
+
+    monkeypatch.setattr(access_control.IAMRequestBase, "check_signature", lambda self: None)
+    return enable_iam_authentication
+
+
+def test_deployer_policy_grants_every_call_of_a_job_s_life(aws, enforced_iam):
+    """Launch (history read, uploads, functions, window machine, start), watch, inspect, record what
+    the run taught, clean up: as an identity holding only the deployer policy, with IAM enforced.
+    A call the policy lacks fails here with AccessDenied, as it would on AWS."""
+    from stagecoach import history
+    from stagecoach.aws_backend import AwsBackend
+    from stagecoach.inspect_run import inspect_execution
+
+    admin = AwsBackend(STACK, REGION)
+    dev = _identity_with(_for_moto(admin.deployer_policy()), "dev")
+    job = tiny_job()
+    with enforced_iam():
+        b = AwsBackend(STACK, REGION, session=dev)
+        run = job.run(plan=job.manual_plan(stages=2, replicas=2, memory_mb=1024, timeout_s=60), backend=b)
+        assert run.status() == "RUNNING" and run.history()
+    fake_metrics(admin, run.job_id, run.plan, iterations=2)  # what the workers would write
+    with enforced_iam():
+        ins = inspect_execution(b, run.execution_arn)
+        assert ins.iterations_done == 2
+        history.record(run)  # what Run.wait does after a success
+        removed = b.cleanup(run.job_id, stop_running=True)
+    assert len(removed["functions"]) == 2 and removed["state_machines"] and removed["objects"]
+    assert admin.clients.s3.get_object(Bucket=admin.resources.bucket, Key=history.history_key(job.name))
+
+
+def test_a_missing_statement_is_named_in_the_error(aws, enforced_iam):
+    from stagecoach.aws_backend import AccessDenied, AwsBackend
+    from stagecoach.inspect_run import inspect_execution
+
+    admin = AwsBackend(STACK, REGION)
+    job = tiny_job()
+    run = job.run(plan=job.manual_plan(stages=1, replicas=1, timeout_s=60), backend=admin)
+    policy = _for_moto(admin.deployer_policy())
+    policy["Statement"] = [st for st in policy["Statement"] if st["Sid"] != "Executions"]
+    dev = _identity_with(policy, "dev-without-executions")
+    with enforced_iam():
+        b = AwsBackend(STACK, REGION, session=dev)
+        with pytest.raises(AccessDenied) as e:
+            inspect_execution(b, run.execution_arn)
+    assert e.value.action == "states:DescribeExecution" and e.value.resource == run.execution_arn
+    assert e.value.statement["Sid"] == "Executions" and "Add the statement 'Executions'" in str(e.value)
+    assert f"execution:{STACK}-*:*" in str(e.value)  # the statement, rendered for the stack
+
+
+# ------------------------------------------------------------------------------ stack problems
+def test_worker_image_for_another_python_is_refused(monkeypatch, tmp_path):
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(k, "testing")
+    monkeypatch.chdir(tmp_path)
+    from stagecoach.aws_backend import AwsBackend, StackError
+
+    with mock_aws():
+        make_stack(python="3.99")
+        with pytest.raises(StackError, match=r"worker image runs Python 3\.99 but this SDK runs Python 3\.\d+.*cloudpickle"):
+            AwsBackend(STACK, REGION)
+
+
+@pytest.mark.parametrize("status, reason, expect", [
+    ("CREATE_IN_PROGRESS", None, "wait until it is complete"),
+    ("ROLLBACK_COMPLETE", "The following resource(s) failed to create: [DefaultWorker]",
+     r"ROLLBACK_COMPLETE \(The following resource\(s\) failed to create: \[DefaultWorker\]\).*sam delete --stack-name sc"),
+    ("UPDATE_ROLLBACK_FAILED", None, "its events in the CloudFormation console"),
+])
+def test_unusable_stack_says_what_to_do(status, reason, expect):
+    from stagecoach.aws_backend import StackError, stack_outputs
+
+    cfn = boto3.client("cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    st = {"StackName": STACK, "CreationTime": "2025-01-01T00:00:00Z", "StackStatus": status}
+    if reason:
+        st["StackStatusReason"] = reason
+    with Stubber(cfn) as stub:
+        stub.add_response("describe_stacks", {"Stacks": [st]}, {"StackName": STACK})
+        with pytest.raises(StackError, match=expect):
+            stack_outputs(cfn, STACK, REGION)
+
+
+def test_arn_of_another_account_is_refused(aws):
+    from stagecoach.aws_backend import AwsBackend, StackError
+
+    b = AwsBackend(STACK, REGION)
+    with pytest.raises(StackError, match="account 999999999999.*credentials of that account"):
+        b.check_arn("arn:aws:states:us-east-1:999999999999:execution:sc-job:x")
+
+
+def test_deployer_policy_rendered_for_a_deployed_stack(aws, capsys):
+    from stagecoach.aws_backend import _main
+
+    roles, _ = aws
+    assert _main(["deployer-policy", "--stack", STACK, "--region", REGION]) == 0
+    pol = json.loads(capsys.readouterr().out)
+    bucket = boto3.client("s3", region_name=REGION).list_buckets()["Buckets"][0]["Name"]
+    sts = {st["Sid"]: st for st in pol["Statement"]}
+    assert sts["ListJobObjects"]["Resource"] == f"arn:aws:s3:::{bucket}"
+    assert sts["PassStackRoles"]["Resource"] == sorted([roles["WorkerRole"], roles["WindowStatesRole"]])
+    assert sts["StageFunctions"]["Resource"] == f"arn:aws:lambda:{REGION}:123456789012:function:{STACK}-*"
+    assert _main(["deployer-policy", "--stack", "nope", "--region", REGION]) == 1
+    assert "no CloudFormation stack 'nope'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ waiting for functions
+class _FakeLambda:
+    """Just enough of a Lambda client for the waiting logic: a waiter that fails or not."""
+
+    def __init__(self, state="Active", reason_code=None, reason=None):
+        self.state, self.reason_code, self.reason, self.waited = state, reason_code, reason, []
+
+    def get_waiter(self, name):
+        from botocore.exceptions import WaiterError
+
+        fake = self
+
+        class W:
+            def wait(self, FunctionName, WaiterConfig):  # botocore's parameter names
+                fake.waited.append((name, FunctionName))
+                if fake.state == "Failed":
+                    raise WaiterError(name=name, reason="terminal failure state", last_response={})
+
+        return W()
+
+    def get_function_configuration(self, FunctionName):
+        return {"State": self.state, "StateReasonCode": self.reason_code, "StateReason": self.reason,
+                "LastUpdateStatus": "Failed"}
+
+
+def test_a_function_that_fails_to_become_active_says_why():
+    from stagecoach.aws_backend import wait_function
+    from stagecoach.deploy import DeployError
+
+    lam = _FakeLambda("Failed", "ImageAccessDenied", "Lambda does not have permission to access the ECR image.")
+    with pytest.raises(DeployError, match=r"sc-j-s0 is Failed .*ImageAccessDenied: Lambda does not have permission.*"
+                                          r"ecr:BatchGetImage"):
+        wait_function(lam, "sc-j-s0")
+
+
+def test_the_job_starts_only_after_every_function_is_active():
+    """Functions are created without waiting (their images are optimised at the same time); the
+    start waits for all of them."""
+    from stagecoach.aws_backend import IdempotentStepFunctions
+
+    class Sfn:
+        def __init__(self, lam):
+            self.lam, self.started_after = lam, None
+
+        def start_execution(self, **kw):
+            self.started_after = list(self.lam.waited)
+            return {"executionArn": "arn"}
+
+    lam = _FakeLambda()
+    sfn = Sfn(lam)
+    pending = ["sc-j-s0", "sc-j-s1"]
+    IdempotentStepFunctions(sfn, lam, pending).start_execution(stateMachineArn="x", name="j", input="{}")
+    assert {fn for _, fn in sfn.started_after} == {"sc-j-s0", "sc-j-s1"}
+    assert {w for w, _ in sfn.started_after} == {"function_active_v2", "function_updated_v2"} and pending == []
+
+
+# ------------------------------------------------------------------------------ cleanup, sync algorithms
+def test_cleanup_refuses_what_is_not_a_job_and_stops_running_windows(aws):
+    from stagecoach.aws_backend import AwsBackend, StackError
+
+    b = AwsBackend(STACK, REGION)
+    for bad in ("", "digits", "jobs/x", "arn:aws:states:us-east-1:123456789012:execution:sc-job:"):
+        with pytest.raises(StackError, match="is not a job"):
+            b.cleanup(bad)
+    job = tiny_job()
+    run = b.launch(job, job.manual_plan(stages=2, replicas=1, timeout_s=60))
+    window = json.loads(b.clients.sfn.describe_execution(executionArn=run.execution_arn)["input"])["windowStateMachineArn"]
+    w = b.clients.sfn.start_execution(stateMachineArn=window, name="w0-x", input=json.dumps({"start": 0, "end": 4}))["executionArn"]
+    stopped = []
+    real_stop = b.clients.sfn.stop_execution
+    b.clients.sfn.stop_execution = lambda **kw: (stopped.append(kw["executionArn"]), real_stop(**kw))[1]
+    removed = b.cleanup(run.job_id, stop_running=True)
+    # both stopped (moto forgets a deleted machine's executions, so the calls are what is checked)
+    assert removed["stopped"] == stopped == [run.execution_arn, w]
+
+
+@pytest.mark.parametrize("sync, aggregators, sync_tasks", [("k_reduce", 1, 1), ("pipelined_scatter_reduce", None, 0)])
+def test_inspect_counts_iterations_by_each_stage_s_own_sync_tasks(aws, sync, aggregators, sync_tasks):
+    """K aggregators (not one sync task per replica), or no sync Map at all for the fused sync."""
+    from stagecoach.aws_backend import AwsBackend
+    from stagecoach.inspect_run import format_report, inspect_execution
+
+    b = AwsBackend(STACK, REGION)
+    job = tiny_job()
+    plan = job.manual_plan(stages=2, replicas=2, timeout_s=60, sync=sync, aggregators=aggregators)
+    assert all(plan.sync_tasks(s) == sync_tasks for s in range(2))
+    run = b.launch(job, plan)
+    fake_metrics(b, run.job_id, plan, iterations=3)
+    ins = inspect_execution(b, run.execution_arn)
+    assert ins.iterations_done == 3
+    assert ins.phase_timings.get("sync", {}).get("tasks", 0) == 2 * 2 * sync_tasks  # iterations 1, 2 x 2 stages
+    label = "k_reduce (K=1)" if sync == "k_reduce" else "pipelined_scatter_reduce"
+    assert f"sync {label}" in format_report(ins)
+
+
+def test_inspect_of_a_cleaned_up_job_says_so(aws):
+    from stagecoach.aws_backend import AwsBackend
+    from stagecoach.inspect_run import InspectError, inspect_execution
+
+    b = AwsBackend(STACK, REGION)
+    job = tiny_job()
+    run = b.launch(job, job.manual_plan(stages=1, replicas=1, timeout_s=60))
+    b.cleanup(run.job_id, stop_running=True)
+    with pytest.raises(InspectError, match=r"ABORTED, but its objects .* are gone: was it cleaned up"):
+        inspect_execution(b, run.execution_arn)
+
+
+def test_a_denied_bucket_check_is_not_reported_as_a_missing_stack(aws, enforced_iam):
+    """deploy.preflight turns any HeadBucket error into 'deploy the stack first'; the AWS backend
+    checks first, so a missing s3:ListBucket is reported as what it is."""
+    from stagecoach.aws_backend import AccessDenied, AwsBackend
+
+    admin = AwsBackend(STACK, REGION)
+    policy = _for_moto(admin.deployer_policy())
+    policy["Statement"] = [st for st in policy["Statement"] if st["Sid"] != "ListJobObjects"]
+    dev = _identity_with(policy, "dev-without-list")
+    job = tiny_job()
+    with enforced_iam():
+        b = AwsBackend(STACK, REGION, session=dev)
+        with pytest.raises(AccessDenied) as e:
+            job.run(plan=job.manual_plan(stages=1, replicas=1, timeout_s=60), backend=b)
+    assert e.value.action == "s3:ListBucket" and e.value.statement["Sid"] == "ListJobObjects"
+    assert [f["FunctionName"] for f in admin.clients.lambda_.list_functions()["Functions"]] == [f"{STACK}-worker"]
