@@ -52,14 +52,20 @@ def inspect_command(execution_arn: str, backend: str | None, stack: str | None, 
     from stagecoach.aws_backend import StackError
     from stagecoach.inspect_run import InspectError, format_report, inspect_execution, write_plots
 
-    if backend is None and stack is None and execution_arn.startswith("arn:"):
-        backend = "local" if ":123456789012:" in execution_arn else None
-        if backend is None:
-            # an AWS ARN without --stack: the job state machine is named "<stack>-job"
-            sm = execution_arn.split(":")[6] if execution_arn.count(":") >= 7 else ""
-            if sm.endswith("-job"):
-                stack, backend = sm[: -len("-job")], "aws"
-                region = region or execution_arn.split(":")[3]
+    parts = execution_arn.split(":")
+    if len(parts) != 8 or parts[0] != "arn" or parts[2] != "states" or parts[5] != "execution":
+        raise click.ClickException(f"{execution_arn!r} is not a job execution ARN: give the one `stagecoach train` "
+                                   "prints (arn:aws:states:REGION:ACCOUNT:execution:STACK-job:JOB)")
+    if backend is None and stack is None:
+        # the local stack's account is moto's 123456789012 (AWS's documentation example, no real account)
+        backend = "local" if parts[4] == "123456789012" else None
+        if backend is None and parts[6].endswith("-job"):
+            # an AWS ARN without --stack: the job state machine is named "<stack>-job", and the
+            # ARN's region beats an AWS_REGION from the environment (an explicit --region is kept)
+            stack, backend = parts[6][: -len("-job")], "aws"
+            source = click.get_current_context().get_parameter_source("region")
+            if region is None or source is click.core.ParameterSource.ENVIRONMENT:
+                region = parts[3]
     b = resolve_backend(backend, stack, region)
     try:
         ins = inspect_execution(b, execution_arn)
@@ -70,8 +76,14 @@ def inspect_command(execution_arn: str, backend: str | None, stack: str | None, 
     else:
         click.echo(format_report(ins))
     if plot_dir:
-        for path in write_plots(ins, plot_dir):
+        try:
+            paths = write_plots(ins, plot_dir)
+        except (InspectError, OSError) as e:
+            raise click.ClickException(f"cannot write the plots to {plot_dir}: {e}") from None
+        for path in paths:
             click.echo(f"wrote {path}")
+        if not paths:
+            click.echo("no plots: no task has finished yet")
 
 
 @click.command(name="cleanup")
@@ -82,7 +94,10 @@ def inspect_command(execution_arn: str, backend: str | None, stack: str | None, 
 @click.option("--keep-results", is_flag=True, help="keep the job's objects (parameters, metrics) in the bucket")
 @click.option("--force", is_flag=True, help="stop the job first if it is still running")
 def cleanup_command(job: str, backend: str | None, stack: str | None, region: str | None, keep_results: bool, force: bool) -> None:
-    """Remove a job's functions, window state machine and objects. JOB: a job id or its execution ARN."""
+    """Remove a job's functions, window state machine and objects. JOB: a job id or its execution ARN.
+
+    Shared things stay: datasets (data/), what past runs taught the job's next run (history/), the
+    stack itself. Running it again is harmless (what is already gone is skipped)."""
     from botocore.exceptions import ClientError
 
     from stagecoach.aws_backend import StackError, cleanup_job, job_id_from

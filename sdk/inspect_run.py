@@ -15,6 +15,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+from stagecoach.lambdas import keys
 from stagecoach.planner.plan import Plan
 
 PHASES = ("forward", "backward", "sync")
@@ -37,10 +38,13 @@ class FailedTask:
     function: str | None = None
     timestamp: str = ""
     retried: bool = False
+    time: float | None = None  # the failure's epoch seconds (for the Gantt chart)
 
 
 @dataclass
 class Inspection:
+    """Everything `stagecoach inspect` reports about one job execution (``to_dict`` for --json)."""
+
     execution_arn: str
     job_id: str
     status: str
@@ -57,6 +61,7 @@ class Inspection:
     losses: list[float]
     breakdown: list[dict[str, float]]
     failed_tasks: list[FailedTask] = field(default_factory=list)
+    remediations: list[dict[str, Any]] = field(default_factory=list)  # out-of-memory: stage raised a tier
     metrics: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,7 +95,15 @@ def open_run(backend: Any, execution_arn: str) -> Any:
     if inp.get("bucket") and inp["bucket"] != backend.resources.bucket:
         raise InspectError(f"{execution_arn} belongs to bucket {inp['bucket']}, not this stack's {backend.resources.bucket}")
     run = Run(backend, None, None, job_id, execution_arn)
-    spec = run.spec()
+    try:
+        spec = run.spec()
+    except backend.clients.s3.exceptions.NoSuchKey:
+        r = backend.resources
+        raise InspectError(
+            f"job {job_id} is {d['status']}, but its objects (s3://{r.bucket}/jobs/{job_id}/) are gone: was it cleaned "
+            f"up (`stagecoach cleanup`)? Its Step Functions history stays for 90 days after it ended: "
+            f"{r.console.format(region=r.region, arn=execution_arn)}"
+        ) from None
     run.plan = Plan.from_dict(spec["plan"])
     run._spec_cache = spec  # type: ignore[attr-defined]
     run._execution_input = inp  # type: ignore[attr-defined]
@@ -157,6 +170,7 @@ def failed_tasks(events: list[dict[str, Any]], execution_arn: str) -> list[Faile
             t=p.get("t"),
             function=p.get("function"),
             timestamp=str(e.get("timestamp", "")),
+            time=e["timestamp"].timestamp() if hasattr(e.get("timestamp"), "timestamp") else None,
         )
         ft.retried = bool(p) and _worker_key(p) in succeeded_payloads
         out.append(ft)
@@ -185,6 +199,14 @@ def _walk_to(by_id: dict[int, dict[str, Any]], ev: dict[str, Any], types: set[st
 
 
 # ------------------------------------------------------------------------------------ metrics
+def _transfer(m: dict[str, Any]) -> float:
+    """Seconds the task had an S3 transfer in flight: ``transfer_s`` (the union of concurrent
+    uploads and downloads) where the worker records it, else upload + download (sequential)."""
+    if "transfer_s" in m:
+        return float(m["transfer_s"])
+    return float(m.get("upload_s", 0.0)) + float(m.get("download_s", 0.0))
+
+
 def _by_iteration(metrics: Iterable[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
     out: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for m in metrics:
@@ -194,6 +216,20 @@ def _by_iteration(metrics: Iterable[dict[str, Any]]) -> dict[int, list[dict[str,
 
 def _span(ms: list[dict[str, Any]]) -> float:
     return max(m["end"] for m in ms) - min(m["start"] for m in ms) if ms else 0.0
+
+
+def _busy(ms: list[dict[str, Any]]) -> float:
+    """Seconds during which at least one of the tasks ran (the union of their intervals).
+
+    Not the sum of the phases' spans: in BackwardSync the stages run in parallel branches, so one
+    stage's sync overlaps another's backward."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted((float(m["start"]), float(m["end"])) for m in ms):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
 
 
 def phase_timings(metrics: list[dict[str, Any]], skip_first: int = 1) -> dict[str, dict[str, float]]:
@@ -218,7 +254,7 @@ def phase_timings(metrics: list[dict[str, Any]], skip_first: int = 1) -> dict[st
             "task_s": sum(m["duration_s"] for m in tasks) / n,
             "max_task_s": max(m["duration_s"] for m in tasks),
             "compute_s": sum(m["compute_s"] for m in tasks) / n,
-            "transfer_s": sum(m["upload_s"] + m["download_s"] for m in tasks) / n,
+            "transfer_s": sum(_transfer(m) for m in tasks) / n,
             "wait_s": sum(m["wait_s"] for m in tasks) / n,
             "tasks": float(n),
             "cold": float(sum(1 for m in tasks if m.get("cold"))),
@@ -230,10 +266,13 @@ def iteration_breakdown(metrics: list[dict[str, Any]], complete: int | None = No
     """Per iteration: wall time and its split into orchestration, compute, transfer and waiting.
 
     Wall time runs from the iteration's first task start to the next iteration's (so it includes
-    the state transitions between phases); the phases' spans are time in tasks, split by the
-    tasks' own compute / upload+download / wait shares; the rest is orchestration (Step Functions
-    transitions and Lambda invocation latency). The same accounting as Run.time_breakdown, per
-    iteration rather than averaged.
+    the state transitions between phases). The time during which some task of the iteration ran
+    (the union of the task intervals: parallel stages are not counted twice) is split by the tasks'
+    own compute / transfer / wait shares; the rest, when no task ran, is orchestration (Step
+    Functions transitions and Lambda invocation latency). The shares are of the tasks' accounted
+    seconds (compute + transfer + wait), so the four parts always add up to the wall time, also when
+    a worker's metrics count overlapping uploads and downloads twice. ``cold``: tasks that started a
+    new execution environment (their compute includes its start-up).
     """
     by_it = _by_iteration(metrics)
     ts = sorted(by_it)
@@ -245,18 +284,21 @@ def iteration_breakdown(metrics: list[dict[str, Any]], complete: int | None = No
             continue
         ms = by_it[t]
         wall = min(m["start"] for m in by_it[t + 1]) - min(m["start"] for m in ms)
-        spans = sum(_span([m for m in ms if m["phase"] == p]) for p in PHASES)
-        dur = sum(m["duration_s"] for m in ms) or 1.0
-        comp = sum(m["compute_s"] for m in ms)
-        xfer = sum(m["upload_s"] + m["download_s"] for m in ms)
-        wait = sum(m["wait_s"] for m in ms)
+        busy = min(_busy(ms), wall)
+        comp = sum(float(m["compute_s"]) for m in ms)
+        xfer = sum(_transfer(m) for m in ms)
+        wait = sum(float(m["wait_s"]) for m in ms)
+        parts = comp + xfer + wait
+        if parts <= 0:  # nothing accounted: call it compute
+            comp, parts = 1.0, 1.0
         out.append({
             "t": float(t),
             "iteration_s": wall,
-            "orchestration_s": max(0.0, wall - spans),
-            "compute_s": spans * comp / dur,
-            "transfer_s": spans * xfer / dur,
-            "wait_s": spans * wait / dur,
+            "orchestration_s": wall - busy,
+            "compute_s": busy * comp / parts,
+            "transfer_s": busy * xfer / parts,
+            "wait_s": busy * wait / parts,
+            "cold": float(sum(1 for m in ms if m.get("cold"))),
         })
     return out
 
@@ -271,8 +313,25 @@ def _losses(metrics: list[dict[str, Any]], complete: int) -> list[float]:
 
 
 # ------------------------------------------------------------------------------------ inspect
+def _remediations(backend: Any, job_id: str) -> list[dict[str, Any]]:
+    """The job's out-of-memory remediations (jobs/{job}/remediations/, lambdas/remediate.py)."""
+    s3, bucket = backend.clients.s3, backend.resources.bucket
+    out = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{keys.job_prefix(job_id)}remediations/"):
+        for o in page.get("Contents", []):
+            try:
+                out.append(json.loads(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()))
+            except (ValueError, s3.exceptions.NoSuchKey):
+                continue
+    return sorted(out, key=lambda r: r.get("time", 0))
+
+
 def inspect_execution(backend: Any, execution_arn: str, max_failures: int = 50) -> Inspection:
-    """Status, where the run is (window, iteration), phase timings, losses and failed tasks."""
+    """Status, where the run is (window, iteration), phase timings, losses and failed tasks.
+
+    Failed tasks come from the histories of the window executions that did not succeed, and of
+    the latest one (a running window's retried tasks); a long run's succeeded windows are not read.
+    """
     run = open_run(backend, execution_arn)
     d = run._description
     spec = run._spec_cache
@@ -297,12 +356,14 @@ def inspect_execution(backend: Any, execution_arn: str, max_failures: int = 50) 
         idx = next((i for i, w in enumerate(windows) if w.get("start") == wi.get("start")), None)
         window = {"index": idx, "start": wi.get("start"), "end": wi.get("end"), "status": wd["status"],
                   "arn": last["executionArn"], "attempts": sum(1 for e in execs if e["name"].startswith(f"w{wi.get('start')}-"))}
-    for e in execs:
-        if e["status"] in ("FAILED", "TIMED_OUT", "ABORTED") or d["status"] != "SUCCEEDED":
-            for ft in failed_tasks(run.history(execution_arn=e["executionArn"]), e["executionArn"]):
-                failures.append(ft)
-                if len(failures) >= max_failures:
-                    break
+    to_read = [e for e in execs if e["status"] in ("FAILED", "TIMED_OUT", "ABORTED")]
+    if execs and execs[-1] not in to_read:
+        to_read.append(execs[-1])
+    for e in to_read:
+        failures += failed_tasks(run.history(execution_arn=e["executionArn"]), e["executionArn"])
+        if len(failures) >= max_failures:
+            failures = failures[:max_failures]
+            break
     r = backend.resources
     return Inspection(
         execution_arn=execution_arn,
@@ -321,8 +382,20 @@ def inspect_execution(backend: Any, execution_arn: str, max_failures: int = 50) 
         losses=_losses(metrics, done),
         breakdown=iteration_breakdown(metrics, complete=done),
         failed_tasks=failures,
+        remediations=_remediations(backend, run.job_id),
         metrics=metrics,
     )
+
+
+def _sync_label(p: dict[str, Any]) -> str:
+    """The plan's gradient sync per stage: 'scatter_reduce (K=2)', or one entry per stage if they differ."""
+    if int(p.get("replicas", 1)) == 1:
+        return "none (1 replica)"
+    n = len(p["balance"])
+    sync = list(p.get("sync") or ["scatter_reduce"] * n)
+    ks = list(p.get("aggregators") or [p["replicas"]] * n)
+    labels = [s if s == "pipelined_scatter_reduce" else f"{s} (K={k})" for s, k in zip(sync, ks)]
+    return labels[0] if len(set(labels)) == 1 else ", ".join(f"s{i}: {lab}" for i, lab in enumerate(labels))
 
 
 def format_report(ins: Inspection) -> str:
@@ -334,7 +407,7 @@ def format_report(ins: Inspection) -> str:
         f"console   {ins.console_url}",
         f"started {ins.started}" + (f", stopped {ins.stopped}" if ins.stopped else ""),
         f"plan: {len(p['balance'])} stages (layers {list(p['balance'])}) x {p['replicas']} replicas, "
-        f"{p['micro_batches']} micro-batches, memory {list(p['memory_mb'])} MB",
+        f"{p['micro_batches']} micro-batches, memory {list(p['memory_mb'])} MB, sync {_sync_label(p)}",
         f"iteration {ins.iterations_done}/{ins.iterations} done",
     ]
     if ins.window:
@@ -353,18 +426,22 @@ def format_report(ins: Inspection) -> str:
         b = ins.breakdown[1:] or ins.breakdown
         it = sum(x["iteration_s"] for x in b) / len(b)
         parts = {k: sum(x[k] for x in b) / len(b) for k in ("orchestration_s", "compute_s", "transfer_s", "wait_s")}
-        lines.append(f"time per iteration {it:.3f} s: " + ", ".join(
+        lines.append(f"time per iteration{' after the first' if len(ins.breakdown) > 1 else ''} {it:.3f} s: " + ", ".join(
             f"{k[:-2]} {v:.3f} s ({v / it:.0%})" if it > 0 else f"{k[:-2]} {v:.3f} s" for k, v in parts.items()))
     if ins.losses:
         ls = ins.losses
         step = max(1, len(ls) // 10)
         lines.append(f"loss: first {ls[0]:.4f}, last {ls[-1]:.4f}, min {min(ls):.4f}")
         lines.append("  " + " ".join(f"[{t}] {ls[t]:.4f}" for t in range(0, len(ls), step)))
+    for rm in ins.remediations:
+        lines.append(f"out of memory: stage {rm.get('stage')} raised from {rm.get('from_mb')} MB to {rm.get('to_mb')} MB "
+                     f"({rm.get('function')})")
     if ins.failed_tasks:
         lines.append(f"failed tasks ({len(ins.failed_tasks)}):")
         for f in ins.failed_tasks:
             who = f"{f.phase} s{f.stage} #{f.index} t={f.t}" if f.phase else f.state
-            lines.append(f"  {who}: {f.error}: {f.cause[:300]}" + (" (retried, then succeeded)" if f.retried else ""))
+            cause = f.cause[len(f.error) + 2:] if f.cause.startswith(f"{f.error}: ") else f.cause
+            lines.append(f"  {who}: {f.error}: {cause[:300]}" + (" (retried, then succeeded)" if f.retried else ""))
     else:
         lines.append("failed tasks: none")
     return "\n".join(lines)
@@ -372,44 +449,85 @@ def format_report(ins: Inspection) -> str:
 
 # ------------------------------------------------------------------------------------ plots
 _COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "sync": "#55a868"}
+_PARTS = (("compute_s", "compute", "#4c72b0"), ("transfer_s", "S3 transfer", "#dd8452"),
+          ("wait_s", "waiting for other workers", "#c44e52"), ("orchestration_s", "orchestration (no task running)", "#8c8c8c"))
 
 
-def plot_gantt(metrics: list[dict[str, Any]], path: str, iterations: tuple[int, int] | None = None) -> str:
-    """Tasks as bars on a row per (stage, worker), coloured by phase; the waiting part hatched.
-
-    By default the last (up to) 5 iterations, where containers are warm; ``iterations`` = [a, b).
-    """
-    import matplotlib
-
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise InspectError("--plot needs matplotlib: pip install 'stagecoach[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def gantt_rows(metrics: list[dict[str, Any]]) -> list[tuple[int, bool, int]]:
+    """The Gantt chart's rows, top to bottom: per stage, its replicas (forward and backward tasks
+    share a row), then its sync tasks, as (stage, is_sync, index). Taken from the tasks that ran,
+    so a stage has as many sync rows as its aggregators (K), and none for a fused sync."""
+    return sorted({(int(m["stage"]), m["phase"] == "sync", int(m["index"])) for m in metrics})
+
+
+def plot_gantt(metrics: list[dict[str, Any]], path: str, iterations: tuple[int, int] | None = None,
+               failures: list[FailedTask] | None = None) -> str:
+    """Tasks as bars on a row per (stage, worker), coloured by phase; the waiting part hatched;
+    failed task attempts (``failures``, from the histories) as red crosses where they failed.
+
+    Rows: each stage's replicas (forward, backward) and then its sync tasks (as many as the stage's
+    aggregators, whatever the sync algorithm; none for a fused sync). By default the last (up to) 5
+    iterations; ``iterations`` = [a, b). The waiting share is drawn at the end of its task (the
+    metrics give its length, not when it happened).
+    """
     from matplotlib.patches import Patch
 
+    plt = _pyplot()
     if not metrics:
         raise ValueError("no task metrics yet: nothing to plot")
     ts = sorted({int(m["t"]) for m in metrics})
     a, b = iterations if iterations else (max(ts[0], ts[-1] - 4), ts[-1] + 1)
     ms = [m for m in metrics if a <= m["t"] < b]
+    if not ms:
+        raise ValueError(f"no task metrics in iterations [{a}, {b})")
     t0 = min(m["start"] for m in ms)
-    rows = sorted({(m["stage"], m["phase"] == "sync", m["index"]) for m in ms})
+    rows = gantt_rows(ms)
     ypos = {r: i for i, r in enumerate(rows)}
-    fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 1.8))
+    fig, ax = plt.subplots(figsize=(12, 0.42 * len(rows) + 2.2))
     for m in ms:
-        y = ypos[(m["stage"], m["phase"] == "sync", m["index"])]
-        ax.broken_barh([(m["start"] - t0, m["duration_s"])], (y - 0.4, 0.8), facecolors=_COLOURS[m["phase"]], edgecolor="black", linewidth=0.3)
+        y = ypos[(int(m["stage"]), m["phase"] == "sync", int(m["index"]))]
+        ax.broken_barh([(m["start"] - t0, m["duration_s"])], (y - 0.4, 0.8), facecolors=_COLOURS.get(m["phase"], "#999999"),
+                       edgecolor="black", linewidth=0.3)
         if m.get("wait_s", 0) > 0:
-            ax.broken_barh([(m["end"] - t0 - m["wait_s"], m["wait_s"])], (y - 0.4, 0.8), facecolors="none", hatch="///", edgecolor="white", linewidth=0)
+            ax.broken_barh([(m["end"] - t0 - m["wait_s"], m["wait_s"])], (y - 0.4, 0.8), facecolors="none", hatch="///",
+                           edgecolor="white", linewidth=0)
+    crosses = [(f.time - t0, ypos[(f.stage, f.phase == "sync", f.index)]) for f in failures or []
+               if f.time is not None and f.t is not None and a <= f.t < b and (f.stage, f.phase == "sync", f.index) in ypos]
+    if crosses:
+        ax.scatter([x for x, _ in crosses], [y for _, y in crosses], marker="X", s=60, color="#d62728", zorder=5,
+                   edgecolors="white", linewidths=0.6)
+    for i in range(1, len(rows)):  # a line between stages
+        if rows[i][0] != rows[i - 1][0]:
+            ax.axhline(i - 0.5, color="black", linewidth=0.6)
     for t in range(a, b):
         starts = [m["start"] for m in ms if m["t"] == t]
         if starts:
             ax.axvline(min(starts) - t0, color="grey", linestyle=":", linewidth=0.8)
-            ax.text(min(starts) - t0, len(rows) - 0.4, f"t={t}", fontsize=7, color="grey")
+            cold = any(m.get("cold") for m in ms if m["t"] == t)
+            ax.text(min(starts) - t0, -0.75, f"t={t}" + (" (cold)" if cold else ""), fontsize=7, color="dimgrey")
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"stage {s} {'shard' if sync else 'replica'} {i}" for s, sync, i in rows], fontsize=8)
-    ax.invert_yaxis()
+    ax.set_yticklabels([f"stage {s} {'sync' if sync else 'replica'} {i}" for s, sync, i in rows], fontsize=8)
+    ax.set_ylim(len(rows) - 0.5, -1.0)
     ax.set_xlabel("seconds")
-    ax.set_title(f"tasks per stage, iterations {a}-{b - 1} (hatched: waiting for other workers' objects)")
-    ax.legend(handles=[Patch(color=c, label=p) for p, c in _COLOURS.items()], loc="upper right", fontsize=8)
+    ax.set_title(f"tasks per stage, iterations {a}-{b - 1} (hatched: waiting for other workers' objects)", fontsize=10)
+    from matplotlib.lines import Line2D
+
+    handles = [Patch(color=c, label=p) for p, c in _COLOURS.items()] + [Patch(facecolor="#dd8452", hatch="///", edgecolor="white", label="waiting")]
+    if crosses:
+        handles.append(Line2D([], [], marker="X", color="#d62728", linestyle="none", markersize=8, label="failed attempt"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 if len(rows) > 6 else -0.2), ncol=len(handles),
+              fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -417,25 +535,29 @@ def plot_gantt(metrics: list[dict[str, Any]], path: str, iterations: tuple[int, 
 
 
 def plot_breakdown(breakdown: list[dict[str, float]], path: str) -> str:
-    """Stacked bars per iteration: orchestration, compute, S3 transfer, waiting."""
-    import matplotlib
+    """Stacked bars per iteration: compute, S3 transfer, waiting, orchestration (they add up to it)."""
+    from matplotlib.ticker import MaxNLocator
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     if not breakdown:
         raise ValueError("fewer than two iterations finished: no time breakdown yet")
     ts = [int(x["t"]) for x in breakdown]
-    fig, ax = plt.subplots(figsize=(max(6.0, min(16.0, 0.12 * len(ts) + 4)), 4))
+    fig, ax = plt.subplots(figsize=(max(8.0, min(18.0, 0.12 * len(ts) + 6)), 4))
     bottom = [0.0] * len(ts)
-    for key, colour in (("compute_s", "#4c72b0"), ("transfer_s", "#dd8452"), ("wait_s", "#c44e52"), ("orchestration_s", "#8c8c8c")):
+    for key, label, colour in _PARTS:
         vals = [x[key] for x in breakdown]
-        ax.bar(ts, vals, bottom=bottom, color=colour, label=key[:-2], width=0.9)
+        ax.bar(ts, vals, bottom=bottom, color=colour, label=label, width=0.8)
         bottom = [u + v for u, v in zip(bottom, vals)]
+    for x, top in zip(breakdown, bottom):
+        if x.get("cold"):
+            ax.annotate("cold", (x["t"], top), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=7, color="dimgrey")
+    warm = breakdown[1:] or breakdown
+    mean = sum(x["iteration_s"] for x in warm) / len(warm)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
     ax.set_ylabel("seconds")
-    ax.set_title("time per iteration")
-    ax.legend(fontsize=8)
+    ax.set_title(f"time per iteration (mean {mean:.2f} s{' after the first' if len(breakdown) > 1 else ''})", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -443,15 +565,18 @@ def plot_breakdown(breakdown: list[dict[str, float]], path: str) -> str:
 
 
 def plot_loss(losses: list[float], path: str) -> str:
-    import matplotlib
+    """The loss curve: the global-batch mean loss per iteration."""
+    from matplotlib.ticker import MaxNLocator
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
+    if not losses:
+        raise ValueError("no finished iteration yet: no loss to plot")
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(range(len(losses)), losses)
+    ax.plot(range(len(losses)), losses, marker="o" if len(losses) <= 30 else None, markersize=3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
     ax.set_ylabel("loss (global-batch mean)")
+    ax.set_title(f"loss: {losses[0]:.4f} -> {losses[-1]:.4f}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -459,11 +584,11 @@ def plot_loss(losses: list[float], path: str) -> str:
 
 
 def write_plots(ins: Inspection, directory: str) -> list[str]:
-    """gantt.png, breakdown.png and loss.png for the run, as far as it has got."""
+    """<job>-gantt.png, <job>-breakdown.png and <job>-loss.png for the run, as far as it has got."""
     os.makedirs(directory, exist_ok=True)
     out = []
     if ins.metrics:
-        out.append(plot_gantt(ins.metrics, os.path.join(directory, f"{ins.job_id}-gantt.png")))
+        out.append(plot_gantt(ins.metrics, os.path.join(directory, f"{ins.job_id}-gantt.png"), failures=ins.failed_tasks))
     if ins.breakdown:
         out.append(plot_breakdown(ins.breakdown, os.path.join(directory, f"{ins.job_id}-breakdown.png")))
     if ins.losses:

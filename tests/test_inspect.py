@@ -8,7 +8,15 @@ from datetime import datetime, timezone
 import pytest
 from click.testing import CliRunner
 
-from stagecoach.inspect_run import failed_tasks, iteration_breakdown, phase_timings, plot_breakdown, plot_gantt
+from stagecoach.inspect_run import (
+    failed_tasks,
+    gantt_rows,
+    iteration_breakdown,
+    phase_timings,
+    plot_breakdown,
+    plot_gantt,
+    plot_loss,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -50,6 +58,7 @@ def test_failed_tasks_are_traced_to_their_worker():
         ("backward", 2, 1, 7, "Runtime.OutOfMemory", False),
     ]
     assert got[1].state == "BackwardTask" and got[1].function == "sc-j-s2"
+    assert got[1].time == datetime(2025, 1, 1, tzinfo=timezone.utc).timestamp()  # where the Gantt chart marks it
     assert got[1].cause.startswith("Runtime.OutOfMemory: RequestId: x")
 
 
@@ -81,6 +90,34 @@ def test_time_breakdown_adds_up_to_the_iteration():
     assert iteration_breakdown(_metrics(), complete=2) == b[:2]
 
 
+def test_breakdown_counts_parallel_stages_once_and_prefers_the_union_transfer_time():
+    """BackwardSync runs the stages' branches in parallel: one stage's sync overlaps another's
+    backward. Time in tasks is the union of the task intervals, not the sum of the phase spans."""
+    def task(phase, t, stage, start, dur, **kw):
+        m = {"phase": phase, "t": t, "stage": stage, "index": 0, "start": start, "end": start + dur, "duration_s": dur,
+             "compute_s": dur / 2, "upload_s": dur / 2, "download_s": dur / 2, "wait_s": 0.0}
+        m.update(kw)
+        return m
+
+    ms = []
+    for t in range(2):
+        b = 10.0 * t
+        ms += [task("backward", t, 0, b + 0.0, 4.0), task("sync", t, 0, b + 4.0, 1.0),
+               task("backward", t, 1, b + 0.0, 1.0), task("sync", t, 1, b + 1.0, 1.0)]  # inside stage 0's backward
+    (x,) = iteration_breakdown(ms)
+    # busy 5 s (not backward span 4 + sync span 4 = 8); 5 s of the 10 s iteration is orchestration
+    assert x["orchestration_s"] == pytest.approx(5.0)
+    # old metrics (upload + download, overlapping): the shares are normalised, so the parts add up
+    assert x["compute_s"] + x["transfer_s"] + x["wait_s"] == pytest.approx(5.0)
+    assert x["transfer_s"] == pytest.approx(2 * x["compute_s"])
+    # new metrics carry transfer_s, the union of concurrent uploads and downloads: used as it is
+    for m in ms:
+        m["transfer_s"], m["compute_s"] = m["duration_s"] / 4, m["duration_s"] * 3 / 4
+    (x,) = iteration_breakdown(ms)
+    assert x["compute_s"] == pytest.approx(3 * x["transfer_s"]) and x["compute_s"] + x["transfer_s"] == pytest.approx(5.0)
+    assert phase_timings(ms, skip_first=0)["sync"]["transfer_s"] == pytest.approx(0.25)
+
+
 def test_phase_timings_skip_cold_iteration():
     ms = _metrics()
     for m in ms:
@@ -96,11 +133,20 @@ def test_plots_are_pngs(tmp_path):
     ms = _metrics()
     g = plot_gantt(ms, str(tmp_path / "g.png"))
     b = plot_breakdown(iteration_breakdown(ms), str(tmp_path / "b.png"))
-    for p in (g, b):
+    lo = plot_loss([2.3, 1.2, 0.7], str(tmp_path / "l.png"))
+    for p in (g, b, lo):
         with open(p, "rb") as f:
             assert f.read(8) == PNG
     with pytest.raises(ValueError):
         plot_breakdown([], str(tmp_path / "none.png"))
+    with pytest.raises(ValueError, match="no task metrics in iterations"):
+        plot_gantt(ms, str(tmp_path / "none.png"), iterations=(50, 60))
+
+
+def test_gantt_rows_follow_the_sync_tasks_that_ran():
+    """K aggregators per stage (k_reduce), not one sync row per replica; no sync rows for a fused sync."""
+    ms = [m for m in _metrics(iterations=2) if not (m["phase"] == "sync" and (m["stage"] == 1 or m["index"] == 1))]
+    assert gantt_rows(ms) == [(0, False, 0), (0, False, 1), (0, True, 0), (1, False, 0), (1, False, 1)]
 
 
 def test_inspect_a_local_run_through_the_daemon(tmp_path, monkeypatch):
@@ -114,6 +160,9 @@ def test_inspect_a_local_run_through_the_daemon(tmp_path, monkeypatch):
     from stagecoach.local.backend import LocalBackend
 
     monkeypatch.setenv("STAGECOACH_HOME", str(tmp_path / "home"))
+    # the daemon's Lambda runtime kills stage 1's backward task of iteration 1 once: Step Functions
+    # retries it (Runtime.ExitError), and inspect must trace the failed attempt to its worker
+    monkeypatch.setenv("STAGECOACH_FAULTS", json.dumps({"once": [{"kind": "kill", "phase": "backward", "t": 1, "stage": 1}]}))
     monkeypatch.setattr(LocalBackend, "_stack", None)  # do not reuse this session's own stack
     runner = CliRunner()
     r = runner.invoke(local_group, ["start"])
@@ -132,12 +181,19 @@ def test_inspect_a_local_run_through_the_daemon(tmp_path, monkeypatch):
 
         out = runner.invoke(inspect_command, [run.execution_arn, "--backend", "local", "--plot", str(tmp_path / "plots")])
         assert out.exit_code == 0, out.output
-        assert "SUCCEEDED" in out.output and "iteration 3/3 done" in out.output and "failed tasks: none" in out.output
-        assert "window 1/1: iterations [0, 3) SUCCEEDED" in out.output
-        assert len(os.listdir(tmp_path / "plots")) == 3
+        assert "SUCCEEDED" in out.output and "iteration 3/3 done" in out.output
+        assert "window 1/1: iterations [0, 3) SUCCEEDED" in out.output and "sync none (1 replica)" in out.output
+        assert "failed tasks (1):\n  backward s1 #0 t=1: Runtime.ExitError" in out.output, out.output
+        assert "(retried, then succeeded)" in out.output
+        assert sorted(os.listdir(tmp_path / "plots")) == sorted(f"{run.job_id}-{k}.png" for k in ("gantt", "breakdown", "loss"))
         out = runner.invoke(inspect_command, [run.execution_arn, "--backend", "local", "--json"])
         data = json.loads(out.output)
         assert len(data["losses"]) == 3 and data["losses"] == pytest.approx(run.losses())
+        (failed,) = data["failed_tasks"]
+        assert (failed["phase"], failed["stage"], failed["t"], failed["retried"]) == ("backward", 1, 1, True)
+        assert failed["function"].endswith(f"{run.job_id}-s1") and failed["state"] == "Backward1Task"
+        for x in data["breakdown"]:  # the four parts add up to each iteration
+            assert sum(x[k] for k in ("orchestration_s", "compute_s", "transfer_s", "wait_s")) == pytest.approx(x["iteration_s"])
 
         out = runner.invoke(cleanup_command, [run.job_id, "--backend", "local"])
         assert out.exit_code == 0 and "removed 2 functions, 1 state machines" in out.output, out.output
@@ -147,3 +203,5 @@ def test_inspect_a_local_run_through_the_daemon(tmp_path, monkeypatch):
     assert read_state() is None
     out = runner.invoke(inspect_command, ["arn:aws:states:us-east-1:123456789012:execution:stagecoach-job:x", "--backend", "local"])
     assert out.exit_code != 0 and "stagecoach local start" in out.output
+    out = runner.invoke(inspect_command, ["not-an-arn"])
+    assert out.exit_code != 0 and "is not a job execution ARN" in out.output
