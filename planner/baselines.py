@@ -10,13 +10,23 @@ evaluates (so every comparison is on Stagecoach's runtime model, not on the base
   for each.
 * Bayes: optuna TPE, 100 trials over (d, stages, tier, micro-batch size) with the performance
   model as the oracle, one study per Pareto weight.
-Each baseline's own candidates go through the same Pareto + delta >= 0.8 recommendation.
+* FuncPipe (funcpipe_model.py): the plan FuncPipe's own planner picks under FuncPipe's own
+  performance model (its Pareto sweep and delta rule), then evaluated with ours.
+* Hydrozoa (hydrozoa.py): its DP partitioner and (dp, mp) hybrid strategy selection per cluster
+  size and uniform tier.
+* FasDL (fasdl.py): its two-stage pruning search over (workers, K aggregators, memory) for pure
+  data parallelism with K-reduce, under FasDL's model.
+Each baseline's own candidates go through the same Pareto + delta >= 0.8 recommendation; the
+formulas and our interpretations are in docs/planner-baselines.md.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from .fasdl import fasdl_plan
+from .funcpipe_model import funcpipe_plan
+from .hydrozoa import hydrozoa_plan
 from .milp import max_stages_for, objective_value
 from .pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
 from .perfmodel import Config, Estimate, SyncChoice, evaluate
@@ -121,4 +131,7 @@ BASELINES: dict[str, Callable[[ModelProfile, int, Platform], Estimate | None]] =
     "HybridPS-GA": hybridps_ga,
     "TPDMP": tpdmp,
     "Bayes": bayes,
+    "FuncPipe": funcpipe_plan,
+    "Hydrozoa": hydrozoa_plan,
+    "FasDL": fasdl_plan,
 }
