@@ -53,3 +53,15 @@ class RemediateEvent(BaseModel):
     function: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     stage: int = Field(ge=0)
     error: str = ""
+
+
+class ProfileEvent(BaseModel):
+    """Measure the job's layers at this function's memory tier (the planner's profile phase)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    phase: Literal["profile"]
+    job: str = Field(pattern=_NAME)
+    bucket: str = Field(pattern=_BUCKET)
+    micro_batch_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(default=[1, 2, 4], min_length=1, max_length=16)
+    repeats: int = Field(default=2, ge=1, le=20)

@@ -20,7 +20,7 @@ from botocore.config import Config
 
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.events import RemediateEvent, TaskEvent
+from stagecoach.lambdas.events import ProfileEvent, RemediateEvent, TaskEvent
 from stagecoach.lambdas.jobctx import job_context
 from stagecoach.lambdas.optim_state import warm_up
 from stagecoach.lambdas.phases import PHASES
@@ -55,6 +55,17 @@ def _client() -> Any:
     return _s3
 
 
+def profile(ev: ProfileEvent) -> dict[str, Any]:
+    """The profile phase: time the job's layers at this function's memory (its vCPU share), so the
+    planner learns each tier as measured rather than from the vCPU model (lambdas/profiling.py)."""
+    from stagecoach.lambdas.profiling import profile_phase
+
+    ch = Channel(_client(), ev.bucket)
+    ctx = job_context(ch, ev.job)
+    sample = ctx.dataset(ch)["x"][0]
+    return profile_phase(ctx.model_factory().to(ctx.dtype), sample, micro_batch_sizes=ev.micro_batch_sizes, repeats=ev.repeats)
+
+
 @logger.inject_lambda_context(log_event=False)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     global _invocations
@@ -67,6 +78,12 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         except (ValidationError, ValueError, TypeError) as e:
             raise BadEvent(f"malformed remediation event {json.dumps(event)[:300]}: {e}") from None
         return remediate(rev, Channel(_client(), rev.bucket))
+    if isinstance(event, dict) and event.get("phase") == "profile":
+        try:
+            pev = parse(event=event, model=ProfileEvent)
+        except (ValidationError, ValueError, TypeError) as e:
+            raise BadEvent(f"malformed profile event {json.dumps(event)[:300]}: {e}") from None
+        return profile(pev)
     try:
         ev = parse(event=event, model=TaskEvent)
     except (ValidationError, ValueError, TypeError) as e:

@@ -503,16 +503,21 @@ class AwsBackend:
             console=CONSOLE,
         )
 
+    def long_call_client(self, service: str) -> Any:
+        """A client whose calls may wait up to Lambda's 15 minutes (a synchronous profile invocation)."""
+        return self._client(service, read_timeout=905)
+
     def deployer_policy(self) -> dict[str, Any]:
         """The deployer policy rendered for this stack: its bucket, roles, region and account."""
         return deployer_policy(self.stack, self.region, self.account, self.partition, self.outputs["BucketName"],
                                roles=[self.outputs["WorkerRoleArn"], self.outputs["StatesRoleArn"]])
 
-    def _client(self, service: str) -> Any:
+    def _client(self, service: str, read_timeout: int = 60) -> Any:
         from botocore.config import Config
 
         c = self.session.client(service, region_name=self.region,
-                                config=Config(retries={"mode": "standard", "max_attempts": 8}, max_pool_connections=20))
+                                config=Config(retries={"mode": "standard", "max_attempts": 8}, max_pool_connections=20,
+                                              read_timeout=read_timeout))
         explain_access_denied(c, self.stack, self.region, self.account, policy=self.deployer_policy)
         return c
 

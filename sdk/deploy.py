@@ -125,11 +125,19 @@ class DeployError(RuntimeError):
 
 
 def preflight(res: StackResources, c: Clients) -> None:
-    """Check the stack's bucket and job state machine exist before creating anything."""
+    """Check the stack's bucket and job state machine exist before creating anything.
+
+    A denied check is not a missing stack: it is reported as such, naming the action to grant.
+    """
     try:
         c.s3.head_bucket(Bucket=res.bucket)
     except c.s3.exceptions.ClientError as e:
         code = e.response.get("Error", {}).get("Code", "")
+        if code in ("403", "AccessDenied", "Forbidden"):
+            raise DeployError(
+                f"access to bucket {res.bucket!r} was denied (s3:ListBucket on arn:aws:s3:::{res.bucket}): "
+                "grant your identity the deployer policy (docs/deployer-policy.json, statement ListJobObjects)"
+            ) from None
         raise DeployError(
             f"bucket {res.bucket!r} is not usable ({code or e}): deploy the stack first (sam deploy), "
             "or point the backend at the stack that owns the bucket"
@@ -137,10 +145,62 @@ def preflight(res: StackResources, c: Clients) -> None:
     try:
         c.sfn.describe_state_machine(stateMachineArn=res.job_state_machine_arn)
     except c.sfn.exceptions.ClientError as e:
+        code = e.response["Error"].get("Code", "")
+        if code in ("AccessDeniedException", "AccessDenied"):
+            raise DeployError(
+                f"states:DescribeStateMachine on {res.job_state_machine_arn} was denied: grant your identity the "
+                "deployer policy (docs/deployer-policy.json, statement StateMachines)"
+            ) from None
         raise DeployError(
-            f"job state machine {res.job_state_machine_arn} is missing ({e.response['Error'].get('Code')}): "
-            "deploy the stack first (sam deploy)"
+            f"job state machine {res.job_state_machine_arn} is missing ({code}): deploy the stack first (sam deploy)"
         ) from None
+
+
+def upload_job(job: Job, plan: Plan, res: StackResources, c: Clients, job_id: str) -> dict[str, Any]:
+    """Upload what the workers read: the data set, the model code, the plan and the initial
+    parameters (version 0, in the plan's shard and chunk layout). Returns the job's spec."""
+    x, y = job.train
+    ds_id = upload_dataset(c.s3, res.bucket, x, y, "train")
+    spec = {
+        "job": job_id,
+        "name": job.name,
+        "seed": job.seed,
+        "iterations": job.iterations,
+        "global_batch": job.global_batch,
+        "dtype": DTYPE_NAMES[job.dtype],
+        "layers": job.layers,
+        "dataset": {"id": ds_id, "n_train": int(x.shape[0])},
+        "plan": plan.to_dict(),
+        "created": time.time(),
+    }
+    code = pickle_job_code(job)
+    c.s3.put_object(Bucket=res.bucket, Key=keys.job_code(job_id), Body=code)
+    c.s3.put_object(Bucket=res.bucket, Key=keys.plan(job_id), Body=plan.to_json().encode())
+    model = job.build_model()
+    layers = list(model.children())
+    for s in range(plan.stages):
+        params = [p for i in plan.stage_layers(s) for p in layers[i].parameters()]
+        flat = flat_params(params)
+        for k, chunks in enumerate(stage_layout(flat.numel(), flat.element_size(), plan.grad_shards(s), plan.replicas)):
+            for ci, (a, b) in enumerate(chunks):
+                c.s3.put_object(Bucket=res.bucket, Key=keys.params(job_id, 0, s, k, ci), Body=_safetensors({"p": flat[a:b]}))
+    return spec
+
+
+def create_stage_function(res: StackResources, c: Clients, name: str, job_id: str, memory_mb: int, timeout_s: int) -> None:
+    """One Lambda function of the worker image (a stage's, or a profiling tier's)."""
+    c.lambda_.create_function(
+        FunctionName=name,
+        Role=res.worker_role_arn,
+        PackageType="Image",
+        Code={"ImageUri": res.image_uri},
+        ImageConfig={"Command": [HANDLER]},
+        MemorySize=memory_mb,
+        Timeout=timeout_s,
+        Architectures=[res.architecture],
+        Environment={"Variables": {"STAGECOACH_BUCKET": res.bucket, "POWERTOOLS_SERVICE_NAME": "stagecoach-worker"}},
+        Tags={"stagecoach:job": job_id},
+    )
 
 
 def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients) -> tuple[str, str]:
@@ -150,46 +210,11 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients) -> t
     created_functions: list[str] = []
     created_sm: list[str] = []
     try:
-        x, y = job.train
-        ds_id = upload_dataset(c.s3, res.bucket, x, y, "train")
-        spec = {
-            "job": job_id,
-            "name": job.name,
-            "seed": job.seed,
-            "iterations": job.iterations,
-            "global_batch": job.global_batch,
-            "dtype": DTYPE_NAMES[job.dtype],
-            "layers": job.layers,
-            "dataset": {"id": ds_id, "n_train": int(x.shape[0])},
-            "plan": plan.to_dict(),
-            "created": time.time(),
-        }
-        code = pickle_job_code(job)
-        c.s3.put_object(Bucket=res.bucket, Key=keys.job_code(job_id), Body=code)
-        c.s3.put_object(Bucket=res.bucket, Key=keys.plan(job_id), Body=plan.to_json().encode())
-        model = job.build_model()
-        layers = list(model.children())
-        for s in range(plan.stages):
-            params = [p for i in plan.stage_layers(s) for p in layers[i].parameters()]
-            flat = flat_params(params)
-            for k, chunks in enumerate(stage_layout(flat.numel(), flat.element_size(), plan.grad_shards(s), plan.replicas)):
-                for ci, (a, b) in enumerate(chunks):
-                    c.s3.put_object(Bucket=res.bucket, Key=keys.params(job_id, 0, s, k, ci), Body=_safetensors({"p": flat[a:b]}))
+        spec = upload_job(job, plan, res, c, job_id)
         functions = []
         for s in range(plan.stages):
             name = function_name(res, job_id, s)
-            c.lambda_.create_function(
-                FunctionName=name,
-                Role=res.worker_role_arn,
-                PackageType="Image",
-                Code={"ImageUri": res.image_uri},
-                ImageConfig={"Command": [HANDLER]},
-                MemorySize=plan.memory_mb[s],
-                Timeout=plan.function_timeout_s(s),
-                Architectures=[res.architecture],
-                Environment={"Variables": {"STAGECOACH_BUCKET": res.bucket, "POWERTOOLS_SERVICE_NAME": "stagecoach-worker"}},
-                Tags={"stagecoach:job": job_id},
-            )
+            create_stage_function(res, c, name, job_id, plan.memory_mb[s], plan.function_timeout_s(s))
             created_functions.append(name)
             functions.append(name)
         window = c.sfn.create_state_machine(

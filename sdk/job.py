@@ -156,20 +156,31 @@ class Job:
         plan = learnt.refine(plan, self.name, backend.clients.s3, backend.resources.bucket)
         return backend.launch(self, plan)
 
-    def plan(self, platform: Any = None, **options: Any) -> Any:
-        """Profile the model here and plan it: the Pareto set of plans and FuncPipe's recommendation.
+    def plan(self, platform: Any = None, profile_on: Any = None, tiers: "Sequence[int] | None" = None, **options: Any) -> Any:
+        """Profile the model and plan it: the Pareto set of plans and FuncPipe's recommendation.
 
         Returns a stagecoach.planner.api.PlanningResult; ``result.recommended.to_plan()`` is the
         Plan to pass to ``run(plan=...)``. ``platform`` defaults to AWS Lambda's constants
-        (planner/platforms.py); ``options`` go to planner.api.plan_model.
+        (planner/platforms.py); ``options`` go to planner.api.plan_model. The layers are timed here
+        (one thread = one vCPU, scaled to each tier by the vCPU model) unless ``profile_on`` names a
+        backend: then each of ``tiers`` is measured inside a Lambda function of that memory
+        (stagecoach.profile_tiers), and planning uses those tiers.
         """
         from stagecoach.lambdas.profiling import measure_model
         from stagecoach.planner.api import plan_model
 
         self.validate()
-        x = self.train[0]
-        sample = x[0].to(self.dtype) if x.is_floating_point() else x[0]
-        profile = measure_model(self.build_model(), sample, micro_batch_sizes=(1, 2, 4), name=self.name)
+        if profile_on is not None:
+            from stagecoach.planner.platforms import aws_platform
+            from stagecoach.profile_tiers import profile_tiers
+
+            tiers = tuple(tiers or (1024, 2048, 4096, 10240))
+            profile = profile_tiers(self, profile_on, tiers=tiers)
+            platform = (platform or aws_platform()).replace(tiers_mb=tuple(sorted(tiers)))
+        else:
+            x = self.train[0]
+            sample = x[0].to(self.dtype) if x.is_floating_point() else x[0]
+            profile = measure_model(self.build_model(), sample, micro_batch_sizes=(1, 2, 4), name=self.name)
         return plan_model(profile, self.global_batch, platform=platform, **options)
 
     def manual_plan(

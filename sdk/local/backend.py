@@ -63,14 +63,14 @@ class LocalStack:
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         atexit.register(self.close)
 
-    def client(self, service: str) -> Any:
+    def client(self, service: str, read_timeout: int = 60) -> Any:
         return boto3.client(
             service,
             endpoint_url=self.endpoint_url,
             region_name=REGION,
             aws_access_key_id="local",
             aws_secret_access_key="local",
-            config=Config(retries={"mode": "standard", "max_attempts": 5}, max_pool_connections=20),
+            config=Config(retries={"mode": "standard", "max_attempts": 5}, max_pool_connections=20, read_timeout=read_timeout),
         )
 
     def close(self) -> None:
@@ -155,6 +155,10 @@ class LocalBackend:
             name=f"{PREFIX}-job", definition=json.dumps(asl.job_definition()), roleArn=res.states_role_arn
         )
         return res
+
+    def long_call_client(self, service: str) -> Any:
+        """A client whose calls may wait up to Lambda's 15 minutes (a synchronous profile invocation)."""
+        return self.stack.client(service, read_timeout=905)
 
     def launch(self, job: Any, plan: Any) -> Any:
         from stagecoach.deploy import deploy_and_start

@@ -1,0 +1,61 @@
+"""Profile a job's layers inside Lambda, once per memory tier (the planner's per-tier measurements).
+
+On a laptop the planner maps tiers to speed with Lambda's vCPU model (1 vCPU per 1,769 MB). On AWS
+the real speed of each tier is measured instead: one worker function per tier runs the handler's
+``profile`` phase (lambdas/handler.py -> lambdas/profiling.profile_phase) on the job's own model and
+a sample of its data, and the results fold into one ModelProfile whose layers carry times per tier
+(``LayerProfile.tier_s``), which the performance model prefers to any estimate. The same code runs
+on the local stack, where every tier is one thread of this machine: useful to test, not to learn.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from stagecoach.deploy import DeployError, cleanup, create_stage_function, function_name, new_job_id, preflight, upload_job
+from stagecoach.job import Job
+from stagecoach.lambdas import keys
+from stagecoach.lambdas.profiling import combine_tier_phases
+from stagecoach.planner.plan import LAMBDA_MAX_MB, LAMBDA_MAX_TIMEOUT_S, LAMBDA_MIN_MB
+from stagecoach.planner.profile import ModelProfile
+
+
+def profile_tiers(job: Job, backend: Any = None, tiers: Sequence[int] = (1024, 2048, 4096, 10240),
+                  micro_batch_sizes: Sequence[int] = (1, 2, 4), repeats: int = 2) -> ModelProfile:
+    """Run the profile phase at every tier on ``backend`` and fold the results; removes what it created."""
+    from stagecoach.backends import get_backend
+
+    bad = [t for t in tiers if not LAMBDA_MIN_MB <= int(t) <= LAMBDA_MAX_MB]
+    if not tiers or bad:
+        raise ValueError(f"tiers={list(tiers)}: give Lambda memory sizes of {LAMBDA_MIN_MB}-{LAMBDA_MAX_MB} MB")
+    job.validate()
+    backend = get_backend(backend)
+    res, c = backend.resources, backend.clients
+    preflight(res, c)
+    job_id = new_job_id(job) + "-prof"
+    created: list[str] = []
+    try:
+        spec = upload_job(job, job.manual_plan(), res, c, job_id)
+        c.s3.put_object(Bucket=res.bucket, Key=keys.job_spec(job_id), Body=json.dumps(spec).encode())
+        names = []
+        for i, tier in enumerate(tiers):
+            name = function_name(res, job_id, i)
+            create_stage_function(res, c, name, job_id, int(tier), LAMBDA_MAX_TIMEOUT_S)
+            created.append(name)
+            names.append(name)
+        lam = backend.long_call_client("lambda") if hasattr(backend, "long_call_client") else c.lambda_
+        results = []
+        for name in names:  # one after another: on the local stack they would share the cores
+            lam.get_waiter("function_active_v2").wait(FunctionName=name, WaiterConfig={"Delay": 2, "MaxAttempts": 150})
+            event = {"phase": "profile", "job": job_id, "bucket": res.bucket,
+                     "micro_batch_sizes": [int(b) for b in micro_batch_sizes], "repeats": int(repeats)}
+            out = lam.invoke(FunctionName=name, Payload=json.dumps(event).encode())
+            payload = json.loads(out["Payload"].read() or b"null")
+            if out.get("FunctionError"):
+                msg = payload.get("errorMessage", payload) if isinstance(payload, dict) else payload
+                raise DeployError(f"the profile phase failed on {name}: {msg}")
+            results.append(payload)
+        return combine_tier_phases(results)
+    finally:
+        cleanup(job_id, res, c, functions=created)
