@@ -110,7 +110,7 @@ def train(file: str, stages: int | None, replicas: int | None, micro_batches: in
     click.echo(f"console: {run.console_url}")
     try:
         run.wait(progress=True)
-    except RunFailed as e:
+    except (RunFailed, DeployError) as e:  # DeployError: e.g. AccessDenied while watching on AWS
         raise click.ClickException(str(e)) from None
     wall = time.time() - t0
     losses = run.losses()

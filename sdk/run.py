@@ -184,40 +184,20 @@ class Run:
     def time_breakdown(self, skip_first: int = 1) -> dict[str, float]:
         """Mean seconds per iteration spent in orchestration versus inside tasks (compute, transfer, waiting).
 
-        Iteration time runs from one iteration's first task start to the next's. The phases' spans
-        (first task start to last task end, per phase) are task time; the rest of the iteration is
-        orchestration (Step Functions state transitions and Lambda invocation). Task time is split
-        by the tasks' own compute / upload+download / waiting shares. The first ``skip_first``
-        iterations (cold starts) are left out.
+        Per iteration (stagecoach.inspect_run.iteration_breakdown): from its first task start to the
+        next iteration's; the time some task ran (the union of task intervals: parallel stages
+        count once) split by the tasks' compute / transfer / wait shares; the rest is orchestration
+        (Step Functions transitions and Lambda invocation). The first ``skip_first`` iterations
+        (cold starts) are left out when later ones exist.
         """
-        self._fetch_metrics()
-        by_it = self._by_iteration()
-        n = self.iterations_done()
-        its = list(range(skip_first, n - 1)) or list(range(0, max(0, n - 1)))
-        if not its:
+        from stagecoach.inspect_run import iteration_breakdown
+
+        rows = iteration_breakdown(self.metrics(), complete=self.iterations_done())
+        rows = [r for r in rows if r["t"] >= skip_first] or rows
+        if not rows:
             return {}
-        first = {t: min(m["start"] for m in by_it[t]) for t in range(n)}
-        wall = spans = comp = xfer = wait = dur = 0.0
-        for t in its:
-            wall += first[t + 1] - first[t]
-            for phase in ("forward", "backward", "sync"):
-                pm = [m for m in by_it[t] if m["phase"] == phase]
-                if pm:
-                    spans += max(m["end"] for m in pm) - min(m["start"] for m in pm)
-            for m in by_it[t]:
-                comp += m["compute_s"]
-                xfer += m.get("transfer_s", m["upload_s"] + m["download_s"])
-                wait += m["wait_s"]
-                dur += m["duration_s"]
-        k = len(its)
-        in_tasks = spans / k
-        return {
-            "iteration_s": wall / k,
-            "orchestration_s": (wall - spans) / k,
-            "compute_s": in_tasks * comp / dur,
-            "transfer_s": in_tasks * xfer / dur,
-            "wait_s": in_tasks * wait / dur,
-        }
+        keys_ = ("iteration_s", "orchestration_s", "compute_s", "transfer_s", "wait_s")
+        return {k: sum(r[k] for r in rows) / len(rows) for k in keys_}
 
     def losses(self) -> list[float]:
         self._fetch_metrics()
