@@ -17,9 +17,12 @@ completes no earlier than its emulated link allows.
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 import threading
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,11 +38,40 @@ from stagecoach.lambdas.netem import Network, network
 # (S3 lifecycle filters cannot match jobs/*/iter/ by prefix).
 TRANSIENT_TAG = "stagecoach%3Atransient=true"
 WAIT_FIRST_S = 0.005
-WAIT_MAX_S = 0.05
+WAIT_MAX_S = 0.02
 # Requests in flight per direction: enough to keep a ~78 MB/s link busy through S3's first-byte
 # latency with chunks of a few MB, few enough that objects arrive in the order they are needed.
 UPLOADS_IN_FLIGHT = 4
 DOWNLOADS_IN_FLIGHT = 4
+
+
+# safetensors dtype names -> torch; tensors are viewed in the downloaded bytes, not copied out of them
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
+           "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+warnings.filterwarnings("ignore", message="The given buffer is not writable")
+
+
+def load_tensors(body: bytes) -> dict[str, torch.Tensor]:
+    """A safetensors body as tensors that view its bytes (no copy).
+
+    The tensors are read-only in spirit: every consumer either reads them or copies first (the
+    reduction clones its first operand, the optimizer clones the parameters), and a recompute's
+    input is a detached leaf on which autograd refuses in-place ops anyway.
+    """
+    (n,) = struct.unpack("<Q", body[:8])
+    header = json.loads(body[8 : 8 + n])
+    base, view = 8 + n, memoryview(body)
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(info["dtype"])
+        if dtype is None:
+            return st_load(body)
+        a, b = info["data_offsets"]
+        t = torch.frombuffer(view[base + a : base + b], dtype=dtype) if b > a else torch.empty(0, dtype=dtype)
+        out[name] = t.reshape(info["shape"])
+    return out
 
 
 class ObjectWaitTimeout(Exception):
@@ -187,11 +219,11 @@ class Channel:
             delay = min(WAIT_MAX_S, delay * 1.6)
 
     def wait_tensors(self, key: str, deadline: float) -> dict[str, torch.Tensor]:
-        return st_load(self.wait_bytes(key, deadline))
+        return load_tensors(self.wait_bytes(key, deadline))
 
     def get_tensors(self, key: str) -> dict[str, torch.Tensor] | None:
         body = self.get_bytes(key)
-        return None if body is None else st_load(body)
+        return None if body is None else load_tensors(body)
 
     def delete(self, keys: list[str]) -> None:
         """Delete up to 1,000 keys per request; missing keys are fine (idempotent)."""

@@ -194,7 +194,8 @@ class GradStream:
                 parts.append(g[max(a, x) - x : min(b, y) - x])
         if not parts:
             return torch.zeros(0, dtype=self.params[0].dtype if self.params else torch.float32)
-        return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        # a view is enough: the gradient stays as it is until the task ends (uploads copy it)
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def _emit(self, key: tuple[int, int]) -> None:
         if key not in self.emitted:
