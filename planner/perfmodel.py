@@ -112,7 +112,7 @@ class StageTerms:
     """Everything one stage contributes, independent of the other stages (docs §2-§5)."""
 
     p_bytes: float
-    load_s: float  # GET the stage's parameter shards: t_lat + P/w
+    load_s: float  # GET the stage's parameter shards: t_lat + P/w (0 if the sync left them cached)
     fwd_step_s: float  # a_s: one micro-batch of the forward task (0 for the last stage)
     bwd_step_s: float  # bb_s: one micro-batch of the backward task
     fwd_compute_s: float  # f_s (one micro-batch)
@@ -133,20 +133,25 @@ def stage_terms(
     first layer, out of its last; per-sample bytes; ``fwd_s``/``bwd_s`` one micro-batch at the tier)."""
     w, lat = plat.bandwidth_Bps, plat.storage_latency_s
     in_b, out_b = b * in_ps, b * out_ps
-    load = lat + p_bytes / w
     a = 0.0 if last else 2 * lat + (in_b + out_b) / w + fwd_s
     read_down = lat + (b * label_ps if last else out_b) / w
     write_up = 0.0 if first else lat + b * ingrad_ps / w
     bb = read_down + lat + in_b / w + fwd_s + bwd_s + write_up
-    sy = choice.algorithm.stage(d, choice.k, p_bytes, optimizer_seconds(p_bytes, tier_mb, plat), m * (fwd_s + bwd_s), plat)
+    sy = choice.algorithm.stage(d, choice.k, p_bytes, optimizer_seconds(p_bytes, tier_mb, plat), m * (fwd_s + bwd_s), plat,
+                                last_backward_s=bwd_s)
+    # a sync that leaves version t+1 in the backward task's container (d = 1, pipelined
+    # scatter-reduce) spares the next phase's task of the stage its parameter load and GETs
+    cached = bool(getattr(sy, "params_cached", False))
+    load = 0.0 if cached else lat + p_bytes / w
+    shard_gets = 0 if cached else sy.shards
     act = b * (saved_ps + 2 * in_ps + 2 * out_ps)
     mem = max(param_copies(d, plat) * p_bytes + act + sy.backward_extra_bytes, sy.task_bytes)
     poll = plat.s3_polls_per_wait
     gets = puts = 0.0
     if not last:  # forward task per replica: parameter shards, m inputs (+ waits), m outputs
-        gets += d * (sy.shards + m + (0 if first else m * poll))
+        gets += d * (shard_gets + m + (0 if first else m * poll))
         puts += d * m
-    gets += d * (2 * m + (0 if last else m * poll) + (sy.shards if last else 0) + sy.tail_gets)
+    gets += d * (2 * m + (0 if last else m * poll) + (shard_gets if last else 0) + sy.tail_gets)
     puts += d * ((0 if first else m) + sy.tail_puts)
     gets += sy.tasks * sy.task_gets
     puts += sy.tasks * sy.task_puts
