@@ -25,6 +25,19 @@ def compositions(n: int, max_parts: int) -> Iterator[tuple[int, ...]]:
             yield tuple(edges[i + 1] - edges[i] for i in range(len(edges) - 1))
 
 
+def all_plans(profile: ModelProfile, plat: Platform, replicas: int, micro_batch: int, micro_batches: int,
+              tiers: Sequence[int] | None = None, max_stages: int = 8, sync_algos: Sequence[str] | None = None) -> Iterator[Estimate]:
+    """Every configuration of (d, b, m), evaluated (feasible or not)."""
+    tiers = list(tiers or plat.tiers_mb)
+    choices = sync_choices(replicas, sync_algos)
+    smax = max_stages_for(replicas, len(profile.layers), max_stages)
+    for bal in compositions(len(profile.layers), smax):
+        n = len(bal)
+        for ts in itertools.product(tiers, repeat=n):
+            for sy in itertools.product(choices, repeat=n):
+                yield evaluate(profile, Config(bal, ts, replicas, micro_batch, micro_batches, sy), plat)
+
+
 def solve_bruteforce(
     profile: ModelProfile,
     plat: Platform,
@@ -35,21 +48,15 @@ def solve_bruteforce(
     a2: float = 0.0,
     tiers: Sequence[int] | None = None,
     max_stages: int = 8,
-    sync_algos: Sequence[str] | None = ("scatter_reduce",),
+    sync_algos: Sequence[str] | None = None,
 ) -> tuple[Estimate | None, float]:
-    """(best feasible estimate, its objective); (None, inf) if nothing is feasible."""
-    tiers = list(tiers or plat.tiers_mb)
-    choices = sync_choices(replicas, sync_algos)
-    smax = max_stages_for(replicas, len(profile.layers), max_stages)
+    """(best feasible estimate, its objective); (None, inf) if nothing is feasible. ``sync_algos``:
+    None = all of them, as the MILP (slow: choices^stages)."""
     best, best_obj = None, math.inf
-    for bal in compositions(len(profile.layers), smax):
-        n = len(bal)
-        for ts in itertools.product(tiers, repeat=n):
-            for sy in itertools.product(choices, repeat=n):
-                est = evaluate(profile, Config(bal, ts, replicas, micro_batch, micro_batches, sy), plat)
-                if not est.feasible:
-                    continue
-                obj = objective_value(est.cost, est.time_s, a1, a2)
-                if obj < best_obj:
-                    best, best_obj = est, obj
+    for est in all_plans(profile, plat, replicas, micro_batch, micro_batches, tiers, max_stages, sync_algos):
+        if not est.feasible:
+            continue
+        obj = objective_value(est.cost, est.time_s, a1, a2)
+        if obj < best_obj:
+            best, best_obj = est, obj
     return best, best_obj
