@@ -1,9 +1,12 @@
 """The planner's entry point: ``plan_model(profile, global_batch) -> PlanningResult``.
 
-For every data-parallel degree d and micro-batch size b that divide the global batch, and every
-Pareto weight, solve the exact MILP (milp.py) seeded with a quick heuristic incumbent, keep the
-better of the two (so a time-limited solve can never return something worse than the heuristic),
-then take the Pareto front over everything found and recommend with FuncPipe's delta rule.
+FuncPipe's sweep: for every Pareto weight (a1, a2), the plan minimising a1*cost + a2*time over
+the whole search space (every data-parallel degree d and micro-batch size b that divide the global
+batch, and within each, partition, tier and sync algorithm per stage), proven optimal: one exact
+solve per (d, b) (milp.solve_fixed; fixing d keeps the MILP linear), each only asked to beat the
+best plan found so far, which its lower bounds usually refute at once. The candidate stages of a
+(d, b) are built once for all weights. The Pareto front of the weights' optima, and FuncPipe's
+delta rule picks the recommendation.
 """
 
 from __future__ import annotations
@@ -12,11 +15,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .milp import max_stages_for, objective_value, solve_fixed
+from .milp import candidate_groups, heuristic_incumbent, max_stages_for, objective_value, solve_fixed
 from .pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
-from .perfmodel import Config, Estimate, evaluate, sync_choices, timeouts
+from .perfmodel import ALL_SYNC, Config, Estimate, evaluate, timeouts
 from .platforms import Platform, aws_platform
-from .profile import ModelProfile, balanced_partition, check_fits
+from .profile import ModelProfile, check_fits
 
 DEFAULT_REPLICAS = (1, 2, 4, 8, 16, 32)
 
@@ -27,8 +30,8 @@ class PlannedConfig:
 
     estimate: Estimate
     weights: tuple[float, float]
-    method: str  # "milp", "milp(time_limit)" or "heuristic"
-    solve_s: float
+    method: str  # "milp" (proven optimal for its weights), "milp(time_limit)" or "heuristic"
+    solve_s: float  # planning seconds until this weight's optimum was known
     profile: ModelProfile
     platform: Platform
 
@@ -53,10 +56,11 @@ class PlannedConfig:
         return tuple(out)
 
     def to_plan(self) -> Any:
-        """The runtime contract (stagecoach.planner.plan.Plan): per stage the sync algorithm and K,
-        the model's predicted task seconds per phase (extras["predicted_task_s"], what the
-        runtime's timeout manager starts from) and TimeoutSeconds by plan.timeouts_from. Raises
-        PlanError if a phase is predicted not to fit Lambda's 15 minutes."""
+        """The runtime contract (stagecoach.planner.plan.Plan): per stage the sync algorithm and K
+        (Plan.sync, Plan.aggregators), the model's predicted task seconds per phase
+        (extras["predicted_task_s"], what the runtime's timeout manager starts from) and
+        TimeoutSeconds by plan.timeouts_from. Raises PlanError if a phase is predicted not to fit
+        Lambda's 15 minutes."""
         from .plan import Plan
 
         c, e = self.config, self.estimate
@@ -85,30 +89,19 @@ class PlannedConfig:
 
 @dataclass
 class PlanningResult:
-    profile: ModelProfile
+    profile: ModelProfile  # the (merged) profile the plans refer to
     global_batch: int
     platform: Platform
-    candidates: list[PlannedConfig]
+    candidates: list[PlannedConfig]  # the optimum of every weight (proven, unless method says otherwise)
     pareto: list[PlannedConfig]
     recommended: PlannedConfig
     solve_s: float
     notes: list[str] = field(default_factory=list)
 
-
-def heuristic_estimates(profile: ModelProfile, plat: Platform, d: int, b: int, m: int, sync_algos: Sequence[str] | None, max_stages: int) -> list[Estimate]:
-    """Cheap feasible candidates: balanced partitions x uniform tiers (an incumbent for the MILP)."""
-    L = len(profile.layers)
-    ref = plat.tiers_mb[len(plat.tiers_mb) // 2]
-    wts = [sum(l.times(ref, b, plat)) for l in profile.layers]
-    out = []
-    for S in range(1, max_stages_for(d, L, max_stages) + 1):
-        bal = tuple(balanced_partition(wts, S))
-        for t in plat.tiers_mb:
-            for c in sync_choices(d, sync_algos):
-                e = evaluate(profile, Config(bal, (t,) * S, d, b, m, (c,) * S), plat)
-                if e.feasible:
-                    out.append(e)
-    return out
+    @property
+    def proven(self) -> bool:
+        """True if every candidate is proven optimal for its (d, b, weights)."""
+        return all(c.method == "milp" for c in self.candidates)
 
 
 def plan_model(
@@ -117,46 +110,75 @@ def plan_model(
     platform: Platform | None = None,
     weights: Sequence[tuple[float, float]] = FUNCPIPE_WEIGHTS,
     replicas: Sequence[int] = DEFAULT_REPLICAS,
-    micro_batch_sizes: Sequence[int] = (4,),
+    micro_batch_sizes: Sequence[int] = (1, 2, 4, 8),
     max_stages: int = 8,
     max_layers: int = 12,
-    sync_algos: Sequence[str] | None = ("scatter_reduce",),
-    time_limit: float = 5.0,
+    sync_algos: Sequence[str] | None = ALL_SYNC,
+    time_limit: float = 60.0,
     use_milp: bool = True,
 ) -> PlanningResult:
-    """Plan a model: the Pareto set over (d, b, weights) and FuncPipe's recommendation.
+    """Plan a model: each weight's optimum over every (d, micro-batch size) and plan shape, the
+    Pareto set of those, and FuncPipe's recommendation.
 
     ``max_layers``: layers are merged to at most this many groups of balanced compute time before
-    the MILP (docs/planner.md, "layer merging"). ``sync_algos``: the runtime runs scatter_reduce;
-    add "pipelined_scatter_reduce", "k_reduce", "all_reduce" to see what they would give.
+    the MILP (docs/planner.md, "layer merging"); plans are optimal over cuts between groups.
+    ``sync_algos``: the synchronisation algorithms the planner may choose per stage (default: all
+    four the runtime runs). ``micro_batch_sizes``: those dividing G / d are tried (FuncPipe fixes
+    4; the runtime runs any). ``time_limit``: seconds per (d, b, weights) solve; a solve that hits
+    it keeps its best plan, labelled "milp(time_limit)". ``use_milp=False``: heuristic plans only.
     """
     t0 = time.perf_counter()
     plat = platform or aws_platform()
     if global_batch < 1:
         raise ValueError(f"global_batch={global_batch}: must be a positive number of samples")
+    if not weights:
+        raise ValueError("weights is empty: give at least one (a1, a2), e.g. FuncPipe's pareto.FUNCPIPE_WEIGHTS")
+    unknown = sorted(set(sync_algos or ()) - set(ALL_SYNC))
+    if unknown:
+        raise ValueError(f"unknown sync algorithms {unknown}: choose from {list(ALL_SYNC)}")
     check_fits(profile, plat, micro_batch=1)
     prof = profile.merged(max_layers, plat, micro_batch=max(micro_batch_sizes))
+    L = len(prof.layers)
+    subproblems = [(d, b, global_batch // (d * b)) for d in replicas for b in micro_batch_sizes if global_batch % (d * b) == 0]
+    groups: dict[tuple[int, int], Any] = {}
     cands: list[PlannedConfig] = []
     notes: list[str] = []
-    for d in replicas:
-        for b in micro_batch_sizes:
-            if global_batch % (d * b):
-                continue
-            m = global_batch // (d * b)
-            heur = heuristic_estimates(prof, plat, d, b, m, sync_algos, max_stages)
-            for a1, a2 in weights:
-                inc = min(heur, key=lambda e: objective_value(e.cost, e.time_s, a1, a2), default=None)
-                inc_obj = objective_value(inc.cost, inc.time_s, a1, a2) if inc else None
-                best, how, ss = inc, "heuristic", 0.0
-                if use_milp:
-                    r = solve_fixed(prof, plat, d, b, m, a1, a2, max_stages=max_stages, sync_algos=sync_algos, time_limit=time_limit, incumbent_objective=inc_obj)
-                    ss = r.solve_s
-                    if r.config is not None:
-                        e = evaluate(prof, r.config, plat)
-                        if e.feasible and (inc_obj is None or objective_value(e.cost, e.time_s, a1, a2) <= inc_obj * (1 + 1e-9)):
-                            best, how = e, "milp" if r.status == "optimal" else "milp(time_limit)"
-                if best is not None:
-                    cands.append(PlannedConfig(best, (a1, a2), how, ss, prof, plat))
+    found: list[Config] = []  # every optimum so far: free incumbents for the other weights
+    for a1, a2 in weights:
+        # the optimum over every (d, b): each subproblem only has to beat the best found so far
+        # (its bounds usually show at once that it cannot), so the weights' optima come cheap
+        best: tuple[float, Config] | None = None  # (objective, plan)
+        for cfg in found:
+            e = evaluate(prof, cfg, plat)
+            v = objective_value(e.cost, e.time_s, a1, a2)
+            if e.feasible and (best is None or v < best[0]):
+                best = (v, cfg)
+        # a quick heuristic plan per (d, b): the best of them is the first cutoff, and the most
+        # promising (d, b) are solved first so that the others face the strongest cutoff
+        heur = {}
+        for d, b, m in subproblems:
+            if (d, b) not in groups:
+                groups[(d, b)] = candidate_groups(prof, plat, d, b, m, sync_algos=sync_algos)
+            heur[(d, b)] = heuristic_incumbent(prof, plat, groups[(d, b)], a1, a2, max_stages_for(d, L, max_stages))
+            cfg, obj = heur[(d, b)]
+            if cfg is not None and (best is None or obj < best[0]):
+                best = (obj, cfg)
+        proven = True
+        if use_milp:
+            for d, b, m in sorted(subproblems, key=lambda sp: heur[sp[:2]][1]):
+                own = [c for c in found if (c.replicas, c.micro_batch) == (d, b)] + ([heur[(d, b)][0]] if heur[(d, b)][0] else [])
+                r = solve_fixed(prof, plat, d, b, m, a1, a2, max_stages=max_stages, time_limit=time_limit, candidates=groups[(d, b)],
+                                incumbent=own, cutoff=best[0] if best else None)
+                proven &= r.status == "optimal" or r.status.startswith(("cutoff", "infeasible"))  # the last two: nothing better here
+                if r.config is not None and (best is None or r.objective < best[0]):
+                    best = (r.objective, r.config)
+        if best is None:
+            continue
+        cfg = best[1]
+        found.append(cfg)
+        e = evaluate(prof, cfg, plat)
+        how = "heuristic" if not use_milp else ("milp" if proven else "milp(time_limit)")
+        cands.append(PlannedConfig(e, (a1, a2), how, time.perf_counter() - t0, prof, plat))
     if not cands:
         raise ValueError(
             f"no feasible plan for {profile.name!r} at global batch {global_batch}: every combination of "
@@ -164,6 +186,8 @@ def plan_model(
             "batch, exceeds Lambda memory or the 900 s task limit; try more stages (max_stages), smaller micro-batches "
             "or another global batch"
         )
+    if use_milp and any(c.method != "milp" for c in cands):
+        notes.append("some solves hit the time limit: their plans are the best found, not proven optimal")
     front = pareto_front(cands)
     rec = recommend(front)
     return PlanningResult(prof, global_batch, plat, cands, front, rec, time.perf_counter() - t0, notes)

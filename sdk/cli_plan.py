@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from stagecoach.planner.plan import SYNC_ALGORITHMS
+
 
 def _load(target: str, meta: bool) -> tuple[Any, int | None]:
     from stagecoach.planner.zoo import zoo_profile
@@ -52,27 +54,40 @@ def _load(target: str, meta: bool) -> tuple[Any, int | None]:
 @click.option("--platform", "platform_name", type=click.Choice(["aws", "aws-arm64", "local"]), default="aws", show_default=True)
 @click.option("--max-layers", type=int, default=12, show_default=True, help="merge layers to at most this many before the MILP")
 @click.option("--max-stages", type=int, default=8, show_default=True)
-@click.option("--time-limit", type=float, default=5.0, show_default=True, help="seconds per MILP solve")
-@click.option("--all-sync", is_flag=True, help="also consider sync algorithms the runtime does not run yet")
+@click.option("--micro-batch-sizes", default="1,2,4,8", show_default=True, help="comma-separated micro-batch sizes to consider")
+@click.option("--sync", "sync_algos", multiple=True, type=click.Choice(list(SYNC_ALGORITHMS)),
+              help="sync algorithms the planner may choose per stage (repeatable; default: all four)")
+@click.option("--time-limit", type=float, default=60.0, show_default=True, help="seconds per exact solve (one per d, micro-batch size, weight)")
 @click.option("--meta", is_flag=True, help="size a FILE model on the meta device (FLOP-based times) instead of running it")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Pareto PNG (default: plan-<name>.png)")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="write the recommended Plan as JSON")
 def plan_command(target: str, global_batch: int | None, samples_per_epoch: int, platform_name: str, max_layers: int, max_stages: int,
-                 time_limit: float, all_sync: bool, meta: bool, plot: str | None, json_out: str | None) -> None:
+                 micro_batch_sizes: str, sync_algos: tuple[str, ...], time_limit: float, meta: bool, plot: str | None, json_out: str | None) -> None:
     """Plan TARGET (a Python FILE or zoo:NAME): Pareto plans and a recommendation."""
     from stagecoach.planner.api import plan_model
     from stagecoach.planner.platforms import aws_platform, local_platform
-    from stagecoach.planner.report import pareto_png, result_table
+    from stagecoach.planner.report import SYNC_LEGEND, pareto_png, result_table
 
+    try:
+        sizes = tuple(int(x) for x in micro_batch_sizes.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"{micro_batch_sizes!r}: give positive integers separated by commas, e.g. 1,2,4,8", param_hint="--micro-batch-sizes") from None
+    if not sizes or min(sizes) < 1:
+        raise click.BadParameter(f"{micro_batch_sizes!r}: give positive integers separated by commas, e.g. 1,2,4,8", param_hint="--micro-batch-sizes")
     prof, file_batch = _load(target, meta)
     G = global_batch or file_batch or 64
     plat = {"aws": aws_platform, "aws-arm64": lambda: aws_platform("arm64"), "local": local_platform}[platform_name]()
-    algos = ("scatter_reduce", "pipelined_scatter_reduce", "k_reduce", "all_reduce") if all_sync else ("scatter_reduce",)
-    res = plan_model(prof, G, plat, max_layers=max_layers, max_stages=max_stages, time_limit=time_limit, sync_algos=algos)
+    try:
+        res = plan_model(prof, G, plat, max_layers=max_layers, max_stages=max_stages, micro_batch_sizes=sizes, time_limit=time_limit,
+                         sync_algos=sync_algos or None)
+    except ValueError as e:  # too large a layer, no plan fits: the message says what to change
+        raise click.ClickException(str(e)) from None
     click.echo(f"{prof.name}: {prof.original_layers} layers, {prof.param_bytes / 2**20:.0f} MiB of parameters, global batch {G}, "
-               f"platform {plat.name} (prices as of {plat.prices_as_of}); planned in {res.solve_s:.1f} s")
+               f"platform {plat.name} (prices as of {plat.prices_as_of}); planned in {res.solve_s:.1f} s"
+               + ("" if res.proven else " (some solves hit the time limit: not proven optimal)"))
     click.echo(result_table(res, samples_per_epoch))
     click.echo("* = recommended: the fastest plan whose speed-up over the cheapest is worth >= 0.8 of its extra cost")
+    click.echo(SYNC_LEGEND)
     png = pareto_png(res, plot or f"plan-{prof.name}.png")
     click.echo(f"Pareto plot: {png}")
     if json_out:

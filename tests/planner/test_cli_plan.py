@@ -19,10 +19,21 @@ def test_plan_command_writes_table_png_and_plan(tmp_path):
     png, js = tmp_path / "p.png", tmp_path / "plan.json"
     r = CliRunner().invoke(plan_command, [str(f), "--time-limit", "2", "--plot", str(png), "--json", str(js)])
     assert r.exit_code == 0, r.output
-    assert "s/iter" in r.output and "$/epoch" in r.output and "orch. $ share" in r.output
+    header = next(line for line in r.output.splitlines() if "s/iter" in line)
+    for col in ("stages", "tier MB/stage", "d", "micro-batches", "sync/stage", "$/iter", "$/epoch", "orch. $ share"):
+        assert col in header
+    assert "*" in r.output and "sync per stage:" in r.output
     assert png.stat().st_size > 1000
     plan = Plan.from_json(js.read_text())
     assert sum(plan.balance) == 3 and plan.global_batch == 16
+    assert len(plan.sync) == len(plan.aggregators) == plan.stages  # the sync algorithm of every stage
+
+
+def test_plan_command_refuses_bad_micro_batch_sizes(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text(MODEL)
+    r = CliRunner().invoke(plan_command, [str(f), "--micro-batch-sizes", "4,x"])
+    assert r.exit_code != 0 and "--micro-batch-sizes" in r.output
 
 
 def test_plan_command_explains_a_bad_file(tmp_path):
