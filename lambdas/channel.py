@@ -42,7 +42,7 @@ WAIT_MAX_S = 0.02
 # Requests in flight per direction: enough to keep a ~78 MB/s link busy through S3's first-byte
 # latency with chunks of a few MB, few enough that objects arrive in the order they are needed.
 UPLOADS_IN_FLIGHT = 4
-DOWNLOADS_IN_FLIGHT = 4
+DOWNLOADS_IN_FLIGHT = 8
 
 
 # safetensors dtype names -> torch; tensors are viewed in the downloaded bytes, not copied out of them
@@ -168,13 +168,15 @@ class Channel:
     # -- single requests -------------------------------------------------------------------------
     def put_bytes(self, key: str, body: bytes) -> None:
         with self.stats.activity("up"):
-            done = 0.0
-            if self.net.up:  # an upload's size is known up front: book the link at once
-                ticket, issued = self.net.up.ticket()
-                done = self.net.up.reserve(len(body), issued, ticket)
             extra = {"Tagging": TRANSIENT_TAG} if "/iter/" in key else {}
-            self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, **extra)
-            self.net.wait_until(done)
+            if not self.net.up:
+                self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, **extra)
+            else:  # emulated: the object appears once its bytes and its latency have passed
+                self.net.up.transfer(len(body))
+                self.net.latency(self.net.expected_put_s(len(body)))  # the real PUT takes part of it
+                t0 = time.perf_counter()
+                self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, **extra)
+                self.net.observed_put(len(body), time.perf_counter() - t0)
         self.stats.count(bytes_up=len(body), puts=1)
 
     def put_tensors(self, key: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
@@ -183,23 +185,18 @@ class Channel:
 
     def get_bytes(self, key: str) -> bytes | None:
         """The object's bytes, or None if it does not exist (yet)."""
-        link = self.net.down
-        ticket, issued = link.ticket() if link else (0, 0.0)
         with self.stats.activity("down"):
+            t0 = time.perf_counter()
             try:
                 resp = self.s3.get_object(Bucket=self.bucket, Key=key)
-            except BaseException as e:
-                if link:
-                    link.give_up(ticket)
-                    if isinstance(e, self.s3.exceptions.NoSuchKey):
-                        self.net.wait_until(link.latency_only(issued))
-                if isinstance(e, self.s3.exceptions.NoSuchKey):
-                    self.stats.count(gets=1)
-                    return None
-                raise
-            done = link.reserve(int(resp.get("ContentLength", 0)), issued, ticket) if link else 0.0
-            body = resp["Body"].read()
-            self.net.wait_until(done)
+                body = resp["Body"].read()
+            except self.s3.exceptions.NoSuchKey:
+                self.net.latency(time.perf_counter() - t0)  # a 404 costs its round trip
+                self.stats.count(gets=1)
+                return None
+            if self.net.down:  # emulated: the first byte after the latency (the real GET took part of it)
+                self.net.latency(time.perf_counter() - t0)
+                self.net.down.transfer(len(body))
         self.stats.count(bytes_down=len(body), gets=1)
         return body
 

@@ -6,11 +6,13 @@ S3 server is a process on loopback, so without emulation transfers are nearly fr
 is transfer-bound on Lambda looks compute-bound here. The local runtime sets ``STAGECOACH_NETWORK``
 for its workers (from the planner's platform constants); on AWS it is unset and nothing is emulated.
 
-The model, per direction: a request issued at time a starts moving bytes at
-max(a + latency, the time the link is free) and holds the link for bytes / rate. Concurrent
-requests therefore queue on the link (first come, first served) while their latencies overlap,
-which is how pipelined S3 requests behave on a bandwidth-capped link. Upload and download are
-separate links, as a full-duplex network interface is.
+The model, per direction, is a shared link of ``rate_Bps``: the requests moving bytes at the same
+time share it fairly (processor sharing, as TCP flows through one rate-limited interface roughly
+do), so a small GET next to a large download still gets through quickly; each request also waits
+the storage latency once, overlapping other requests' transfers. An upload becomes visible to
+others only when its transfer and latency have passed (the real PUT is made then), a download
+returns its bytes only after theirs. Upload and download are separate links, as a full-duplex
+network interface is.
 """
 
 from __future__ import annotations
@@ -20,58 +22,65 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Hashable
 
 ENV = "STAGECOACH_NETWORK"
 
 
+def share(remaining: dict[Hashable, float], elapsed: float, rate: float) -> None:
+    """Advance every unfinished transfer by its fair share of ``elapsed`` seconds of a link of
+    ``rate`` bytes/s (in place). A transfer that finishes frees its share for the others at once."""
+    while elapsed > 0 and rate > 0:
+        live = [k for k, r in remaining.items() if r > 0]
+        if not live:
+            return
+        n = len(live)
+        first = min(remaining[k] for k in live)
+        t = first * n / rate
+        if t <= elapsed:
+            for k in live:
+                remaining[k] = max(0.0, remaining[k] - first)
+            elapsed -= t
+        else:
+            for k in live:
+                remaining[k] -= elapsed * rate / n
+            return
+
+
 @dataclass
 class Link:
-    """A token bucket of ``rate_Bps`` with per-request ``latency_s``; thread-safe.
-
-    Requests take the link in the order they were issued (``ticket``), even when the real request
-    behind a later one returns first: a GET learns its size only from the response.
-    """
+    """A link of ``rate_Bps`` shared fairly by the transfers on it; thread-safe."""
 
     rate_Bps: float
     latency_s: float = 0.0
     clock: Callable[[], float] = time.monotonic
-    free_at: float = 0.0
     _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
-    _issued: int = 0
-    _served: int = 0
+    _remaining: dict = field(default_factory=dict, repr=False)
+    _t: float = 0.0
 
-    def ticket(self) -> tuple[int, float]:
-        """A place in the link's queue and the issue time, taken when a request is sent."""
+    def _advance(self) -> None:
+        now = self.clock()
+        share(self._remaining, now - self._t, self.rate_Bps)
+        self._t = now
+
+    def transfer(self, nbytes: int) -> None:
+        """Block until ``nbytes`` have crossed the link alongside whatever else is on it."""
+        if nbytes <= 0 or self.rate_Bps <= 0:
+            return
+        key = object()
         with self._cond:
-            self._issued += 1
-            return self._issued, self.clock()
-
-    def reserve(self, nbytes: int, issued: float | None = None, ticket: int | None = None) -> float:
-        """Book ``nbytes`` on the link for a request issued at ``issued``; returns when it completes.
-        With a ``ticket``, wait until every earlier ticket has booked (or given up its place)."""
-        a = self.clock() if issued is None else issued
-        with self._cond:
-            if ticket is not None:
-                self._cond.wait_for(lambda: self._served >= ticket - 1, timeout=60)
-            begin = max(a + self.latency_s, self.free_at)
-            end = begin + (nbytes / self.rate_Bps if self.rate_Bps > 0 else 0.0)
-            self.free_at = end
-            if ticket is not None:
-                self._served = max(self._served, ticket)
-                self._cond.notify_all()
-        return end
-
-    def give_up(self, ticket: int) -> None:
-        """A request that moved no bytes (a 404, an error) leaves the queue."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._served >= ticket - 1, timeout=60)
-            self._served = max(self._served, ticket)
-            self._cond.notify_all()
-
-    def latency_only(self, issued: float | None = None) -> float:
-        """A request that moves no bytes (a 404, a DELETE): only the latency, no link time."""
-        return (self.clock() if issued is None else issued) + self.latency_s
+            self._advance()
+            self._remaining[key] = float(nbytes)
+            self._cond.notify_all()  # the others' shares just shrank: let them recompute
+            while True:
+                self._advance()
+                if self._remaining[key] <= 1e-6:
+                    del self._remaining[key]
+                    self._cond.notify_all()
+                    return
+                live = [r for r in self._remaining.values() if r > 0]
+                next_done = min(live) * len(live) / self.rate_Bps
+                self._cond.wait(timeout=min(max(next_done, 1e-4), 0.05))
 
 
 @dataclass(frozen=True)
@@ -104,11 +113,21 @@ class Network:
         self.sleep = sleep
         self.up = Link(spec.up_Bps, spec.latency_s, clock) if spec else None
         self.down = Link(spec.down_Bps, spec.latency_s, clock) if spec else None
+        self._put_s_per_byte = 0.0
 
-    def wait_until(self, t: float) -> None:
-        delay = t - self.clock()
-        if delay > 0:
-            self.sleep(delay)
+    def latency(self, spent: float = 0.0) -> None:
+        """One request's round trip to storage (overlaps whatever else is in flight), less
+        ``spent``: the real request to the local S3 server takes time too, and it is the same
+        round trip, not an extra one."""
+        if self.spec and self.spec.latency_s > spent:
+            self.sleep(self.spec.latency_s - spent)
+
+    def expected_put_s(self, nbytes: int) -> float:
+        """How long a real PUT of ``nbytes`` to the local server is likely to take (observed)."""
+        return self._put_s_per_byte * max(nbytes, 65536)
+
+    def observed_put(self, nbytes: int, seconds: float) -> None:
+        self._put_s_per_byte = 0.8 * self._put_s_per_byte + 0.2 * seconds / max(nbytes, 65536)
 
 
 _NETWORK: Network | None = None

@@ -11,7 +11,6 @@ Sync (s, shard k): sum shard k over replicas in a fixed order, apply the optimiz
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch

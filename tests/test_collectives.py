@@ -21,7 +21,7 @@ from memory_s3 import MemoryS3
 from stagecoach.lambdas import collectives, keys, training
 from stagecoach.lambdas.channel import Channel, Pools
 from stagecoach.lambdas.collectives import GradStream, PipelinedExchange, SyncSpec
-from stagecoach.lambdas.netem import Link, Network, NetworkSpec
+from stagecoach.lambdas.netem import Network, NetworkSpec, share
 from stagecoach.lambdas.optim_state import apply_update
 from stagecoach.lambdas.training import assign_flat, flat_params, stage_layout
 from stagecoach.planner import plan
@@ -231,39 +231,59 @@ def test_pipelined_exchange_refuses_a_k_other_than_d():
         PipelinedExchange(channel(MemoryS3()), spec, 0)
 
 
-class FakeClock:
+def test_a_shared_link_gives_concurrent_transfers_fair_shares():
+    # 100 B and 300 B start together on a 100 B/s link: 50 B/s each until the first is done at
+    # 2 s, then the second has the link alone and ends at 4 s
+    rem = {"a": 100.0, "b": 300.0}
+    share(rem, 1.0, 100.0)
+    assert rem == {"a": 50.0, "b": 250.0}
+    share(rem, 1.5, 100.0)  # the first finishes at +1 s, its share goes to the second at once
+    assert rem["a"] == 0.0 and rem["b"] == pytest.approx(150.0)
+    share(rem, 10.0, 100.0)
+    assert rem == {"a": 0.0, "b": 0.0}
+
+
+class RecordingNetwork:
+    """Stands in for the emulated links and records what the channel asks of them."""
+
     def __init__(self) -> None:
-        self.now = 0.0
+        self.calls: list[tuple] = []
+        self.spec = NetworkSpec(1.0, 1.0, 0.5)
+        outer = self
 
-    def __call__(self) -> float:
-        return self.now
+        class L:
+            def __init__(self, name: str) -> None:
+                self.name = name
 
-    def sleep(self, dt: float) -> None:
-        self.now += dt
+            def transfer(self, n: int) -> None:
+                outer.calls.append((self.name, n))
+
+        self.up, self.down = L("up"), L("down")
+
+    def latency(self, spent: float = 0.0) -> None:
+        self.calls.append(("latency",))
+
+    def expected_put_s(self, n: int) -> float:
+        return 0.0
+
+    def observed_put(self, n: int, s: float) -> None:
+        pass
 
 
-def test_link_queues_bytes_and_overlaps_latency():
-    clock = FakeClock()
-    link = Link(rate_Bps=100.0, latency_s=0.5, clock=clock)
-    # three requests issued at once: the first waits its latency, the others queue behind it
-    assert link.reserve(100) == pytest.approx(1.5)
-    assert link.reserve(100) == pytest.approx(2.5)
-    assert link.reserve(50) == pytest.approx(3.0)
-    clock.now = 10.0  # an idle link: latency again
-    assert link.reserve(100) == pytest.approx(11.5)
-    assert link.latency_only() == pytest.approx(10.5)
-
-
-def test_channel_pays_the_emulated_link_per_direction():
-    clock = FakeClock()
-    net = Network(NetworkSpec(up_Bps=1000.0, down_Bps=4000.0, latency_s=0.01), clock=clock, sleep=clock.sleep)
-    ch = Channel(MemoryS3(), "bucket", net=net, pools=Pools())
+def test_channel_pays_the_emulated_link_per_direction_and_publishes_after_it():
+    s3 = MemoryS3()
+    net = RecordingNetwork()
+    ch = Channel(s3, "bucket", net=net, pools=Pools())
+    seen_at_put: list[bool] = []
+    net.up.transfer = lambda n, f=net.up.transfer: (seen_at_put.append("a" in s3.objects), f(n))[1]
     ch.put_bytes("a", b"x" * 1000)
-    assert clock.now == pytest.approx(1.01)
+    assert net.calls == [("up", 1000), ("latency",)] and seen_at_put == [False], "visible only after its transfer"
+    net.calls.clear()
     assert ch.get_bytes("a") == b"x" * 1000
-    assert clock.now == pytest.approx(1.01 + 0.01 + 0.25)
-    assert ch.get_bytes("missing") is None  # a 404 costs only the latency
-    assert clock.now == pytest.approx(1.27 + 0.01)
+    assert net.calls == [("latency",), ("down", 1000)]
+    net.calls.clear()
+    assert ch.get_bytes("missing") is None
+    assert net.calls == [("latency",)], "a 404 costs its round trip, no bytes"
 
 
 def test_network_spec_from_the_environment_is_checked():
