@@ -63,7 +63,7 @@ from typing import Any, Sequence
 import numpy as np
 import pulp
 
-from .perfmodel import Config, Estimate, StageTerms, SyncChoice, compose, evaluate, global_transitions, stage_terms, sync_choices
+from .perfmodel import Config, Estimate, StageTerms, SyncChoice, compose, evaluate, global_transitions, phase_overhead, stage_terms, sync_choices
 from .platforms import Platform
 from .profile import ModelProfile, balanced_partition
 
@@ -135,9 +135,13 @@ class Group:
     k: int  # tier index
     tier: int
     price: float  # USD per second of one worker at this tier
-    a: float  # forward step of one micro-batch (0 for the last stage)
+    a: float  # forward step of one micro-batch (0 for the last stage): what the bottleneck maximises
     bb: float  # backward step of one micro-batch
     options: tuple[SyncOption, ...]
+    af: float = 0.0  # a + the forward hop to the next stage: what later stages' sums carry
+    ao: float = 0.0  # a + the hop's own part (its PUT): what the stage's own task end adds
+    bf: float = 0.0  # the backward counterparts
+    bo: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -166,7 +170,7 @@ def candidate_groups(profile: ModelProfile, plat: Platform, d: int, b: int, m: i
     choices = tuple(choices if choices is not None else sync_choices(d, sync_algos))
     lay = profile.layers
     L = len(lay)
-    o, maxT = plat.invoke_overhead_s, plat.max_predicted_task_s
+    o, maxT = phase_overhead(plat, d), plat.max_predicted_task_s
     cum = lambda xs: [0.0, *itertools.accumulate(xs)]
     P = cum([l.param_bytes for l in lay])
     SV = cum([l.saved_bytes_per_sample for l in lay])
@@ -188,9 +192,9 @@ def candidate_groups(profile: ModelProfile, plat: Platform, d: int, b: int, m: i
                                      i == 0, last, tier, ch, d, b, m, plat)
                     if st.memory_bytes > cap or st.sync.task_s > maxT:
                         continue
-                    if not last and st.load_s + m * st.fwd_step_s > maxT:
+                    if not last and st.load_s + m * st.fwd_step_s + st.fwd_hop_own_s > maxT:
                         continue
-                    if m * st.bwd_step_s + (st.load_s if last else 0.0) + st.sync.tail_s > maxT:
+                    if m * st.bwd_step_s + st.bwd_hop_own_s + (st.load_s if last else 0.0) + st.sync.tail_s > maxT:
                         continue
                     own = (price * (d * st.sync.tail_s + st.sync.tasks * st.sync.task_s)
                            + plat.price_request * st.invocations + plat.price_transition * st.transitions
@@ -203,7 +207,9 @@ def candidate_groups(profile: ModelProfile, plat: Platform, d: int, b: int, m: i
                 key = lambda c: (c.own_cost, c.extra_s, c.tail_s, c.load_s)
                 keep = [c for c in opts if not any(
                     q is not c and all(u <= v for u, v in zip(key(q), key(c))) and (key(q), q.a) < (key(c), c.a) for q in opts)]
-                out.append(Group(i, j, k, tier, price, st0.fwd_step_s, st0.bwd_step_s, tuple(keep)))
+                out.append(Group(i, j, k, tier, price, st0.fwd_step_s, st0.bwd_step_s, tuple(keep),
+                                 af=st0.fwd_step_s + st0.fwd_hop_s, ao=st0.fwd_step_s + st0.fwd_hop_own_s,
+                                 bf=st0.bwd_step_s + st0.bwd_hop_s, bo=st0.bwd_step_s + st0.bwd_hop_own_s))
     return Candidates(d, b, m, tiers, choices, L, tuple(out))
 
 
@@ -242,7 +248,7 @@ class LowerBounds:
     def __init__(self, cands: Candidates, wc: float, wt: float, plat: Platform, smax: int) -> None:
         groups = cands.groups
         L, d, m = cands.layers, cands.replicas, cands.micro_batches
-        o, pt = plat.invoke_overhead_s, plat.price_transition
+        o, pt = phase_overhead(plat, d), plat.price_transition
         self.L, self.m, self.wt, self.smax = L, m, wt, smax
         G = len(groups)
         self.I = np.array([g.i for g in groups], dtype=int)
@@ -275,7 +281,7 @@ class LowerBounds:
         self.base = self.wpre[K]
         self.cA = wc * d * (m - 1) * price * (~self.fin)
         self.cB = wc * d * (m - 1) * price
-        self.const = wt * o + wc * pt * global_transitions(1)
+        self.const = wt * (o + plat.iteration_overhead_s) + wc * pt * global_transitions(1)
         self.ends = [np.nonzero(self.J == n)[0] for n in range(L + 1)]
         self.starts = [np.nonzero(self.I == n)[0] for n in range(L + 1)]
         self.va = np.unique(self.A[~self.fin])
@@ -438,7 +444,7 @@ def _milp(cands: Candidates, groups: Sequence[Group], plat: Platform, wc: float,
           gap: float, threads: int | None, cutoff: float | None, relax: bool = False, floors: tuple[float, float] = (0.0, 0.0)) -> _Solved:
     """Build and solve the path MILP over ``groups`` (module docstring, step 3)."""
     L, d, b, m = cands.layers, cands.replicas, cands.micro_batch, cands.micro_batches
-    o, maxT = plat.invoke_overhead_s, plat.max_predicted_task_s
+    o, maxT = phase_overhead(plat, d), plat.max_predicted_task_s
     if any(not any(g.i <= l < g.j for g in groups) for l in range(L)):
         return _Solved(None, math.inf, "infeasible", 0, 0)
     start: dict[int, list[int]] = {n: [] for n in range(L + 1)}
@@ -455,7 +461,7 @@ def _milp(cands: Candidates, groups: Sequence[Group], plat: Platform, wc: float,
     for n in range(1, L):
         for q in end[n]:
             g = groups[q]
-            UA[n] = max(UA[n], UA[g.i] + g.a)
+            UA[n] = max(UA[n], UA[g.i] + g.af)
             UM[n] = max(UM[n], UM[g.i], g.a)
             UL[n] = max(UL[n], UL[g.i], max(op.load_s for op in g.options))
         UA[n], UM[n], UL[n] = min(UA[n], maxT, tcap), min(UM[n], maxT / m, tcap / m), min(UL[n], tcap)
@@ -463,7 +469,7 @@ def _milp(cands: Candidates, groups: Sequence[Group], plat: Platform, wc: float,
     for n in range(L - 1, 0, -1):
         for q in start[n]:
             g = groups[q]
-            UB[n] = max(UB[n], UB[g.j] + g.bb)
+            UB[n] = max(UB[n], UB[g.j] + g.bf)
             UX[n] = max(UX[n], UX[g.j], g.bb)
         UB[n], UX[n] = min(UB[n], maxT, tcap), min(UX[n], maxT / m, tcap / m)
     ULL = min(tcap, max((op.load_s for q in end[L] for op in groups[q].options), default=0.0))
@@ -506,23 +512,27 @@ def _milp(cands: Candidates, groups: Sequence[Group], plat: Platform, wc: float,
         if q in em:
             prob += E([(ma[q], 1.0), (em[q], -1.0)]) >= 0
             prob += E([(ml[q], 1.0), (el[q], -1.0)]) >= 0
-        terms = [(ml[q], 1.0), (ma[q], m - 1.0)] + [(v, g.a) for v in x[q]] + ([(ea[q], 1.0)] if q in ea else [])
+        terms = [(ml[q], 1.0), (ma[q], m - 1.0)] + [(v, g.ao) for v in x[q]] + ([(ea[q], 1.0)] if q in ea else [])
         Fexpr[q] = E(terms)  # F_s - o: the forward task's duration
-        if UL[g.i] + UA[g.i] + g.a + (m - 1) * max(UM[g.i], g.a) > maxT:
+        if UL[g.i] + UA[g.i] + g.ao + (m - 1) * max(UM[g.i], g.a) > maxT:
             prob += E(terms + [(v, -maxT) for v in x[q]]) <= 0
     for n in range(1, L):
         ins, outs = end[n], start[n]
-        prob += E([(ea[q], 1.0) for q in ins if q in ea] + [(v, groups[q].a) for q in ins for v in x[q]] + [(ea[q], -1.0) for q in outs]) == 0, f"sumA_{n}"
+        prob += E([(ea[q], 1.0) for q in ins if q in ea] + [(v, groups[q].af) for q in ins for v in x[q]] + [(ea[q], -1.0) for q in outs]) == 0, f"sumA_{n}"
         prob += E([(ma[q], 1.0) for q in ins] + [(em[q], -1.0) for q in outs]) == 0, f"maxA_{n}"
         prob += E([(ml[q], 1.0) for q in ins] + [(el[q], -1.0) for q in outs]) == 0, f"maxL_{n}"
+    # T_F = F_{S-2}: the sum carried into the last stage holds every forward stage's hop to its
+    # successor, and the last forward stage's own task ends at its PUT, one poll earlier
+    # (fwd_hop_s - fwd_hop_own_s = poll_delay_s for every stage)
+    of = o - plat.poll_delay_s
     TF = E([(ea[q], 1.0) for q in end[L] if q in ea] + [(em[q], m - 1.0) for q in end[L] if q in em]
-           + [(el[q], 1.0) for q in end[L] if q in el], o) - o * single
+           + [(el[q], 1.0) for q in end[L] if q in el], of) - of * single
     # backward (§3.2): suffix state carried into each group from the stages after it
     xb, xm, ll, mb, BTexpr = {}, {}, {}, {}, {}
     for q, g in enumerate(groups):
         mb[q] = V(f"mb_{q}", 0)
         prob += E([(mb[q], 1.0)] + [(v, -g.bb) for v in x[q]]) >= 0
-        terms = [(mb[q], m - 1.0)] + [(v, g.bb) for v in x[q]]
+        terms = [(mb[q], m - 1.0)] + [(v, g.bo) for v in x[q]]
         if g.j < L:
             ub, ux, ul = min(UB[g.j], fcap[q]), min(UX[g.j], fcap[q] / m), min(ULL, fcap[q])
             xb[q], xm[q], ll[q] = V(f"xb_{q}", 0, ub), V(f"xm_{q}", 0, ux), V(f"ll_{q}", 0, ul)
@@ -530,16 +540,16 @@ def _milp(cands: Candidates, groups: Sequence[Group], plat: Platform, wc: float,
                 prob += E([(var, 1.0)] + [(v, -u) for v in x[q]]) <= 0
             prob += E([(mb[q], 1.0), (xm[q], -1.0)]) >= 0
             terms += [(xb[q], 1.0), (ll[q], 1.0)]
-            hi = ULL + UB[g.j] + g.bb + (m - 1) * max(UX[g.j], g.bb)
+            hi = ULL + UB[g.j] + g.bo + (m - 1) * max(UX[g.j], g.bb)
         else:
             terms += [(v, op.load_s) for v, op in zip(x[q], g.options)]
-            hi = max(op.load_s for op in g.options) + m * g.bb
+            hi = max(op.load_s for op in g.options) + g.bo + (m - 1) * g.bb
         BTexpr[q] = E(terms)  # BT_s - o - tail_s
         if hi + max(op.tail_s for op in g.options) > maxT:
             prob += E(terms + [(v, op.tail_s - maxT) for v, op in zip(x[q], g.options)]) <= 0
     for n in range(1, L):
         ins, outs = start[n], end[n]  # stages starting at n pass their suffix state to the stage ending at n
-        prob += E([(xb[q], 1.0) for q in ins if q in xb] + [(v, groups[q].bb) for q in ins for v in x[q]] + [(xb[q], -1.0) for q in outs]) == 0, f"sumB_{n}"
+        prob += E([(xb[q], 1.0) for q in ins if q in xb] + [(v, groups[q].bf) for q in ins for v in x[q]] + [(xb[q], -1.0) for q in outs]) == 0, f"sumB_{n}"
         prob += E([(mb[q], 1.0) for q in ins] + [(xm[q], -1.0) for q in outs]) == 0, f"maxB_{n}"
         prob += E([(ll[q], 1.0) for q in ins if q in ll] + [(v, op.load_s) for q in ins if groups[q].j == L for v, op in zip(x[q], groups[q].options)]
                   + [(ll[q], -1.0) for q in outs]) == 0, f"lastL_{n}"
@@ -554,7 +564,7 @@ def _milp(cands: Candidates, groups: Sequence[Group], plat: Platform, wc: float,
     for n in range(L - 1, 0, -1):
         for q in start[n]:
             g = groups[q]
-            UW[n] = max(UW[n], UW[g.j], ULL + UB[g.j] + g.bb + (m - 1) * max(UX[g.j], g.bb) + max(op.extra_s for op in g.options))
+            UW[n] = max(UW[n], UW[g.j], ULL + UB[g.j] + g.bo + (m - 1) * max(UX[g.j], g.bb) + max(op.extra_s for op in g.options))
         UW[n] = min(UW[n], tcap, maxT + max((op.extra_s for q in start[n] for op in groups[q].options), default=0.0))
     W, xw = {}, {}
     for q, g in enumerate(groups):
@@ -585,7 +595,7 @@ def _milp(cands: Candidates, groups: Sequence[Group], plat: Platform, wc: float,
     pt = plat.price_transition
     cost = E(cost_terms, pt * global_transitions(2)) - pt * (global_transitions(2) - global_transitions(1)) * single
     ref = max(1e-12, wc * 1e-4 + wt)  # scale the objective to O(1e4) for HiGHS's tolerances
-    prob += (wc * cost + wt * (TF + TBS)) * (1.0 / ref)
+    prob += (wc * cost + wt * (TF + TBS + plat.iteration_overhead_s)) * (1.0 / ref)
     # Measured on these models: restarts re-presolve the root again and again, and the sub-MIP
     # heuristics (RINS, RENS, root reduced cost) take most of the time while the incumbent from
     # the heuristic plan is already good; without them the same proofs take 2-10x less time.
@@ -931,7 +941,8 @@ def solve_fixed(
                 for s, n in enumerate(fix.balance):
                     want[(i, i + n, candidates.tiers.index(fix.tiers_mb[s]))] = candidates.choices.index(fix.sync[s])
                     i += n
-                groups = [Group(g.i, g.j, g.k, g.tier, g.price, g.a, g.bb, tuple(op for op in g.options if op.a == want[(g.i, g.j, g.k)]))
+                groups = [Group(g.i, g.j, g.k, g.tier, g.price, g.a, g.bb, tuple(op for op in g.options if op.a == want[(g.i, g.j, g.k)]),
+                                g.af, g.ao, g.bf, g.bo)
                           for g in groups if (g.i, g.j, g.k) in want]
                 groups = [g for g in groups if g.options]
             wc, wt = objective_weights(a1, a2)

@@ -113,8 +113,12 @@ class StageTerms:
 
     p_bytes: float
     load_s: float  # GET the stage's parameter shards: t_lat + P/w (0 if the sync left them cached)
-    fwd_step_s: float  # a_s: one micro-batch of the forward task (0 for the last stage)
-    bwd_step_s: float  # bb_s: one micro-batch of the backward task
+    fwd_step_s: float  # a_s: how long one micro-batch occupies the forward task (0 for the last stage)
+    bwd_step_s: float  # bb_s: ... the backward task
+    fwd_hop_s: float  # h_s: from the stage's last compute of a micro-batch to the next stage noticing it
+    fwd_hop_own_s: float  # ... to the PUT's end (what ends the stage's own task)
+    bwd_hop_s: float  # the backward counterpart (input-gradient to stage s-1)
+    bwd_hop_own_s: float
     fwd_compute_s: float  # f_s (one micro-batch)
     bwd_compute_s: float  # f_s + g_s (recompute + backward, one micro-batch)
     sync: StageSync
@@ -130,14 +134,27 @@ def stage_terms(
     first: bool, last: bool, tier_mb: int, choice: SyncChoice, d: int, b: int, m: int, plat: "Platform",
 ) -> StageTerms:
     """One stage's terms from its aggregated layer facts (sums over its layers; in/ingrad of its
-    first layer, out of its last; per-sample bytes; ``fwd_s``/``bwd_s`` one micro-batch at the tier)."""
-    w, lat = plat.bandwidth_Bps, plat.storage_latency_s
-    in_b, out_b = b * in_ps, b * out_ps
-    a = 0.0 if last else 2 * lat + (in_b + out_b) / w + fwd_s
-    read_down = lat + (b * label_ps if last else out_b) / w
-    write_up = 0.0 if first else lat + b * ingrad_ps / w
-    bb = read_down + lat + in_b / w + fwd_s + bwd_s + write_up
-    sy = choice.algorithm.stage(d, choice.k, p_bytes, optimizer_seconds(p_bytes, tier_mb, plat), m * (fwd_s + bwd_s), plat,
+    first layer, out of its last; per-sample bytes; ``fwd_s``/``bwd_s`` one micro-batch at the tier).
+
+    Per micro-batch a task GETs what it needs (waiting for it), computes, and PUTs its result in
+    the background while the next micro-batch computes (docs/performance-model.md §3): a step
+    occupies the task for its GETs and compute, or for its PUT if the upload is the longer; the
+    result reaches the neighbour stage a hop later (PUT latency and bytes, and a poll).
+    Stage 0 reads its rows of the data set locally, the last stage computes its loss locally.
+    """
+    w, lat, poll = plat.bandwidth_Bps, plat.storage_latency_s, plat.poll_delay_s
+    in_b, out_b, ig_b = b * in_ps, b * out_ps, b * ingrad_ps
+    get_in = 0.0 if first else lat + in_b / w
+    a = 0.0 if last else max(get_in + fwd_s, out_b / w)
+    ha_own = 0.0 if last else lat + out_b / w
+    ha = 0.0 if last else ha_own + poll
+    get_out = 0.0 if last else lat + out_b / w
+    bb = max(get_out + get_in + fwd_s + bwd_s, 0.0 if first else ig_b / w)
+    hb_own = 0.0 if first else lat + ig_b / w
+    hb = 0.0 if first else hb_own + poll
+    # the optimizer-state prefetch runs from the task's start: it hides behind the task's own
+    # micro-batch steps (compute and the reads it waits on)
+    sy = choice.algorithm.stage(d, choice.k, p_bytes, optimizer_seconds(p_bytes, tier_mb, plat), m * bb, plat,
                                 last_backward_s=bwd_s)
     # a sync that leaves version t+1 in the backward task's container (d = 1, pipelined
     # scatter-reduce) spares the next phase's task of the stage its parameter load and GETs
@@ -159,7 +176,7 @@ def stage_terms(
     tr = (0 if last else TRANSITIONS_PER_TASK * d) + TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * d
     if sy.tasks:
         tr += TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * sy.tasks
-    return StageTerms(p_bytes, load, a, bb, fwd_s, fwd_s + bwd_s, sy, mem, gets, puts, inv, tr)
+    return StageTerms(p_bytes, load, a, bb, ha, ha_own, hb, hb_own, fwd_s, fwd_s + bwd_s, sy, mem, gets, puts, inv, tr)
 
 
 def global_transitions(stages: int) -> int:
@@ -205,25 +222,34 @@ def evaluate(profile: ModelProfile, cfg: Config, plat: "Platform") -> Estimate:
     return compose(cfg, terms, plat)
 
 
+def phase_overhead(plat: "Platform", d: int) -> float:
+    """o: a phase's start on the critical path — the state transitions into its Map and a warm
+    invocation — plus the Map starting its d-th item ``dispatch_s`` after its first."""
+    return plat.invoke_overhead_s + plat.dispatch_s * (d - 1)
+
+
 def compose(cfg: Config, terms: Sequence[StageTerms], plat: "Platform") -> Estimate:
     """Compose per-stage terms into the iteration's time, cost and feasibility (§3-§4)."""
     S, d, m = cfg.stages, cfg.replicas, cfg.micro_batches
-    o = plat.invoke_overhead_s
-    # forward flow shop over stages 0..S-2 (§3.1)
+    o = phase_overhead(plat, d)
+    # forward flow shop over stages 0..S-2 (§3.1): a micro-batch crosses every stage (steps and
+    # hops), the others follow at the pace of the slowest step
     F = [0.0] * S
     lmax = amax = acc = 0.0
     for s in range(S - 1):
-        lmax, amax = max(lmax, terms[s].load_s), max(amax, terms[s].fwd_step_s)
-        acc += terms[s].fwd_step_s
-        F[s] = o + lmax + acc + (m - 1) * amax
+        t = terms[s]
+        lmax, amax = max(lmax, t.load_s), max(amax, t.fwd_step_s)
+        F[s] = o + lmax + acc + t.fwd_step_s + t.fwd_hop_own_s + (m - 1) * amax
+        acc += t.fwd_step_s + t.fwd_hop_s
     t_fwd = F[S - 2] if S > 1 else 0.0
     # backward flow shop in reverse order, after the last stage loads its parameters (§3.2)
     BT = [0.0] * S
     bmax = acc = 0.0
     for s in range(S - 1, -1, -1):
-        bmax = max(bmax, terms[s].bwd_step_s)
-        acc += terms[s].bwd_step_s
-        BT[s] = o + terms[S - 1].load_s + acc + (m - 1) * bmax + terms[s].sync.tail_s
+        t = terms[s]
+        bmax = max(bmax, t.bwd_step_s)
+        BT[s] = o + terms[S - 1].load_s + acc + t.bwd_step_s + t.bwd_hop_own_s + (m - 1) * bmax + t.sync.tail_s
+        acc += t.bwd_step_s + t.bwd_hop_s
     t_bs = max(BT[s] + ((o + terms[s].sync.task_s) if terms[s].sync.tasks else 0.0) for s in range(S))
     # billing (§4): per task, from the handler's start (invoke overhead not billed)
     fwd_task = [F[s] - o if s < S - 1 else 0.0 for s in range(S)]
@@ -250,7 +276,7 @@ def compose(cfg: Config, terms: Sequence[StageTerms], plat: "Platform") -> Estim
     if (S - 1) * d > 40 or d > 40:
         viol.append(f"{S} stages x {d} replicas exceed the inline Map's 40 concurrent tasks")
     return Estimate(
-        config=cfg, time_s=t_fwd + t_bs, cost=cost, forward_s=t_fwd, backward_sync_s=t_bs,
+        config=cfg, time_s=t_fwd + t_bs + plat.iteration_overhead_s, cost=cost, forward_s=t_fwd, backward_sync_s=t_bs,
         stage_forward_s=fwd_task, stage_backward_s=bwd_task, stage_sync_s=sync_task, stage_memory_bytes=mem,
         cost_lambda_duration=gbs, cost_lambda_requests=c_req, cost_transitions=c_tr, cost_s3=c_s3,
         transitions=transitions, invocations=invocations, s3_puts=puts, s3_gets=gets,

@@ -45,8 +45,15 @@ class Platform:
     # Storage: per-execution-environment network quota 625 Mbps ~ 78 MB/s (FuncPipe measured 70).
     bandwidth_Bps: float = 78e6
     storage_latency_s: float = 0.03  # FuncPipe: t_lat < 40 ms
-    # Step Functions dispatch + warm Lambda invoke, per task, on the critical path, not billed.
+    # Step Functions dispatch + warm Lambda invoke, per phase, on the critical path, not billed.
     invoke_overhead_s: float = 0.08
+    # Between the starts of consecutive tasks of one Map state (its iterations start one by one).
+    dispatch_s: float = 0.005
+    # Per iteration, the window's bookkeeping states (Loop Choice, Advance Pass) on the critical path.
+    iteration_overhead_s: float = 0.05
+    # A worker waiting for another's object notices it this long after it lands, on average: half
+    # a poll cycle (the channel's longest back-off, 20 ms, plus a 404's round trip).
+    poll_delay_s: float = 0.025
     # Memory: the worker process (Python + torch + boto3) before the model is loaded.
     runtime_base_mb: float = 380.0
     memory_headroom: float = 0.9  # plan at most this fraction of the configured memory
@@ -179,5 +186,29 @@ def local_platform(measure: bool = True, **overrides: Any) -> Platform:
         storage_latency_s=0.005,
         invoke_overhead_s=0.05,
         notes=f"flops_per_vcpu {'measured' if measure else 'default'} on this machine; bandwidth = runtime's emulated limit",
+    )
+    return p.replace(**overrides) if overrides else p
+
+
+def emulated_platform(network: Platform, request_s: float, invoke_s: float, dispatch_s: float, iteration_s: float,
+                      **overrides: Any) -> Platform:
+    """The embedded local stack with Lambda's network emulated in every worker (lambdas/netem.py).
+
+    Bandwidth and latency are ``network``'s (what the workers emulate; a real request to moto takes
+    ``request_s``, which the emulation counts within the latency, lambdas/netem.py); the
+    orchestration constants are the stack's, measured once by
+    stagecoach.local.calibrate. Every local worker computes with one thread whatever its memory,
+    so every tier has the speed of one vCPU (the profile's reference). Prices stay AWS's.
+    """
+    p = network.replace(
+        name="local-emulated",
+        mb_per_vcpu=1.0,
+        max_vcpu=1.0,
+        storage_latency_s=max(network.storage_latency_s, request_s),
+        invoke_overhead_s=invoke_s,
+        dispatch_s=dispatch_s,
+        iteration_overhead_s=iteration_s,
+        poll_delay_s=(0.02 + max(network.storage_latency_s, request_s)) / 2,
+        notes="local stack with emulated network; orchestration measured by stagecoach.local.calibrate",
     )
     return p.replace(**overrides) if overrides else p

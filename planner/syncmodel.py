@@ -139,13 +139,14 @@ class PipelinedScatterReduce(SyncAlgorithm):
 
     Replica r (``collectives.PipelinedExchange``) uploads the chunks of the d-1 shards the others
     own, E = (d-1) P/(d w) on its upload link, as the last backward pass produces them, and
-    downloads its own shard's chunks from the others (E on its download link) in the staggered
-    order; it reduces, updates and PUTs each chunk of shard r, and downloads the others' updated
-    chunks (E again) behind the exchange. After the backward pass:
-        max(0, E - g_last) + max(E, (1 + rho) P/(d w)) + 3 t_lat + 2 chunk/w + opt/(dC)
-    (the exchange the compute did not hide; the gather, or the upload of r's parameters and state
-    when that is longer; a PUT and two GET latencies; a chunk of lag at the exchange and at the
-    gather; the last chunk's update) plus whatever of the state prefetch the compute did not hide.
+    downloads its own shard's chunks from the others (E on its download link, after the state
+    prefetch that is still running) in the staggered order; it reduces, updates and PUTs each
+    chunk of shard r ((1+rho) P/d on the upload link, from the first reduced chunk on), and
+    downloads the others' updated chunks (E again), each a chunk and a latency behind its PUT.
+    After the backward pass, with u = max(chunk, E - g_last) the exchange uploads left:
+        X   = max(max(prefetch left, t_lat + chunk) + E, u + t_lat + chunk)   exchange downloaded
+        own = max(u, X - E + E/C) + (1 + rho) P/(d w)                        r's chunks uploaded
+        tail = max(own, X + E, own + t_lat + chunk) + t_lat + opt/(dC)
     The task ends holding version t+1: the next phase loads nothing. FuncPipe's own model:
     2s/w + (2+n) t_lat. Memory on top of the backward task: the exchanged chunks and the gathered
     vector, (d-1)/d P each, and r's new parameters and state: (2(d-1) + 1 + 2 rho) P/d.
@@ -158,12 +159,18 @@ class PipelinedScatterReduce(SyncAlgorithm):
               last_backward_s: float = 0.0) -> StageSync:
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
         c = chunks_per_shard(d, d, p_bytes)
-        chunk = p_bytes / (d * c)
+        chunk = p_bytes / (d * c) / w  # seconds of one chunk on a link
         sf = _stateful(plat)
         e = (d - 1) * p_bytes / (d * w)
-        prefetch = max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
-        tail = (max(0.0, e - last_backward_s) + max(e, (1 + rho) * p_bytes / (d * w)) + 3 * lat + 2 * chunk / w
-                + opt_s / (d * c) + prefetch)
+        # the state prefetch (from the task's start) still on the download link
+        pf = max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
+        up_left = max(chunk, e - last_backward_s)  # exchange uploads after the last backward pass
+        # exchange downloads: behind the prefetch, and never before the peers' uploads landed
+        x = max(max(pf, lat + chunk) + e, up_left + lat + chunk)
+        own_start = max(up_left, x - e + e / c)  # the first chunk reduced: r's updated chunks go up
+        own_end = own_start + (1 + rho) * p_bytes / (d * w)
+        gather_end = max(x + e, own_end + lat + chunk)  # the others' updated chunks, a chunk behind theirs
+        tail = max(own_end, gather_end) + lat + opt_s / (d * c)
         polls = plat.s3_polls_per_wait
         return StageSync(self.name, d, tail_s=tail, task_s=0.0, tasks=0, shards=d * c,
                          tail_puts=(d - 1) * c + c * (1 + sf), tail_gets=2 * (d - 1) * c * (1 + polls) + c * sf,
