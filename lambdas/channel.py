@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import os
 import struct
+import functools
 import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from safetensors.torch import load as st_load
@@ -43,6 +44,10 @@ WAIT_MAX_S = 0.02
 # latency with chunks of a few MB, few enough that objects arrive in the order they are needed.
 UPLOADS_IN_FLIGHT = 4
 DOWNLOADS_IN_FLIGHT = 8
+# Pipeline hand-offs (activations, input gradients) another stage is waiting on go in a lane of
+# their own, so they never queue behind the gradient shards the last backward pass streams out.
+HANDOFFS_IN_FLIGHT = 2
+_LANES = {"up": UPLOADS_IN_FLIGHT, "down": DOWNLOADS_IN_FLIGHT, "handoff": HANDOFFS_IN_FLIGHT}
 
 
 # safetensors dtype names -> torch; tensors are viewed in the downloaded bytes, not copied out of them
@@ -138,7 +143,7 @@ class Pools:
     def __call__(self, kind: str) -> ThreadPoolExecutor:
         with self._lock:
             if kind not in self._pools:
-                n = UPLOADS_IN_FLIGHT if kind == "up" else DOWNLOADS_IN_FLIGHT
+                n = _LANES[kind]
                 self._pools[kind] = ThreadPoolExecutor(max_workers=n, thread_name_prefix=f"s3-{kind}")
             return self._pools[kind]
 
@@ -241,6 +246,11 @@ class Channel:
         """Upload in the background (the caller keeps the tensors unchanged until the future is done)."""
         return self._submit("up", self.put_tensors, key, tensors, metadata)
 
+    def submit_handoff(self, key: str, tensors: dict[str, torch.Tensor]) -> "Future[None]":
+        """Upload what a neighbouring stage waits on (an activation, an input gradient) ahead of
+        any bulk upload already queued."""
+        return self._submit("handoff", self.put_tensors, key, tensors, None)
+
     def submit_put_bytes(self, key: str, body: bytes) -> "Future[None]":
         return self._submit("up", self.put_bytes, key, body)
 
@@ -250,6 +260,48 @@ class Channel:
 
     def submit_get_bytes(self, key: str) -> "Future[bytes | None]":
         return self._submit("down", self.get_bytes, key)
+
+    def submit_window(self, calls: Sequence[Callable[[], Future]], window: int) -> list[Future]:
+        """Start ``calls`` (each submits one request and returns its future) in order, at most
+        ``window`` at a time, the next as soon as one finishes; returns a future per call.
+
+        Requests in flight share the link (lambdas/netem.py; TCP flows through one interface
+        likewise), so a consumer that needs objects in order should keep only enough in flight to
+        hide the request latency: with everything requested at once, every object would arrive
+        near the end together.
+        """
+        out: list[Future] = [Future() for _ in calls]
+        lock = threading.Lock()
+        nxt = [0]
+
+        def start_next() -> None:
+            while True:
+                with lock:
+                    i = nxt[0]
+                    nxt[0] += 1
+                if i >= len(calls):
+                    return
+                try:
+                    if self._aborted.is_set():
+                        raise ObjectWaitTimeout("the task failed elsewhere; request not started")
+                    real = calls[i]()
+                except BaseException as e:  # noqa: BLE001 - handed to whoever waits on it
+                    out[i].set_exception(e)
+                    continue
+                real.add_done_callback(functools.partial(done, i))
+                return
+
+        def done(i: int, f: Future) -> None:
+            e = f.exception()
+            if e is not None:
+                out[i].set_exception(e)
+            else:
+                out[i].set_result(f.result())
+            start_next()
+
+        for _ in range(min(window, len(calls))):
+            start_next()
+        return out
 
     def settle(self, failed: bool = False) -> None:
         """Wait for every background request of this task; after a failure, stop the waits first.

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -93,7 +93,7 @@ def prefetch_state(ch: Channel, spec: SyncSpec, shard: int) -> list["Future[byte
 
 
 def update_chunk(ch: Channel, spec: SyncSpec, shard: int, c: int, param: torch.Tensor, grad: torch.Tensor,
-                 state: "list[Future[bytes | None]] | None") -> torch.Tensor:
+                 state: "Mapping[int, Future[bytes | None]] | None") -> torch.Tensor:
     """Apply the optimizer to one chunk, upload the new parameters and state; returns the parameters."""
     body = None
     if state is not None:
@@ -228,22 +228,35 @@ def gradient_writer(ch: Channel, spec: SyncSpec, replica: int) -> Callable[[int,
     return emit
 
 
+WINDOW_EXTRA = 1
+
+
 def reduce_shard(ch: Channel, spec: SyncSpec, shard: int, cached: torch.Tensor | None = None) -> None:
     """Sync task: sum shard ``shard`` over the d replicas chunk by chunk, update it, write version t+1.
 
-    Downloads of chunk c+1 run while chunk c is reduced, updated and uploaded. ``cached``: the
-    stage's flat parameters at version t if this container holds them (else they are downloaded).
+    Chunk c+1 downloads while chunk c is reduced, updated and uploaded. The requests go out in
+    chunk order with only a chunk's worth (plus one) in flight (``Channel.submit_window``):
+    parallel transfers share the link, so requesting everything at once would have every chunk
+    (and the optimizer state) arrive together near the end and leave the upload link idle. ``cached``: the stage's flat parameters at version t if this
+    container holds them (else they are downloaded).
     """
-    state = prefetch_state(ch, spec, shard)
+    stateful_opt = spec.t > 0 and stateful(spec.make_optimizer)
     chunks = spec.layout[shard]
-    params = None
-    if cached is None:
-        params = [ch.submit_wait(keys.params(spec.job, spec.t, spec.stage, shard, c), spec.deadline) for c in spec.chunks(shard)]
-    grads = [[ch.submit_wait(keys.gshard(spec.job, spec.t, spec.stage, r, shard, c), spec.deadline) for r in range(spec.replicas)]
-             for c in spec.chunks(shard)]
+    calls: list[Callable[[], Future]] = []
+    for c in spec.chunks(shard):
+        calls += [functools.partial(ch.submit_wait, keys.gshard(spec.job, spec.t, spec.stage, r, shard, c), spec.deadline)
+                  for r in range(spec.replicas)]
+        if stateful_opt:
+            calls.append(functools.partial(ch.submit_get_bytes, keys.optim(spec.job, spec.t, spec.stage, shard, c)))
+        if cached is None:
+            calls.append(functools.partial(ch.submit_wait, keys.params(spec.job, spec.t, spec.stage, shard, c), spec.deadline))
+    per_chunk = spec.replicas + int(stateful_opt) + int(cached is None)
+    futures = ch.submit_window(calls, window=per_chunk + WINDOW_EXTRA)
     for c, (a, b) in enumerate(chunks):
-        total = fold([f.result()["g"] for f in grads[c]])
-        p = cached[a:b] if cached is not None else params[c].result()["p"]  # type: ignore[index]
+        got = futures[c * per_chunk:(c + 1) * per_chunk]
+        total = fold([f.result()["g"] for f in got[:spec.replicas]])
+        state = {c: got[spec.replicas]} if stateful_opt else None
+        p = cached[a:b] if cached is not None else got[-1].result()["p"]
         update_chunk(ch, spec, shard, c, p, total, state)
     forget_old_version(ch, spec, shard)
 

@@ -45,7 +45,7 @@ def forward(ctx: JobContext, ch: Channel, ev: ForwardEvent, deadline: float) -> 
         x = _stage_input(ctx, ch, ev.t, ev.stage, ev.replica, j, deadline)
         with torch.no_grad():
             y = run_layers(layers, first, x, ctx.seed, ev.t, ev.replica, j)
-        ch.submit_put(keys.act(ctx.job, ev.t, ev.stage, ev.replica, j), {"x": y})  # while j+1 computes
+        ch.submit_handoff(keys.act(ctx.job, ev.t, ev.stage, ev.replica, j), {"x": y})  # while j+1 computes
     return {}
 
 
@@ -93,7 +93,7 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
                 stream.arm()
             y.backward(g)
         if s > 0:
-            ch.submit_put(keys.grad(ctx.job, t, s, r, j), {"g": x.grad})
+            ch.submit_handoff(keys.grad(ctx.job, t, s, r, j), {"g": x.grad})
     stream.finish()
     if plan.replicas == 1:
         flat = torch.cat([grads[0, c] for c in spec.chunks(0)])

@@ -19,7 +19,7 @@ from torch import nn
 
 from memory_s3 import MemoryS3
 from stagecoach.lambdas import collectives, keys, training
-from stagecoach.lambdas.channel import Channel, Pools
+from stagecoach.lambdas.channel import Channel, ObjectWaitTimeout, Pools
 from stagecoach.lambdas.collectives import GradStream, PipelinedExchange, SyncSpec
 from stagecoach.lambdas.netem import Network, NetworkSpec, share
 from stagecoach.lambdas.optim_state import apply_update
@@ -310,3 +310,46 @@ def test_concurrent_transfers_are_counted_once_in_the_task_time():
     assert st["puts"] == 4 and st["bytes_up"] > 0
     assert st["upload_s"] <= wall + 0.01 and st["transfer_s"] == pytest.approx(st["upload_s"])
     assert st["upload_s"] < 0.6, "four overlapping 0.2 s uploads occupy ~0.2 s of the task, not 0.8 s"
+
+
+def test_submit_window_keeps_at_most_window_requests_in_flight_in_order():
+    """The sync task's downloads go out in chunk order, a bounded number at a time, so the first
+    chunks arrive first instead of everything arriving together at the end."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ch = channel(MemoryS3())
+    lock = threading.Lock()
+    running, peak, started = [0], [0], []
+    pool = ThreadPoolExecutor(8)
+
+    def work(i: int) -> int:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            started.append(i)
+        time.sleep(0.01)
+        with lock:
+            running[0] -= 1
+        return i * i
+
+    calls = [lambda i=i: pool.submit(work, i) for i in range(12)]
+    futures = ch.submit_window(calls, window=3)
+    assert [f.result(timeout=10) for f in futures] == [i * i for i in range(12)]
+    assert peak[0] == 3
+    assert started[:3] == [0, 1, 2] and sorted(started) == list(range(12))
+
+
+def test_submit_window_fails_the_rest_once_the_task_has_failed():
+    from concurrent.futures import ThreadPoolExecutor
+
+    ch = channel(MemoryS3())
+    pool = ThreadPoolExecutor(2)
+    gate = threading.Event()
+    calls = [lambda: pool.submit(gate.wait, 5)] + [lambda: pool.submit(lambda: "late") for _ in range(4)]
+    futures = ch.submit_window(calls, window=1)
+    ch._aborted.set()  # what Channel.settle(failed=True) does
+    gate.set()
+    assert futures[0].result(timeout=5) is True
+    for f in futures[1:]:
+        with pytest.raises(ObjectWaitTimeout):
+            f.result(timeout=5)
