@@ -101,7 +101,10 @@ class ScatterReduce(SyncAlgorithm):
     max(chunk/w, P/w - g_last) + t_lat remain. Sync task k (``collectives.reduce_shard``): GET its
     state (rho P/K) and chunk c of shard k from each of the d replicas (d P/K in all) while chunk
     c-1 is reduced, updated and PUT, so the download link sets the pace:
-    2 t_lat + (d + rho) P/(K w) + the last chunk's update and upload (opt/(KC) + (1+rho) chunk/w).
+    2 t_lat + (d + rho) P/(K w) + the last chunk's update (opt/(KC)) and the uploads left when the
+    downloads end: two chunks' (2 (1+rho) chunk/w, one if C = 1) — requests in flight share the
+    link, so the last two chunks arrive almost together (the state object of chunk C-2, twice a
+    gradient chunk's size under Adam, still shares the link with chunk C-1's).
     Its container holds version t (it ran a backward task), so it does not load the parameters;
     the next phase's tasks do: t_lat + P/w. Memory: incoming chunks (up to d P/K), state and new
     parameters and state: (d + 1 + 2 rho) P/K.
@@ -116,7 +119,7 @@ class ScatterReduce(SyncAlgorithm):
         chunk = p_bytes / (k * c)
         sf = _stateful(plat)
         tail = lat + max(chunk / w, p_bytes / w - last_backward_s)
-        task = 2 * lat + (d + rho) * p_bytes / (k * w) + opt_s / (k * c) + (1 + rho) * chunk / w
+        task = 2 * lat + (d + rho) * p_bytes / (k * w) + opt_s / (k * c) + min(2, c) * (1 + rho) * chunk / w
         return StageSync(self.name, k, tail_s=tail, task_s=task, tasks=k, shards=k * c,
                          tail_puts=k * c, tail_gets=0, task_puts=c * (1 + sf), task_gets=c * (d + sf),
                          task_bytes=(d + 1 + 2 * rho) * p_bytes / k)
