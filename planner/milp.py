@@ -269,7 +269,10 @@ class LowerBounds:
         first_extra = wt * o + wc * pt * (global_transitions(2) - global_transitions(1))
         for q, g in enumerate(groups):
             for op in g.options:
-                v = wc * (op.own_cost + d * g.price * (m * g.a + m * g.bb + op.load_s)) + wt * (g.a + g.bb)
+                # a stage adds at least its step and its own hop to T_F and to the first branch
+                # of T_BS (ao >= a, bo >= bb), and its tasks are billed at least as long
+                v = (wc * (op.own_cost + d * g.price * (m * g.a + (g.ao - g.a) + m * g.bb + (g.bo - g.bb) + op.load_s))
+                     + wt * (g.ao + g.bo))
                 if g.j == L:
                     v += wt * op.load_s
                 if g.i == 0:
