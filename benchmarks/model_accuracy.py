@@ -10,8 +10,9 @@ The emulated network has Lambda's per-request latency (30 ms) and, by default, a
 bandwidth (78/8 MB/s each way): moto's S3 is one Python process that carries ~150 MB/s in all on
 this machine, shared with the workers' own CPU; at 78 MB/s two workers transferring at once would
 exceed it, and even at 78/4 MB/s four workers exchanging at once come close, so moto, not the
-network the model describes, would set the time (measured: errors of 5-8% on the exchange-heavy
-configurations at 78/4, 0-2% at 78/8). The model is given the same constants.
+network the model describes, would set the time (measured once each for the four MLP cases with
+d > 1: -2.6% to -7.9% at 78/4, -0.5% to +2.0% at 78/8; the pipelined case moves by a few percent
+from run to run, as the profiled balance does). The model is given the same constants.
 
 The platform the prediction uses is AWS's network constants plus this machine's overheads,
 measured ONCE by stagecoach.local.calibrate on a calibration job of negligible compute (S3 request

@@ -134,7 +134,7 @@ class ChannelStats:
 
 
 class Pools:
-    """An upload and a download thread pool: a worker's concurrent requests, per direction."""
+    """A worker's concurrent requests: a thread pool per lane (bulk uploads, downloads, hand-offs)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

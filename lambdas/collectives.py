@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import nn

@@ -52,7 +52,6 @@ class Link:
     """A link of ``rate_Bps`` shared fairly by the transfers on it; thread-safe."""
 
     rate_Bps: float
-    latency_s: float = 0.0
     clock: Callable[[], float] = time.monotonic
     _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
     _remaining: dict = field(default_factory=dict, repr=False)
@@ -111,8 +110,8 @@ class Network:
         self.spec = spec
         self.clock = clock
         self.sleep = sleep
-        self.up = Link(spec.up_Bps, spec.latency_s, clock) if spec else None
-        self.down = Link(spec.down_Bps, spec.latency_s, clock) if spec else None
+        self.up = Link(spec.up_Bps, clock) if spec else None
+        self.down = Link(spec.down_Bps, clock) if spec else None
         self._put_s_per_byte = 0.0
 
     def latency(self, spent: float = 0.0) -> None:

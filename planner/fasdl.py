@@ -119,20 +119,29 @@ def _objective(t: float, c: float, wc: float, wt: float) -> float:
     return wc * c + wt * t
 
 
+def _best_k(model: FasDLModel, global_batch: int, W: int, M: int, wc: float, wt: float, need: Need | None,
+            time_limit: float, best: FasDLResult | None) -> tuple[FasDLResult | None, int]:
+    """Every K that fits for (W, M), against ``best``; returns the new best and the evaluations."""
+    n = 0
+    for K in range(1, W + 1):
+        if need is not None and M < need(W, K):
+            continue
+        t, c = model.iteration(global_batch, W, K, M)
+        n += 1
+        j = _objective(t, c, wc, wt)
+        if t <= time_limit and (best is None or j < best.objective):
+            best = FasDLResult(W, K, M, t, c, j, 0)
+    return best, n
+
+
 def brute_force(model: FasDLModel, global_batch: int, workers: Sequence[int], memories: Sequence[int], wc: float, wt: float,
                 need: Need | None = None, time_limit: float = math.inf) -> FasDLResult | None:
     """Evaluate every (W, K, M) that fits in memory; the best objective within the time limit."""
     best, n = None, 0
     for W in workers:
-        for K in range(1, W + 1):
-            for M in memories:
-                if need is not None and M < need(W, K):
-                    continue
-                t, c = model.iteration(global_batch, W, K, M)
-                n += 1
-                j = _objective(t, c, wc, wt)
-                if t <= time_limit and (best is None or j < best.objective):
-                    best = FasDLResult(W, K, M, t, c, j, 0)
+        for M in memories:
+            best, k = _best_k(model, global_batch, W, M, wc, wt, need, time_limit, best)
+            n += k
     if best is not None:
         best.evaluations = n
     return best
@@ -157,14 +166,8 @@ def two_stage_search(model: FasDLModel, global_batch: int, workers: Sequence[int
     for lb, W, M in pairs:
         if best is not None and lb >= best.objective:
             break  # every remaining pair is bounded by at least this
-        for K in range(1, W + 1):
-            if need is not None and M < need(W, K):
-                continue
-            t, c = model.iteration(global_batch, W, K, M)
-            n += 1
-            j = _objective(t, c, wc, wt)
-            if t <= time_limit and (best is None or j < best.objective):
-                best = FasDLResult(W, K, M, t, c, j, 0)
+        best, k = _best_k(model, global_batch, W, M, wc, wt, need, time_limit, best)
+        n += k
     if best is not None:
         best.evaluations, best.bounds = n, nb
     return best

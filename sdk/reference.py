@@ -9,7 +9,6 @@ ordinary full-batch training.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from stagecoach.job import Job
