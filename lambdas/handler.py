@@ -25,6 +25,7 @@ from stagecoach.lambdas.jobctx import job_context
 from stagecoach.lambdas.optim_state import warm_up
 from stagecoach.lambdas.phases import PHASES
 from stagecoach.lambdas.remediate import remediate
+from stagecoach.lambdas.training import build_model
 
 logger = Logger(service="stagecoach-worker")
 warm_up()  # at import: Lambda's init phase, and locally the zygote every worker is forked from
@@ -63,7 +64,7 @@ def profile(ev: ProfileEvent) -> dict[str, Any]:
     ch = Channel(_client(), ev.bucket)
     ctx = job_context(ch, ev.job)
     sample = ctx.dataset(ch)["x"][0]
-    return profile_phase(ctx.model_factory().to(ctx.dtype), sample, micro_batch_sizes=ev.micro_batch_sizes, repeats=ev.repeats)
+    return profile_phase(build_model(ctx.model_factory, ctx.seed, ctx.dtype), sample, micro_batch_sizes=ev.micro_batch_sizes, repeats=ev.repeats)
 
 
 @logger.inject_lambda_context(log_event=False)

@@ -18,7 +18,7 @@ from torch import nn
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.collectives import Layout, SyncSpec, gather
-from stagecoach.lambdas.training import assign_flat, flat_params, stage_layout
+from stagecoach.lambdas.training import assign_flat, build_model, flat_params, stage_layout
 from stagecoach.planner.plan import Plan
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -47,8 +47,8 @@ class JobContext:
 
     def stage_module(self, stage: int) -> nn.ModuleList:
         if stage not in self.stages:
-            model = self.model_factory().to(self.dtype)
-            layers = list(model.children())
+            model = build_model(self.model_factory, self.seed, self.dtype)
+            layers = list(model)
             self.stages[stage] = nn.ModuleList([layers[i] for i in self.plan.stage_layers(stage)]).train()
         return self.stages[stage]
 

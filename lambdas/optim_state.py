@@ -31,12 +31,18 @@ def dump_state(optimizer: torch.optim.Optimizer) -> bytes:
 
 
 def restore_state(optimizer: torch.optim.Optimizer, body: bytes) -> None:
+    """Install a shard's state as it was saved, dtypes included.
+
+    Not ``load_state_dict``: that casts floating state to the parameter's dtype (NAdam's float32
+    ``mu_product`` would become float64), and one optimizer over the whole model never does that,
+    so the shards would round differently from it.
+    """
     tensors, meta = load_with_metadata(body)
     state: dict[str, Any] = json.loads(meta.get("scalars", "{}"))
     state.update({k.removeprefix("state."): v for k, v in tensors.items()})
-    sd = optimizer.state_dict()
-    sd["state"] = {0: state} if state else {}
-    optimizer.load_state_dict(sd)
+    if state:
+        (param,) = optimizer.param_groups[0]["params"]
+        optimizer.state[param] = state
 
 
 def apply_update(

@@ -44,7 +44,8 @@ def forward(ctx: JobContext, ch: Channel, ev: ForwardEvent, deadline: float) -> 
     for j in range(ctx.plan.micro_batches):
         x = _stage_input(ctx, ch, ev.t, ev.stage, ev.replica, j, deadline)
         with torch.no_grad():
-            y = run_layers(layers, first, x, ctx.seed, ev.t, ev.replica, j)
+            # a copy: the downloaded tensor views read-only bytes, and a first layer may work in place
+            y = run_layers(layers, first, x.clone() if ev.stage > 0 else x, ctx.seed, ev.t, ev.replica, j)
         ch.submit_handoff(keys.act(ctx.job, ev.t, ev.stage, ev.replica, j), {"x": y})  # while j+1 computes
     return {}
 
@@ -75,9 +76,9 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     losses = []
     for j in reversed(range(plan.micro_batches)):
         x = _stage_input(ctx, ch, t, s, r, j, deadline)
-        if s > 0:
+        if s > 0:  # the input gradient is x.grad; the layers get a copy, which a first layer may change in place
             x = x.detach().requires_grad_(True)
-        y = run_layers(layers, first, x, ctx.seed, t, r, j)
+        y = run_layers(layers, first, x.clone() if s > 0 else x, ctx.seed, t, r, j)
         if last:
             labels = ctx.dataset(ch)["y"][_rows(ctx, ch, t, r, j)]
             loss = ctx.loss_fn(y, labels)
@@ -91,7 +92,8 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
             g = ch.wait_tensors(keys.grad(ctx.job, t, s + 1, r, j), deadline)["g"]
             if j == 0:
                 stream.arm()
-            y.backward(g)
+            if y.requires_grad:  # else a first stage without parameters: nothing upstream needs a gradient
+                y.backward(g)
         if s > 0:
             ch.submit_handoff(keys.grad(ctx.job, t, s, r, j), {"g": x.grad})
     stream.finish()

@@ -98,7 +98,7 @@ def measure_model(
         xs = {b: batch_like(sample_input, b) for b in sorted(set(micro_batch_sizes) | {1, 2})}
         in1 = tensor_bytes(xs[1])
         layers = []
-        for i, (cname, child) in enumerate(model.named_children()):
+        for i, (cname, child) in enumerate(model._modules.items()):  # a block used twice counts twice
             rg = any_requires_grad(xs[1])
             y1, s1 = _saved_bytes(child, xs[1])
             y2, s2 = _saved_bytes(child, xs[2])

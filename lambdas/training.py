@@ -8,12 +8,23 @@ micro-batches, how randomness is seeded, and how a stage's parameters flatten in
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
 
 from stagecoach.planner.plan import chunk_count
+
+
+def build_model(factory: Callable[[], nn.Module], seed: int, dtype: torch.dtype) -> nn.Module:
+    """The model at its initial parameters and buffers: the factory run under the job's seed.
+
+    The client and every container build it alike, so buffers (which never travel) agree, and
+    parameters agree before version 0 is even loaded.
+    """
+    torch.manual_seed(seed)
+    model = factory()
+    return model.to(dtype) if isinstance(model, nn.Module) else model
 
 
 def derive_seed(*parts: object) -> int:

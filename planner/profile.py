@@ -398,7 +398,7 @@ def profile_meta(
     x1, x2 = batch_like(sample, 1, "meta"), batch_like(sample, 2, "meta")
     in1 = tensor_bytes(x1)
     layers = []
-    for i, (child_name, child) in enumerate(m.named_children()):
+    for i, (child_name, child) in enumerate(m._modules.items()):  # a block used twice counts twice
         rg = any_requires_grad(x1)
         y1, s1, f1, b1 = _size_layer(child, x1)
         y2, s2, _, _ = _size_layer(child, x2, flops=False)

@@ -177,7 +177,7 @@ def upload_job(job: Job, plan: Plan, res: StackResources, c: Clients, job_id: st
     c.s3.put_object(Bucket=res.bucket, Key=keys.job_code(job_id), Body=code)
     c.s3.put_object(Bucket=res.bucket, Key=keys.plan(job_id), Body=plan.to_json().encode())
     model = job.build_model()
-    layers = list(model.children())
+    layers = list(model)
     for s in range(plan.stages):
         params = [p for i in plan.stage_layers(s) for p in layers[i].parameters()]
         flat = flat_params(params)

@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 from torch import nn
 
+from stagecoach import exactness
+from stagecoach.lambdas.training import build_model
+
 if TYPE_CHECKING:
     from stagecoach.planner.plan import Plan
     from stagecoach.run import Run
@@ -32,7 +35,9 @@ class Job:
                   tensor in, one tensor out); a block is the unit the planner places on a stage.
     loss:         ``loss(output, target) -> scalar``, a mean over the batch (e.g. nn.CrossEntropyLoss()).
     optimizer:    ``optimizer(params) -> torch.optim.Optimizer`` with an elementwise update
-                  (SGD, Adam, AdamW, RMSprop, ...): its state is sharded across sync tasks.
+                  (SGD, Adam, AdamW, RMSprop, ...) and one parameter group: its state is sharded
+                  across sync tasks. What the runtime cannot train exactly is refused by
+                  ``validate`` (docs/exactness.md).
     train:        (inputs, labels) tensors; ``test`` likewise, optional, for evaluation.
     global_batch: samples per iteration over all replicas.
     """
@@ -47,10 +52,12 @@ class Job:
     test: tuple[torch.Tensor, torch.Tensor] | None = None
     dtype: torch.dtype = torch.float32
     name: str = "job"
-    _layers: int | None = field(default=None, init=False, repr=False)
+    _facts: exactness.ModelFacts | None = field(default=None, init=False, repr=False)
 
     # -- validation (before any AWS call) --------------------------------------------------------
-    def validate(self) -> None:
+    def validate(self, plan: "Plan | None" = None) -> None:
+        """Refuse, before anything is deployed, a job (and, if given, a plan) that cannot run or would
+        train something other than plain PyTorch (stagecoach.exactness); the error says what to change."""
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,29}", self.name):
             raise JobError(f"job name {self.name!r}: use 1-30 lowercase letters, digits and '-'")
         for what in ("global_batch", "iterations", "seed"):
@@ -77,11 +84,11 @@ class Job:
                                     "e.g. lambda p: torch.optim.Adam(p, lr=1e-3)"}[what]
                 )
         model = self.build_model()
-        self._layers = len(list(model.children()))
-        sample = x[: min(2, x.shape[0])].to(self.dtype) if x.is_floating_point() else x[:2]
+        n = min(4, x.shape[0])
+        sample = x[:n].to(self.dtype) if x.is_floating_point() else x[:n]
         out = sample
         with torch.no_grad():
-            for i, block in enumerate(model.children()):
+            for i, block in enumerate(model):
                 try:
                     out = block(out)
                 except Exception as e:
@@ -92,23 +99,39 @@ class Job:
                         "block of the nn.Sequential must map one tensor to one tensor"
                     )
         try:
-            loss = self.loss(out, y[: sample.shape[0]])
+            loss = self.loss(out, y[:n])
         except Exception as e:
             raise JobError(f"job.loss fails on the model's output and the labels: {e}") from None
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise JobError("job.loss must return a scalar tensor (a mean over the batch)")
         try:
-            opt = self.optimizer(list(model.parameters()))
-        except Exception as e:
-            raise JobError(f"job.optimizer(params) fails: {e}") from None
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise JobError(f"job.optimizer(params) returned {type(opt).__name__}, not a torch.optim.Optimizer")
+            self._facts = exactness.examine(self.build_model, self.loss, self.optimizer, sample, y[:n], self.seed, self.dtype)
+        except exactness.NotExact as e:
+            raise JobError(str(e)) from None
+        if plan is not None:
+            self.check_plan(plan)
+
+    def check_plan(self, plan: "Plan") -> None:
+        """Refuse a plan under which this job would train something other than plain PyTorch
+        (a cut that an integer tensor would cross; a split batch with a batch-coupled model or a
+        loss that is not a mean)."""
+        plan.validate(layers=self.layers)
+        try:
+            exactness.check_plan(self.facts, plan.balance, plan.replicas, plan.micro_batches)
+        except exactness.NotExact as e:
+            raise JobError(str(e)) from None
+
+    @property
+    def facts(self) -> exactness.ModelFacts:
+        if self._facts is None:
+            self.validate()
+        assert self._facts is not None
+        return self._facts
 
     def build_model(self) -> nn.Sequential:
         """The model at its initial parameters: the factory run under the job's seed."""
-        torch.manual_seed(self.seed)
         try:
-            model = self.model()
+            model = build_model(self.model, self.seed, self.dtype)
         except Exception as e:
             raise JobError(f"job.model() fails: {e}") from None
         if not isinstance(model, nn.Sequential):
@@ -118,20 +141,12 @@ class Job:
             )
         if len(model) == 0:
             raise JobError("job.model() returned an empty nn.Sequential")
-        for i, block in enumerate(model.children()):
-            for name, m in block.named_modules():
-                if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
-                    raise JobError(
-                        f"block {i} has BatchNorm ({name or type(m).__name__}) with running statistics, which "
-                        "the recompute in the backward phase would update twice: use GroupNorm or LayerNorm"
-                    )
-        return model.to(self.dtype)
+        return model
 
     @property
     def layers(self) -> int:
-        if self._layers is None:
-            self._layers = len(list(self.build_model().children()))
-        return self._layers
+        """Blocks of the model: the units a plan's balance counts (a module used twice counts twice)."""
+        return self.facts.blocks
 
     # -- running ---------------------------------------------------------------------------------
     def run(self, plan: "Plan | None" = None, backend: Any = None, **manual: Any) -> "Run":
@@ -150,6 +165,7 @@ class Job:
             from stagecoach.planner.plan import PlanError
 
             raise PlanError(f"plan.global_batch={plan.global_batch} differs from job.global_batch={self.global_batch}")
+        self.check_plan(plan)
         from stagecoach import history as learnt
 
         backend = get_backend(backend)

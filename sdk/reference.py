@@ -17,7 +17,7 @@ from stagecoach.lambdas.training import batch_indices, micro_batch, run_layers
 
 def train_reference(job: Job, replicas: int = 1, micro_batches: int = 1) -> nn.Sequential:
     model = job.build_model().train()
-    layers = list(model.children())
+    layers = list(model)
     optimizer = job.optimizer(list(model.parameters()))
     x, y = job.train
     x = x.to(job.dtype) if x.is_floating_point() else x

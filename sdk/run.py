@@ -208,7 +208,7 @@ class Run:
         """Stage ``stage``'s flat parameters after ``version`` updates (default: the last)."""
         v = self.job.iterations if version is None else version
         model = self.job.build_model()
-        layers = list(model.children())
+        layers = list(model)
         numel = sum(p.numel() for i in self.plan.stage_layers(stage) for p in layers[i].parameters())
         itemsize = torch.empty(0, dtype=self.job.dtype).element_size()
         parts = []
@@ -221,7 +221,7 @@ class Run:
     def trained_model(self) -> nn.Sequential:
         """The model with the parameters after the last iteration."""
         model = self.job.build_model()
-        layers = list(model.children())
+        layers = list(model)
         for s in range(self.plan.stages):
             params = [p for i in self.plan.stage_layers(s) for p in layers[i].parameters()]
             assign_flat(params, self.stage_vector(s))

@@ -1,0 +1,335 @@
+"""Whether the runtime trains a job exactly as plain PyTorch would, decided before anything is deployed.
+
+The runtime splits an nn.Sequential between its blocks, ships each stage's parameters as one flat
+vector, recomputes the forward in the backward phase, averages micro-batch gradients, and applies
+the optimizer to flat shards of that vector, each with its own optimizer instance. Each of these
+is exact only under assumptions about the user's model, loss and optimizer; a job that breaks one
+would train a different model without any error. Every assumption is checked here, on the job's
+own objects, by running them on a few samples — not by a list of known classes — and a job that
+breaks one is refused with what to change.
+
+Facts that only matter for some plans (whether the model couples the samples of a batch, whether
+the loss is a mean, which block outputs can cross a cut) are returned as :class:`ModelFacts` and
+checked against the plan by :func:`check_plan`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from stagecoach.lambdas.optim_state import apply_update
+from stagecoach.lambdas.training import run_layers
+
+MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+
+
+class NotExact(ValueError):
+    """The job would train something other than plain PyTorch; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the checks learnt about the model that decides which plans are exact."""
+
+    blocks: int
+    # per block boundary i (after block i, i < blocks - 1): the dtype of what would cross a cut there
+    boundary_dtypes: tuple[torch.dtype, ...]
+    # why one sample's output depends on the other samples of its batch (None: it does not)
+    batch_coupling: str | None
+    # why the loss of a batch is not the mean of its samples' losses (None: it is)
+    loss_not_mean: str | None
+
+
+def _tol(dtype: torch.dtype) -> float:
+    return 1e-12 if dtype == torch.float64 else 1e-6
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
+    if a.shape != b.shape:
+        return False
+    if a.numel() == 0:
+        return True
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).abs().max()) <= _tol(dtype) * max(1.0, float(a.abs().max()))
+
+
+# -- structure ---------------------------------------------------------------------------------------
+def check_structure(blocks: Sequence[nn.Module]) -> None:
+    """No parameter, buffer or stateful module is shared between blocks.
+
+    Blocks on different stages live in different containers, each with its own copy: a shared
+    parameter would be trained as independent copies that drift apart, and even on one stage the
+    flat layout counts it once per block. Inside one block sharing is exact (autograd sums the
+    uses), so that is the fix offered.
+    """
+    owner: dict[int, int] = {}
+    for i, block in enumerate(blocks):
+        for j in range(i):
+            if blocks[j] is block and _has_state(block):
+                raise NotExact(
+                    f"blocks {j} and {i} are the same module ({type(block).__name__}): the model uses it twice, "
+                    "and stages in different containers would train two copies of it. Put the uses in one block "
+                    "(a module whose forward calls it at each place), or give each use its own module "
+                    "(a different model)"
+                )
+        if any(blocks[j] is block for j in range(i)):
+            continue  # a stateless module used twice (an activation): exact, nothing to share
+        for name, t in [*block.named_parameters(), *block.named_buffers()]:
+            key = t.untyped_storage().data_ptr() if t.numel() else id(t)
+            if key in owner and owner[key] != i:
+                kind = "parameter" if isinstance(t, nn.Parameter) else "buffer"
+                raise NotExact(
+                    f"block {i}'s {kind} {name!r} is shared with block {owner[key]} (tied weights): blocks on "
+                    "different stages would train separate copies that drift apart. Put the blocks that share "
+                    f"it into one block (e.g. nn.Sequential(block{owner[key]}, ..., block{i}) as a single child), "
+                    "or untie them (a different model)"
+                )
+            owner[key] = i
+
+
+def _has_state(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters()) or any(True for _ in module.buffers())
+
+
+def check_factory(first: nn.Module, second: nn.Module) -> None:
+    """The factory builds a new, identical model each time (workers rebuild it from the same seed)."""
+    if first is second:
+        raise NotExact(
+            "job.model() returned the same module object twice: every container (and every run) must build its "
+            "own model, so give a factory that constructs it, e.g. model=lambda: MyNet(), not model=lambda: net"
+        )
+    a, b = first.state_dict(), second.state_dict()
+    for name, t in a.items():
+        if not torch.equal(t, b[name]):
+            raise NotExact(
+                f"job.model() builds different values of {name!r} each time under the same torch seed: the workers "
+                "rebuild the model from the factory, so it must be deterministic given torch.manual_seed (draw "
+                "random numbers with torch, not numpy or random, or load fixed weights)"
+            )
+
+
+def check_loss(loss: Any) -> None:
+    if isinstance(loss, nn.Module) and any(True for _ in loss.parameters()):
+        raise NotExact(
+            f"job.loss ({type(loss).__name__}) has parameters, which Stagecoach never trains: move them into the "
+            "model's last block"
+        )
+
+
+# -- running the model ----------------------------------------------------------------------------------
+def _forward(blocks: Sequence[nn.Module], x: torch.Tensor, seed: int) -> tuple[torch.Tensor, list[torch.dtype]]:
+    """The model as the runtime runs it (per-layer seeding), recording what crosses each boundary."""
+    out = x
+    dtypes = []
+    for i, block in enumerate(blocks):
+        out = run_layers([block], i, out, seed, 0, 0, 0)
+        dtypes.append(out.dtype)
+    return out, dtypes[:-1]
+
+
+def _buffers(blocks: Sequence[nn.Module]) -> list[tuple[int, str, torch.Tensor]]:
+    return [(i, name, b.detach().clone()) for i, block in enumerate(blocks) for name, b in block.named_buffers()]
+
+
+def check_buffers_unchanged(blocks: Sequence[nn.Module], before: list[tuple[int, str, torch.Tensor]]) -> None:
+    """Buffers the forward pass changes (running statistics, counters) are not carried between tasks."""
+    for i, name, old in before:
+        new = blocks[i].get_buffer(name)
+        if not torch.equal(old, new):
+            owner = blocks[i].get_submodule(name.rpartition(".")[0]) if "." in name else blocks[i]
+            hint = (" (BatchNorm's running statistics: use GroupNorm or LayerNorm, or BatchNorm with "
+                    "track_running_stats=False on a plan of one replica and one micro-batch)"
+                    if isinstance(owner, nn.modules.batchnorm._BatchNorm) else "")
+            raise NotExact(
+                f"block {i}'s buffer {name!r} ({type(owner).__name__}) changes in the forward pass{hint}: the "
+                "runtime neither keeps buffer updates across tasks nor avoids repeating them in the backward "
+                "phase's recompute, so the trained model's buffers would differ from PyTorch's"
+            )
+
+
+def check_gradients(blocks: Sequence[nn.Module]) -> None:
+    """Every parameter gets a dense gradient: the runtime treats a missing one as zero, which an
+    optimizer with momentum or weight decay turns into an update PyTorch would not make."""
+    for i, block in enumerate(blocks):
+        for name, p in block.named_parameters():
+            if not p.requires_grad:
+                raise NotExact(
+                    f"block {i}'s parameter {name!r} is frozen (requires_grad=False): the runtime updates every "
+                    "parameter, as if its gradient were zero, which momentum or weight decay would change. Register "
+                    "it as a buffer (module.register_buffer) or let it train"
+                )
+            if p.grad is None:
+                raise NotExact(
+                    f"block {i}'s parameter {name!r} gets no gradient (it is not used in the forward pass): the runtime "
+                    "would update it as if its gradient were zero, which momentum or weight decay would change. "
+                    "Remove it from the model or register it as a buffer"
+                )
+            if p.grad.is_sparse:
+                raise NotExact(
+                    f"block {i}'s parameter {name!r} gets a sparse gradient (e.g. nn.Embedding(sparse=True)): the "
+                    "runtime moves dense gradients; use sparse=False"
+                )
+
+
+def batch_coupling(blocks: Sequence[nn.Module], x: torch.Tensor, seed: int) -> str | None:
+    """Why a sample's output depends on the other samples of its batch, or None.
+
+    Replacing sample 0 must leave the other samples' outputs unchanged (same seeds, so dropout
+    draws the same masks). If it does not (BatchNorm's batch statistics, anything mixing samples),
+    micro-batches compute something other than the global batch, and only a plan that keeps the
+    global batch together (one replica, one micro-batch) is exact.
+    """
+    if x.shape[0] < 2:
+        return None
+    other = next((k for k in range(1, x.shape[0]) if not torch.equal(x[k], x[0])), None)
+    if other is None:
+        return None
+    x2 = x.clone()
+    x2[0] = x[other]
+    with torch.no_grad():
+        a, _ = _forward(blocks, x, seed)
+        b, _ = _forward(blocks, x2, seed)
+    if a.dim() == 0 or a.shape[0] != x.shape[0] or _close(a[1:], b[1:], a.dtype if a.is_floating_point() else torch.float64):
+        return None
+    norms = sorted({type(m).__name__ for blk in blocks for m in blk.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)})
+    return (f"its {', '.join(norms)} normalise over the batch" if norms
+            else "one sample's output depends on the other samples of its batch")
+
+
+def loss_not_mean(loss: Callable[..., torch.Tensor], out: torch.Tensor, y: torch.Tensor) -> str | None:
+    """Why the loss of a batch is not the mean of its samples' losses, or None.
+
+    The runtime averages the losses of equal micro-batches; that equals the global batch's loss
+    only for a mean over samples (not reduction='sum', class weights, or ignore_index).
+    """
+    n = out.shape[0] if out.dim() else 0
+    if n < 2 or y.shape[0] != n:
+        return None
+    with torch.no_grad():
+        whole = loss(out, y).double()
+        singles = torch.stack([loss(out[i : i + 1], y[i : i + 1]).double() for i in range(n)]).mean()
+    if _close(whole, singles, out.dtype if out.is_floating_point() else torch.float64):
+        return None
+    return (f"the loss of {n} samples is {float(whole):.6g} but the mean of their own losses is {float(singles):.6g} "
+            "(reduction='sum', class weights or ignore_index weigh a micro-batch differently from the global batch)")
+
+
+# -- the optimizer ------------------------------------------------------------------------------------------
+def check_optimizer(make_optimizer: MakeOptimizer, params: list[nn.Parameter], dtype: torch.dtype) -> None:
+    """One parameter group over exactly the given parameters, and an update that is elementwise.
+
+    The sync tasks apply the optimizer to flat shards of a stage's parameters (cut across tensor
+    boundaries), each with its own optimizer instance whose state travels through S3. That equals
+    one optimizer over the model only if every element is updated on its own: tested by running
+    the optimizer both ways on the same gradients.
+    """
+    try:
+        opt = make_optimizer(params)
+    except Exception as e:
+        raise NotExact(f"job.optimizer(params) fails: {e}") from None
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise NotExact(f"job.optimizer(params) returned {type(opt).__name__}, not a torch.optim.Optimizer")
+    if len(opt.param_groups) != 1:
+        raise NotExact(
+            f"job.optimizer(params) made {len(opt.param_groups)} parameter groups: the runtime updates flat shards "
+            "that mix parameters of every group, so per-group settings (e.g. no weight decay on biases) would "
+            "collapse into one. Give one group over all the parameters, e.g. optimizer=lambda p: torch.optim.AdamW(p, ...)"
+        )
+    given = {id(p) for p in params}
+    grouped = {id(p) for p in opt.param_groups[0]["params"]}
+    if given != grouped:
+        raise NotExact(
+            "job.optimizer(params) does not optimise exactly the parameters it is given: it must build the "
+            "optimizer over `params` (e.g. lambda params: torch.optim.SGD(params, lr=0.1)), not over other tensors"
+        )
+    name = type(opt).__name__
+    g = torch.Generator().manual_seed(0)
+    shapes = [(3, 4), (5,), (2, 3, 2), (4, 4)]
+    init = [torch.randn(s, generator=g, dtype=dtype) for s in shapes]
+    steps = [[torch.randn(s, generator=g, dtype=dtype) for s in shapes] for _ in range(3)]
+    try:
+        whole_params = [nn.Parameter(t.clone()) for t in init]
+        whole_opt = make_optimizer(whole_params)
+        for grads in steps:
+            for p, gr in zip(whole_params, grads):
+                p.grad = gr.clone()
+            whole_opt.step()
+    except Exception as e:
+        raise NotExact(f"job.optimizer ({name}) cannot take a plain step on its parameters: {e}") from None
+    whole = torch.cat([p.detach().reshape(-1) for p in whole_params])
+    flat = torch.cat([t.reshape(-1) for t in init])
+    bounds = [(0, 7), (7, 16), (16, 41), (41, flat.numel())]  # shards that cut across tensors, as the runtime's do
+    states: list[bytes | None] = [None] * len(bounds)
+    try:
+        for grads in steps:
+            gflat = torch.cat([gr.reshape(-1) for gr in grads])
+            parts = []
+            for k, (a, b) in enumerate(bounds):
+                new, states[k] = apply_update(make_optimizer, flat[a:b], gflat[a:b], states[k])
+                parts.append(new)
+            flat = torch.cat(parts)
+    except Exception as e:
+        raise NotExact(
+            f"job.optimizer ({name}) fails on a flat shard of parameters, as the sync tasks apply it ({e}): use an "
+            "optimizer that needs no closure and keeps elementwise state (SGD, Adam, AdamW, RMSprop, Adagrad, ...)"
+        ) from None
+    if not _close(whole, flat, dtype):
+        diff = float((whole - flat).abs().max())
+        raise NotExact(
+            f"job.optimizer ({name}) does not update each element on its own: on flat shards it gives other parameters "
+            f"than on whole tensors (max |diff| {diff:.2g} after 3 steps), e.g. Adafactor's factored moments, Muon's "
+            "orthogonalisation or LAMB's per-tensor trust ratio. The sync tasks shard the optimizer across "
+            "tensors: use an elementwise optimizer (SGD, Adam, AdamW, RMSprop, Adagrad, ...)"
+        )
+
+
+# -- everything, in order ----------------------------------------------------------------------------------
+def examine(build: Callable[[], nn.Sequential], loss: Callable[..., torch.Tensor], make_optimizer: MakeOptimizer,
+            x: torch.Tensor, y: torch.Tensor, seed: int, dtype: torch.dtype) -> ModelFacts:
+    """Run every check on the job's own model, loss and optimizer, with a few samples ``x``, ``y``.
+
+    Raises NotExact for what no plan can train exactly; returns what decides the rest per plan.
+    """
+    model = build()
+    blocks = list(model)
+    check_structure(blocks)
+    check_factory(model, build())
+    check_loss(loss)
+    model.train()
+    before = _buffers(blocks)
+    out, boundary = _forward(blocks, x, seed)
+    check_buffers_unchanged(blocks, before)
+    value = loss(out, y)
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.requires_grad:
+        value.backward()
+        check_gradients(blocks)
+    coupling = batch_coupling(blocks, x, seed)
+    not_mean = loss_not_mean(loss, out.detach(), y) if coupling is None else None
+    check_optimizer(make_optimizer, [p for p in build().parameters()], dtype)
+    return ModelFacts(blocks=len(blocks), boundary_dtypes=tuple(boundary), batch_coupling=coupling, loss_not_mean=not_mean)
+
+
+def check_plan(facts: ModelFacts, balance: Sequence[int], replicas: int, micro_batches: int) -> None:
+    """What a particular plan adds: its cuts, and whether it splits the global batch."""
+    cut = 0
+    for b in balance[:-1]:
+        cut += b
+        dtype = facts.boundary_dtypes[cut - 1]
+        if not dtype.is_floating_point:
+            raise NotExact(
+                f"the plan cuts after block {cut - 1}, whose output is a {str(dtype).removeprefix('torch.')} tensor: "
+                "only floating tensors can cross a stage boundary today. Choose a balance that keeps that block "
+                "and the next on one stage"
+            )
+    if replicas * micro_batches > 1:
+        why = facts.batch_coupling or facts.loss_not_mean
+        if why:
+            raise NotExact(
+                f"the plan splits each global batch into {replicas} replicas x {micro_batches} micro-batches, but {why}: "
+                "gradients of the parts would not add up to the global batch's. Use one replica and one micro-batch "
+                "(stages only), or change the model or loss"
+            )

@@ -1,0 +1,270 @@
+"""Never train a wrong model: every input the runtime cannot train exactly is refused before deployment.
+
+Each refusal is a case that, accepted, trained something other than plain PyTorch without an error
+(tied weights drift apart, a module used twice trained as one, parameter groups collapse, a
+non-elementwise optimizer on flat shards, buffers never carried, ...) or failed only after
+deployment. The runtime fixes made for the cases that can be trained exactly are checked end to
+end, in float64, through the real state machines.
+"""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from stagecoach import Job, JobError, Plan
+from stagecoach.reference import train_reference
+
+G = torch.Generator().manual_seed(11)
+X = torch.randn(48, 6, generator=G, dtype=torch.float64)
+Y = torch.randint(0, 3, (48,), generator=G)
+IDS = torch.randint(0, 10, (48, 5), generator=G)
+
+
+def plain() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Linear(8, 3))
+
+
+def job(model=plain, optimizer=lambda p: torch.optim.Adam(p, lr=0.01), loss=None, train=None, name="exact", **kw) -> Job:
+    return Job(model=model, loss=loss or nn.CrossEntropyLoss(), optimizer=optimizer, train=train or (X, Y),
+               global_batch=12, iterations=3, seed=2, dtype=torch.float64, name=name, **kw)
+
+
+# -- models, optimizers and losses that no plan trains exactly ---------------------------------------
+def tied_across_blocks():
+    a, b = nn.Linear(6, 6), nn.Linear(6, 6)
+    b.weight = a.weight
+    return nn.Sequential(a, nn.Tanh(), b, nn.Linear(6, 3))
+
+
+def module_used_twice():
+    a = nn.Linear(6, 6)
+    return nn.Sequential(a, nn.Tanh(), a, nn.Linear(6, 3))
+
+
+def two_groups(p):
+    return torch.optim.AdamW([{"params": p[:2], "weight_decay": 0.0}, {"params": p[2:]}], lr=0.01)
+
+
+class Counter(nn.Module):
+    """A buffer updated in forward (like BatchNorm's num_batches_tracked)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.register_buffer("seen", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        self.seen += x.shape[0]
+        return self.lin(x)
+
+
+class WithUnused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.spare = nn.Linear(6, 6), nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def frozen_bias():
+    m = plain()
+    m[0].bias.requires_grad_(False)
+    return m
+
+
+SHARED_NET = plain()
+
+
+def numpy_init():
+    m = plain()
+    with torch.no_grad():
+        m[0].weight.copy_(torch.from_numpy(np.random.randn(8, 6)))
+    return m
+
+
+class LearnedLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.temperature = nn.Parameter(torch.ones(()))
+
+    def forward(self, out, y):
+        return nn.functional.cross_entropy(out / self.temperature, y)
+
+
+REFUSED = [
+    ("tied weights across blocks", dict(model=tied_across_blocks), "block 2's parameter 'weight' is shared with block 0"),
+    ("a module used twice", dict(model=module_used_twice), "blocks 0 and 2 are the same module"),
+    ("parameter groups", dict(optimizer=two_groups), "made 2 parameter groups"),
+    ("Adafactor", dict(optimizer=lambda p: torch.optim.Adafactor(p, lr=0.01)), "does not update each element on its own"),
+    ("LBFGS", dict(optimizer=lambda p: torch.optim.LBFGS(p)), "closure"),
+    ("SparseAdam", dict(optimizer=lambda p: torch.optim.SparseAdam(p)), "cannot take a plain step"),
+    ("Muon", dict(optimizer=lambda p: torch.optim.Muon(p)), "fails"),
+    ("an optimizer over other tensors", dict(optimizer=lambda p: torch.optim.SGD(p[:1], lr=0.1)),
+     "does not optimise exactly the parameters it is given"),
+    ("BatchNorm's running statistics", dict(model=lambda: nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), nn.Linear(6, 3))),
+     "buffer 'running_mean' \\(BatchNorm1d\\) changes in the forward pass"),
+    ("a buffer updated in forward", dict(model=lambda: nn.Sequential(Counter(), nn.Linear(6, 3))), "buffer 'seen'"),
+    ("a frozen parameter", dict(model=frozen_bias), "'bias' is frozen"),
+    ("an unused parameter", dict(model=lambda: nn.Sequential(WithUnused(), nn.Linear(6, 3))), "'spare.weight' gets no gradient"),
+    ("a sparse gradient", dict(model=lambda: nn.Sequential(nn.Embedding(10, 6, sparse=True), nn.Flatten(), nn.Linear(30, 3)),
+                               train=(IDS, Y), optimizer=lambda p: torch.optim.SGD(p, lr=0.1)), "sparse gradient"),
+    ("one model object for every build", dict(model=lambda: SHARED_NET), "returned the same module object twice"),
+    ("a factory not seeded by torch", dict(model=numpy_init), "builds different values of '0.weight'"),
+    ("a loss with parameters", dict(loss=LearnedLoss()), "has parameters, which Stagecoach never trains"),
+]
+
+
+@pytest.mark.parametrize("change, message", [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_what_no_plan_trains_exactly_is_refused_with_the_fix(change, message):
+    with pytest.raises(JobError, match=message):
+        job(**change).validate()
+
+
+class NoBackend:
+    """Any use of the backend fails the test: a refused job must not reach it."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the backend was used ({name}) for a job that should have been refused")
+
+
+@pytest.mark.parametrize("change", [c[1] for c in REFUSED[:5]], ids=[c[0] for c in REFUSED[:5]])
+def test_the_silently_wrong_inputs_are_refused_before_the_backend_is_touched(change):
+    with pytest.raises(JobError):
+        job(**change).run(stages=2, replicas=2, micro_batches=2, backend=NoBackend())
+
+
+ELEMENTWISE = {
+    "SGD momentum wd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True),
+    "Adam": lambda p: torch.optim.Adam(p, lr=0.01),
+    "AdamW amsgrad": lambda p: torch.optim.AdamW(p, lr=0.01, amsgrad=True),
+    "NAdam": lambda p: torch.optim.NAdam(p, lr=0.01),
+    "RAdam": lambda p: torch.optim.RAdam(p, lr=0.01),
+    "RMSprop": lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5),
+    "Adagrad": lambda p: torch.optim.Adagrad(p, lr=0.01),
+    "Adamax": lambda p: torch.optim.Adamax(p, lr=0.01),
+    "Adadelta": lambda p: torch.optim.Adadelta(p),
+    "ASGD": lambda p: torch.optim.ASGD(p, lr=0.01),
+    "Rprop": lambda p: torch.optim.Rprop(p, lr=0.01),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", list(ELEMENTWISE))
+def test_elementwise_optimizers_are_accepted(name, dtype):
+    j = job(optimizer=ELEMENTWISE[name])
+    j.dtype = dtype
+    j.validate()
+
+
+# -- what depends on the plan -------------------------------------------------------------------------
+def bn_batch_stats():
+    return nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6, track_running_stats=False), nn.Linear(6, 3))
+
+
+class Ids(nn.Module):
+    """Emits integer ids (the next block embeds them): an integer tensor at the boundary after it."""
+
+    def forward(self, x):
+        return (x.abs() * 3).long().clamp(max=9)
+
+
+def ids_then_embedding():
+    return nn.Sequential(Ids(), nn.Embedding(10, 4), nn.Flatten(), nn.Linear(24, 3))
+
+
+PLAN_DEPENDENT = [
+    ("batch statistics", dict(model=bn_batch_stats), "its BatchNorm1d normalise over the batch"),
+    ("a sum loss", dict(loss=nn.CrossEntropyLoss(reduction="sum")), "the mean of their own losses"),
+    ("class weights", dict(loss=nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))),
+     "the mean of their own losses"),
+]
+
+
+@pytest.mark.parametrize("change, message", [c[1:] for c in PLAN_DEPENDENT], ids=[c[0] for c in PLAN_DEPENDENT])
+def test_a_split_batch_is_refused_where_the_parts_do_not_add_up_and_one_batch_is_accepted(change, message):
+    j = job(**change)
+    j.validate()
+    j.check_plan(j.manual_plan(stages=2))  # the global batch stays together: exact
+    with pytest.raises(JobError, match=message):
+        j.check_plan(j.manual_plan(stages=2, replicas=2))
+    with pytest.raises(JobError, match=message):
+        j.check_plan(j.manual_plan(stages=1, micro_batches=2))
+
+
+def test_a_cut_that_an_integer_tensor_would_cross_is_refused():
+    j = job(model=ids_then_embedding)
+    j.validate()
+    with pytest.raises(JobError, match="cuts after block 0, whose output is a int64 tensor"):
+        j.check_plan(Plan(balance=[1, 3], global_batch=12))
+    j.check_plan(Plan(balance=[2, 2], global_batch=12))
+
+
+# -- the cases made exact, end to end ----------------------------------------------------------------------
+def activation_used_twice():
+    act = nn.Tanh()  # stateless: its two uses may sit on different stages
+    return nn.Sequential(nn.Linear(6, 6), act, nn.Linear(6, 6), act, nn.Linear(6, 3))
+
+
+def in_place_first_layer():
+    return nn.Sequential(nn.Linear(6, 6), nn.ReLU(inplace=True), nn.Linear(6, 3))
+
+
+def parameter_free_first_stage():
+    return nn.Sequential(nn.Flatten(), nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 3))
+
+
+class RandomProjection(nn.Module):
+    """A fixed random buffer drawn by the factory: every container must draw the same one."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("proj", torch.randn(6, 6))
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.lin(x @ self.proj)
+
+
+class TiedInside(nn.Module):
+    """Weights tied inside one block: autograd sums both uses' gradients, as in plain PyTorch."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 6)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+EXACT = [
+    ("stateless module used twice across stages", activation_used_twice, (3, 2), (2, 2)),
+    ("in-place first layer of a stage", in_place_first_layer, (1, 2), (2, 2)),
+    ("parameter-free first stage", parameter_free_first_stage, (1, 3), (2, 2)),
+    ("random buffer from the factory", lambda: nn.Sequential(RandomProjection(), nn.Tanh(), nn.Linear(6, 3)), (1, 2), (2, 2)),
+    ("weights tied inside one block", lambda: nn.Sequential(TiedInside(), nn.Linear(6, 3)), (1, 1), (2, 2)),
+    ("batch statistics on one batch", bn_batch_stats, (1, 2), (1, 1)),
+]
+
+
+@pytest.fixture(scope="module")
+def exact_runs(backend):
+    started = {}
+    for label, model, balance, (d, m) in EXACT:
+        j = job(model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01), name="exact")
+        plan = Plan(balance=balance, replicas=d, micro_batches=m, global_batch=12)
+        started[label] = (j, d, m, j.run(plan=plan, backend=backend))
+    return started
+
+
+@pytest.mark.parametrize("label", [c[0] for c in EXACT])
+def test_accepted_edge_models_train_exactly_like_plain_pytorch(exact_runs, label):
+    j, d, m, run = exact_runs[label]
+    run.wait(progress=False, timeout_s=600)
+    got = run.trained_model().state_dict()
+    want = train_reference(j, replicas=d, micro_batches=m).state_dict()
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.allclose(got[k], want[k], rtol=0, atol=1e-10), k
