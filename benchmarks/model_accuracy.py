@@ -39,11 +39,11 @@ from stagecoach import Job, Plan
 from stagecoach.lambdas.profiling import measure_model
 from stagecoach.local.backend import LocalBackend
 from stagecoach.local.calibrate import LocalOverheads, measure_overheads
-from stagecoach.planner.perfmodel import Config, evaluate
-from stagecoach.planner.platforms import Platform, aws_platform, emulated_platform
+from stagecoach.planner.model.perfmodel import Config, evaluate
+from stagecoach.planner.model.platforms import Platform, aws_platform, emulated_platform
 from stagecoach.planner.plan import PHASES
-from stagecoach.planner.profile import balanced_partition
-from stagecoach.planner.syncmodel import SyncChoice
+from stagecoach.planner.profile.layers import balanced_partition
+from stagecoach.planner.model.syncmodel import SyncChoice
 
 TIER = 2048  # any: local workers compute at one thread whatever their memory
 

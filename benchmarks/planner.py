@@ -20,12 +20,12 @@ import statistics
 import time
 import warnings
 
-from stagecoach.planner.api import plan_model
-from stagecoach.planner.baselines import BASELINES
-from stagecoach.planner.milp import candidate_groups, objective_value, solve_fixed
-from stagecoach.planner.pareto import FUNCPIPE_WEIGHTS
-from stagecoach.planner.platforms import aws_platform
-from stagecoach.planner.zoo import zoo_profile
+from stagecoach.planner.solve.sweep import plan_model
+from stagecoach.planner.baselines.classic import BASELINES
+from stagecoach.planner.solve.milp import candidate_groups, objective_value, solve_fixed
+from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
+from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.profile.zoo import zoo_profile
 
 W_LABEL = {w: f"(1,2^{w[1].bit_length() - 1})" if w[1] else "(1,0)" for w in FUNCPIPE_WEIGHTS}
 

@@ -59,7 +59,7 @@ from stagecoach.lambdas.netem import Network, NetworkSpec  # noqa: E402
 from stagecoach.lambdas.optim_state import warm_up  # noqa: E402
 from stagecoach.lambdas.training import shard_bounds, stage_layout  # noqa: E402
 from stagecoach.planner.plan import chunk_count  # noqa: E402
-from stagecoach.planner.platforms import funcpipe_platform  # noqa: E402
+from stagecoach.planner.model.platforms import funcpipe_platform  # noqa: E402
 
 MB = 1_000_000
 JOB = "bench"
@@ -280,9 +280,9 @@ def moto_check(net: NetworkSpec, optimizer: str) -> None:
     moto's own processing, which the emulated network does not include."""
     import boto3
 
-    from stagecoach.local.backend import LocalStack
+    from stagecoach.local.process import OwnedStack
 
-    stack = LocalStack()
+    stack = OwnedStack()
     try:
         def client() -> Any:
             return boto3.client("s3", endpoint_url=stack.endpoint_url, region_name="us-east-1",

@@ -18,10 +18,9 @@ from torch import nn
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.collectives import Layout, SyncSpec, gather
-from stagecoach.lambdas.training import assign_flat, build_model, flat_params, stage_layout
+from stagecoach.lambdas.training import DTYPES, assign_flat, build_model, flat_params, stage_layout
 from stagecoach.planner.plan import Plan
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 @dataclass

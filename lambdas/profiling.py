@@ -22,16 +22,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from stagecoach.planner.profile import (
-    LayerProfile,
-    ModelProfile,
-    SavedBytes,
-    any_requires_grad,
-    batch_like,
-    grad_seed,
-    requires_grad_,
-    tensor_bytes,
-)
+from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
+from stagecoach.planner.profile.tensors import SavedBytes, any_requires_grad, batch_like, grad_seed, requires_grad_, tensor_bytes
 
 
 def _detach(obj: Any) -> Any:

@@ -15,6 +15,10 @@ from torch import nn
 
 from stagecoach.planner.plan import chunk_count
 
+# The dtypes a job may train in, by the names its spec carries.
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
 
 def build_model(factory: Callable[[], nn.Module], seed: int, dtype: torch.dtype) -> nn.Module:
     """The model at its initial parameters and buffers: the factory run under the job's seed.

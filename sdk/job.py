@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from stagecoach import exactness
-from stagecoach.lambdas.training import build_model
+from stagecoach import history as learnt
+from stagecoach.backend import Backend
+from stagecoach.backends import get_backend
+from stagecoach.lambdas.profiling import measure_model
+from stagecoach.lambdas.training import DTYPE_NAMES, build_model
+from stagecoach.planner.model.platforms import Platform, aws_platform
+from stagecoach.planner.plan import PHASES, Plan, PlanError, even_balance
+from stagecoach.planner.solve.sweep import PlanningResult, plan_model
+from stagecoach.profile_tiers import profile_tiers
+from stagecoach.run import Run
 
-if TYPE_CHECKING:
-    from stagecoach.planner.plan import Plan
-    from stagecoach.run import Run
-
-DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 
 
 class JobError(ValueError):
@@ -55,7 +59,7 @@ class Job:
     _facts: exactness.ModelFacts | None = field(default=None, init=False, repr=False)
 
     # -- validation (before any AWS call) --------------------------------------------------------
-    def validate(self, plan: "Plan | None" = None) -> None:
+    def validate(self, plan: Plan | None = None) -> None:
         """Refuse, before anything is deployed, a job (and, if given, a plan) that cannot run or would
         train something other than plain PyTorch (stagecoach.exactness); the error says what to change."""
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,29}", self.name):
@@ -111,7 +115,7 @@ class Job:
         if plan is not None:
             self.check_plan(plan)
 
-    def check_plan(self, plan: "Plan") -> None:
+    def check_plan(self, plan: Plan) -> None:
         """Refuse a plan under which this job would train something other than plain PyTorch
         (a cut that an integer tensor would cross; a split batch with a batch-coupled model or a
         loss that is not a mean)."""
@@ -149,49 +153,38 @@ class Job:
         return self.facts.blocks
 
     # -- running ---------------------------------------------------------------------------------
-    def run(self, plan: "Plan | None" = None, backend: Any = None, **manual: Any) -> "Run":
+    def run(self, plan: Plan | None = None, backend: Backend | str | None = None, **manual: Any) -> Run:
         """Deploy and start the job; returns a Run to wait on and inspect.
 
         ``plan``: a Plan; else a manual one from ``stages``, ``replicas``, ``micro_batches``,
         ``memory_mb``, ``sync`` and ``aggregators`` (defaults: one stage, one replica, one
         micro-batch, scatter-reduce; see ``manual_plan``).
         """
-        from stagecoach.backends import get_backend
-
         self.validate()
         plan = plan if plan is not None else self.manual_plan(**manual)
         plan.validate(layers=self.layers)
         if plan.global_batch != self.global_batch:
-            from stagecoach.planner.plan import PlanError
-
             raise PlanError(f"plan.global_batch={plan.global_batch} differs from job.global_batch={self.global_batch}")
         self.check_plan(plan)
-        from stagecoach import history as learnt
-
         backend = get_backend(backend)
         plan = learnt.refine(plan, self.name, backend.clients.s3, backend.resources.bucket)
         return backend.launch(self, plan)
 
-    def plan(self, platform: Any = None, profile_on: Any = None, tiers: "Sequence[int] | None" = None, **options: Any) -> Any:
+    def plan(self, platform: Platform | None = None, profile_on: Backend | str | None = None, tiers: Sequence[int] | None = None,
+             **options: Any) -> PlanningResult:
         """Profile the model and plan it: the Pareto set of plans and FuncPipe's recommendation.
 
-        Returns a stagecoach.planner.api.PlanningResult; ``result.recommended.to_plan()`` is the
+        Returns a stagecoach.planner.solve.sweep.PlanningResult; ``result.recommended.to_plan()`` is the
         Plan to pass to ``run(plan=...)``. ``platform`` defaults to AWS Lambda's constants
-        (planner/platforms.py); ``options`` go to planner.api.plan_model. The layers are timed here
+        (planner/model/platforms.py); ``options`` go to planner.solve.sweep.plan_model. The layers are timed here
         (one thread = one vCPU, scaled to each tier by the vCPU model) unless ``profile_on`` names a
         backend: then each of ``tiers`` is measured inside a Lambda function of that memory
         (stagecoach.profile_tiers), and planning uses those tiers.
         """
-        from stagecoach.lambdas.profiling import measure_model
-        from stagecoach.planner.api import plan_model
-
         self.validate()
         if profile_on is not None:
-            from stagecoach.planner.platforms import aws_platform
-            from stagecoach.profile_tiers import profile_tiers
-
             tiers = tuple(tiers or (1024, 2048, 4096, 10240))
-            profile = profile_tiers(self, profile_on, tiers=tiers)
+            profile = profile_tiers(self, get_backend(profile_on), tiers=tiers)
             platform = (platform or aws_platform()).replace(tiers_mb=tuple(sorted(tiers)))
         else:
             x = self.train[0]
@@ -202,11 +195,9 @@ class Job:
     def manual_plan(
         self, stages: int = 1, replicas: int = 1, micro_batches: int = 1, memory_mb: int = 1024, timeout_s: int = 300,
         sync: "str | Sequence[str] | None" = None, aggregators: "int | Sequence[int] | None" = None,
-    ) -> "Plan":
+    ) -> Plan:
         """A plan with layers split evenly. ``sync``: one algorithm for every stage or one per stage
         (planner/plan.py SYNC_ALGORITHMS); ``aggregators``: K for k_reduce (one, or one per stage)."""
-        from stagecoach.planner.plan import PHASES, Plan, even_balance
-
         return Plan(
             balance=even_balance(self.layers, stages),
             replicas=replicas,

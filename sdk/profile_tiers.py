@@ -11,29 +11,32 @@ on the local stack, where every tier is one thread of this machine: useful to te
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from stagecoach.deploy import DeployError, cleanup, create_stage_function, function_name, new_job_id, preflight, upload_job
-from stagecoach.job import Job
+from stagecoach.backend import Backend
+from stagecoach.deploy.cleanup import rollback
+from stagecoach.deploy.resources import DeployError, function_name, new_job_id
+from stagecoach.deploy.start import create_stage_function, preflight
+from stagecoach.deploy.upload import upload_job
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.profiling import combine_tier_phases
 from stagecoach.planner.plan import LAMBDA_MAX_MB, LAMBDA_MAX_TIMEOUT_S, LAMBDA_MIN_MB
-from stagecoach.planner.profile import ModelProfile
+from stagecoach.planner.profile.layers import ModelProfile
+
+if TYPE_CHECKING:
+    from stagecoach.job import Job
 
 
-def profile_tiers(job: Job, backend: Any = None, tiers: Sequence[int] = (1024, 2048, 4096, 10240),
+def profile_tiers(job: "Job", backend: Backend, tiers: Sequence[int] = (1024, 2048, 4096, 10240),
                   micro_batch_sizes: Sequence[int] = (1, 2, 4), repeats: int = 2) -> ModelProfile:
     """Run the profile phase at every tier on ``backend`` and fold the results; removes what it created."""
-    from stagecoach.backends import get_backend
-
     bad = [t for t in tiers if not LAMBDA_MIN_MB <= int(t) <= LAMBDA_MAX_MB]
     if not tiers or bad:
         raise ValueError(f"tiers={list(tiers)}: give Lambda memory sizes of {LAMBDA_MIN_MB}-{LAMBDA_MAX_MB} MB")
     job.validate()
-    backend = get_backend(backend)
     res, c = backend.resources, backend.clients
     preflight(res, c)
-    job_id = new_job_id(job) + "-prof"
+    job_id = new_job_id(job.name) + "-prof"
     created: list[str] = []
     try:
         spec = upload_job(job, job.manual_plan(), res, c, job_id)
@@ -44,7 +47,7 @@ def profile_tiers(job: Job, backend: Any = None, tiers: Sequence[int] = (1024, 2
             create_stage_function(res, c, name, job_id, int(tier), LAMBDA_MAX_TIMEOUT_S)
             created.append(name)
             names.append(name)
-        lam = backend.long_call_client("lambda") if hasattr(backend, "long_call_client") else c.lambda_
+        lam = backend.long_call_client("lambda")
         results = []
         for name in names:  # one after another: on the local stack they would share the cores
             lam.get_waiter("function_active_v2").wait(FunctionName=name, WaiterConfig={"Delay": 2, "MaxAttempts": 150})
@@ -58,4 +61,4 @@ def profile_tiers(job: Job, backend: Any = None, tiers: Sequence[int] = (1024, 2
             results.append(payload)
         return combine_tier_phases(results)
     finally:
-        cleanup(job_id, res, c, functions=created)
+        rollback(job_id, res, c, created, [])

@@ -190,7 +190,7 @@ class Run:
         (Step Functions transitions and Lambda invocation). The first ``skip_first`` iterations
         (cold starts) are left out when later ones exist.
         """
-        from stagecoach.inspect_run import iteration_breakdown
+        from stagecoach.metrics import iteration_breakdown
 
         rows = iteration_breakdown(self.metrics(), complete=self.iterations_done())
         rows = [r for r in rows if r["t"] >= skip_first] or rows

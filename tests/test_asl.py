@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from stagecoach.planner import asl
-from stagecoach.planner.asl_check import check_definition
+from stagecoach.planner.emit import asl
+from stagecoach.planner.emit.asl_check import check_definition
 from stagecoach.planner.plan import Plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,6 +8,9 @@ import sys
 
 import boto3
 import pytest
+
+from stagecoach.deploy.cleanup import Removed
+from stagecoach.deploy.resources import DeployError
 import torch
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
@@ -106,7 +109,7 @@ def fake_metrics(backend, job_id, plan, iterations, loss0=2.0, t0=1000.0):
 
 
 def test_finds_the_stack_from_its_outputs(aws):
-    from stagecoach.aws_backend import AwsBackend
+    from stagecoach.aws.backend import AwsBackend
 
     roles, job_sm = aws
     b = AwsBackend(STACK, REGION)
@@ -121,14 +124,16 @@ def test_finds_the_stack_from_its_outputs(aws):
 
 
 def test_missing_stack_says_how_to_deploy(aws):
-    from stagecoach.aws_backend import AwsBackend, StackNotFound
+    from stagecoach.aws.backend import AwsBackend
+    from stagecoach.aws.stack import StackNotFound
 
     with pytest.raises(StackNotFound, match=r"no CloudFormation stack 'nope' in us-east-1.*sam deploy --guided"):
         AwsBackend("nope", REGION)
 
 
 def test_region_mismatch_from_samconfig(aws, tmp_path):
-    from stagecoach.aws_backend import AwsBackend, RegionMismatch
+    from stagecoach.aws.backend import AwsBackend
+    from stagecoach.aws.stack import RegionMismatch
 
     (tmp_path / "samconfig.toml").write_text(
         'version = 0.1\n[default.deploy.parameters]\nstack_name = "other"\nregion = "eu-west-1"\n')
@@ -137,7 +142,8 @@ def test_region_mismatch_from_samconfig(aws, tmp_path):
 
 
 def test_region_mismatch_of_an_arn(aws):
-    from stagecoach.aws_backend import AwsBackend, RegionMismatch
+    from stagecoach.aws.backend import AwsBackend
+    from stagecoach.aws.stack import RegionMismatch
 
     b = AwsBackend(STACK, REGION)
     with pytest.raises(RegionMismatch, match="--region eu-west-1"):
@@ -145,7 +151,8 @@ def test_region_mismatch_of_an_arn(aws):
 
 
 def test_not_a_stagecoach_stack(aws):
-    from stagecoach.aws_backend import AwsBackend, StackError
+    from stagecoach.aws.backend import AwsBackend
+    from stagecoach.aws.stack import StackError
 
     boto3.client("cloudformation", region_name=REGION).create_stack(
         StackName="plain", TemplateBody=json.dumps({"Resources": {"B": {"Type": "AWS::S3::Bucket"}}}))
@@ -154,7 +161,8 @@ def test_not_a_stagecoach_stack(aws):
 
 
 def test_access_denied_names_action_resource_and_statement(aws):
-    from stagecoach.aws_backend import AccessDenied, AwsBackend
+    from stagecoach.aws.access import AccessDenied
+    from stagecoach.aws.backend import AwsBackend
 
     roles, _ = aws
     b = AwsBackend(STACK, REGION)
@@ -214,7 +222,7 @@ def test_access_denied_names_action_resource_and_statement(aws):
             lam.get_function(FunctionName="sc-x-s0")
     assert not isinstance(e.value, AccessDenied)
     # ... and AccessDenied is a DeployError, which `stagecoach train` reports as a message
-    from stagecoach.deploy import DeployError
+    from stagecoach.deploy.resources import DeployError
 
     assert issubclass(AccessDenied, DeployError) and issubclass(AccessDenied, ClientError)
     # a non-denial error passes through untouched
@@ -225,7 +233,8 @@ def test_access_denied_names_action_resource_and_statement(aws):
 
 
 def test_idempotent_function_and_state_machine(aws):
-    from stagecoach.aws_backend import AwsBackend, ensure_function, ensure_state_machine
+    from stagecoach.aws.backend import AwsBackend
+    from stagecoach.aws.idempotent import ensure_function, ensure_state_machine
 
     roles, _ = aws
     b = AwsBackend(STACK, REGION)
@@ -244,16 +253,17 @@ def test_idempotent_function_and_state_machine(aws):
 
 
 def test_name_length_is_checked_before_creating_anything(aws):
-    from stagecoach.aws_backend import StackError, check_name_lengths
+    from stagecoach.deploy.resources import DeployError, check_name_lengths
 
     check_name_lengths("stagecoach", "digits", 3)
-    with pytest.raises(StackError, match="64"):
+    with pytest.raises(DeployError, match="64"):
         check_name_lengths("a-rather-long-stack-name-x", "a-rather-long-job-name-xyz", 3)
 
 
 def test_deploy_start_inspect_cleanup(aws, tmp_path):
-    from stagecoach.aws_backend import AwsBackend, StackError
-    from stagecoach.inspect_run import format_report, inspect_execution, write_plots
+    from stagecoach.aws.backend import AwsBackend
+    from stagecoach.inspect.plots import write_plots
+    from stagecoach.inspect.report import format_report, inspect_execution
 
     roles, job_sm = aws
     b = AwsBackend(STACK, REGION)
@@ -294,14 +304,15 @@ def test_deploy_start_inspect_cleanup(aws, tmp_path):
     assert len(paths) == 3 and all(os.path.getsize(p) > 5000 for p in paths)
 
     # the CLI: inspect finds the stack from --stack
-    from stagecoach.cli_aws import cleanup_command, inspect_command
+    from stagecoach.cli.cleanup import cleanup_command
+    from stagecoach.cli.inspect import inspect_command
 
     out = CliRunner().invoke(inspect_command, [run.execution_arn, "--stack", STACK, "--region", REGION, "--json"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.output)["iterations_done"] == 3
 
     # cleanup refuses a running job, then stops it with --force; everything of the job is gone
-    with pytest.raises(StackError, match="still running"):
+    with pytest.raises(DeployError, match="still running"):
         b.cleanup(run.job_id)
     out = CliRunner().invoke(cleanup_command, [run.execution_arn, "--stack", STACK, "--region", REGION, "--force"])
     assert out.exit_code == 0, out.output
@@ -314,11 +325,11 @@ def test_deploy_start_inspect_cleanup(aws, tmp_path):
     assert c.s3.list_objects_v2(Bucket=b.resources.bucket, Prefix=f"jobs/{run.job_id}/")["KeyCount"] == 0
     assert c.s3.list_objects_v2(Bucket=b.resources.bucket, Prefix="data/")["KeyCount"] == 1  # shared data stays
     again = b.cleanup(run.job_id)  # idempotent
-    assert again == {"functions": [], "state_machines": [], "objects": [], "stopped": []}
+    assert again == Removed()
 
 
 def test_failed_launch_leaves_nothing_behind(aws):
-    from stagecoach.aws_backend import AwsBackend
+    from stagecoach.aws.backend import AwsBackend
 
     b = AwsBackend(STACK, REGION)
     job = tiny_job("broken")
@@ -340,15 +351,14 @@ def test_failed_launch_leaves_nothing_behind(aws):
 
 
 def test_train_cli_needs_a_stack_for_aws(aws, monkeypatch):
-    from stagecoach.cli_aws import train_backend
+    from stagecoach.cli.options import backend_for
 
     monkeypatch.delenv("STAGECOACH_STACK", raising=False)
     import click
 
     with pytest.raises(click.ClickException, match="--stack"):
-        train_backend("aws", None, REGION)
-    assert train_backend(None, None, None) == "local"
-    assert train_backend(None, STACK, REGION).name == "aws"
+        backend_for("aws", None, REGION)
+    assert backend_for(None, STACK, REGION).name == "aws"  # --stack alone means aws
 
 
 # ------------------------------------------------------------------------------ IAM, enforced
@@ -394,8 +404,8 @@ def test_deployer_policy_grants_every_call_of_a_job_s_life(aws, enforced_iam):
     the run taught, clean up: as an identity holding only the deployer policy, with IAM enforced.
     A call the policy lacks fails here with AccessDenied, as it would on AWS."""
     from stagecoach import history
-    from stagecoach.aws_backend import AwsBackend
-    from stagecoach.inspect_run import inspect_execution
+    from stagecoach.aws.backend import AwsBackend
+    from stagecoach.inspect.report import inspect_execution
 
     admin = AwsBackend(STACK, REGION)
     dev = _identity_with(_for_moto(admin.deployer_policy()), "dev")
@@ -410,13 +420,14 @@ def test_deployer_policy_grants_every_call_of_a_job_s_life(aws, enforced_iam):
         assert ins.iterations_done == 2
         history.record(run)  # what Run.wait does after a success
         removed = b.cleanup(run.job_id, stop_running=True)
-    assert len(removed["functions"]) == 2 and removed["state_machines"] and removed["objects"]
+    assert len(removed.functions) == 2 and removed.state_machines and removed.objects
     assert admin.clients.s3.get_object(Bucket=admin.resources.bucket, Key=history.history_key(job.name))
 
 
 def test_a_missing_statement_is_named_in_the_error(aws, enforced_iam):
-    from stagecoach.aws_backend import AccessDenied, AwsBackend
-    from stagecoach.inspect_run import inspect_execution
+    from stagecoach.aws.access import AccessDenied
+    from stagecoach.aws.backend import AwsBackend
+    from stagecoach.inspect.report import inspect_execution
 
     admin = AwsBackend(STACK, REGION)
     job = tiny_job()
@@ -438,7 +449,8 @@ def test_worker_image_for_another_python_is_refused(monkeypatch, tmp_path):
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(k, "testing")
     monkeypatch.chdir(tmp_path)
-    from stagecoach.aws_backend import AwsBackend, StackError
+    from stagecoach.aws.backend import AwsBackend
+    from stagecoach.aws.stack import StackError
 
     with mock_aws():
         make_stack(python="3.99")
@@ -453,7 +465,7 @@ def test_worker_image_for_another_python_is_refused(monkeypatch, tmp_path):
     ("UPDATE_ROLLBACK_FAILED", None, "its events in the CloudFormation console"),
 ])
 def test_unusable_stack_says_what_to_do(status, reason, expect):
-    from stagecoach.aws_backend import StackError, stack_outputs
+    from stagecoach.aws.stack import StackError, stack_outputs
 
     cfn = boto3.client("cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
     st = {"StackName": STACK, "CreationTime": "2025-01-01T00:00:00Z", "StackStatus": status}
@@ -466,7 +478,8 @@ def test_unusable_stack_says_what_to_do(status, reason, expect):
 
 
 def test_arn_of_another_account_is_refused(aws):
-    from stagecoach.aws_backend import AwsBackend, StackError
+    from stagecoach.aws.backend import AwsBackend
+    from stagecoach.aws.stack import StackError
 
     b = AwsBackend(STACK, REGION)
     with pytest.raises(StackError, match="account 999999999999.*credentials of that account"):
@@ -474,7 +487,7 @@ def test_arn_of_another_account_is_refused(aws):
 
 
 def test_deployer_policy_rendered_for_a_deployed_stack(aws, capsys):
-    from stagecoach.aws_backend import _main
+    from stagecoach.aws.__main__ import _main
 
     roles, _ = aws
     assert _main(["deployer-policy", "--stack", STACK, "--region", REGION]) == 0
@@ -514,8 +527,8 @@ class _FakeLambda:
 
 
 def test_a_function_that_fails_to_become_active_says_why():
-    from stagecoach.aws_backend import wait_function
-    from stagecoach.deploy import DeployError
+    from stagecoach.aws.idempotent import wait_function
+    from stagecoach.deploy.resources import DeployError
 
     lam = _FakeLambda("Failed", "ImageAccessDenied", "Lambda does not have permission to access the ECR image.")
     with pytest.raises(DeployError, match=r"sc-j-s0 is Failed .*ImageAccessDenied: Lambda does not have permission.*"
@@ -526,7 +539,7 @@ def test_a_function_that_fails_to_become_active_says_why():
 def test_the_job_starts_only_after_every_function_is_active():
     """Functions are created without waiting (their images are optimised at the same time); the
     start waits for all of them."""
-    from stagecoach.aws_backend import IdempotentStepFunctions
+    from stagecoach.aws.idempotent import IdempotentStepFunctions
 
     class Sfn:
         def __init__(self, lam):
@@ -546,11 +559,11 @@ def test_the_job_starts_only_after_every_function_is_active():
 
 # ------------------------------------------------------------------------------ cleanup, sync algorithms
 def test_cleanup_refuses_what_is_not_a_job_and_stops_running_windows(aws):
-    from stagecoach.aws_backend import AwsBackend, StackError
+    from stagecoach.aws.backend import AwsBackend
 
     b = AwsBackend(STACK, REGION)
     for bad in ("", "digits", "jobs/x", "arn:aws:states:us-east-1:123456789012:execution:sc-job:"):
-        with pytest.raises(StackError, match="is not a job"):
+        with pytest.raises(DeployError, match="is not a job"):
             b.cleanup(bad)
     job = tiny_job()
     run = b.launch(job, job.manual_plan(stages=2, replicas=1, timeout_s=60))
@@ -561,14 +574,14 @@ def test_cleanup_refuses_what_is_not_a_job_and_stops_running_windows(aws):
     b.clients.sfn.stop_execution = lambda **kw: (stopped.append(kw["executionArn"]), real_stop(**kw))[1]
     removed = b.cleanup(run.job_id, stop_running=True)
     # both stopped (moto forgets a deleted machine's executions, so the calls are what is checked)
-    assert removed["stopped"] == stopped == [run.execution_arn, w]
+    assert removed.stopped == stopped == [run.execution_arn, w]
 
 
 @pytest.mark.parametrize("sync, aggregators, sync_tasks", [("k_reduce", 1, 1), ("pipelined_scatter_reduce", None, 0)])
 def test_inspect_counts_iterations_by_each_stage_s_own_sync_tasks(aws, sync, aggregators, sync_tasks):
     """K aggregators (not one sync task per replica), or no sync Map at all for the fused sync."""
-    from stagecoach.aws_backend import AwsBackend
-    from stagecoach.inspect_run import format_report, inspect_execution
+    from stagecoach.aws.backend import AwsBackend
+    from stagecoach.inspect.report import format_report, inspect_execution
 
     b = AwsBackend(STACK, REGION)
     job = tiny_job()
@@ -584,8 +597,8 @@ def test_inspect_counts_iterations_by_each_stage_s_own_sync_tasks(aws, sync, agg
 
 
 def test_inspect_of_a_cleaned_up_job_says_so(aws):
-    from stagecoach.aws_backend import AwsBackend
-    from stagecoach.inspect_run import InspectError, inspect_execution
+    from stagecoach.aws.backend import AwsBackend
+    from stagecoach.inspect.report import InspectError, inspect_execution
 
     b = AwsBackend(STACK, REGION)
     job = tiny_job()
@@ -598,7 +611,8 @@ def test_inspect_of_a_cleaned_up_job_says_so(aws):
 def test_a_denied_bucket_check_is_not_reported_as_a_missing_stack(aws, enforced_iam):
     """deploy.preflight turns any HeadBucket error into 'deploy the stack first'; the AWS backend
     checks first, so a missing s3:ListBucket is reported as what it is."""
-    from stagecoach.aws_backend import AccessDenied, AwsBackend
+    from stagecoach.aws.access import AccessDenied
+    from stagecoach.aws.backend import AwsBackend
 
     admin = AwsBackend(STACK, REGION)
     policy = _for_moto(admin.deployer_policy())

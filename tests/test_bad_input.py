@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from stagecoach import Job, JobError, Plan, PlanError
-from stagecoach.deploy import DeployError, StackResources
+from stagecoach.backend import Backend
+from stagecoach.deploy.resources import DeployError, StackResources
 
 X = torch.randn(32, 4)
 Y = torch.randint(0, 2, (32,))
@@ -91,17 +92,18 @@ def test_a_plan_that_does_not_fit_the_model_is_refused(backend):
     assert resources(backend) == before
 
 
-class _Backend:
+class _Backend(Backend):
     """The real local stack's clients with a stack description that names a missing bucket."""
 
+    name = "local"
+
     def __init__(self, real, **change):
+        self.real = real
         self.clients = real.clients
         self.resources = StackResources(**{**real.resources.__dict__, **change})
 
-    def launch(self, job, plan):
-        from stagecoach.deploy import deploy_and_start
-
-        return deploy_and_start(job, plan, self.resources, self.clients)
+    def long_call_client(self, service):
+        return self.real.long_call_client(service)
 
 
 def test_a_missing_bucket_is_named(backend):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from stagecoach.local.calibrate import measure_overheads
-from stagecoach.planner.perfmodel import phase_overhead
-from stagecoach.planner.platforms import aws_platform, emulated_platform
+from stagecoach.planner.model.perfmodel import phase_overhead
+from stagecoach.planner.model.platforms import aws_platform, emulated_platform
 
 
 def test_overheads_are_read_off_a_real_run_and_feed_the_emulated_platform(backend):

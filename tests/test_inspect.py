@@ -8,15 +8,9 @@ from datetime import datetime, timezone
 import pytest
 from click.testing import CliRunner
 
-from stagecoach.inspect_run import (
-    failed_tasks,
-    gantt_rows,
-    iteration_breakdown,
-    phase_timings,
-    plot_breakdown,
-    plot_gantt,
-    plot_loss,
-)
+from stagecoach.inspect.events import failed_tasks
+from stagecoach.inspect.plots import gantt_rows, plot_breakdown, plot_gantt, plot_loss
+from stagecoach.metrics import iteration_breakdown, phase_timings
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -155,15 +149,17 @@ def test_inspect_a_local_run_through_the_daemon(tmp_path, monkeypatch):
     from torch import nn
 
     from stagecoach import Job
-    from stagecoach.cli_aws import cleanup_command, inspect_command
-    from stagecoach.cli_local import local_group, read_state
+    from stagecoach.cli.cleanup import cleanup_command
+    from stagecoach.cli.inspect import inspect_command
+    from stagecoach.cli.local import local_group
+    from stagecoach.local.daemon_state import read_state
     from stagecoach.local.backend import LocalBackend
 
     monkeypatch.setenv("STAGECOACH_HOME", str(tmp_path / "home"))
     # the daemon's Lambda runtime kills stage 1's backward task of iteration 1 once: Step Functions
     # retries it (Runtime.ExitError), and inspect must trace the failed attempt to its worker
     monkeypatch.setenv("STAGECOACH_FAULTS", json.dumps({"once": [{"kind": "kill", "phase": "backward", "t": 1, "stage": 1}]}))
-    monkeypatch.setattr(LocalBackend, "_stack", None)  # do not reuse this session's own stack
+    monkeypatch.setattr(LocalBackend, "_shared", None)  # do not reuse this session's own stack
     runner = CliRunner()
     r = runner.invoke(local_group, ["start"])
     assert r.exit_code == 0, r.output

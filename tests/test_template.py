@@ -125,7 +125,7 @@ def render(pattern):
 
 def grants(statements, action, arn):
     """Whether an Allow statement grants ``action`` on ``arn`` (IAM wildcard matching)."""
-    from stagecoach.aws_backend import arn_matches
+    from stagecoach.aws.access import arn_matches
 
     return any(st["Effect"] == "Allow" and action in _strings(st["Action"])
                and any(arn_matches(render(r), arn) for r in _strings(st["Resource"])) for st in statements)
@@ -191,7 +191,7 @@ def test_worker_role_covers_every_key_the_workers_use_and_nothing_else(template)
 def test_role_patterns_match_exactly_the_names_the_sdk_gives(template):
     """The naming contract: stage functions and window machines of this stack's jobs, and nothing
     else (not the default worker, not the job machine itself, not another stack's)."""
-    from stagecoach import deploy
+    from stagecoach.deploy import resources as deploy
 
     res = deploy.StackResources(prefix=STACK, region=REGION, bucket=BUCKET, image_uri="i", worker_role_arn="w",
                                 states_role_arn="s", job_state_machine_arn=f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{STACK}-job")
@@ -224,7 +224,7 @@ def test_role_patterns_match_exactly_the_names_the_sdk_gives(template):
 def test_roles_grant_what_the_state_machines_call(template):
     """Each Task resource of the job and window definitions needs IAM actions (Step Functions'
     policies for its service integrations); the machine's role must grant them."""
-    from stagecoach.planner import asl
+    from stagecoach.planner.emit import asl
     from stagecoach.planner.plan import Plan
 
     needs = {
@@ -353,7 +353,7 @@ def test_handler_path_is_the_package_layout():
     and it is a function of the installed package (setuptools package-dir: lambdas -> stagecoach.lambdas)."""
     import importlib
 
-    from stagecoach import deploy
+    from stagecoach.deploy import resources as deploy
 
     t, _ = decode(TEMPLATE)
     assert t["Resources"]["DefaultWorker"]["Properties"]["ImageConfig"]["Command"] == [deploy.HANDLER]
@@ -400,14 +400,14 @@ def test_dockerfile_copies_what_the_package_needs_and_dockerignore_keeps_it():
 
 # ---------------------------------------------------------------------------------- deployer policy
 def test_deployer_policy_document_is_the_generated_one():
-    from stagecoach.aws_backend import deployer_policy
+    from stagecoach.aws.policy import deployer_policy
 
     with open(os.path.join(ROOT, "docs", "deployer-policy.json")) as f:
         assert json.load(f) == deployer_policy(), "regenerate docs/deployer-policy.json from stagecoach.aws_backend.deployer_policy()"
 
 
 def test_deployer_policy_is_scoped_to_the_stack():
-    from stagecoach.aws_backend import deployer_policy
+    from stagecoach.aws.policy import deployer_policy
 
     pol = deployer_policy(STACK, REGION, ACCOUNT, bucket=BUCKET)
     sids = [st["Sid"] for st in pol["Statement"]]
@@ -431,7 +431,7 @@ def test_deployer_policy_is_scoped_to_the_stack():
 
 def test_deployer_policy_covers_the_keys_the_sdk_uses():
     from stagecoach import history
-    from stagecoach.aws_backend import deployer_policy
+    from stagecoach.aws.policy import deployer_policy
     from stagecoach.lambdas import keys
 
     sts = deployer_policy(STACK, REGION, ACCOUNT, bucket=BUCKET)["Statement"]

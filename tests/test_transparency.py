@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from stagecoach import Job
-from stagecoach.planner import asl
+from stagecoach.planner.emit import asl
 from stagecoach.reference import train_reference
 
 ITERATIONS = 6

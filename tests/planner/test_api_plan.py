@@ -5,14 +5,14 @@ import math
 
 import pytest
 
-from stagecoach.planner.api import PlannedConfig, plan_model
-from stagecoach.planner.bruteforce import all_plans
-from stagecoach.planner.milp import objective_value
-from stagecoach.planner.pareto import FUNCPIPE_WEIGHTS
-from stagecoach.planner.perfmodel import ALL_SYNC, Config, SyncChoice, evaluate
+from stagecoach.planner.solve.sweep import PlannedConfig, plan_model
+from stagecoach.planner.solve.bruteforce import all_plans
+from stagecoach.planner.solve.milp import objective_value
+from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
+from stagecoach.planner.model.perfmodel import ALL_SYNC, Config, SyncChoice, evaluate
 from stagecoach.planner.plan import Plan
-from stagecoach.planner.platforms import aws_platform
-from stagecoach.planner.profile import LayerProfile, LayerTooLargeError, ModelProfile
+from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.profile.layers import LayerProfile, LayerTooLargeError, ModelProfile
 
 MB = 2**20
 

@@ -1,15 +1,17 @@
-"""`stagecoach plan FILE` prints the table and writes the Pareto PNG and the plan JSON."""
+"""`stagecoach plan FILE` (a job file, as `stagecoach train` reads) prints the table and writes the Pareto PNG and the plan JSON."""
 
 from click.testing import CliRunner
 
-from stagecoach.cli_plan import plan_command
+from stagecoach.cli.plan import plan_command
 from stagecoach.planner.plan import Plan
 
 MODEL = """
 import torch
-model = lambda: torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-sample_input = torch.randn(32)
-global_batch = 16
+from stagecoach import Job
+
+job = Job(model=lambda: torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)),
+          loss=torch.nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+          train=(torch.randn(64, 32), torch.randint(0, 4, (64,))), global_batch=16, iterations=10, name="m")
 """
 
 
@@ -40,4 +42,4 @@ def test_plan_command_explains_a_bad_file(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("x = 1\n")
     r = CliRunner().invoke(plan_command, [str(f)])
-    assert r.exit_code != 0 and "must define model, sample_input" in r.output
+    assert r.exit_code != 0 and "defines no `job`" in r.output

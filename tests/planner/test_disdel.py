@@ -7,15 +7,16 @@ import sys
 import pytest
 import torch
 
-from stagecoach.planner.disdel import (
+from stagecoach.planner.baselines.disdel import (
     SAFETY_MB,
     disdel_estimate,
     memory_checks,
     memory_crosscheck,
 )
-from stagecoach.planner.perfmodel import stage_memory_bytes
-from stagecoach.planner.platforms import aws_platform
-from stagecoach.planner.profile import LayerProfile, profile_meta
+from stagecoach.planner.model.perfmodel import stage_memory_bytes
+from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.profile.layers import LayerProfile
+from stagecoach.planner.profile.meta import profile_meta
 
 MB = 2**20
 

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from stagecoach.planner.baselines import BASELINES
-from stagecoach.planner.fasdl import (
+from stagecoach.planner.baselines.classic import BASELINES
+from stagecoach.planner.baselines.fasdl import (
     FasDLModel,
     brute_force,
     fasdl_plan,
@@ -15,10 +15,10 @@ from stagecoach.planner.fasdl import (
     sync_choice,
     two_stage_search,
 )
-from stagecoach.planner.milp import objective_weights
-from stagecoach.planner.pareto import FUNCPIPE_WEIGHTS
-from stagecoach.planner.platforms import aws_platform
-from stagecoach.planner.profile import LayerProfile, ModelProfile
+from stagecoach.planner.solve.milp import objective_weights
+from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
+from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 
 MB = 2**20
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from stagecoach.planner.baselines import BASELINES
-from stagecoach.planner.funcpipe_model import (
+from stagecoach.planner.baselines.classic import BASELINES
+from stagecoach.planner.baselines.funcpipe import (
     FuncPipeConstants,
     compositions,
     fit_speed_model,
@@ -18,10 +18,10 @@ from stagecoach.planner.funcpipe_model import (
     pipelined_scatter_reduce_s,
     scatter_reduce_s,
 )
-from stagecoach.planner.milp import objective_value
-from stagecoach.planner.pareto import FUNCPIPE_WEIGHTS
-from stagecoach.planner.platforms import aws_platform, funcpipe_platform
-from stagecoach.planner.profile import LayerProfile, ModelProfile
+from stagecoach.planner.solve.milp import objective_value
+from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
+from stagecoach.planner.model.platforms import aws_platform, funcpipe_platform
+from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 
 MB = 2**20
 
@@ -128,7 +128,7 @@ def test_memory_model_forces_stages_or_replicas():
 
 
 def test_funcpipe_plan_for_resnet101_runs_under_our_model():
-    from stagecoach.planner.zoo import zoo_profile
+    from stagecoach.planner.profile.zoo import zoo_profile
 
     plat = aws_platform()
     prof = zoo_profile("resnet101").merged(12, plat)

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from stagecoach.planner.baselines import BASELINES
-from stagecoach.planner.hydrozoa import (
+from stagecoach.planner.baselines.classic import BASELINES
+from stagecoach.planner.baselines.hydrozoa import (
     brute_force_partition,
     hybrid_select,
     hydrozoa_plan,
@@ -13,8 +13,8 @@ from stagecoach.planner.hydrozoa import (
     pipeline_runtime,
     storage_allreduce_s,
 )
-from stagecoach.planner.platforms import aws_platform
-from stagecoach.planner.profile import LayerProfile, ModelProfile
+from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 
 MB = 2**20
 

@@ -4,11 +4,11 @@ import random
 
 import pytest
 
-from stagecoach.planner.bruteforce import solve_bruteforce
-from stagecoach.planner.milp import BANDS_FROM_M, objective_value, solve_fixed
-from stagecoach.planner.perfmodel import Config, SyncChoice, evaluate
-from stagecoach.planner.platforms import aws_platform
-from stagecoach.planner.profile import LayerProfile, ModelProfile
+from stagecoach.planner.solve.bruteforce import solve_bruteforce
+from stagecoach.planner.solve.milp import BANDS_FROM_M, objective_value, solve_fixed
+from stagecoach.planner.model.perfmodel import Config, SyncChoice, evaluate
+from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 
 MB = 2**20
 WEIGHTS = [(1, 0), (1, 2**16), (1, 2**19), (1, 2**22), (0, 1)]

@@ -7,10 +7,10 @@ import random
 import numpy as np
 import pytest
 
-from stagecoach.planner.bruteforce import all_plans
-from stagecoach.planner.milp import LowerBounds, candidate_groups, max_stages_for, objective_value, objective_weights
-from stagecoach.planner.platforms import aws_platform
-from stagecoach.planner.profile import LayerProfile, ModelProfile
+from stagecoach.planner.solve.bruteforce import all_plans
+from stagecoach.planner.solve.milp import LowerBounds, candidate_groups, max_stages_for, objective_value, objective_weights
+from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 
 MB = 2**20
 ALGOS = ("scatter_reduce", "pipelined_scatter_reduce")

@@ -4,9 +4,11 @@ import pytest
 import torch
 
 from stagecoach.lambdas.profiling import combine_tier_phases, measure_model, profile_phase
-from stagecoach.planner.platforms import aws_platform
-from stagecoach.planner.profile import LayerTooLargeError, ModelProfile, check_fits, profile_meta
-from stagecoach.planner.zoo import FUNCPIPE_TABLE1_MIB, amoebanet_d, bert_large, resnet101
+from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.model.fits import check_fits
+from stagecoach.planner.profile.layers import LayerTooLargeError, ModelProfile
+from stagecoach.planner.profile.meta import profile_meta
+from stagecoach.planner.profile.zoo import FUNCPIPE_TABLE1_MIB, amoebanet_d, bert_large, resnet101
 
 
 def _params_mib(factory):
@@ -70,7 +72,7 @@ def test_a_layer_that_cannot_fit_10gb_is_named():
     mib = round((16 * n + n) * 4 / 2**20)  # weight + bias of the second Linear
     with pytest.raises(LayerTooLargeError, match=rf"layer '1:Linear'.*cannot fit in 10240 MB.*{mib} MB of parameters"):
         check_fits(prof, aws_platform())
-    from stagecoach.planner.api import plan_model
+    from stagecoach.planner.solve.sweep import plan_model
 
     with pytest.raises(LayerTooLargeError, match="1:Linear"):
         plan_model(prof, 8)
@@ -117,7 +119,7 @@ def test_meta_times_come_from_the_calibrated_flop_rate_and_the_vcpu_model():
 
 
 def test_zoo_structure_and_flops_match_the_architectures():
-    from stagecoach.planner.zoo import AmoebaCell, zoo_profile
+    from stagecoach.planner.profile.zoo import AmoebaCell, zoo_profile
 
     with torch.device("meta"):
         r, a18, a36, b = resnet101(), amoebanet_d(18, 256), amoebanet_d(36, 256), bert_large()
@@ -141,7 +143,7 @@ def test_zoo_structure_and_flops_match_the_architectures():
 def test_zoo_activations_per_sample_against_funcpipe_table1(key):
     """FuncPipe's activation column is a measured memory growth; ours is the exact bytes autograd
     saves for backward. They differ by up to ~22% (docs/planner.md); this pins the difference."""
-    from stagecoach.planner.zoo import zoo_profile
+    from stagecoach.planner.profile.zoo import zoo_profile
 
     saved = sum(l.saved_bytes_per_sample for l in zoo_profile(key).layers) / 2**20
     ref = FUNCPIPE_TABLE1_MIB[key][1]

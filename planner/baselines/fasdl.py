@@ -1,0 +1,275 @@
+"""FasDL's performance model and its two-stage pruning search for data-parallel K-reduce plans.
+
+FasDL (serverless data-parallel training with K-reduce) predicts one iteration of W workers of
+memory M, each computing B = G/W samples, whose gradient (S_m bytes) is cut into K shards that K
+aggregators reduce:
+
+  T_train = a (B + b) / (M + m)                                   (fitted per model: Table II)
+  tp(M, S_s) = p(M) (1 - exp(-t(M) S_s))                          (throughput of one S_s-byte object)
+  T_comm = S_m/tp_up + ((W-1)/tp_down + 1/tp_up) S_m/K + S_m/tp_down     (objects of S_s = S_m/K)
+  cost   = price_GB_s * M/1024 * W * (T_train + T_comm) + put * K W + get * 2K (W-1)
+
+and searches (W, K, M). Brute force evaluates every (W, K, M); FasDL prunes first and searches
+what is left. Our two stages are exact (tests: same optimum as brute force, fewer evaluations):
+
+  1. prune: per (W, M) a lower bound of the objective over every K, in O(1) — throughput is
+     increasing in the object size and at most p(M), and K >= 1 — and drop pairs that cannot
+     fit the model in memory or meet the time limit;
+  2. search: visit the surviving (W, M) in increasing bound order, evaluate every K of a pair,
+     stop as soon as the next bound is no better than the best plan found.
+
+FasDL's public optimizer prunes W by the time limit at the largest memory, takes the first memory
+that improves the cost, then lowers K greedily while the time falls — fast, but not always the
+optimum; docs/planner-baselines.md compares.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
+
+if TYPE_CHECKING:  # pragma: no cover
+    from stagecoach.planner.model.perfmodel import Estimate, SyncChoice
+    from stagecoach.planner.model.platforms import Platform
+    from stagecoach.planner.profile.layers import ModelProfile
+
+
+@dataclass(frozen=True)
+class FasDLModel:
+    """FasDL's coefficients for one model on one platform.
+
+    p(M) = p_inf * M / (M + half_mb) (half_mb = 0: memory-independent bandwidth);
+    t(M) = 1 / ramp_bytes: an object of ramp_bytes reaches 63% of p(M).
+    """
+
+    model_bytes: float  # S_m
+    a: float
+    b: float
+    m: float
+    up_Bps: float
+    down_Bps: float
+    ramp_bytes: float
+    half_mb: float = 0.0
+    price_gb_s: float = 0.0000166667
+    price_put: float = 0.005 / 1000
+    price_get: float = 0.0004 / 1000
+
+    def train_s(self, batch: float, memory_mb: float) -> float:
+        return self.a * (batch + self.b) / (memory_mb + self.m)
+
+    def _p(self, p_inf: float, memory_mb: float) -> float:
+        return p_inf * memory_mb / (memory_mb + self.half_mb) if self.half_mb else p_inf
+
+    def tp_up(self, memory_mb: float, object_bytes: float) -> float:
+        return self._p(self.up_Bps, memory_mb) * (1 - math.exp(-object_bytes / self.ramp_bytes))
+
+    def tp_down(self, memory_mb: float, object_bytes: float) -> float:
+        return self._p(self.down_Bps, memory_mb) * (1 - math.exp(-object_bytes / self.ramp_bytes))
+
+    def comm_s(self, workers: int, k: int, memory_mb: float) -> float:
+        """FasDL's T_comm; 0 for one worker (nothing to synchronise)."""
+        if workers <= 1:
+            return 0.0
+        s = self.model_bytes
+        obj = s / k
+        up, down = self.tp_up(memory_mb, obj), self.tp_down(memory_mb, obj)
+        return s / up + ((workers - 1) / down + 1 / up) * s / k + s / down
+
+    def requests_cost(self, workers: int, k: int) -> float:
+        """S3 requests per iteration: R_up = K W PUTs, R_down = 2K(W-1) GETs."""
+        if workers <= 1:
+            return 0.0
+        return self.price_put * k * workers + self.price_get * 2 * k * (workers - 1)
+
+    def iteration(self, global_batch: int, workers: int, k: int, memory_mb: float) -> tuple[float, float]:
+        """(seconds, USD) of one iteration."""
+        t = self.train_s(global_batch / workers, memory_mb) + self.comm_s(workers, k, memory_mb)
+        return t, self.price_gb_s * memory_mb / 1024 * workers * t + self.requests_cost(workers, k)
+
+    def lower_bound(self, global_batch: int, workers: int, memory_mb: float) -> tuple[float, float]:
+        """(seconds, USD) no K in 1..W can beat: tp(S_m/K) <= tp(S_m) and tp <= p(M) bound the
+        transfers from below, K = 1 the requests."""
+        t = self.train_s(global_batch / workers, memory_mb)
+        if workers > 1:
+            s = self.model_bytes
+            up_max, down_max = self._p(self.up_Bps, memory_mb), self._p(self.down_Bps, memory_mb)
+            t += s / self.tp_up(memory_mb, s) + s / self.tp_down(memory_mb, s) + ((workers - 1) / down_max + 1 / up_max) * s / workers
+        return t, self.price_gb_s * memory_mb / 1024 * workers * t + self.requests_cost(workers, 1)
+
+
+@dataclass
+class FasDLResult:
+    workers: int
+    k: int
+    memory_mb: int
+    time_s: float
+    cost: float
+    objective: float
+    evaluations: int  # iteration-model evaluations (time and cost of one (W, K, M))
+    bounds: int = 0  # lower-bound evaluations (stage 1)
+
+
+Need = Callable[[int, int], float]  # need(W, K): least memory (MB) a configuration needs
+
+
+def _objective(t: float, c: float, wc: float, wt: float) -> float:
+    return wc * c + wt * t
+
+
+def _best_k(model: FasDLModel, global_batch: int, W: int, M: int, wc: float, wt: float, need: Need | None,
+            time_limit: float, best: FasDLResult | None) -> tuple[FasDLResult | None, int]:
+    """Every K that fits for (W, M), against ``best``; returns the new best and the evaluations."""
+    n = 0
+    for K in range(1, W + 1):
+        if need is not None and M < need(W, K):
+            continue
+        t, c = model.iteration(global_batch, W, K, M)
+        n += 1
+        j = _objective(t, c, wc, wt)
+        if t <= time_limit and (best is None or j < best.objective):
+            best = FasDLResult(W, K, M, t, c, j, 0)
+    return best, n
+
+
+def brute_force(model: FasDLModel, global_batch: int, workers: Sequence[int], memories: Sequence[int], wc: float, wt: float,
+                need: Need | None = None, time_limit: float = math.inf) -> FasDLResult | None:
+    """Evaluate every (W, K, M) that fits in memory; the best objective within the time limit."""
+    best, n = None, 0
+    for W in workers:
+        for M in memories:
+            best, k = _best_k(model, global_batch, W, M, wc, wt, need, time_limit, best)
+            n += k
+    if best is not None:
+        best.evaluations = n
+    return best
+
+
+def two_stage_search(model: FasDLModel, global_batch: int, workers: Sequence[int], memories: Sequence[int], wc: float, wt: float,
+                     need: Need | None = None, time_limit: float = math.inf) -> FasDLResult | None:
+    """FasDL's prune-then-search, exact: the same optimum as ``brute_force`` with fewer evaluations."""
+    pairs, nb = [], 0
+    for W in workers:
+        least = min(need(W, K) for K in range(1, W + 1)) if need is not None else -math.inf
+        for M in memories:
+            if M < least:
+                continue  # no K fits: pruned without a bound
+            t, c = model.lower_bound(global_batch, W, M)
+            nb += 1
+            if t > time_limit:
+                continue  # even the bound misses the time limit
+            pairs.append((_objective(t, c, wc, wt), W, M))
+    pairs.sort()
+    best, n = None, 0
+    for lb, W, M in pairs:
+        if best is not None and lb >= best.objective:
+            break  # every remaining pair is bounded by at least this
+        best, k = _best_k(model, global_batch, W, M, wc, wt, need, time_limit, best)
+        n += k
+    if best is not None:
+        best.evaluations, best.bounds = n, nb
+    return best
+
+
+# -- coefficients from a profile (what FasDL's profiler fits) ------------------------------------
+def fit_train_coefficients(samples: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """Least-squares (relative error) fit of T = a (B + b) / (M + m) to (B, M, T) samples.
+
+    For fixed m the model is linear in (a, a b); m is found by a golden-section search on the
+    residual, bracketed by the smallest memory (M + m > 0) and 4x the largest."""
+    import numpy as np
+
+    B = np.array([s[0] for s in samples], dtype=float)
+    M = np.array([s[1] for s in samples], dtype=float)
+    T = np.array([s[2] for s in samples], dtype=float)
+
+    def solve(m: float) -> tuple[float, float, float]:
+        A = np.stack([B / (M + m) / T, 1 / (M + m) / T], axis=1)
+        coef, *_ = np.linalg.lstsq(A, np.ones_like(T), rcond=None)
+        res = float(np.sum((A @ coef - 1) ** 2))
+        return res, float(coef[0]), float(coef[1])
+
+    lo, hi = -0.999 * float(M.min()), 4 * float(M.max())
+    grid = np.linspace(lo, hi, 200)
+    k = int(np.argmin([solve(x)[0] for x in grid]))
+    a_, b_ = grid[max(0, k - 1)], grid[min(len(grid) - 1, k + 1)]
+    g = (math.sqrt(5) - 1) / 2
+    for _ in range(60):
+        c_, d_ = b_ - g * (b_ - a_), a_ + g * (b_ - a_)
+        if solve(c_)[0] < solve(d_)[0]:
+            b_ = d_
+        else:
+            a_ = c_
+    m = (a_ + b_) / 2
+    _, a, ab = solve(m)
+    return float(a), float(ab / a) if a else 0.0, float(m)
+
+
+def fit_fasdl_model(profile: "ModelProfile", plat: "Platform", batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> FasDLModel:
+    """FasDL's coefficients for a profile: T_train fitted to one worker's forward + backward
+    (our profile's times at every tier and batch size); bandwidth and latency from the platform
+    (its bandwidth does not depend on memory, so p(M) is constant; ramp = w * t_lat makes a small
+    object cost about one latency)."""
+    samples = []
+    for t in plat.tiers_mb:
+        for b in batches:
+            f = sum(sum(l.times(t, b, plat)) for l in profile.layers)
+            samples.append((b, t, f))
+    a, b, m = fit_train_coefficients(samples)
+    w = plat.bandwidth_Bps
+    return FasDLModel(profile.param_bytes, a, b, m, w, w, w * plat.storage_latency_s, 0.0, plat.price_gb_s, plat.price_put, plat.price_get)
+
+
+def memory_need(profile: "ModelProfile", global_batch: int, plat: "Platform") -> Need:
+    """FasDL's memory constraint from the profile: the least Lambda memory (MB) our runtime needs
+    for W workers of G/W samples with K aggregators (what FasDL measures by profiling)."""
+    from stagecoach.planner.model.perfmodel import stage_memory_bytes
+
+    memo: dict[tuple[int, int], float] = {}
+
+    def need(W: int, K: int) -> float:
+        if (W, K) not in memo:
+            by = stage_memory_bytes(profile.layers, global_batch // W, W, plat, sync_choice(W, K))
+            memo[(W, K)] = (by / 2**20 + plat.runtime_base_mb) / plat.memory_headroom
+        return memo[(W, K)]
+
+    return need
+
+
+def sync_choice(workers: int, k: int) -> "SyncChoice":
+    """Our sync algorithm for FasDL's (W, K): all-reduce for K = 1, scatter-reduce for K = W."""
+    from stagecoach.planner.model.perfmodel import SyncChoice
+
+    if workers == 1:
+        return SyncChoice("none", 1)
+    if k == 1:
+        return SyncChoice("all_reduce", 1)
+    if k == workers:
+        return SyncChoice("scatter_reduce", workers)
+    return SyncChoice("k_reduce", k)
+
+
+def fasdl_plan(profile: "ModelProfile", global_batch: int, platform: "Platform", max_workers: int = 32,
+               weights: Sequence[tuple[float, float]] = FUNCPIPE_WEIGHTS) -> "Estimate | None":
+    """BASELINES entry "FasDL": the two-stage search per Pareto weight under FasDL's model
+    (workers dividing the batch, K in 1..W, the platform's tiers), each winner evaluated with our
+    model, then the same Pareto + delta recommendation as every baseline."""
+    from stagecoach.planner.solve.milp import objective_weights
+    from stagecoach.planner.model.perfmodel import Config, evaluate
+
+    model = fit_fasdl_model(profile, platform)
+    workers = [W for W in range(1, max_workers + 1) if global_batch % W == 0]
+    need = memory_need(profile, global_batch, platform)
+    L = len(profile.layers)
+    out = []
+    for a1, a2 in weights:
+        r = two_stage_search(model, global_batch, workers, platform.tiers_mb, *objective_weights(a1, a2), need=need)
+        if r is None:
+            continue
+        cfg = Config((L,), (r.memory_mb,), r.workers, global_batch // r.workers, 1, (sync_choice(r.workers, r.k),))
+        e = evaluate(profile, cfg, platform)
+        if e.feasible:
+            out.append(e)
+    return recommend(pareto_front(out)) if out else None

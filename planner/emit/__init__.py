@@ -1,0 +1,1 @@
+"""Emit: a plan as Step Functions state machines (ASL as plain data)."""

@@ -1,0 +1,292 @@
+"""Performance and cost model of Stagecoach's own runtime (DESIGN.md §3).
+
+One iteration = Forward phase (a Map over every worker of stages 0..S-2; the last stage's forward
+runs inside its backward) followed by Backward+Sync (a Parallel with one branch per stage: a Map
+of backward tasks over the d replicas, then, for the sync algorithms that have one, a Map of K
+sync tasks). Workers exchange micro-batch tensors through S3, so the stages of a phase form a flow
+shop: a stage starts micro-batch j when its predecessor wrote j and it finished j-1. The
+derivation of every formula is in docs/performance-model.md; the section names below match it.
+
+Everything a stage contributes depends only on the stage itself (its layers, tier, sync choice)
+and on (d, b, m): ``stage_terms`` computes it. ``evaluate`` composes the stages (flow-shop maxima
+and sums, billing, requests); the MILP (milp.py) precomputes ``stage_terms`` for every candidate
+stage and composes them linearly, so the two cannot drift apart.
+
+The sync algorithm is a seam: each algorithm is a ``SyncAlgorithm`` whose ``stage`` returns a
+``StageSync`` (time it adds to the backward task, duration of one sync task, task count, requests,
+memory). Names equal the runtime contract's (planner/plan.py ``SYNC_ALGORITHMS``); "none" is the
+d = 1 case (Plan: scatter_reduce with K = 1, no sync Map). Adding an algorithm = one class +
+registering it in ``SYNC_ALGORITHMS``.
+
+All times in seconds, sizes in bytes, money in USD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
+from stagecoach.planner.model.syncmodel import ALL_SYNC, SYNC_ALGORITHMS, StageSync, SyncAlgorithm, SyncChoice, sync_choices  # noqa: F401 (re-exported)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from stagecoach.planner.model.platforms import Platform
+
+# Step Functions state transitions of the emitted ASL (planner/asl.py is the authority; these
+# mirror its shape: a Map costs its own state plus one Task per iteration, a Parallel its state).
+TRANSITIONS_PER_ITERATION = 2  # the window's per-iteration bookkeeping states (Loop Choice, Advance Pass)
+TRANSITIONS_PER_MAP = 1
+TRANSITIONS_PER_PARALLEL = 1
+TRANSITIONS_PER_TASK = 1
+
+
+# -- configurations ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    """One candidate plan over a (possibly merged) profile's layers."""
+
+    balance: tuple[int, ...]
+    tiers_mb: tuple[int, ...]
+    replicas: int
+    micro_batch: int  # samples per micro-batch
+    micro_batches: int  # micro-batches per replica per iteration
+    sync: tuple[SyncChoice, ...]
+
+    @property
+    def stages(self) -> int:
+        return len(self.balance)
+
+    @property
+    def global_batch(self) -> int:
+        return self.replicas * self.micro_batch * self.micro_batches
+
+
+@dataclass
+class Estimate:
+    """Everything the model predicts for one iteration of a Config."""
+
+    config: Config
+    time_s: float
+    cost: float
+    forward_s: float
+    backward_sync_s: float
+    stage_forward_s: list[float]  # forward task durations (billed), 0 for the last stage
+    stage_backward_s: list[float]  # backward task durations (a fused sync included)
+    stage_sync_s: list[float]  # one sync task's duration (0 without a sync Map)
+    stage_memory_bytes: list[float]
+    cost_lambda_duration: float
+    cost_lambda_requests: float
+    cost_transitions: float
+    cost_s3: float
+    transitions: float
+    invocations: float
+    s3_puts: float
+    s3_gets: float
+    feasible: bool
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def orchestration_share(self) -> float:
+        """Share of the cost that is not Lambda compute time: Step Functions, invocations, S3."""
+        return (self.cost_transitions + self.cost_lambda_requests + self.cost_s3) / self.cost if self.cost else 0.0
+
+    def task_seconds(self) -> list[dict[str, float]]:
+        """Per stage, per phase predicted task seconds (Plan.extras["predicted_task_s"])."""
+        return [{"forward": f, "backward": b, "sync": s} for f, b, s in zip(self.stage_forward_s, self.stage_backward_s, self.stage_sync_s)]
+
+
+# -- §2 memory, §3 per-stage terms ---------------------------------------------------------------
+def param_copies(replicas: int, plat: "Platform") -> float:
+    """Parameter-sized buffers every backward task holds: weights, gradients, the flat gradient
+    copy (the sync algorithm adds its own buffers: ``StageSync.backward_extra_bytes``)."""
+    return 3.0
+
+
+def optimizer_seconds(p_bytes: float, tier_mb: int, plat: "Platform") -> float:
+    """Compute time of the optimizer update over p_bytes of fp32 parameters at a tier."""
+    return p_bytes / 4 * plat.optimizer_flops_per_param / (plat.flops_per_vcpu * plat.speedup(tier_mb))
+
+
+@dataclass(frozen=True)
+class StageTerms:
+    """Everything one stage contributes, independent of the other stages (docs §2-§5)."""
+
+    p_bytes: float
+    load_s: float  # GET the stage's parameter shards: t_lat + P/w (0 if the sync left them cached)
+    fwd_step_s: float  # a_s: how long one micro-batch occupies the forward task (0 for the last stage)
+    bwd_step_s: float  # bb_s: ... the backward task
+    fwd_hop_s: float  # h_s: from the stage's last compute of a micro-batch to the next stage noticing it
+    fwd_hop_own_s: float  # ... to the PUT's end (what ends the stage's own task)
+    bwd_hop_s: float  # the backward counterpart (input-gradient to stage s-1)
+    bwd_hop_own_s: float
+    fwd_compute_s: float  # f_s (one micro-batch)
+    bwd_compute_s: float  # f_s + g_s (recompute + backward, one micro-batch)
+    sync: StageSync
+    memory_bytes: float
+    gets: float  # S3 requests of all the stage's tasks
+    puts: float
+    invocations: float
+    transitions: float  # the stage's own states (forward tasks, backward Map, sync Map)
+
+
+def stage_terms(
+    p_bytes: float, fwd_s: float, bwd_s: float, saved_ps: float, in_ps: float, out_ps: float, ingrad_ps: float, label_ps: float,
+    first: bool, last: bool, tier_mb: int, choice: SyncChoice, d: int, b: int, m: int, plat: "Platform",
+) -> StageTerms:
+    """One stage's terms from its aggregated layer facts (sums over its layers; in/ingrad of its
+    first layer, out of its last; per-sample bytes; ``fwd_s``/``bwd_s`` one micro-batch at the tier).
+
+    Per micro-batch a task GETs what it needs (waiting for it), computes, and PUTs its result in
+    the background while the next micro-batch computes (docs/performance-model.md §3): a step
+    occupies the task for its GETs and compute, or for its PUT if the upload is the longer; the
+    result reaches the neighbour stage a hop later (PUT latency and bytes, and a poll).
+    Stage 0 reads its rows of the data set locally, the last stage computes its loss locally.
+    """
+    w, lat, poll = plat.bandwidth_Bps, plat.storage_latency_s, plat.poll_delay_s
+    in_b, out_b, ig_b = b * in_ps, b * out_ps, b * ingrad_ps
+    get_in = 0.0 if first else lat + in_b / w
+    a = 0.0 if last else max(get_in + fwd_s, out_b / w)
+    ha_own = 0.0 if last else lat + out_b / w
+    ha = 0.0 if last else ha_own + poll
+    get_out = 0.0 if last else lat + out_b / w
+    bb = max(get_out + get_in + fwd_s + bwd_s, 0.0 if first else ig_b / w)
+    hb_own = 0.0 if first else lat + ig_b / w
+    hb = 0.0 if first else hb_own + poll
+    # the optimizer-state prefetch runs from the task's start: it hides behind the task's own
+    # micro-batch steps (compute and the reads it waits on)
+    sy = choice.algorithm.stage(d, choice.k, p_bytes, optimizer_seconds(p_bytes, tier_mb, plat), m * bb, plat,
+                                last_backward_s=bwd_s)
+    # a sync that leaves version t+1 in the backward task's container (d = 1, pipelined
+    # scatter-reduce) spares the next phase's task of the stage its parameter load and GETs
+    cached = bool(getattr(sy, "params_cached", False))
+    load = 0.0 if cached else lat + p_bytes / w
+    shard_gets = 0 if cached else sy.shards
+    act = b * (saved_ps + 2 * in_ps + 2 * out_ps)
+    mem = max(param_copies(d, plat) * p_bytes + act + sy.backward_extra_bytes, sy.task_bytes)
+    poll = plat.s3_polls_per_wait
+    gets = puts = 0.0
+    if not last:  # forward task per replica: parameter shards, m inputs (+ waits), m outputs
+        gets += d * (shard_gets + m + (0 if first else m * poll))
+        puts += d * m
+    gets += d * (2 * m + (0 if last else m * poll) + (shard_gets if last else 0) + sy.tail_gets)
+    puts += d * ((0 if first else m) + sy.tail_puts)
+    gets += sy.tasks * sy.task_gets
+    puts += sy.tasks * sy.task_puts
+    inv = (0 if last else d) + d + sy.tasks
+    tr = (0 if last else TRANSITIONS_PER_TASK * d) + TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * d
+    if sy.tasks:
+        tr += TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * sy.tasks
+    return StageTerms(p_bytes, load, a, bb, ha, ha_own, hb, hb_own, fwd_s, fwd_s + bwd_s, sy, mem, gets, puts, inv, tr)
+
+
+def global_transitions(stages: int) -> int:
+    """Transitions not owned by a stage: bookkeeping, the Parallel, the forward Map (S > 1)."""
+    return TRANSITIONS_PER_ITERATION + TRANSITIONS_PER_PARALLEL + (TRANSITIONS_PER_MAP if stages > 1 else 0)
+
+
+def layer_terms(layers: Sequence[LayerProfile], profile: ModelProfile, first: bool, last: bool, tier: int, choice: SyncChoice,
+                d: int, b: int, m: int, plat: "Platform") -> StageTerms:
+    """``stage_terms`` for a run of layers (sums them)."""
+    f = g = 0.0
+    for l in layers:
+        lf, lg = l.times(tier, b, plat)
+        f += lf
+        g += lg
+    return stage_terms(sum(l.param_bytes for l in layers), f, g, sum(l.saved_bytes_per_sample for l in layers),
+                       layers[0].in_bytes_per_sample, layers[-1].out_bytes_per_sample, layers[0].ingrad_bytes_per_sample,
+                       profile.label_bytes_per_sample, first, last, tier, choice, d, b, m, plat)
+
+
+def stage_memory_bytes(layers: Sequence[LayerProfile], micro_batch: int, replicas: int, platform: "Platform", sync: SyncChoice | None = None) -> float:
+    """Peak bytes of a stage's worker (beyond the runtime base): the backward task's, or a sync
+    task's if larger. Backward holds one micro-batch's recomputed activations (GPipe)."""
+    choice = sync or (SyncChoice("none", 1) if replicas == 1 else SyncChoice("scatter_reduce", replicas))
+    prof = ModelProfile("stage", tuple(layers), layers[0].in_bytes_per_sample)
+    return layer_terms(layers, prof, True, False, platform.tiers_mb[-1], choice, replicas, micro_batch, 1, platform).memory_bytes
+
+
+# -- §3-4 evaluation -----------------------------------------------------------------------------
+def evaluate(profile: ModelProfile, cfg: Config, plat: "Platform") -> Estimate:
+    """Predict time, cost and feasibility of one iteration of ``cfg`` (docs/performance-model.md)."""
+    L = len(profile.layers)
+    if sum(cfg.balance) != L or min(cfg.balance) < 1:
+        raise ValueError(f"balance {cfg.balance} must split all {L} layers into non-empty stages")
+    S, d, b, m = cfg.stages, cfg.replicas, cfg.micro_batch, cfg.micro_batches
+    if len(cfg.tiers_mb) != S or len(cfg.sync) != S:
+        raise ValueError("tiers_mb and sync need one entry per stage")
+    terms: list[StageTerms] = []
+    i = 0
+    for s, n in enumerate(cfg.balance):
+        terms.append(layer_terms(profile.layers[i : i + n], profile, s == 0, s == S - 1, cfg.tiers_mb[s], cfg.sync[s], d, b, m, plat))
+        i += n
+    return compose(cfg, terms, plat)
+
+
+def phase_overhead(plat: "Platform", d: int) -> float:
+    """o: a phase's start on the critical path — the state transitions into its Map and a warm
+    invocation — plus the Map starting its d-th item ``dispatch_s`` after its first."""
+    return plat.invoke_overhead_s + plat.dispatch_s * (d - 1)
+
+
+def compose(cfg: Config, terms: Sequence[StageTerms], plat: "Platform") -> Estimate:
+    """Compose per-stage terms into the iteration's time, cost and feasibility (§3-§4)."""
+    S, d, m = cfg.stages, cfg.replicas, cfg.micro_batches
+    o = phase_overhead(plat, d)
+    # forward flow shop over stages 0..S-2 (§3.1): a micro-batch crosses every stage (steps and
+    # hops), the others follow at the pace of the slowest step
+    F = [0.0] * S
+    lmax = amax = acc = 0.0
+    for s in range(S - 1):
+        t = terms[s]
+        lmax, amax = max(lmax, t.load_s), max(amax, t.fwd_step_s)
+        F[s] = o + lmax + acc + t.fwd_step_s + t.fwd_hop_own_s + (m - 1) * amax
+        acc += t.fwd_step_s + t.fwd_hop_s
+    t_fwd = F[S - 2] if S > 1 else 0.0
+    # backward flow shop in reverse order, after the last stage loads its parameters (§3.2)
+    BT = [0.0] * S
+    bmax = acc = 0.0
+    for s in range(S - 1, -1, -1):
+        t = terms[s]
+        bmax = max(bmax, t.bwd_step_s)
+        BT[s] = o + terms[S - 1].load_s + acc + t.bwd_step_s + t.bwd_hop_own_s + (m - 1) * bmax + t.sync.tail_s
+        acc += t.bwd_step_s + t.bwd_hop_s
+    t_bs = max(BT[s] + ((o + terms[s].sync.task_s) if terms[s].sync.tasks else 0.0) for s in range(S))
+    # billing (§4): per task, from the handler's start (invoke overhead not billed)
+    fwd_task = [F[s] - o if s < S - 1 else 0.0 for s in range(S)]
+    bwd_task = [BT[s] - o for s in range(S)]
+    sync_task = [t.sync.task_s for t in terms]
+    gbs = sum(plat.price_per_s(cfg.tiers_mb[s]) * (d * (fwd_task[s] + bwd_task[s]) + terms[s].sync.tasks * sync_task[s]) for s in range(S))
+    invocations = sum(t.invocations for t in terms)
+    transitions = float(global_transitions(S) + sum(t.transitions for t in terms))
+    puts, gets = sum(t.puts for t in terms), sum(t.gets for t in terms)
+    c_req = plat.price_request * invocations
+    c_tr = plat.price_transition * transitions
+    c_s3 = plat.price_put * puts + plat.price_get * gets
+    cost = gbs + c_req + c_tr + c_s3
+    viol = []
+    cap_top = plat.max_predicted_task_s
+    mem = [t.memory_bytes for t in terms]
+    for s in range(S):
+        cap = plat.usable_bytes(cfg.tiers_mb[s])
+        if mem[s] > cap:
+            viol.append(f"stage {s} needs {mem[s] / 2**20:.0f} MB but {cfg.tiers_mb[s]} MB leaves {cap / 2**20:.0f} MB")
+        for what, t in (("forward", fwd_task[s]), ("backward", bwd_task[s]), ("sync", sync_task[s])):
+            if t > cap_top:
+                viol.append(f"stage {s} {what} task takes {t:.0f} s > {cap_top:.0f} s (Lambda's 900 s over the timeout safety factor)")
+    if (S - 1) * d > 40 or d > 40:
+        viol.append(f"{S} stages x {d} replicas exceed the inline Map's 40 concurrent tasks")
+    return Estimate(
+        config=cfg, time_s=t_fwd + t_bs + plat.iteration_overhead_s, cost=cost, forward_s=t_fwd, backward_sync_s=t_bs,
+        stage_forward_s=fwd_task, stage_backward_s=bwd_task, stage_sync_s=sync_task, stage_memory_bytes=mem,
+        cost_lambda_duration=gbs, cost_lambda_requests=c_req, cost_transitions=c_tr, cost_s3=c_s3,
+        transitions=transitions, invocations=invocations, s3_puts=puts, s3_gets=gets,
+        feasible=not viol, violations=viol,
+    )
+
+
+def timeouts(est: Estimate) -> tuple[dict[str, int], ...]:
+    """Per stage, per phase TimeoutSeconds from the predicted task seconds, by the runtime
+    contract's own rule (plan.timeouts_from): raises PlanError if a phase cannot fit 15 minutes."""
+    from stagecoach.planner.plan import timeouts_from
+
+    return timeouts_from(est.task_seconds())

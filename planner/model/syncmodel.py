@@ -1,0 +1,229 @@
+"""Gradient synchronisation algorithms as the performance model sees them (the seam).
+
+Each algorithm is a ``SyncAlgorithm`` whose ``stage`` returns a ``StageSync``: the time it adds to
+the backward task, the duration of one sync task, the task count, requests and memory. Names equal
+the runtime contract's (planner/plan.py ``SYNC_ALGORITHMS``, lambdas/collectives.py implements
+them); "none" is the d = 1 case (Plan: scatter_reduce with K = 1, no sync Map). Adding an algorithm
+= one class + registering it in ``SYNC_ALGORITHMS``. The derivations are in
+docs/performance-model.md §5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from stagecoach.planner.plan import chunk_count
+
+if TYPE_CHECKING:  # pragma: no cover
+    from stagecoach.planner.model.platforms import Platform
+
+# -- §5 sync algorithms ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StageSync:
+    """What one stage's synchronisation costs for fixed (d, K) and the stage's parameter bytes.
+
+    tail_s:   seconds the backward task spends after its last micro-batch (writing gradient
+              shards; with d = 1 or a fused algorithm also the exchange and the optimizer update).
+    task_s:   duration of ONE sync task of the sync Map (0 without a Map).
+    tasks:    sync Map tasks (0 = no sync Map: d = 1 or a sync fused into backward).
+    shards:   objects the stage's parameters are stored as, K shards x C chunks (a task that must
+              load the parameters GETs them all).
+    tail_puts/tail_gets: S3 requests per backward task for the sync; task_puts/task_gets: per sync task.
+    backward_extra_bytes: memory the sync adds to the backward task; task_bytes: a sync task's memory.
+    params_cached: the backward task ends holding version t+1 (d = 1, pipelined scatter-reduce),
+              so the next phase's task on that container loads nothing.
+    """
+
+    name: str
+    k: int
+    tail_s: float
+    task_s: float
+    tasks: int
+    shards: int
+    tail_puts: float
+    tail_gets: float
+    task_puts: float
+    task_gets: float
+    backward_extra_bytes: float = 0.0
+    task_bytes: float = 0.0
+    params_cached: bool = False
+
+
+class SyncAlgorithm:
+    """Base of the pluggable sync algorithms."""
+
+    name = "abstract"
+    fused = False  # True: no sync Map, the backward tasks synchronise among themselves
+
+    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform",
+              last_backward_s: float = 0.0) -> StageSync:  # pragma: no cover
+        """The stage's sync for d replicas and K aggregators. ``opt_s``: optimizer compute over the
+        whole stage at its tier; ``backward_compute_s``: the backward task's compute seconds (what
+        the optimizer-state prefetch hides behind); ``last_backward_s``: the last micro-batch's
+        backward pass (what the gradient upload overlaps)."""
+        raise NotImplementedError
+
+
+def chunks_per_shard(d: int, k: int, p_bytes: float) -> int:
+    """C of the runtime's layout (plan.chunk_count; fp32 parameters)."""
+    return chunk_count(p_bytes / (4 * k), 4, d)
+
+
+def _stateful(plat: "Platform") -> int:
+    return 1 if plat.optimizer_state_ratio > 0 else 0
+
+
+class NoSync(SyncAlgorithm):
+    """d = 1: the backward task updates the stage itself (``collectives.update_alone``).
+
+    Its parameters are in memory; the state (rho P) is prefetched while it computes. After the
+    backward pass: the update, then PUT parameters and state: opt + t_lat + (1+rho) P/w, plus
+    whatever of the prefetch the compute did not hide. The container keeps version t+1.
+    """
+
+    name = "none"
+
+    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform",
+              last_backward_s: float = 0.0) -> StageSync:
+        w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
+        sf = _stateful(plat)
+        prefetch = max(0.0, lat + rho * p_bytes / w - backward_compute_s) if sf else 0.0
+        return StageSync(self.name, 1, tail_s=prefetch + opt_s + lat + (1 + rho) * p_bytes / w, task_s=0.0, tasks=0, shards=1,
+                         tail_puts=1 + sf, tail_gets=sf, task_puts=0, task_gets=0,
+                         backward_extra_bytes=(1 + 2 * rho) * p_bytes, params_cached=True)
+
+
+class ScatterReduce(SyncAlgorithm):
+    """LambdaML's storage scatter-reduce with a sharded update: K = d sync tasks.
+
+    Backward tail: the gradient leaves as K*C chunks while the last backward pass runs, so after it
+    max(chunk/w, P/w - g_last) + t_lat remain. Sync task k (``collectives.reduce_shard``): GET its
+    state (rho P/K) and chunk c of shard k from each of the d replicas (d P/K in all) while chunk
+    c-1 is reduced, updated and PUT, so the download link sets the pace:
+    2 t_lat + (d + rho) P/(K w) + the last chunk's update (opt/(KC)) and the uploads left when the
+    downloads end: two chunks' (2 (1+rho) chunk/w, one if C = 1) — requests in flight share the
+    link, so the last two chunks arrive almost together (the state object of chunk C-2, twice a
+    gradient chunk's size under Adam, still shares the link with chunk C-1's).
+    Its container holds version t (it ran a backward task), so it does not load the parameters;
+    the next phase's tasks do: t_lat + P/w. Memory: incoming chunks (up to d P/K), state and new
+    parameters and state: (d + 1 + 2 rho) P/K.
+    """
+
+    name = "scatter_reduce"
+
+    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform",
+              last_backward_s: float = 0.0) -> StageSync:
+        w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
+        c = chunks_per_shard(d, k, p_bytes)
+        chunk = p_bytes / (k * c)
+        sf = _stateful(plat)
+        tail = lat + max(chunk / w, p_bytes / w - last_backward_s)
+        task = 2 * lat + (d + rho) * p_bytes / (k * w) + opt_s / (k * c) + min(2, c) * (1 + rho) * chunk / w
+        return StageSync(self.name, k, tail_s=tail, task_s=task, tasks=k, shards=k * c,
+                         tail_puts=k * c, tail_gets=0, task_puts=c * (1 + sf), task_gets=c * (d + sf),
+                         task_bytes=(d + 1 + 2 * rho) * p_bytes / k)
+
+
+class KReduce(ScatterReduce):
+    """FasDL's K-reduce: K aggregators (1 <= K <= d), each reduces and updates 1/K of the stage."""
+
+    name = "k_reduce"
+
+
+class AllReduce(ScatterReduce):
+    """K = 1: one aggregator reduces and updates the whole stage (parameter-server style)."""
+
+    name = "all_reduce"
+
+
+class PipelinedScatterReduce(SyncAlgorithm):
+    """FuncPipe's pipelined scatter-reduce, fused into the backward task (no sync Map).
+
+    Replica r (``collectives.PipelinedExchange``) uploads the chunks of the d-1 shards the others
+    own, E = (d-1) P/(d w) on its upload link, as the last backward pass produces them, and
+    downloads its own shard's chunks from the others (E on its download link, after the state
+    prefetch that is still running) in the staggered order; it reduces, updates and PUTs each
+    chunk of shard r ((1+rho) P/d on the upload link, from the first reduced chunk on), and
+    downloads the others' updated chunks (E again), each a chunk and a latency behind its PUT.
+    After the backward pass, with u = max(chunk, E - g_last) the exchange uploads left:
+        X   = max(max(prefetch left, t_lat + chunk) + E, u + t_lat + chunk)   exchange downloaded
+        own = max(u, X - E + E/C) + (1 + rho) P/(d w)                        r's chunks uploaded
+        tail = max(own, X + E, own + t_lat + chunk) + t_lat + opt/(dC)
+    The task ends holding version t+1: the next phase loads nothing. FuncPipe's own model:
+    2s/w + (2+n) t_lat. Memory on top of the backward task: the exchanged chunks and the gathered
+    vector, (d-1)/d P each, and r's new parameters and state: (2(d-1) + 1 + 2 rho) P/d.
+    """
+
+    name = "pipelined_scatter_reduce"
+    fused = True
+
+    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform",
+              last_backward_s: float = 0.0) -> StageSync:
+        w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
+        c = chunks_per_shard(d, d, p_bytes)
+        chunk = p_bytes / (d * c) / w  # seconds of one chunk on a link
+        sf = _stateful(plat)
+        e = (d - 1) * p_bytes / (d * w)
+        # the state prefetch (from the task's start) still on the download link
+        pf = max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
+        up_left = max(chunk, e - last_backward_s)  # exchange uploads after the last backward pass
+        # exchange downloads: behind the prefetch, and never before the peers' uploads landed
+        x = max(max(pf, lat + chunk) + e, up_left + lat + chunk)
+        own_start = max(up_left, x - e + e / c)  # the first chunk reduced: r's updated chunks go up
+        own_end = own_start + (1 + rho) * p_bytes / (d * w)
+        gather_end = max(x + e, own_end + lat + chunk)  # the others' updated chunks, a chunk behind theirs
+        tail = max(own_end, gather_end) + lat + opt_s / (d * c)
+        polls = plat.s3_polls_per_wait
+        return StageSync(self.name, d, tail_s=tail, task_s=0.0, tasks=0, shards=d * c,
+                         tail_puts=(d - 1) * c + c * (1 + sf), tail_gets=2 * (d - 1) * c * (1 + polls) + c * sf,
+                         task_puts=0, task_gets=0,
+                         backward_extra_bytes=(2 * (d - 1) + 1 + 2 * rho) * p_bytes / d, params_cached=True)
+
+
+SYNC_ALGORITHMS: dict[str, SyncAlgorithm] = {
+    a.name: a for a in (NoSync(), ScatterReduce(), PipelinedScatterReduce(), KReduce(), AllReduce())
+}
+ALL_SYNC = ("scatter_reduce", "pipelined_scatter_reduce", "k_reduce", "all_reduce")
+
+
+@dataclass(frozen=True)
+class SyncChoice:
+    """An algorithm and its number of aggregators/shards K."""
+
+    algo: str
+    k: int
+
+    def label(self) -> str:
+        return f"k_reduce(K={self.k})" if self.algo == "k_reduce" else self.algo
+
+    @property
+    def algorithm(self) -> SyncAlgorithm:
+        if self.algo not in SYNC_ALGORITHMS:
+            raise ValueError(f"unknown sync algorithm {self.algo!r}: choose one of {sorted(SYNC_ALGORITHMS)}")
+        return SYNC_ALGORITHMS[self.algo]
+
+    def plan_fields(self) -> tuple[str, int]:
+        """(Plan.sync, Plan.aggregators) for this choice; "none" (d = 1) is scatter_reduce, K = 1."""
+        return ("scatter_reduce", 1) if self.algo == "none" else (self.algo, self.k)
+
+
+def sync_choices(d: int, algos: Sequence[str] | None = None) -> list[SyncChoice]:
+    """The candidate sync choices for d replicas (K-reduce: K a power of two, 2 <= K < d)."""
+    if d == 1:
+        return [SyncChoice("none", 1)]
+    algos = algos or ALL_SYNC
+    out: list[SyncChoice] = []
+    for a in algos:
+        if a in ("scatter_reduce", "pipelined_scatter_reduce"):
+            out.append(SyncChoice(a, d))
+        elif a == "all_reduce":
+            out.append(SyncChoice(a, 1))
+        elif a == "k_reduce":
+            k = 2
+            while k < d:
+                out.append(SyncChoice(a, k))
+                k *= 2
+        else:
+            raise ValueError(f"unknown sync algorithm {a!r}: choose from {ALL_SYNC}")
+    return out

@@ -1,0 +1,1 @@
+"""Profile: what the planner knows of a model, layer by layer (sizes, FLOPs, measured times)."""

@@ -1,0 +1,224 @@
+"""Per-layer profiles: plain data the performance model reads (no torch at import).
+
+A *layer* is one block of the user's nn.Sequential (a block used twice counts twice). The planner
+needs, per layer: parameter bytes, bytes saved for backward per sample (what a micro-batch's
+recomputed forward keeps alive during backward), output and input(-gradient) bytes per sample
+(what crosses a stage boundary), and forward/backward time per micro-batch size at each tier.
+
+Two ways to obtain them: ``stagecoach.lambdas.profiling`` runs the real layers (locally, or inside
+Lambda per tier) and measures times, stored at one reference vCPU (``fwd_s``/``bwd_s``) or per
+tier (``tier_s``); ``profile.meta.profile_meta`` sizes the model on the meta device and counts
+FLOPs. The types are JSON-able (``to_dict``/``from_dict``) so a Lambda profile phase can return them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from stagecoach.planner.model.platforms import Platform
+
+
+class LayerTooLargeError(ValueError):
+    """A single layer cannot fit the largest Lambda memory; no partition can help."""
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """Measured or estimated facts about one layer (or a merged run of ``count`` layers)."""
+
+    name: str
+    param_bytes: float
+    saved_bytes_per_sample: float
+    out_bytes_per_sample: float
+    in_bytes_per_sample: float
+    fwd_flops_per_sample: float = 0.0
+    bwd_flops_per_sample: float = 0.0
+    # measured seconds per micro-batch at ONE vCPU, keyed by micro-batch size
+    fwd_s: Mapping[int, float] = field(default_factory=dict)
+    bwd_s: Mapping[int, float] = field(default_factory=dict)
+    # measured on the platform per tier: {memory_mb: {micro_batch: (fwd_s, bwd_s)}}
+    tier_s: Mapping[int, Mapping[int, tuple[float, float]]] = field(default_factory=dict)
+    count: int = 1  # how many original layers this profile stands for (after merging)
+    in_requires_grad: bool = True  # False for integer inputs (token ids): no input-gradient
+
+    @property
+    def ingrad_bytes_per_sample(self) -> float:
+        return self.in_bytes_per_sample if self.in_requires_grad else 0.0
+
+    def times(self, tier_mb: int, micro_batch: int, platform: "Platform") -> tuple[float, float]:
+        """(forward, backward) seconds for one micro-batch at a memory tier.
+
+        Priority: measured at that tier (AWS profile phase) > measured at one vCPU scaled by the
+        vCPU model > FLOPs / calibrated FLOP rate scaled by the vCPU model.
+        """
+        per = self.tier_s.get(tier_mb)
+        if per and micro_batch in per:
+            f, b = per[micro_batch]
+            return float(f), float(b)
+        sp = platform.speedup(tier_mb)
+        if self.fwd_s:
+            return (_affine_in_b(self.fwd_s, micro_batch) / sp, _affine_in_b(self.bwd_s, micro_batch) / sp)
+        ov = platform.layer_overhead_s * self.count
+        rate = platform.flops_per_vcpu * sp
+        return (ov + self.fwd_flops_per_sample * micro_batch / rate, ov + self.bwd_flops_per_sample * micro_batch / rate)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["fwd_s"] = {str(k): v for k, v in self.fwd_s.items()}
+        d["bwd_s"] = {str(k): v for k, v in self.bwd_s.items()}
+        d["tier_s"] = {str(t): {str(b): list(v) for b, v in per.items()} for t, per in self.tier_s.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LayerProfile":
+        d = dict(d)
+        d["fwd_s"] = {int(k): float(v) for k, v in d.get("fwd_s", {}).items()}
+        d["bwd_s"] = {int(k): float(v) for k, v in d.get("bwd_s", {}).items()}
+        d["tier_s"] = {int(t): {int(b): (float(v[0]), float(v[1])) for b, v in per.items()} for t, per in d.get("tier_s", {}).items()}
+        return cls(**d)
+
+
+def _affine_in_b(points: Mapping[int, float], b: int) -> float:
+    """Time at micro-batch size b from measured points: exact if measured, else a least-squares
+    line t = c0 + c1*b through them (one point: proportional)."""
+    if b in points:
+        return float(points[b])
+    xs = sorted(points)
+    if len(xs) == 1:
+        return float(points[xs[0]]) * b / xs[0]
+    n = len(xs)
+    mx = sum(xs) / n
+    my = sum(points[x] for x in xs) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    c1 = sum((x - mx) * (points[x] - my) for x in xs) / sxx
+    c0 = my - c1 * mx
+    return max(0.0, c0 + c1 * b)
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A model as the planner sees it: an ordered tuple of layer profiles."""
+
+    name: str
+    layers: tuple[LayerProfile, ...]
+    input_bytes_per_sample: float
+    label_bytes_per_sample: float = 8.0
+    source: str = "meta"  # "meta" (FLOP-based) or "measured"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        if not self.layers:
+            raise ValueError(f"model {self.name!r} has no layers: give an nn.Sequential with at least one child")
+
+    @property
+    def param_bytes(self) -> float:
+        return sum(l.param_bytes for l in self.layers)
+
+    @property
+    def original_layers(self) -> int:
+        return sum(l.count for l in self.layers)
+
+    def merged(self, max_layers: int, platform: "Platform", micro_batch: int = 4) -> "ModelProfile":
+        """Merge consecutive layers into at most ``max_layers`` groups of balanced compute time.
+
+        Why: the MILP's size grows with the layer count; most models have far more children than
+        useful stage boundaries. Groups minimise the largest group's forward+backward time (linear
+        partition, exact DP), so boundaries remain where the work is evenly divisible. Stage
+        boundaries can only fall between groups afterwards: the plan is optimal over those.
+        """
+        n = len(self.layers)
+        if max_layers >= n:
+            return self
+        ref = platform.tiers_mb[len(platform.tiers_mb) // 2]
+        w = [sum(l.times(ref, micro_batch, platform)) for l in self.layers]
+        groups = balanced_partition(w, max_layers)
+        out = []
+        i = 0
+        for g in groups:
+            out.append(merge_layers(self.layers[i : i + g]))
+            i += g
+        return replace(self, layers=tuple(out))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "layers": [l.to_dict() for l in self.layers],
+            "input_bytes_per_sample": self.input_bytes_per_sample,
+            "label_bytes_per_sample": self.label_bytes_per_sample,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ModelProfile":
+        return cls(
+            name=d["name"],
+            layers=tuple(LayerProfile.from_dict(l) for l in d["layers"]),
+            input_bytes_per_sample=float(d["input_bytes_per_sample"]),
+            label_bytes_per_sample=float(d.get("label_bytes_per_sample", 8.0)),
+            source=d.get("source", "measured"),
+        )
+
+
+def balanced_partition(weights: Sequence[float], parts: int) -> list[int]:
+    """Split ``weights`` into ``parts`` contiguous non-empty groups minimising the largest sum.
+
+    Exact O(parts * n^2) dynamic programme; returns group sizes. Ties prefer later cuts, so equal
+    weights split evenly.
+    """
+    n = len(weights)
+    parts = max(1, min(parts, n))
+    pre = [0.0]
+    for w in weights:
+        pre.append(pre[-1] + w)
+    INF = math.inf
+    best = [[INF] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for j in range(k, n + 1):
+            for i in range(k - 1, j):
+                v = max(best[k - 1][i], pre[j] - pre[i])
+                if v <= best[k][j]:
+                    best[k][j], cut[k][j] = v, i
+    sizes = []
+    j = n
+    for k in range(parts, 0, -1):
+        i = cut[k][j]
+        sizes.append(j - i)
+        j = i
+    return sizes[::-1]
+
+
+def merge_layers(layers: Sequence[LayerProfile]) -> LayerProfile:
+    """One profile for consecutive layers run as a unit (sums; boundary sizes from the ends)."""
+    if len(layers) == 1:
+        return layers[0]
+    bs = set(layers[0].fwd_s)
+    for l in layers:
+        bs &= set(l.fwd_s)
+    tiers: dict[int, dict[int, tuple[float, float]]] = {}
+    common_t = set(layers[0].tier_s)
+    for l in layers:
+        common_t &= set(l.tier_s)
+    for t in common_t:
+        cb = set(layers[0].tier_s[t])
+        for l in layers:
+            cb &= set(l.tier_s[t])
+        tiers[t] = {b: (sum(l.tier_s[t][b][0] for l in layers), sum(l.tier_s[t][b][1] for l in layers)) for b in cb}
+    return LayerProfile(
+        name=f"{layers[0].name}..{layers[-1].name}",
+        param_bytes=sum(l.param_bytes for l in layers),
+        saved_bytes_per_sample=sum(l.saved_bytes_per_sample for l in layers),
+        out_bytes_per_sample=layers[-1].out_bytes_per_sample,
+        in_bytes_per_sample=layers[0].in_bytes_per_sample,
+        fwd_flops_per_sample=sum(l.fwd_flops_per_sample for l in layers),
+        bwd_flops_per_sample=sum(l.bwd_flops_per_sample for l in layers),
+        fwd_s={b: sum(l.fwd_s[b] for l in layers) for b in bs},
+        bwd_s={b: sum(l.bwd_s[b] for l in layers) for b in bs},
+        tier_s=tiers,
+        count=sum(l.count for l in layers),
+        in_requires_grad=layers[0].in_requires_grad,
+    )

@@ -1,0 +1,98 @@
+"""Meta-device sizing: a model profiled without allocating it (paper-scale models).
+
+The model is built on ``torch.device("meta")``: sizes are exact, FLOPs are counted with
+torch.utils.flop_counter, and times come from the platform's calibrated FLOP rate
+(``LayerProfile.times``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
+from stagecoach.planner.profile.tensors import SavedBytes, any_requires_grad, batch_like, detach_all, grad_seed, requires_grad_, tensor_bytes
+
+
+def _size_layer(layer: Any, x: Any, flops: bool = True) -> tuple[Any, int, float, float]:
+    """Run one layer with grad on input x: (output, saved bytes, fwd FLOPs, bwd FLOPs).
+
+    FLOP counting on meta goes through decompositions and is slow, so callers count it once.
+    """
+    import contextlib
+
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = requires_grad_(x)
+    fwd = bwd = 0.0
+    with torch.enable_grad():
+        fc = FlopCounterMode(display=False) if flops else contextlib.nullcontext()
+        with fc:
+            with SavedBytes() as sb:
+                y = layer(x)
+        if flops:
+            fwd = fc.get_total_flops()
+            outs, seeds = grad_seed(y)
+            if outs:
+                with FlopCounterMode(display=False) as fb:
+                    torch.autograd.backward(outs, seeds)
+                bwd = fb.get_total_flops()
+    return y, sb.total, float(fwd), float(bwd)
+
+
+def profile_meta(
+    model: Any,
+    sample_input: Any,
+    name: str = "model",
+    label_bytes_per_sample: float = 8.0,
+) -> ModelProfile:
+    """Profile an nn.Sequential on the meta device: exact sizes, FLOP-counted compute.
+
+    ``model``: an nn.Sequential, or a zero-argument factory (called under torch.device("meta") so
+    nothing is allocated). ``sample_input``: one sample (no batch dimension), any device.
+    Per-sample quantities come from batch sizes 1 and 2 (difference), so batch-independent saved
+    tensors (weights) are excluded.
+    """
+    import torch
+
+    with torch.device("meta"):
+        m = model() if callable(model) and not isinstance(model, torch.nn.Module) else model
+    if any(p.device.type != "meta" for p in m.parameters()):
+        import copy
+
+        m = copy.deepcopy(m).to("meta")  # never move the caller's model
+    if not isinstance(m, torch.nn.Sequential):
+        raise TypeError(f"{name}: the planner partitions an nn.Sequential of blocks, got {type(m).__name__}")
+    sample = _to_meta(sample_input)
+    x1, x2 = batch_like(sample, 1, "meta"), batch_like(sample, 2, "meta")
+    in1 = tensor_bytes(x1)
+    layers = []
+    for i, (child_name, child) in enumerate(m._modules.items()):  # a block used twice counts twice
+        rg = any_requires_grad(x1)
+        y1, s1, f1, b1 = _size_layer(child, x1)
+        y2, s2, _, _ = _size_layer(child, x2, flops=False)
+        pbytes = sum(p.numel() * p.element_size() for p in child.parameters())
+        layers.append(
+            LayerProfile(
+                name=f"{i}:{child_name}" if not child_name.isdigit() else f"{i}:{type(child).__name__}",
+                param_bytes=float(pbytes),
+                saved_bytes_per_sample=float(max(0, s2 - s1)),
+                out_bytes_per_sample=float(tensor_bytes(y2) - tensor_bytes(y1)),
+                in_bytes_per_sample=float(tensor_bytes(x2) - tensor_bytes(x1)),
+                fwd_flops_per_sample=f1,
+                bwd_flops_per_sample=b1,
+                in_requires_grad=rg,
+            )
+        )
+        x1, x2 = detach_all(y1), detach_all(y2)
+    return ModelProfile(name=name, layers=tuple(layers), input_bytes_per_sample=float(in1), label_bytes_per_sample=label_bytes_per_sample, source="meta")
+
+
+def _to_meta(obj: Any) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return torch.empty(obj.shape, dtype=obj.dtype, device="meta")
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_to_meta(o) for o in obj)
+    raise TypeError(f"sample input must be a tensor or tuple of tensors, got {type(obj).__name__}")

@@ -1,0 +1,115 @@
+"""Tensor helpers shared by the meta-device sizing and the measuring profiler (torch imported lazily)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor in a (nested) tensor/tuple/list/dict output."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (tuple, list)):
+        return sum(tensor_bytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(o) for o in obj.values())
+    return 0
+
+
+def batch_like(sample: Any, b: int, device: Any = None) -> Any:
+    """A batch of ``b`` copies of one sample (tensor or nested), on ``device``."""
+    import torch
+
+    if isinstance(sample, torch.Tensor):
+        x = sample.unsqueeze(0).expand(b, *sample.shape)
+        x = x.to(device) if device is not None else x
+        return x.contiguous() if x.device.type != "meta" else torch.empty(x.shape, dtype=x.dtype, device="meta")
+    if isinstance(sample, (tuple, list)):
+        return type(sample)(batch_like(s, b, device) for s in sample)
+    raise TypeError(f"sample input must be a tensor or a tuple of tensors, got {type(sample).__name__}")
+
+
+def requires_grad_(obj: Any) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point():
+            obj = obj.detach().requires_grad_(True)
+        return obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(requires_grad_(o) for o in obj)
+    return obj
+
+
+def any_requires_grad(obj: Any) -> bool:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.is_floating_point()
+    if isinstance(obj, (tuple, list)):
+        return any(any_requires_grad(o) for o in obj)
+    return False
+
+
+def grad_seed(out: Any) -> tuple[list[Any], list[Any]]:
+    """Tensors of an output needing grad and matching ones-like seeds for backward."""
+    import torch
+
+    outs, seeds = [], []
+    items = out if isinstance(out, (tuple, list)) else (out,)
+    for o in items:
+        if isinstance(o, torch.Tensor) and o.requires_grad:
+            outs.append(o)
+            seeds.append(torch.ones_like(o))
+    return outs, seeds
+
+
+class SavedBytes:
+    """Context manager summing bytes of tensors autograd saves for backward (deduplicated).
+
+    Real tensors are deduplicated by storage address (a tensor saved by two ops, or a view of
+    one, counts once); meta tensors have no address, so by object identity.
+    """
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._seen: set[Any] = set()
+        self._keep: list[Any] = []
+        self._ctx: Any = None
+
+    def _pack(self, t: Any) -> Any:
+        if t.device.type == "meta":
+            key: Any = ("id", id(t))
+            self._keep.append(t)
+            nbytes = t.numel() * t.element_size()
+        else:
+            st = t.untyped_storage()
+            key = ("ptr", st.data_ptr())
+            nbytes = st.nbytes()
+        if key not in self._seen:
+            self._seen.add(key)
+            self.total += nbytes
+        return t
+
+    def __enter__(self) -> "SavedBytes":
+        import torch
+
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._ctx.__exit__(*exc)
+        self._keep.clear()
+
+
+def detach_all(obj: Any) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach()
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(detach_all(o) for o in obj)
+    return obj

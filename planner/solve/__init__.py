@@ -1,0 +1,1 @@
+"""Plan: the exact search over partitions, memory tiers, data-parallel degree and sync algorithms."""

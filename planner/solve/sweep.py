@@ -1,0 +1,194 @@
+"""The planner's entry point: ``plan_model(profile, global_batch) -> PlanningResult``.
+
+FuncPipe's sweep: for every Pareto weight (a1, a2), the plan minimising a1*cost + a2*time over
+the whole search space (every data-parallel degree d and micro-batch size b that divide the global
+batch, and within each, partition, tier and sync algorithm per stage), proven optimal: one exact
+solve per (d, b) (milp.solve_fixed; fixing d keeps the MILP linear), each only asked to beat the
+best plan found so far, which its lower bounds usually refute at once. The candidate stages of a
+(d, b) are built once for all weights. The Pareto front of the weights' optima, and FuncPipe's
+delta rule picks the recommendation.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from stagecoach.planner.solve.milp import candidate_groups, heuristic_incumbent, max_stages_for, objective_value, solve_fixed
+from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
+from stagecoach.planner.model.perfmodel import ALL_SYNC, Config, Estimate, evaluate, timeouts
+from stagecoach.planner.model.platforms import Platform, aws_platform
+from stagecoach.planner.model.fits import check_fits
+from stagecoach.planner.profile.layers import ModelProfile
+
+DEFAULT_REPLICAS = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass
+class PlannedConfig:
+    """One candidate plan with its prediction and how it was found."""
+
+    estimate: Estimate
+    weights: tuple[float, float]
+    method: str  # "milp" (proven optimal for its weights), "milp(time_limit)" or "heuristic"
+    solve_s: float  # planning seconds until this weight's optimum was known
+    profile: ModelProfile
+    platform: Platform
+
+    @property
+    def time_s(self) -> float:
+        return self.estimate.time_s
+
+    @property
+    def cost(self) -> float:
+        return self.estimate.cost
+
+    @property
+    def config(self) -> Config:
+        return self.estimate.config
+
+    def original_balance(self) -> tuple[int, ...]:
+        """Stage sizes in the user's nn.Sequential children (undoing layer merging)."""
+        out, i = [], 0
+        for n in self.config.balance:
+            out.append(sum(l.count for l in self.profile.layers[i : i + n]))
+            i += n
+        return tuple(out)
+
+    def to_plan(self) -> Any:
+        """The runtime contract (stagecoach.planner.plan.Plan): per stage the sync algorithm and K
+        (Plan.sync, Plan.aggregators), the model's predicted task seconds per phase
+        (extras["predicted_task_s"], what the runtime's timeout manager starts from) and
+        TimeoutSeconds by plan.timeouts_from. Raises PlanError if a phase is predicted not to fit
+        Lambda's 15 minutes."""
+        from stagecoach.planner.plan import Plan
+
+        c, e = self.config, self.estimate
+        fields = [s.plan_fields() for s in c.sync]
+        task_s = [{p: round(v, 3) for p, v in row.items()} for row in e.task_seconds()]
+        return Plan(
+            balance=self.original_balance(),
+            replicas=c.replicas,
+            micro_batches=c.micro_batches,
+            global_batch=c.global_batch,
+            sync=tuple(f[0] for f in fields),
+            aggregators=tuple(f[1] for f in fields),
+            memory_mb=tuple(c.tiers_mb),
+            timeouts_s=timeouts(e),  # plan.timeouts_from: refuses a phase that cannot fit 15 minutes
+            extras={
+                "predicted_task_s": task_s,
+                "sync_algorithms": [s.label() for s in c.sync],
+                "predicted_s_per_iteration": round(e.time_s, 4),
+                "predicted_usd_per_iteration": e.cost,
+                "predicted_phase_s": {"forward": round(e.forward_s, 4), "backward_sync": round(e.backward_sync_s, 4)},
+                "platform": self.platform.name,
+                "planner_method": self.method,
+            },
+        )
+
+
+@dataclass
+class PlanningResult:
+    profile: ModelProfile  # the (merged) profile the plans refer to
+    global_batch: int
+    platform: Platform
+    candidates: list[PlannedConfig]  # the optimum of every weight (proven, unless method says otherwise)
+    pareto: list[PlannedConfig]
+    recommended: PlannedConfig
+    solve_s: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def proven(self) -> bool:
+        """True if every candidate is proven optimal for its (d, b, weights)."""
+        return all(c.method == "milp" for c in self.candidates)
+
+
+def plan_model(
+    profile: ModelProfile,
+    global_batch: int,
+    platform: Platform | None = None,
+    weights: Sequence[tuple[float, float]] = FUNCPIPE_WEIGHTS,
+    replicas: Sequence[int] = DEFAULT_REPLICAS,
+    micro_batch_sizes: Sequence[int] = (1, 2, 4, 8),
+    max_stages: int = 8,
+    max_layers: int = 12,
+    sync_algos: Sequence[str] | None = ALL_SYNC,
+    time_limit: float = 60.0,
+    use_milp: bool = True,
+) -> PlanningResult:
+    """Plan a model: each weight's optimum over every (d, micro-batch size) and plan shape, the
+    Pareto set of those, and FuncPipe's recommendation.
+
+    ``max_layers``: layers are merged to at most this many groups of balanced compute time before
+    the MILP (docs/planner.md, "layer merging"); plans are optimal over cuts between groups.
+    ``sync_algos``: the synchronisation algorithms the planner may choose per stage (default: all
+    four the runtime runs). ``micro_batch_sizes``: those dividing G / d are tried (FuncPipe fixes
+    4; the runtime runs any). ``time_limit``: seconds per (d, b, weights) solve; a solve that hits
+    it keeps its best plan, labelled "milp(time_limit)". ``use_milp=False``: heuristic plans only.
+    """
+    t0 = time.perf_counter()
+    plat = platform or aws_platform()
+    if global_batch < 1:
+        raise ValueError(f"global_batch={global_batch}: must be a positive number of samples")
+    if not weights:
+        raise ValueError("weights is empty: give at least one (a1, a2), e.g. FuncPipe's pareto.FUNCPIPE_WEIGHTS")
+    unknown = sorted(set(sync_algos or ()) - set(ALL_SYNC))
+    if unknown:
+        raise ValueError(f"unknown sync algorithms {unknown}: choose from {list(ALL_SYNC)}")
+    check_fits(profile, plat, micro_batch=1)
+    prof = profile.merged(max_layers, plat, micro_batch=max(micro_batch_sizes))
+    L = len(prof.layers)
+    subproblems = [(d, b, global_batch // (d * b)) for d in replicas for b in micro_batch_sizes if global_batch % (d * b) == 0]
+    groups: dict[tuple[int, int], Any] = {}
+    cands: list[PlannedConfig] = []
+    notes: list[str] = []
+    found: list[Config] = []  # every optimum so far: free incumbents for the other weights
+    for a1, a2 in weights:
+        # the optimum over every (d, b): each subproblem only has to beat the best found so far
+        # (its bounds usually show at once that it cannot), so the weights' optima come cheap
+        best: tuple[float, Config] | None = None  # (objective, plan)
+        for cfg in found:
+            e = evaluate(prof, cfg, plat)
+            v = objective_value(e.cost, e.time_s, a1, a2)
+            if e.feasible and (best is None or v < best[0]):
+                best = (v, cfg)
+        # a quick heuristic plan per (d, b): the best of them is the first cutoff, and the most
+        # promising (d, b) are solved first so that the others face the strongest cutoff
+        heur = {}
+        for d, b, m in subproblems:
+            if (d, b) not in groups:
+                groups[(d, b)] = candidate_groups(prof, plat, d, b, m, sync_algos=sync_algos)
+            heur[(d, b)] = heuristic_incumbent(prof, plat, groups[(d, b)], a1, a2, max_stages_for(d, L, max_stages))
+            cfg, obj = heur[(d, b)]
+            if cfg is not None and (best is None or obj < best[0]):
+                best = (obj, cfg)
+        proven = True
+        if use_milp:
+            for d, b, m in sorted(subproblems, key=lambda sp: heur[sp[:2]][1]):
+                own = [c for c in found if (c.replicas, c.micro_batch) == (d, b)] + ([heur[(d, b)][0]] if heur[(d, b)][0] else [])
+                r = solve_fixed(prof, plat, d, b, m, a1, a2, max_stages=max_stages, time_limit=time_limit, candidates=groups[(d, b)],
+                                incumbent=own, cutoff=best[0] if best else None)
+                proven &= r.status == "optimal" or r.status.startswith(("cutoff", "infeasible"))  # the last two: nothing better here
+                if r.config is not None and (best is None or r.objective < best[0]):
+                    best = (r.objective, r.config)
+        if best is None:
+            continue
+        cfg = best[1]
+        found.append(cfg)
+        e = evaluate(prof, cfg, plat)
+        how = "heuristic" if not use_milp else ("milp" if proven else "milp(time_limit)")
+        cands.append(PlannedConfig(e, (a1, a2), how, time.perf_counter() - t0, prof, plat))
+    if not cands:
+        raise ValueError(
+            f"no feasible plan for {profile.name!r} at global batch {global_batch}: every combination of "
+            f"replicas {list(replicas)} and micro-batch sizes {list(micro_batch_sizes)} either does not divide the "
+            "batch, exceeds Lambda memory or the 900 s task limit; try more stages (max_stages), smaller micro-batches "
+            "or another global batch"
+        )
+    if use_milp and any(c.method != "milp" for c in cands):
+        notes.append("some solves hit the time limit: their plans are the best found, not proven optimal")
+    front = pareto_front(cands)
+    rec = recommend(front)
+    return PlanningResult(prof, global_batch, plat, cands, front, rec, time.perf_counter() - t0, notes)

@@ -1,0 +1,61 @@
+"""The least-privilege deployer policy (docs/deployer-policy.json is rendered from it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+# ----------------------------------------------------------------------------- deployer policy
+def deployer_policy(stack: str = "${StackName}", region: str = "${Region}", account: str = "${AccountId}",
+                    partition: str = "aws", bucket: str = "${BucketName}",
+                    roles: list[str] | None = None) -> dict[str, Any]:
+    """The least-privilege policy of the identity running the SDK against one stack.
+
+    Everything is scoped to the stack: its bucket (by name: CloudFormation generates it, so the
+    placeholder is filled from the stack's BucketName output), its roles, and the names the SDK
+    gives per-job resources ("<stack>-*", the naming contract of sdk/deploy.py). The placeholders
+    render docs/deployer-policy.json; AccessDenied messages and ``python -m stagecoach.aws_backend
+    deployer-policy`` render it for the actual stack (``roles``: the stack's role ARNs, instead of
+    "role/<stack>-*"). One wildcard resource is unavoidable: lambda:ListFunctions and
+    states:ListStateMachines support no resource-level permissions.
+
+    No ECR permission: the stack's creation of the default worker from the same repository made
+    Lambda add its pull permission to the repository policy (docs/aws.md).
+    """
+    arn = f"arn:{partition}"
+    fn = f"{arn}:lambda:{region}:{account}:function:{stack}-*"
+    sm = f"{arn}:states:{region}:{account}:stateMachine:{stack}-*"
+    ex = f"{arn}:states:{region}:{account}:execution:{stack}-*:*"
+    b = f"{arn}:s3:::{bucket}"
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "ReadStack", "Effect": "Allow", "Action": ["cloudformation:DescribeStacks"],
+             "Resource": f"{arn}:cloudformation:{region}:{account}:stack/{stack}/*"},
+            # jobs/: each job's objects; data/: datasets shared by jobs; history/: what a job's past
+            # runs taught its next one (timeouts, memory; sdk/history.py)
+            {"Sid": "JobObjects", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+             "Resource": [f"{b}/jobs/*", f"{b}/data/*", f"{b}/history/*"]},
+            # no s3:prefix condition: HeadBucket (the SDK's check that the bucket exists) has no prefix
+            {"Sid": "ListJobObjects", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": b},
+            {"Sid": "StageFunctions", "Effect": "Allow",
+             "Action": ["lambda:CreateFunction", "lambda:UpdateFunctionCode", "lambda:UpdateFunctionConfiguration",
+                        "lambda:GetFunction", "lambda:GetFunctionConfiguration", "lambda:DeleteFunction",
+                        "lambda:TagResource"],
+             "Resource": fn},
+            {"Sid": "PassStackRoles", "Effect": "Allow", "Action": ["iam:PassRole"],
+             "Resource": sorted(roles) if roles else f"{arn}:iam::{account}:role/{stack}-*",
+             "Condition": {"StringEquals": {"iam:PassedToService": ["lambda.amazonaws.com", "states.amazonaws.com"]}}},
+            {"Sid": "StateMachines", "Effect": "Allow",
+             "Action": ["states:CreateStateMachine", "states:UpdateStateMachine", "states:DeleteStateMachine",
+                        "states:DescribeStateMachine", "states:TagResource", "states:StartExecution", "states:ListExecutions"],
+             "Resource": sm},
+            {"Sid": "Executions", "Effect": "Allow",
+             "Action": ["states:DescribeExecution", "states:GetExecutionHistory", "states:StopExecution"],
+             "Resource": ex},
+            # List actions support no resource-level permissions (IAM's service authorization reference);
+            # used to find a half-created job's functions and an existing window state machine.
+            {"Sid": "ListFunctionsAndStateMachines", "Effect": "Allow", "Action": ["lambda:ListFunctions", "states:ListStateMachines"],
+             "Resource": "*"},
+        ],
+    }

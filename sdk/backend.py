@@ -1,0 +1,51 @@
+"""Where jobs run: one abstract backend, implemented by the embedded local stack and by AWS.
+
+A backend is a handle on a stack (its clients and resources) plus the few places the two differ:
+how deployment calls are made (AWS: idempotent, waiting until functions are Active), long calls,
+and which ARNs it can read. Launching a job and cleaning one up are written once, here.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+from stagecoach.deploy.cleanup import Removed, cleanup_job
+from stagecoach.deploy.resources import Clients, StackResources, check_name_lengths
+from stagecoach.deploy.start import deploy_and_start, preflight
+from stagecoach.run import Run
+
+if TYPE_CHECKING:
+    from stagecoach.job import Job
+    from stagecoach.planner.plan import Plan
+
+
+class Backend(ABC):
+    """A deployed stack a job can run on: ``clients`` and ``resources`` are set by the constructor."""
+
+    name: ClassVar[str]
+    clients: Clients
+    resources: StackResources
+
+    @abstractmethod
+    def long_call_client(self, service: str) -> Any:
+        """A client whose calls may wait up to Lambda's 15 minutes (a synchronous profile invocation)."""
+
+    def deploy_clients(self) -> Clients:
+        """The clients deployment creates resources with (AWS: idempotent, Active-waiting ones)."""
+        return self.clients
+
+    def check_arn(self, arn: str) -> None:
+        """Raise if ``arn`` cannot be read through this backend (another region or account)."""
+
+    def launch(self, job: "Job", plan: "Plan") -> Run:
+        """Deploy the job's functions and window state machine, start its job execution; a Run."""
+        check_name_lengths(self.resources.prefix, job.name, plan.stages)
+        preflight(self.resources, self.clients)
+        job_id, arn = deploy_and_start(job, plan, self.resources, self.deploy_clients())
+        return Run(self, job, plan, job_id, arn)
+
+    def cleanup(self, job_id: str, keep_results: bool = False, stop_running: bool = False,
+                log: Callable[[str], None] | None = None) -> Removed:
+        """Remove the job's functions, window state machine and (unless ``keep_results``) objects."""
+        return cleanup_job(self.resources, self.clients, job_id, keep_results=keep_results, stop_running=stop_running, log=log)

@@ -1,0 +1,57 @@
+"""`stagecoach inspect EXECUTION_ARN`: status, where the run is, timings, loss, failed tasks, plots."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from botocore.exceptions import ClientError
+
+from stagecoach.cli.options import backend_for, backend_option, region_option, stack_option
+from stagecoach.deploy.resources import DeployError
+from stagecoach.inspect.plots import write_plots
+from stagecoach.inspect.report import InspectError, format_report, inspect_execution
+from stagecoach.local.process import ACCOUNT as LOCAL_ACCOUNT
+
+
+@click.command(name="inspect")
+@click.argument("execution_arn")
+@backend_option
+@stack_option
+@region_option
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), help="write Gantt, time-breakdown and loss PNGs here")
+@click.option("--json", "as_json", is_flag=True, help="print the inspection as JSON")
+def inspect_command(execution_arn: str, backend: str | None, stack: str | None, region: str | None,
+                    plot_dir: str | None, as_json: bool) -> None:
+    """Status, window and iteration, phase timings, loss curve and failed tasks of a job execution."""
+    parts = execution_arn.split(":")
+    if len(parts) != 8 or parts[0] != "arn" or parts[2] != "states" or parts[5] != "execution":
+        raise click.ClickException(f"{execution_arn!r} is not a job execution ARN: give the one `stagecoach train` "
+                                   "prints (arn:aws:states:REGION:ACCOUNT:execution:STACK-job:JOB)")
+    if backend is None and stack is None:
+        backend = "local" if parts[4] == LOCAL_ACCOUNT else None
+        if backend is None and parts[6].endswith("-job"):
+            # an AWS ARN without --stack: the job state machine is named "<stack>-job", and the
+            # ARN's region beats an AWS_REGION from the environment (an explicit --region is kept)
+            stack, backend = parts[6][: -len("-job")], "aws"
+            source = click.get_current_context().get_parameter_source("region")
+            if region is None or source is click.core.ParameterSource.ENVIRONMENT:
+                region = parts[3]
+    b = backend_for(backend, stack, region, need_daemon=True)
+    try:
+        ins = inspect_execution(b, execution_arn)
+    except (InspectError, DeployError, ClientError) as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps(ins.to_dict(), indent=2, default=str))
+    else:
+        click.echo(format_report(ins))
+    if plot_dir:
+        try:
+            paths = write_plots(ins, plot_dir)
+        except (InspectError, OSError) as e:
+            raise click.ClickException(f"cannot write the plots to {plot_dir}: {e}") from None
+        for path in paths:
+            click.echo(f"wrote {path}")
+        if not paths:
+            click.echo("no plots: no task has finished yet")

@@ -1,0 +1,33 @@
+"""Options shared by the commands that reach a stack, and the backend they name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from botocore.exceptions import BotoCoreError, ClientError
+
+from stagecoach.backend import Backend
+from stagecoach.backends import get_backend
+from stagecoach.deploy.resources import DeployError
+from stagecoach.local.daemon_state import running_stack
+
+backend_option = click.option("--backend", type=click.Choice(["local", "aws"]), default=None,
+                              help="local (embedded stack) or aws; default: aws if --stack is given")
+stack_option = click.option("--stack", envvar="STAGECOACH_STACK", help="the SAM stack's name (aws backend)")
+region_option = click.option("--region", envvar="AWS_REGION", help="the stack's region (aws backend)")
+
+
+def backend_for(backend: str | None, stack: str | None, region: str | None, need_daemon: bool = False, **local: Any) -> Backend:
+    """The backend the options name, with its errors turned into CLI errors.
+
+    ``need_daemon``: the local backend must be the `stagecoach local start` daemon's (a run started
+    by an earlier process lives only there), for inspect and cleanup.
+    """
+    if need_daemon and (backend or ("aws" if stack else "local")) == "local" and running_stack() is None:
+        raise click.ClickException("no local stack is running: start one with `stagecoach local start` "
+                                   "before training, then inspect runs made while it ran")
+    try:
+        return get_backend(backend or ("aws" if stack else "local"), stack=stack, region=region, **local)
+    except (DeployError, ClientError, BotoCoreError) as e:
+        raise click.ClickException(str(e)) from None

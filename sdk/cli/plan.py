@@ -1,0 +1,87 @@
+"""`stagecoach plan TARGET`: profile a model, plan it, print the Pareto table, write the plot.
+
+TARGET is a job file (defining ``job``, like `stagecoach train`'s) or ``zoo:NAME`` (resnet101,
+amoebanet_d18, amoebanet_d36, bert_large). Zoo models are sized on the meta device; a job's model
+is measured by running it (--meta sizes it on the meta device instead).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from stagecoach.cli.jobfile import load_job_file
+from stagecoach.cli.plan_report import SYNC_LEGEND, pareto_png, result_table
+from stagecoach.job import JobError
+from stagecoach.lambdas.profiling import measure_model
+from stagecoach.planner.model.platforms import aws_platform, local_platform
+from stagecoach.planner.plan import SYNC_ALGORITHMS
+from stagecoach.planner.profile.layers import ModelProfile
+from stagecoach.planner.profile.meta import profile_meta
+from stagecoach.planner.profile.zoo import zoo_profile
+from stagecoach.planner.solve.sweep import plan_model
+
+
+def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile, int | None]:
+    if target.startswith("zoo:"):
+        try:
+            return zoo_profile(target), None
+        except KeyError as e:
+            raise click.BadParameter(str(e.args[0]), param_hint="TARGET") from None
+    if not Path(target).exists():
+        raise click.BadParameter(f"{target}: no such file (or use zoo:NAME)", param_hint="TARGET")
+    job = load_job_file(target).job
+    try:
+        job.validate()
+    except JobError as e:
+        raise click.ClickException(str(e)) from None
+    x = job.train[0]
+    sample = x[0].to(job.dtype) if x.is_floating_point() else x[0]
+    if meta:
+        return profile_meta(job.build_model(), sample, name=job.name), job.global_batch
+    return measure_model(job.build_model(), sample, sizes, name=job.name), job.global_batch
+
+
+@click.command("plan")
+@click.argument("target")
+@click.option("--global-batch", "-b", type=int, default=None, help="samples per iteration (default: the job's global_batch, or 64)")
+@click.option("--samples-per-epoch", type=int, default=50_000, show_default=True, help="for the $/epoch column")
+@click.option("--platform", "platform_name", type=click.Choice(["aws", "aws-arm64", "local"]), default="aws", show_default=True)
+@click.option("--max-layers", type=int, default=12, show_default=True, help="merge layers to at most this many before the MILP")
+@click.option("--max-stages", type=int, default=8, show_default=True)
+@click.option("--micro-batch-sizes", default="1,2,4,8", show_default=True, help="comma-separated micro-batch sizes to consider")
+@click.option("--sync", "sync_algos", multiple=True, type=click.Choice(list(SYNC_ALGORITHMS)),
+              help="sync algorithms the planner may choose per stage (repeatable; default: all four)")
+@click.option("--time-limit", type=float, default=60.0, show_default=True, help="seconds per exact solve (one per d, micro-batch size, weight)")
+@click.option("--meta", is_flag=True, help="size the job's model on the meta device (FLOP-based times) instead of running it")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Pareto PNG (default: plan-<name>.png)")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="write the recommended Plan as JSON")
+def plan_command(target: str, global_batch: int | None, samples_per_epoch: int, platform_name: str, max_layers: int, max_stages: int,
+                 micro_batch_sizes: str, sync_algos: tuple[str, ...], time_limit: float, meta: bool, plot: str | None, json_out: str | None) -> None:
+    """Plan TARGET (a job file or zoo:NAME): Pareto plans and a recommendation."""
+    try:
+        sizes = tuple(int(x) for x in micro_batch_sizes.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"{micro_batch_sizes!r}: give positive integers separated by commas, e.g. 1,2,4,8", param_hint="--micro-batch-sizes") from None
+    if not sizes or min(sizes) < 1:
+        raise click.BadParameter(f"{micro_batch_sizes!r}: give positive integers separated by commas, e.g. 1,2,4,8", param_hint="--micro-batch-sizes")
+    prof, file_batch = _load(target, meta, sizes)
+    G = global_batch or file_batch or 64
+    plat = {"aws": aws_platform, "aws-arm64": lambda: aws_platform("arm64"), "local": local_platform}[platform_name]()
+    try:
+        res = plan_model(prof, G, plat, max_layers=max_layers, max_stages=max_stages, micro_batch_sizes=sizes, time_limit=time_limit,
+                         sync_algos=sync_algos or None)
+    except ValueError as e:  # too large a layer, no plan fits: the message says what to change
+        raise click.ClickException(str(e)) from None
+    click.echo(f"{prof.name}: {prof.original_layers} layers, {prof.param_bytes / 2**20:.0f} MiB of parameters, global batch {G}, "
+               f"platform {plat.name} (prices as of {plat.prices_as_of}); planned in {res.solve_s:.1f} s"
+               + ("" if res.proven else " (some solves hit the time limit: not proven optimal)"))
+    click.echo(result_table(res, samples_per_epoch))
+    click.echo("* = recommended: the fastest plan whose speed-up over the cheapest is worth >= 0.8 of its extra cost")
+    click.echo(SYNC_LEGEND)
+    png = pareto_png(res, plot or f"plan-{prof.name}.png")
+    click.echo(f"Pareto plot: {png}")
+    if json_out:
+        Path(json_out).write_text(res.recommended.to_plan().to_json())
+        click.echo(f"recommended plan: {json_out}")

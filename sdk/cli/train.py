@@ -1,0 +1,134 @@
+"""`stagecoach train FILE`: plan (or take a manual plan), deploy, watch, and report the run."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import click
+import torch
+
+from stagecoach.backend import Backend
+from stagecoach.cli.jobfile import load_job_file
+from stagecoach.cli.options import backend_for, region_option, stack_option
+from stagecoach.deploy.resources import DeployError
+from stagecoach.job import JobError
+from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.plan import SYNC_ALGORITHMS, Plan, PlanError
+from stagecoach.run import RunFailed
+
+
+def accuracy(model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor]) -> float:
+    x, y = data
+    model.eval()
+    with torch.no_grad():
+        pred = model(x.to(next(model.parameters()).dtype)).argmax(dim=1)
+    return float((pred == y).float().mean())
+
+
+@click.command("train")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--stages", type=int, help="pipeline stages (manual plan)")
+@click.option("--replicas", type=int, help="data-parallel degree d (manual plan)")
+@click.option("--micro-batches", type=int, help="micro-batches per replica per iteration")
+@click.option("--memory", "memory_mb", type=int, help="Lambda memory per stage, MB")
+@click.option("--sync", type=click.Choice(list(SYNC_ALGORITHMS)),
+              help="gradient sync algorithm for every stage (docs/runtime.md, 'Sync algorithms')")
+@click.option("--aggregators", type=int, help="K for --sync k_reduce: shards and sync tasks per stage (1..d)")
+@click.option("--iterations", type=int, help="override the job's iterations")
+@click.option("--recommended", is_flag=True,
+              help="use the planner's recommended plan even if FILE defines manual `defaults`")
+@click.option("--backend", type=click.Choice(["local", "aws"]), default=None,
+              help="local (default) or aws (default when --stack is given)")
+@stack_option
+@region_option
+@click.option("--emulate-network", is_flag=True,
+              help="local backend: give every worker Lambda's bandwidth and S3 latency (the planner's AWS constants)")
+@click.option("--out", default="stagecoach-runs", show_default=True, help="directory for results")
+def train_command(file: str, stages: int | None, replicas: int | None, micro_batches: int | None, memory_mb: int | None,
+                  sync: str | None, aggregators: int | None, iterations: int | None, recommended: bool, backend: str | None,
+                  stack: str | None, region: str | None, emulate_network: bool, out: str) -> None:
+    """Train the `job` defined in FILE; print progress, final loss, test accuracy and where results are.
+
+    The plan is the planner's recommendation, unless options (--stages, --replicas, --micro-batches,
+    --memory) or FILE's `defaults` give a manual one.
+    """
+    t0 = time.time()
+    module = load_job_file(file)
+    job = module.job
+    if iterations is not None:
+        job.iterations = iterations
+    given = {k: v for k, v in (("stages", stages), ("replicas", replicas), ("micro_batches", micro_batches),
+                                ("memory_mb", memory_mb)) if v is not None}
+    manual = {} if recommended and not given else {**getattr(module, "defaults", {}), **given}
+    try:
+        job.validate()
+        if manual:
+            plan = job.manual_plan(**manual)
+        else:
+            result = job.plan()
+            plan = result.recommended.to_plan()
+            click.echo(f"planner: recommended plan of {len(result.pareto)} on the Pareto front "
+                       f"(predicted {plan.extras.get('predicted_s_per_iteration', float('nan')):.2f} s/iteration on AWS)")
+        if sync or aggregators:
+            plan = _with_sync(plan, sync, aggregators)
+        job.check_plan(plan)
+        click.echo(
+            f"plan: {plan.stages} stages (layers per stage {list(plan.balance)}) x {plan.replicas} replicas, "
+            f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}, memory {list(plan.memory_mb)} MB, "
+            f"sync {_sync_label(plan)}"
+        )
+        chosen = _backend(backend, stack, region, emulate_network)
+        run = job.run(plan=plan, backend=chosen)
+    except (JobError, PlanError, DeployError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"job {run.job_id}: execution {run.execution_arn}")
+    click.echo(f"console: {run.console_url}")
+    try:
+        run.wait(progress=True)
+    except (RunFailed, DeployError) as e:  # DeployError: e.g. AccessDenied while watching on AWS
+        raise click.ClickException(str(e)) from None
+    wall = time.time() - t0
+    losses = run.losses()
+    directory = run.save(os.path.join(out, run.job_id))
+    click.echo(f"final loss {losses[-1]:.4f} (first {losses[0]:.4f}) after {len(losses)} iterations")
+    if job.test is not None:
+        click.echo(f"test accuracy {accuracy(run.trained_model(), job.test):.4f}")
+    b = run.time_breakdown()
+    if b:
+        it = b["iteration_s"]
+        click.echo(
+            f"wall time {wall:.1f} s; {it:.2f} s per iteration after the first: orchestration "
+            f"{b['orchestration_s'] / it:.0%}, in tasks: compute {b['compute_s'] / it:.0%}, "
+            f"S3 transfer {b['transfer_s'] / it:.0%}, waiting on other workers {b['wait_s'] / it:.0%}"
+        )
+    click.echo(f"results: {directory} (model.safetensors, plan.json, metrics.jsonl, losses.json)")
+
+
+def _backend(backend: str | None, stack: str | None, region: str | None, emulate_network: bool) -> Backend:
+    if not emulate_network:
+        return backend_for(backend, stack, region)
+    if (backend or ("aws" if stack else "local")) != "local":
+        raise click.BadParameter("only the local backend emulates a network; on AWS the network is real", param_hint="--emulate-network")
+    plat = aws_platform()
+    click.echo(f"network: emulating {plat.bandwidth_Bps / 1e6:.0f} MB/s each way and {plat.storage_latency_s * 1e3:.0f} ms "
+               "per S3 request in every worker")
+    return backend_for("local", None, None, network=plat)
+
+
+def _with_sync(plan: Plan, sync: str | None, aggregators: int | None) -> Plan:
+    """The plan with every stage's sync algorithm (and K) replaced; Plan validates the pair."""
+    algo = sync or ("k_reduce" if aggregators else None)
+    if algo != "k_reduce" and aggregators:
+        raise click.BadParameter(f"--aggregators only applies to --sync k_reduce, not {algo}", param_hint="--aggregators")
+    k = aggregators or (1 if algo == "all_reduce" else plan.replicas)
+    return dataclasses.replace(plan, sync=(algo,) * plan.stages, aggregators=(k,) * plan.stages)
+
+
+def _sync_label(plan: Plan) -> str:
+    if plan.replicas == 1:
+        return "none (d = 1)"
+    return ", ".join(a if a != "k_reduce" else f"k_reduce(K={k})" for a, k in zip(plan.sync, plan.aggregators))
+
+

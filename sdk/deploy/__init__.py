@@ -1,0 +1,1 @@
+"""Deploy: put a planned job onto a stack (upload, functions, state machines) and start it; remove it again."""

@@ -1,0 +1,132 @@
+"""Remove a job's functions, window state machine and objects; the same code on both backends.
+
+Two callers: a launch that failed half-way removes what it created (:func:`rollback`), and
+``stagecoach cleanup`` / ``Backend.cleanup`` removes a whole job (:func:`cleanup_job`). Both skip
+what is already gone, so either can be repeated; other errors (AccessDenied) surface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from botocore.exceptions import ClientError
+
+from stagecoach.deploy.resources import Clients, DeployError, StackResources, function_name, job_id_from, read_json, window_state_machine_name
+from stagecoach.lambdas import keys
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Removed:
+    """What a cleanup removed (or stopped)."""
+
+    functions: list[str] = field(default_factory=list)
+    state_machines: list[str] = field(default_factory=list)
+    objects: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+
+
+def _quiet(_msg: str) -> None:
+    return None
+
+
+def delete_functions(c: Clients, names: list[str], log: Log = _quiet) -> list[str]:
+    """Delete the named functions; returns those that existed."""
+    out = []
+    for name in names:
+        try:
+            c.lambda_.delete_function(FunctionName=name)
+        except c.lambda_.exceptions.ResourceNotFoundException:
+            continue
+        out.append(name)
+        log(f"deleted function {name}")
+    return out
+
+
+def delete_state_machines(c: Clients, arns: list[str], log: Log = _quiet) -> list[str]:
+    """Delete the state machines; returns those that existed."""
+    out = []
+    for arn in arns:
+        try:
+            c.sfn.describe_state_machine(stateMachineArn=arn)
+            c.sfn.delete_state_machine(stateMachineArn=arn)
+        except c.sfn.exceptions.StateMachineDoesNotExist:
+            continue
+        out.append(arn)
+        log(f"deleted state machine {arn}")
+    return out
+
+
+def delete_objects(res: StackResources, c: Clients, job_id: str, log: Log = _quiet) -> list[str]:
+    """Delete every object under the job's prefix (1,000 per request); returns their keys."""
+    listed = [o["Key"] for page in c.s3.get_paginator("list_objects_v2").paginate(Bucket=res.bucket, Prefix=keys.job_prefix(job_id))
+              for o in page.get("Contents", [])]
+    for i in range(0, len(listed), 1000):
+        c.s3.delete_objects(Bucket=res.bucket, Delete={"Objects": [{"Key": k} for k in listed[i : i + 1000]], "Quiet": True})
+    log(f"deleted {len(listed)} objects under s3://{res.bucket}/{keys.job_prefix(job_id)}")
+    return listed
+
+
+def rollback(job_id: str, res: StackResources, c: Clients, functions: list[str], state_machines: list[str]) -> None:
+    """Undo a launch that failed half-way: what it created, and its objects. Never raises: the
+    launch's own error is the one to report."""
+    for step in (lambda: delete_functions(c, functions), lambda: delete_state_machines(c, state_machines),
+                 lambda: delete_objects(res, c, job_id)):
+        try:
+            step()
+        except ClientError:
+            pass
+
+
+def cleanup_job(res: StackResources, c: Clients, job_id: str, keep_results: bool = False, stop_running: bool = False,
+                log: Log | None = None) -> Removed:
+    """Remove a job's functions, its window state machine and (unless ``keep_results``) its objects.
+
+    A running job is refused unless ``stop_running``: deleting its functions would fail it
+    half-way; with it, the job execution and its running window executions are stopped first. What
+    is shared between jobs stays: datasets (data/), what past runs taught the job's next run
+    (history/), and the stack's log group (its retention expires the job's log streams).
+    """
+    job_id = job_id_from(job_id)
+    log = log or _quiet
+    job_sm_name = res.job_state_machine_arn.split(":")[-1]
+    execution = res.job_state_machine_arn.replace(":stateMachine:", ":execution:") + f":{job_id}"
+    removed = Removed()
+    try:
+        status = c.sfn.describe_execution(executionArn=execution)["status"]
+    except c.sfn.exceptions.ExecutionDoesNotExist:
+        status = None
+    spec = None
+    try:
+        spec = read_json(c.s3, res.bucket, keys.job_spec(job_id))
+    except c.s3.exceptions.NoSuchKey:
+        pass
+    sm_arn = (spec or {}).get("window_state_machine") or res.job_state_machine_arn.replace(
+        job_sm_name, window_state_machine_name(res, job_id))
+    if status == "RUNNING":
+        if not stop_running:
+            raise DeployError(f"job {job_id} is still running ({execution}); stop it first or pass --force")
+        c.sfn.stop_execution(executionArn=execution, error="Stagecoach.Cleanup", cause="stopped by stagecoach cleanup")
+        removed.stopped.append(execution)
+        log(f"stopped {execution}")
+    # a window execution outlives its stopped parent for a moment: stop it before its functions go
+    try:
+        for page in c.sfn.get_paginator("list_executions").paginate(stateMachineArn=sm_arn, statusFilter="RUNNING"):
+            for e in page["executions"]:
+                c.sfn.stop_execution(executionArn=e["executionArn"], error="Stagecoach.Cleanup", cause="stopped by stagecoach cleanup")
+                removed.stopped.append(e["executionArn"])
+    except c.sfn.exceptions.StateMachineDoesNotExist:
+        pass
+    if spec is not None:
+        functions = [function_name(res, job_id, s) for s in range(len(spec["plan"]["balance"]))]
+    else:  # the launch failed before job.json: find its functions by name
+        prefix = function_name(res, job_id, 0)[:-1]
+        functions = [f["FunctionName"] for page in c.lambda_.get_paginator("list_functions").paginate()
+                     for f in page["Functions"] if f["FunctionName"].startswith(prefix)]
+    removed.functions = delete_functions(c, functions, log)
+    removed.state_machines = delete_state_machines(c, [sm_arn], log)
+    if not keep_results:
+        removed.objects = delete_objects(res, c, job_id, log)
+    return removed

@@ -1,0 +1,88 @@
+"""What a stack offers a job, and the names a job's resources get (the naming contract).
+
+A stack (SAM on AWS, the embedded moto server locally) provides the bucket, the worker image, the
+roles and the job state machine (:class:`StackResources`); per job, Stagecoach creates resources
+named after the stack and the job id, within Lambda's and Step Functions' name limits.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+# Lambda limits names to 64 characters and Step Functions to 80: the stack name, the job id and the
+# stage all go into them.
+MAX_FUNCTION_NAME = 64
+MAX_STATE_MACHINE_NAME = 80
+# A job id is "<job name>-<8 hex>" (new_job_id; job names: stagecoach.job).
+JOB_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,29}-[0-9a-f]{8}")
+
+
+HANDLER = "stagecoach.lambdas.handler.handler"
+
+
+@dataclass(frozen=True)
+class StackResources:
+    """What a deployed stack offers a job (CloudFormation outputs on AWS)."""
+
+    prefix: str
+    region: str
+    bucket: str
+    image_uri: str
+    worker_role_arn: str
+    states_role_arn: str
+    job_state_machine_arn: str
+    architecture: str = "x86_64"
+    console: str = "https://{region}.console.aws.amazon.com/states/home?region={region}#/v2/executions/details/{arn}"
+
+
+@dataclass
+class Clients:
+    s3: Any
+    lambda_: Any
+    sfn: Any
+
+
+def function_name(res: StackResources, job: str, stage: int) -> str:
+    return f"{res.prefix}-{job}-s{stage}"
+
+
+def window_state_machine_name(res: StackResources, job: str) -> str:
+    return f"{res.prefix}-{job}-window"
+
+
+def new_job_id(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+class DeployError(RuntimeError):
+    """The stack cannot take the job; the message says what is missing and how to fix it."""
+
+
+def read_json(s3: Any, bucket: str, key: str) -> Any:
+    return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+
+def check_name_lengths(stack: str, job_name: str, stages: int) -> None:
+    """Refuse before creating anything if a function or state machine name would be too long."""
+    job_id_len = len(job_name) + 9  # "-" + 8 hex (deploy.new_job_id)
+    fn = len(stack) + 1 + job_id_len + 2 + len(str(max(0, stages - 1)))
+    sm = len(stack) + 1 + job_id_len + len("-window")
+    if fn > MAX_FUNCTION_NAME or sm > MAX_STATE_MACHINE_NAME:
+        raise DeployError(
+            f"names '{stack}-{job_name}-xxxxxxxx-s{stages - 1}' would be {fn} characters (Lambda allows {MAX_FUNCTION_NAME}): "
+            f"shorten the job name or the stack name"
+        )
+
+
+
+def job_id_from(ref: str) -> str:
+    """A job id from itself or from its job execution ARN (the execution is named after the job)."""
+    job_id = ref.rsplit(":", 1)[-1] if ref.startswith("arn:") else ref
+    if not JOB_ID.fullmatch(job_id):
+        raise DeployError(f"{ref!r} is not a job: give a job id (NAME-xxxxxxxx, as `stagecoach train` prints it) "
+                         "or its job execution ARN")
+    return job_id

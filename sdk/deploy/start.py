@@ -1,0 +1,119 @@
+"""Create a job's functions and window state machine, and start its job execution.
+
+The same boto3 calls for the local stack and for AWS (the AWS backend passes clients that make the
+creations idempotent). If anything fails, whatever was created is removed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from stagecoach.deploy.cleanup import rollback
+from stagecoach.deploy.resources import HANDLER, Clients, DeployError, StackResources, function_name, new_job_id, window_state_machine_name
+from stagecoach.deploy.upload import upload_job
+from stagecoach.lambdas import keys
+from stagecoach.planner.emit import asl
+from stagecoach.planner.plan import Plan
+
+if TYPE_CHECKING:
+    from stagecoach.job import Job
+
+
+def window_timeout_s(plan: Plan, length: int) -> int:
+    """A window must finish within its iterations' worst case (every phase at its timeout) plus slack."""
+    per_iter = max(t["forward"] for t in plan.timeouts_s) + max(t["backward"] + t["sync"] for t in plan.timeouts_s)
+    return min(365 * 24 * 3600, length * per_iter + 300)
+
+
+def preflight(res: StackResources, c: Clients) -> None:
+    """Check the stack's bucket and job state machine exist before creating anything.
+
+    A denied check is not a missing stack: it is reported as such, naming the action to grant.
+    """
+    try:
+        c.s3.head_bucket(Bucket=res.bucket)
+    except DeployError:
+        raise  # the AWS backend's AccessDenied already names the action and the policy statement
+    except c.s3.exceptions.ClientError as e:
+        code = e.response.get("Error", {}).get("Code", "")
+        if code in ("403", "AccessDenied", "Forbidden"):
+            raise DeployError(
+                f"access to bucket {res.bucket!r} was denied (s3:ListBucket on arn:aws:s3:::{res.bucket}): "
+                "grant your identity the deployer policy (docs/deployer-policy.json, statement ListJobObjects)"
+            ) from None
+        raise DeployError(
+            f"bucket {res.bucket!r} is not usable ({code or e}): deploy the stack first (sam deploy), "
+            "or point the backend at the stack that owns the bucket"
+        ) from None
+    try:
+        c.sfn.describe_state_machine(stateMachineArn=res.job_state_machine_arn)
+    except DeployError:
+        raise
+    except c.sfn.exceptions.ClientError as e:
+        code = e.response["Error"].get("Code", "")
+        if code in ("AccessDeniedException", "AccessDenied"):
+            raise DeployError(
+                f"states:DescribeStateMachine on {res.job_state_machine_arn} was denied: grant your identity the "
+                "deployer policy (docs/deployer-policy.json, statement StateMachines)"
+            ) from None
+        raise DeployError(
+            f"job state machine {res.job_state_machine_arn} is missing ({code}): deploy the stack first (sam deploy)"
+        ) from None
+
+
+def create_stage_function(res: StackResources, c: Clients, name: str, job_id: str, memory_mb: int, timeout_s: int) -> None:
+    """One Lambda function of the worker image (a stage's, or a profiling tier's)."""
+    c.lambda_.create_function(
+        FunctionName=name,
+        Role=res.worker_role_arn,
+        PackageType="Image",
+        Code={"ImageUri": res.image_uri},
+        ImageConfig={"Command": [HANDLER]},
+        MemorySize=memory_mb,
+        Timeout=timeout_s,
+        Architectures=[res.architecture],
+        Environment={"Variables": {"STAGECOACH_BUCKET": res.bucket, "POWERTOOLS_SERVICE_NAME": "stagecoach-worker"}},
+        Tags={"stagecoach:job": job_id},
+    )
+
+
+def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients) -> tuple[str, str]:
+    """Create the job's resources and start it; returns (job id, job execution ARN). The caller
+    has checked the stack (:func:`preflight`)."""
+    job_id = new_job_id(job.name)
+    created_functions: list[str] = []
+    created_sm: list[str] = []
+    try:
+        spec = upload_job(job, plan, res, c, job_id)
+        functions = []
+        for s in range(plan.stages):
+            name = function_name(res, job_id, s)
+            create_stage_function(res, c, name, job_id, plan.memory_mb[s], plan.function_timeout_s(s))
+            created_functions.append(name)
+            functions.append(name)
+        window = c.sfn.create_state_machine(
+            name=window_state_machine_name(res, job_id),
+            definition=json.dumps(asl.window_definition(plan, functions)),
+            roleArn=res.states_role_arn,
+            type="STANDARD",
+            tags=[{"key": "stagecoach:job", "value": job_id}],
+        )["stateMachineArn"]
+        created_sm.append(window)
+        length = asl.window_length(plan)
+        spec["window_length"] = length
+        spec["window_state_machine"] = window
+        c.s3.put_object(Bucket=res.bucket, Key=keys.job_spec(job_id), Body=json.dumps(spec, indent=2).encode())
+        wins = asl.windows(job.iterations, length)
+        for w in wins:
+            w["timeout"] = window_timeout_s(plan, w["end"] - w["start"])
+        execution = c.sfn.start_execution(
+            stateMachineArn=res.job_state_machine_arn,
+            name=job_id,
+            input=json.dumps({"job": job_id, "bucket": res.bucket, "windowStateMachineArn": window, "windows": wins,
+                              "functionPrefix": function_name(res, job_id, 0)[:-1]}),
+        )["executionArn"]
+        return job_id, execution
+    except BaseException:
+        rollback(job_id, res, c, created_functions, created_sm)
+        raise

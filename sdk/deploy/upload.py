@@ -1,0 +1,103 @@
+"""Upload what the workers read: the data set (content-addressed), the model code, the plan and
+the initial parameters in the plan's shard and chunk layout."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+import torch
+from safetensors.torch import save as st_save
+
+from stagecoach.deploy.resources import Clients, StackResources
+from stagecoach.lambdas import keys
+from stagecoach.lambdas.training import DTYPE_NAMES, flat_params, stage_layout
+from stagecoach.planner.plan import Plan
+
+if TYPE_CHECKING:
+    from stagecoach.job import Job
+
+
+def _safetensors(tensors: dict[str, torch.Tensor]) -> bytes:
+    return st_save({k: v.contiguous() for k, v in tensors.items()})
+
+
+def _exists(s3: Any, bucket: str, key: str) -> bool:
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+        return True
+    except s3.exceptions.ClientError:
+        return False
+
+
+def upload_dataset(s3: Any, bucket: str, x: torch.Tensor, y: torch.Tensor, split: str) -> str:
+    """Content-addressed: the same data is uploaded once and shared by jobs."""
+    body = _safetensors({"x": x, "y": y})
+    ds_id = hashlib.sha256(body).hexdigest()[:16]
+    key = keys.dataset(ds_id, split)
+    if not _exists(s3, bucket, key):
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+    return ds_id
+
+
+def _user_modules(*objs: Any) -> list[Any]:
+    """Modules of the user's callables that workers cannot import (scripts, tests, notebooks)."""
+    import inspect
+    import sys
+    import sysconfig
+
+    site = sysconfig.get_paths()["purelib"]
+    out = []
+    for obj in objs:
+        mod = inspect.getmodule(obj) or inspect.getmodule(type(obj))
+        if mod is None or mod.__name__ == "__main__" or mod.__name__.split(".")[0] in ("torch", "stagecoach", "builtins"):
+            continue
+        path = getattr(mod, "__file__", None) or ""
+        if not path.startswith(site) and not path.startswith(sys.base_prefix) and mod not in out:
+            out.append(mod)
+    return out
+
+
+def pickle_job_code(job: Job) -> bytes:
+    """cloudpickle the model factory, loss and optimizer; user code ships by value, not by import."""
+    modules = _user_modules(job.model, job.loss, job.optimizer)
+    for m in modules:
+        cloudpickle.register_pickle_by_value(m)
+    try:
+        return cloudpickle.dumps({"model": job.model, "loss": job.loss, "optimizer": job.optimizer})
+    finally:
+        for m in modules:
+            cloudpickle.unregister_pickle_by_value(m)
+
+
+def upload_job(job: Job, plan: Plan, res: StackResources, c: Clients, job_id: str) -> dict[str, Any]:
+    """Upload what the workers read: the data set, the model code, the plan and the initial
+    parameters (version 0, in the plan's shard and chunk layout). Returns the job's spec."""
+    x, y = job.train
+    ds_id = upload_dataset(c.s3, res.bucket, x, y, "train")
+    spec = {
+        "job": job_id,
+        "name": job.name,
+        "seed": job.seed,
+        "iterations": job.iterations,
+        "global_batch": job.global_batch,
+        "dtype": DTYPE_NAMES[job.dtype],
+        "layers": job.layers,
+        "dataset": {"id": ds_id, "n_train": int(x.shape[0])},
+        "plan": plan.to_dict(),
+        "created": time.time(),
+    }
+    code = pickle_job_code(job)
+    c.s3.put_object(Bucket=res.bucket, Key=keys.job_code(job_id), Body=code)
+    c.s3.put_object(Bucket=res.bucket, Key=keys.plan(job_id), Body=plan.to_json().encode())
+    model = job.build_model()
+    layers = list(model)
+    for s in range(plan.stages):
+        params = [p for i in plan.stage_layers(s) for p in layers[i].parameters()]
+        flat = flat_params(params)
+        for k, chunks in enumerate(stage_layout(flat.numel(), flat.element_size(), plan.grad_shards(s), plan.replicas)):
+            for ci, (a, b) in enumerate(chunks):
+                c.s3.put_object(Bucket=res.bucket, Key=keys.params(job_id, 0, s, k, ci), Body=_safetensors({"p": flat[a:b]}))
+    return spec

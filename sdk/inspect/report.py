@@ -1,0 +1,223 @@
+"""Inspect a run from its job execution ARN, on either backend: what `stagecoach inspect` prints.
+
+Everything comes from the two places a run leaves traces: Step Functions (the job execution, its
+window executions and their histories: status, where the run is, which tasks failed and why) and
+the job's metrics objects in S3 (one per task: timings, bytes, loss; docs/runtime.md). Nothing
+here needs the user's job file, so a run can be inspected from any machine with access to the
+stack.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from stagecoach.backend import Backend
+from stagecoach.inspect.events import FailedTask, failed_tasks
+from stagecoach.lambdas import keys
+from stagecoach.metrics import _losses, iteration_breakdown, phase_timings
+from stagecoach.planner.plan import Plan
+from stagecoach.run import Run
+
+
+@dataclass
+class Inspection:
+    """Everything `stagecoach inspect` reports about one job execution (``to_dict`` for --json)."""
+
+    execution_arn: str
+    job_id: str
+    status: str
+    console_url: str
+    started: str
+    stopped: str | None
+    error: str | None
+    plan: dict[str, Any]
+    iterations: int
+    iterations_done: int
+    windows: int
+    window: dict[str, Any] | None  # the latest window execution: index, start, end, status, arn
+    phase_timings: dict[str, dict[str, float]]
+    losses: list[float]
+    breakdown: list[dict[str, float]]
+    failed_tasks: list[FailedTask] = field(default_factory=list)
+    remediations: list[dict[str, Any]] = field(default_factory=list)  # out-of-memory: stage raised a tier
+    metrics: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("metrics")
+        return d
+
+
+class InspectError(RuntimeError):
+    """The execution is not a Stagecoach job execution of this backend's stack."""
+
+
+# ------------------------------------------------------------------------------------ reading
+def open_run(backend: Backend, execution_arn: str) -> Run:
+    """A :class:`stagecoach.run.Run` for an existing job execution (no Job object needed)."""
+    backend.check_arn(execution_arn)
+    sfn = backend.clients.sfn
+    try:
+        d = sfn.describe_execution(executionArn=execution_arn)
+    except sfn.exceptions.ExecutionDoesNotExist:
+        raise InspectError(f"no execution {execution_arn} on the {backend.name} backend"
+                           + (" (is `stagecoach local start` running, and was the run started while it was?)" if backend.name == "local" else "")) from None
+    try:
+        inp = json.loads(d.get("input") or "{}")
+        job_id = inp["job"]
+    except (ValueError, KeyError):
+        raise InspectError(f"{execution_arn} is not a Stagecoach job execution (its input has no 'job')") from None
+    if inp.get("bucket") and inp["bucket"] != backend.resources.bucket:
+        raise InspectError(f"{execution_arn} belongs to bucket {inp['bucket']}, not this stack's {backend.resources.bucket}")
+    run = Run(backend, None, None, job_id, execution_arn)
+    try:
+        spec = run.spec()
+    except backend.clients.s3.exceptions.NoSuchKey:
+        r = backend.resources
+        raise InspectError(
+            f"job {job_id} is {d['status']}, but its objects (s3://{r.bucket}/jobs/{job_id}/) are gone: was it cleaned "
+            f"up (`stagecoach cleanup`)? Its Step Functions history stays for 90 days after it ended: "
+            f"{r.console.format(region=r.region, arn=execution_arn)}"
+        ) from None
+    run.plan = Plan.from_dict(spec["plan"])
+    run._spec_cache = spec  # type: ignore[attr-defined]
+    run._execution_input = inp  # type: ignore[attr-defined]
+    run._description = d  # type: ignore[attr-defined]
+    return run
+
+
+# ------------------------------------------------------------------------------------ inspect
+def _remediations(backend: Backend, job_id: str) -> list[dict[str, Any]]:
+    """The job's out-of-memory remediations (jobs/{job}/remediations/, lambdas/remediate.py)."""
+    s3, bucket = backend.clients.s3, backend.resources.bucket
+    out = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{keys.job_prefix(job_id)}remediations/"):
+        for o in page.get("Contents", []):
+            try:
+                out.append(json.loads(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()))
+            except (ValueError, s3.exceptions.NoSuchKey):
+                continue
+    return sorted(out, key=lambda r: r.get("time", 0))
+
+
+def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 50) -> Inspection:
+    """Status, where the run is (window, iteration), phase timings, losses and failed tasks.
+
+    Failed tasks come from the histories of the window executions that did not succeed, and of
+    the latest one (a running window's retried tasks); a long run's succeeded windows are not read.
+    """
+    run = open_run(backend, execution_arn)
+    d = run._description
+    spec = run._spec_cache
+    inp = run._execution_input
+    metrics = run.metrics()
+    done = run.iterations_done()
+    windows = inp.get("windows", [])
+    sfn = backend.clients.sfn
+    window = None
+    failures: list[FailedTask] = []
+    try:
+        execs = []
+        for page in sfn.get_paginator("list_executions").paginate(stateMachineArn=spec["window_state_machine"]):
+            execs += page["executions"]
+    except sfn.exceptions.StateMachineDoesNotExist:
+        execs = []  # cleaned up
+    execs.sort(key=lambda e: e["startDate"])
+    if execs:
+        last = execs[-1]
+        wd = sfn.describe_execution(executionArn=last["executionArn"])
+        wi = json.loads(wd.get("input") or "{}")
+        idx = next((i for i, w in enumerate(windows) if w.get("start") == wi.get("start")), None)
+        window = {"index": idx, "start": wi.get("start"), "end": wi.get("end"), "status": wd["status"],
+                  "arn": last["executionArn"], "attempts": sum(1 for e in execs if e["name"].startswith(f"w{wi.get('start')}-"))}
+    to_read = [e for e in execs if e["status"] in ("FAILED", "TIMED_OUT", "ABORTED")]
+    if execs and execs[-1] not in to_read:
+        to_read.append(execs[-1])
+    for e in to_read:
+        failures += failed_tasks(run.history(execution_arn=e["executionArn"]), e["executionArn"])
+        if len(failures) >= max_failures:
+            failures = failures[:max_failures]
+            break
+    r = backend.resources
+    return Inspection(
+        execution_arn=execution_arn,
+        job_id=run.job_id,
+        status=d["status"],
+        console_url=r.console.format(region=r.region, arn=execution_arn),
+        started=str(d.get("startDate", "")),
+        stopped=str(d["stopDate"]) if d.get("stopDate") else None,
+        error=f"{d.get('error', '')}: {d.get('cause', '')[:500]}" if d.get("error") or d.get("cause") else None,
+        plan=spec["plan"],
+        iterations=int(spec.get("iterations", windows[-1]["end"] if windows else 0)),
+        iterations_done=done,
+        windows=len(windows),
+        window=window,
+        phase_timings=phase_timings(metrics),
+        losses=_losses(metrics, done),
+        breakdown=iteration_breakdown(metrics, complete=done),
+        failed_tasks=failures,
+        remediations=_remediations(backend, run.job_id),
+        metrics=metrics,
+    )
+
+
+def _sync_label(p: dict[str, Any]) -> str:
+    """The plan's gradient sync per stage: 'scatter_reduce (K=2)', or one entry per stage if they differ."""
+    if int(p.get("replicas", 1)) == 1:
+        return "none (1 replica)"
+    n = len(p["balance"])
+    sync = list(p.get("sync") or ["scatter_reduce"] * n)
+    ks = list(p.get("aggregators") or [p["replicas"]] * n)
+    labels = [s if s == "pipelined_scatter_reduce" else f"{s} (K={k})" for s, k in zip(sync, ks)]
+    return labels[0] if len(set(labels)) == 1 else ", ".join(f"s{i}: {lab}" for i, lab in enumerate(labels))
+
+
+def format_report(ins: Inspection) -> str:
+    """The human-readable report `stagecoach inspect` prints."""
+    p = ins.plan
+    lines = [
+        f"job {ins.job_id}: {ins.status}",
+        f"execution {ins.execution_arn}",
+        f"console   {ins.console_url}",
+        f"started {ins.started}" + (f", stopped {ins.stopped}" if ins.stopped else ""),
+        f"plan: {len(p['balance'])} stages (layers {list(p['balance'])}) x {p['replicas']} replicas, "
+        f"{p['micro_batches']} micro-batches, memory {list(p['memory_mb'])} MB, sync {_sync_label(p)}",
+        f"iteration {ins.iterations_done}/{ins.iterations} done",
+    ]
+    if ins.window:
+        w = ins.window
+        lines.append(f"window {('?' if w['index'] is None else w['index'] + 1)}/{ins.windows}: iterations [{w['start']}, {w['end']}) "
+                     f"{w['status']} (attempt {w['attempts']})")
+    if ins.error:
+        lines.append(f"error: {ins.error}")
+    if ins.phase_timings:
+        lines.append("phase timings (mean per iteration after the first; task parts are means per task):")
+        lines.append(f"  {'phase':9} {'span s':>8} {'task s':>8} {'max s':>8} {'compute':>8} {'transfer':>9} {'wait':>8} {'tasks':>6}")
+        for ph, v in ins.phase_timings.items():
+            lines.append(f"  {ph:9} {v['span_s']:8.3f} {v['task_s']:8.3f} {v['max_task_s']:8.3f} {v['compute_s']:8.3f} "
+                         f"{v['transfer_s']:9.3f} {v['wait_s']:8.3f} {int(v['tasks']):6d}")
+    if ins.breakdown:
+        b = ins.breakdown[1:] or ins.breakdown
+        it = sum(x["iteration_s"] for x in b) / len(b)
+        parts = {k: sum(x[k] for x in b) / len(b) for k in ("orchestration_s", "compute_s", "transfer_s", "wait_s")}
+        lines.append(f"time per iteration{' after the first' if len(ins.breakdown) > 1 else ''} {it:.3f} s: " + ", ".join(
+            f"{k[:-2]} {v:.3f} s ({v / it:.0%})" if it > 0 else f"{k[:-2]} {v:.3f} s" for k, v in parts.items()))
+    if ins.losses:
+        ls = ins.losses
+        step = max(1, len(ls) // 10)
+        lines.append(f"loss: first {ls[0]:.4f}, last {ls[-1]:.4f}, min {min(ls):.4f}")
+        lines.append("  " + " ".join(f"[{t}] {ls[t]:.4f}" for t in range(0, len(ls), step)))
+    for rm in ins.remediations:
+        lines.append(f"out of memory: stage {rm.get('stage')} raised from {rm.get('from_mb')} MB to {rm.get('to_mb')} MB "
+                     f"({rm.get('function')})")
+    if ins.failed_tasks:
+        lines.append(f"failed tasks ({len(ins.failed_tasks)}):")
+        for f in ins.failed_tasks:
+            who = f"{f.phase} s{f.stage} #{f.index} t={f.t}" if f.phase else f.state
+            cause = f.cause[len(f.error) + 2:] if f.cause.startswith(f"{f.error}: ") else f.cause
+            lines.append(f"  {who}: {f.error}: {cause[:300]}" + (" (retried, then succeeded)" if f.retried else ""))
+    else:
+        lines.append("failed tasks: none")
+    return "\n".join(lines)
