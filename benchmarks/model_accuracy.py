@@ -29,8 +29,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -41,9 +41,9 @@ from stagecoach.local.backend import LocalBackend
 from stagecoach.local.calibrate import LocalOverheads, measure_overheads
 from stagecoach.planner.model.perfmodel import Config, evaluate
 from stagecoach.planner.model.platforms import Platform, aws_platform, emulated_platform
+from stagecoach.planner.model.syncmodel import SyncChoice
 from stagecoach.planner.plan import PHASES
 from stagecoach.planner.profile.layers import balanced_partition
-from stagecoach.planner.model.syncmodel import SyncChoice
 
 TIER = 2048  # any: local workers compute at one thread whatever their memory
 
@@ -52,14 +52,22 @@ def mlp(width: int, depth: int, classes: int = 10) -> Callable[[], nn.Sequential
     def build() -> nn.Sequential:
         blocks = [nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)]
         return nn.Sequential(*blocks, nn.Linear(width, classes))
+
     return build
 
 
 def cnn() -> nn.Sequential:
     def block(cin: int, cout: int) -> nn.Module:
         return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.GroupNorm(8, cout), nn.ReLU())
-    return nn.Sequential(block(3, 64), block(64, 128), nn.Sequential(block(128, 128), nn.MaxPool2d(2)), block(128, 256),
-                         nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()), nn.Linear(256, 10))
+
+    return nn.Sequential(
+        block(3, 64),
+        block(64, 128),
+        nn.Sequential(block(128, 128), nn.MaxPool2d(2)),
+        block(128, 256),
+        nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()),
+        nn.Linear(256, 10),
+    )
 
 
 def encoder() -> nn.Sequential:
@@ -117,8 +125,16 @@ def make_job(case: Case, iterations: int) -> Job:
     x = torch.randn(gb * 4, *case.shape, generator=g)
     y = torch.randint(0, 10, (gb * 4,), generator=g)
     make_opt, _ = OPTIMIZERS[case.optimizer]
-    return Job(model=case.model, loss=nn.CrossEntropyLoss(), optimizer=make_opt, train=(x, y), global_batch=gb,
-               iterations=iterations, seed=0, name="acc-" + case.name.split()[0])
+    return Job(
+        model=case.model,
+        loss=nn.CrossEntropyLoss(),
+        optimizer=make_opt,
+        train=(x, y),
+        global_batch=gb,
+        iterations=iterations,
+        seed=0,
+        name="acc-" + case.name.split()[0],
+    )
 
 
 def predict(case: Case, job: Job, plat: Platform) -> tuple[float, Plan]:
@@ -130,9 +146,16 @@ def predict(case: Case, job: Job, plat: Platform) -> tuple[float, Plan]:
     choice = SyncChoice("none", 1) if case.replicas == 1 else SyncChoice(case.sync, k)
     cfg = Config(balance, (TIER,) * case.stages, case.replicas, case.micro_batch, case.micro_batches, (choice,) * case.stages)
     est = evaluate(profile, cfg, plat.replace(optimizer_state_ratio=OPTIMIZERS[case.optimizer][1]))
-    plan = Plan(balance=balance, replicas=case.replicas, micro_batches=case.micro_batches, global_batch=job.global_batch,
-                sync=case.sync, aggregators=case.k or (), memory_mb=TIER,
-                timeouts_s=tuple({p: 300 for p in PHASES} for _ in range(case.stages)))
+    plan = Plan(
+        balance=balance,
+        replicas=case.replicas,
+        micro_batches=case.micro_batches,
+        global_batch=job.global_batch,
+        sync=case.sync,
+        aggregators=case.k or (),
+        memory_mb=TIER,
+        timeouts_s=tuple({p: 300 for p in PHASES} for _ in range(case.stages)),
+    )
     return est.time_s, plan
 
 
@@ -157,7 +180,9 @@ def main() -> None:
         over: LocalOverheads = measure_overheads(backend)
         plat = emulated_platform(aws, **over.to_dict())
         print(f"calibrated once in {time.time() - t0:.0f} s: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in over.to_dict().items()))
-        print(f"network emulated in every worker: {aws.bandwidth_Bps / 1e6:.0f} MB/s each way, {aws.storage_latency_s * 1e3:.0f} ms per request\n")
+        print(
+            f"network emulated in every worker: {aws.bandwidth_Bps / 1e6:.0f} MB/s each way, {aws.storage_latency_s * 1e3:.0f} ms per request\n"
+        )
         print(f"{'configuration':<24} {'S':>2} {'d':>2} {'m':>2} {'sync':<26} {'predicted s':>11} {'measured s':>10} {'error':>7}")
         errors = []
         for case in CASES:
@@ -169,10 +194,15 @@ def main() -> None:
             err = (predicted - measured) / measured
             errors.append(abs(err))
             label = case.sync if case.sync != "k_reduce" else f"k_reduce(K={case.k})"
-            print(f"{case.name:<24} {case.stages:>2} {case.replicas:>2} {case.micro_batches:>2} {label:<26} {predicted:11.2f} {measured:10.2f} {err:+7.1%}", flush=True)
+            print(
+                f"{case.name:<24} {case.stages:>2} {case.replicas:>2} {case.micro_batches:>2} {label:<26} {predicted:11.2f} {measured:10.2f} {err:+7.1%}",
+                flush=True,
+            )
         if errors:
-            print(f"\nmean absolute error {statistics.mean(errors):.1%} over {len(errors)} configurations "
-                  f"(target <= 5%; FuncPipe 11.3%, FasDL < 6%); max {max(errors):.1%}")
+            print(
+                f"\nmean absolute error {statistics.mean(errors):.1%} over {len(errors)} configurations "
+                f"(target <= 5%; FuncPipe 11.3%, FasDL < 6%); max {max(errors):.1%}"
+            )
     finally:
         backend.stack.close()
 

@@ -20,12 +20,12 @@ import statistics
 import time
 import warnings
 
-from stagecoach.planner.solve.sweep import plan_model
 from stagecoach.planner.baselines.classic import BASELINES
-from stagecoach.planner.solve.milp import candidate_groups, objective_value, solve_fixed
-from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.profile.zoo import zoo_profile
+from stagecoach.planner.solve.milp import candidate_groups, objective_value, solve_fixed
+from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
+from stagecoach.planner.solve.sweep import plan_model
 
 W_LABEL = {w: f"(1,2^{w[1].bit_length() - 1})" if w[1] else "(1,0)" for w in FUNCPIPE_WEIGHTS}
 
@@ -33,10 +33,14 @@ W_LABEL = {w: f"(1,2^{w[1].bit_length() - 1})" if w[1] else "(1,0)" for w in FUN
 def solve_times(time_limit: float, headline: tuple[int, int] = (1, 2**19), G: int = 256, b: int = 4) -> None:
     plat = aws_platform()
     prof = zoo_profile("amoebanet_d36").merged(30, plat)
-    print(f"(a) exact solve, {prof.name} merged to L={len(prof.layers)}, {len(plat.tiers_mb)} tiers, all 4 sync algorithms per stage, "
-          f"global batch {G}, micro-batch {b}; seconds from the profile to a proven optimum")
-    print(f"    {'d':>3} {'m':>3} {'stages':>7} {'kept':>5} {'MILPs':>5} {'vars':>5} {'rows':>5}  {'time ' + W_LABEL[headline]:>14}  status    objective  "
-          + "  ".join(f"{W_LABEL[w]:>9}" for w in FUNCPIPE_WEIGHTS))
+    print(
+        f"(a) exact solve, {prof.name} merged to L={len(prof.layers)}, {len(plat.tiers_mb)} tiers, all 4 sync algorithms per stage, "
+        f"global batch {G}, micro-batch {b}; seconds from the profile to a proven optimum"
+    )
+    print(
+        f"    {'d':>3} {'m':>3} {'stages':>7} {'kept':>5} {'MILPs':>5} {'vars':>5} {'rows':>5}  {'time ' + W_LABEL[headline]:>14}  status    objective  "
+        + "  ".join(f"{W_LABEL[w]:>9}" for w in FUNCPIPE_WEIGHTS)
+    )
     head, per_w, statuses = [], {w: [] for w in FUNCPIPE_WEIGHTS}, []
     for d in (1, 2, 4, 8, 16, 32):
         m = G // (b * d)
@@ -50,12 +54,19 @@ def solve_times(time_limit: float, headline: tuple[int, int] = (1, 2**19), G: in
             statuses.append(r.status)
         t, r, cands = row[headline]
         head.append(t)
-        print(f"    {d:>3} {m:>3} {cands.size:>7} {r.kept:>5} {len(r.info.get('milps', [])):>5} {r.variables:>5} {r.constraints:>5}  "
-              f"{t:>12.2f} s  {r.status:<8}  {r.objective:.4g}  " + "  ".join(f"{row[w][0]:>7.2f} s" for w in FUNCPIPE_WEIGHTS), flush=True)
-    print(f"    median {W_LABEL[headline]}: {statistics.median(head):.2f} s (target <= 10 s; FuncPipe's Gurobi MIQP: 274 s); "
-          + ", ".join(f"median {W_LABEL[w]}: {statistics.median(v):.2f} s" for w, v in per_w.items())
-          + f"; max of all {max(max(v) for v in per_w.values()):.2f} s; proven optimal: {sum(s == 'optimal' for s in statuses)}/{len(statuses)}")
-    print("    (stages = candidate (interval, tier, sync) stages; kept = left after the bound test; MILPs = MILPs solved; vars/rows = of the last)\n")
+        print(
+            f"    {d:>3} {m:>3} {cands.size:>7} {r.kept:>5} {len(r.info.get('milps', [])):>5} {r.variables:>5} {r.constraints:>5}  "
+            f"{t:>12.2f} s  {r.status:<8}  {r.objective:.4g}  " + "  ".join(f"{row[w][0]:>7.2f} s" for w in FUNCPIPE_WEIGHTS),
+            flush=True,
+        )
+    print(
+        f"    median {W_LABEL[headline]}: {statistics.median(head):.2f} s (target <= 10 s; FuncPipe's Gurobi MIQP: 274 s); "
+        + ", ".join(f"median {W_LABEL[w]}: {statistics.median(v):.2f} s" for w, v in per_w.items())
+        + f"; max of all {max(max(v) for v in per_w.values()):.2f} s; proven optimal: {sum(s == 'optimal' for s in statuses)}/{len(statuses)}"
+    )
+    print(
+        "    (stages = candidate (interval, tier, sync) stages; kept = left after the bound test; MILPs = MILPs solved; vars/rows = of the last)\n"
+    )
 
 
 def _label(e) -> str:  # noqa: ANN001
@@ -73,8 +84,11 @@ def comparison(models: list[str], batches: list[int], time_limit: float, max_lay
             t0 = time.perf_counter()
             res = plan_model(prof, G, plat, time_limit=time_limit, max_layers=max_layers)
             rec = res.recommended
-            print(f"  {name} G={G}: recommended {rec.time_s:.2f} s/iter ${rec.cost:.5f}/iter  {_label(rec.estimate)}  weights {W_LABEL.get(rec.weights, rec.weights)}"
-                  f"  (planned in {time.perf_counter() - t0:.1f} s, {'proven optimal' if res.proven else 'NOT proven'})", flush=True)
+            print(
+                f"  {name} G={G}: recommended {rec.time_s:.2f} s/iter ${rec.cost:.5f}/iter  {_label(rec.estimate)}  weights {W_LABEL.get(rec.weights, rec.weights)}"
+                f"  (planned in {time.perf_counter() - t0:.1f} s, {'proven optimal' if res.proven else 'NOT proven'})",
+                flush=True,
+            )
             for bname, fn in BASELINES.items():
                 tb = time.perf_counter()
                 e = fn(res.profile, G, plat)
@@ -84,7 +98,10 @@ def comparison(models: list[str], batches: list[int], time_limit: float, max_lay
                 sp, cut = e.time_s / rec.time_s, 1 - rec.cost / e.cost
                 extra = ""
                 if bname in ("TPDMP", "Bayes"):  # they minimise a1*cost + a2*time per weight: are we ever worse?
-                    worst = max(objective_value(c.cost, c.time_s, *c.weights) / objective_value(e.cost, e.time_s, *c.weights) for c in res.candidates)
+                    worst = max(
+                        objective_value(c.cost, c.time_s, *c.weights) / objective_value(e.cost, e.time_s, *c.weights)
+                        for c in res.candidates
+                    )
                     extra = f"  our optimum / their plan, worst weight: {worst:.3f} ({'never worse' if worst <= 1 + 1e-9 else 'WORSE'})"
                 if bname == "LambdaML" and G in (64, 256):
                     ok = sp >= 1.3 and cut >= 0.07
@@ -93,12 +110,19 @@ def comparison(models: list[str], batches: list[int], time_limit: float, max_lay
                     dom = [c for c in res.pareto if e.time_s / c.time_s >= 1.3 and 1 - c.cost / e.cost >= 0.07]
                     if not ok and dom:
                         f = min(dom, key=lambda c: c.time_s)
-                        extra += (f"; on our Pareto front: {f.time_s:.2f} s ${f.cost:.5f} ({e.time_s / f.time_s:.2f}x, "
-                                  f"{100 * (1 - f.cost / e.cost):.0f}% cheaper, weights {W_LABEL.get(f.weights, f.weights)})")
-                print(f"    {bname:<12} {e.time_s:8.2f} s ${e.cost:.5f}  speed-up x{sp:5.2f}  cost cut {100 * cut:6.1f}%  ({_label(e)}; {time.perf_counter() - tb:.1f} s){extra}",
-                      flush=True)
+                        extra += (
+                            f"; on our Pareto front: {f.time_s:.2f} s ${f.cost:.5f} ({e.time_s / f.time_s:.2f}x, "
+                            f"{100 * (1 - f.cost / e.cost):.0f}% cheaper, weights {W_LABEL.get(f.weights, f.weights)})"
+                        )
+                print(
+                    f"    {bname:<12} {e.time_s:8.2f} s ${e.cost:.5f}  speed-up x{sp:5.2f}  cost cut {100 * cut:6.1f}%  ({_label(e)}; {time.perf_counter() - tb:.1f} s){extra}",
+                    flush=True,
+                )
     if summary:
-        print("  vs LambdaML at G = 64, 256: " + "; ".join(f"{n} {G}: x{sp:.2f} {100 * cut:.0f}% {'MET' if ok else 'not met'}" for n, G, sp, cut, ok in summary))
+        print(
+            "  vs LambdaML at G = 64, 256: "
+            + "; ".join(f"{n} {G}: x{sp:.2f} {100 * cut:.0f}% {'MET' if ok else 'not met'}" for n, G, sp, cut, ok in summary)
+        )
 
 
 def main() -> None:

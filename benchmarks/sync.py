@@ -45,21 +45,22 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-
 from _shm_s3 import ShmS3  # noqa: E402
+
 from stagecoach.lambdas import collectives, keys  # noqa: E402
 from stagecoach.lambdas.channel import Channel, Pools  # noqa: E402
 from stagecoach.lambdas.collectives import GradStream, SyncSpec  # noqa: E402
 from stagecoach.lambdas.netem import Network, NetworkSpec  # noqa: E402
 from stagecoach.lambdas.optim_state import warm_up  # noqa: E402
 from stagecoach.lambdas.training import shard_bounds, stage_layout  # noqa: E402
-from stagecoach.planner.plan import chunk_count  # noqa: E402
 from stagecoach.planner.model.platforms import funcpipe_platform  # noqa: E402
+from stagecoach.planner.plan import chunk_count  # noqa: E402
 
 MB = 1_000_000
 JOB = "bench"
@@ -90,8 +91,10 @@ class Bench:
 
     def spec(self, k: int) -> SyncSpec:
         """The runtime's layout of the full-size stage (K shards, C chunks each), at 1/scale of the bytes."""
-        layout = [[(a + x, a + y) for x, y in shard_bounds(b - a, chunk_count(self.nominal // k, 4, self.d))]
-                  for a, b in shard_bounds(self.numel, k)]
+        layout = [
+            [(a + x, a + y) for x, y in shard_bounds(b - a, chunk_count(self.nominal // k, 4, self.d))]
+            for a, b in shard_bounds(self.numel, k)
+        ]
         if self.scale == 1:
             assert layout == stage_layout(self.numel, 4, k, self.d)
         return SyncSpec(JOB, 0, 0, self.d, layout, OPTIMIZERS[self.optimizer], window_start=0, deadline=time.time() + 3600)
@@ -163,6 +166,7 @@ class Bench:
                 new = ex.finish(params)
                 ch.settle()
                 return lambda: digest(new)
+
             return timed
 
         t, digests = self.phase([lambda r=r: worker(r) for r in range(self.d)])
@@ -180,6 +184,7 @@ class Bench:
             def timed() -> None:
                 GradStream([holder], spec.layout, collectives.write_order(spec), collectives.gradient_writer(ch, spec, r)).finish()
                 ch.settle()
+
             return timed
 
         def reduce(kk: int) -> Callable[[], None]:
@@ -189,6 +194,7 @@ class Bench:
             def timed() -> None:
                 collectives.reduce_shard(ch, spec, kk, cached=cached)
                 ch.settle()
+
             return timed
 
         def gather(r: int) -> Callable[[], Callable[[], str]]:
@@ -198,6 +204,7 @@ class Bench:
                 new = collectives.gather(ch, spec, 1)
                 ch.settle()
                 return lambda: digest(new)
+
             return timed
 
         ta, _ = self.phase([lambda r=r: tail(r) for r in range(self.d)])
@@ -235,10 +242,15 @@ def main() -> None:
     plat = funcpipe_platform()
     net = NetworkSpec(up_Bps=plat.bandwidth_Bps, down_Bps=plat.bandwidth_Bps, latency_s=plat.storage_latency_s)
     grid = [(8, 64)] if args.quick else [(d, s) for d in (2, 4, 8) for s in (16, 64, 256)]
-    print(f"sync time per algorithm, emulated {net.up_Bps / MB:.0f} MB/s up and down, {net.latency_s * 1e3:.0f} ms per request, "
-          f"optimizer {args.optimizer}; ratio = measured / physical limit 2(d-1)/d*size/bw\n")
-    print(f"{'d':>2} {'MB':>4} {'scale':>5} {'limit s':>8}  " + "  ".join(f"{a[:14]:>22}" for a in ("scatter_reduce", "pipelined_s_r", "all_reduce", "k_reduce(best K)"))
-          + f"  {'pipelined/LambdaML':>18}  {'best':>24}  bits")
+    print(
+        f"sync time per algorithm, emulated {net.up_Bps / MB:.0f} MB/s up and down, {net.latency_s * 1e3:.0f} ms per request, "
+        f"optimizer {args.optimizer}; ratio = measured / physical limit 2(d-1)/d*size/bw\n"
+    )
+    print(
+        f"{'d':>2} {'MB':>4} {'scale':>5} {'limit s':>8}  "
+        + "  ".join(f"{a[:14]:>22}" for a in ("scatter_reduce", "pipelined_s_r", "all_reduce", "k_reduce(best K)"))
+        + f"  {'pipelined/LambdaML':>18}  {'best':>24}  bits"
+    )
     root = tempfile.mkdtemp(prefix="stagecoach-sync-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     best_ratios, pipe_vs_lambdaml = [], {}
     try:
@@ -262,8 +274,11 @@ def main() -> None:
             ratio = res["pipelined_scatter_reduce", d] / res["scatter_reduce", d]
             pipe_vs_lambdaml[d, size] = ratio
             best_ratios.append(res[best_key] / lim)
-            print(f"{d:>2} {size:>4} {'1/' + str(scale):>5} {lim:8.2f}  " + "  ".join(f"{c:>22}" for c in cells)
-                  + f"  {ratio:17.2f}x  {best_key[0][:16]:>16} {res[best_key] / lim:5.2f}x  {'same' if len(digests) == 1 else 'DIFFER'}")
+            print(
+                f"{d:>2} {size:>4} {'1/' + str(scale):>5} {lim:8.2f}  "
+                + "  ".join(f"{c:>22}" for c in cells)
+                + f"  {ratio:17.2f}x  {best_key[0][:16]:>16} {res[best_key] / lim:5.2f}x  {'same' if len(digests) == 1 else 'DIFFER'}"
+            )
         print()
         at8 = [v for (d, _), v in pipe_vs_lambdaml.items() if d == 8]
         if at8:
@@ -284,9 +299,11 @@ def moto_check(net: NetworkSpec, optimizer: str) -> None:
 
     stack = OwnedStack()
     try:
+
         def client() -> Any:
-            return boto3.client("s3", endpoint_url=stack.endpoint_url, region_name="us-east-1",
-                                aws_access_key_id="local", aws_secret_access_key="local")
+            return boto3.client(
+                "s3", endpoint_url=stack.endpoint_url, region_name="us-east-1", aws_access_key_id="local", aws_secret_access_key="local"
+            )
 
         client().create_bucket(Bucket=BUCKET)
         root = tempfile.mkdtemp(prefix="stagecoach-sync-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)

@@ -17,17 +17,18 @@ completes no earlier than its emulated link allows.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
-import functools
 import threading
 import time
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from safetensors.torch import load as st_load
@@ -51,8 +52,18 @@ _LANES = {"up": UPLOADS_IN_FLIGHT, "down": DOWNLOADS_IN_FLIGHT, "handoff": HANDO
 
 
 # safetensors dtype names -> torch; tensors are viewed in the downloaded bytes, not copied out of them
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
-           "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
 
@@ -232,9 +243,7 @@ class Channel:
         for i in range(0, len(keys), 1000):
             chunk = keys[i : i + 1000]
             if chunk:
-                self.s3.delete_objects(
-                    Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True}
-                )
+                self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
 
     # -- concurrent requests ---------------------------------------------------------------------
     def _submit(self, kind: str, fn: Any, *args: Any) -> Future:
@@ -242,23 +251,23 @@ class Channel:
         self._pending.append(f)
         return f
 
-    def submit_put(self, key: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> "Future[None]":
+    def submit_put(self, key: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> Future[None]:
         """Upload in the background (the caller keeps the tensors unchanged until the future is done)."""
         return self._submit("up", self.put_tensors, key, tensors, metadata)
 
-    def submit_handoff(self, key: str, tensors: dict[str, torch.Tensor]) -> "Future[None]":
+    def submit_handoff(self, key: str, tensors: dict[str, torch.Tensor]) -> Future[None]:
         """Upload what a neighbouring stage waits on (an activation, an input gradient) ahead of
         any bulk upload already queued."""
         return self._submit("handoff", self.put_tensors, key, tensors, None)
 
-    def submit_put_bytes(self, key: str, body: bytes) -> "Future[None]":
+    def submit_put_bytes(self, key: str, body: bytes) -> Future[None]:
         return self._submit("up", self.put_bytes, key, body)
 
-    def submit_wait(self, key: str, deadline: float) -> "Future[dict[str, torch.Tensor]]":
+    def submit_wait(self, key: str, deadline: float) -> Future[dict[str, torch.Tensor]]:
         """Wait for and download an object in the background; requests start in submission order."""
         return self._submit("down", self.wait_tensors, key, deadline)
 
-    def submit_get_bytes(self, key: str) -> "Future[bytes | None]":
+    def submit_get_bytes(self, key: str) -> Future[bytes | None]:
         return self._submit("down", self.get_bytes, key)
 
     def submit_window(self, calls: Sequence[Callable[[], Future]], window: int) -> list[Future]:

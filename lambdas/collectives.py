@@ -23,9 +23,9 @@ produced every parameter gradient in it, so uploads run while lower layers still
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -85,15 +85,22 @@ def fold(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 # -- the optimizer update of one chunk --------------------------------------------------------------
-def prefetch_state(ch: Channel, spec: SyncSpec, shard: int) -> list["Future[bytes | None]"] | None:
+def prefetch_state(ch: Channel, spec: SyncSpec, shard: int) -> list[Future[bytes | None]] | None:
     """Start downloading the optimizer state of ``shard`` at version t (None: nothing to fetch)."""
     if spec.t == 0 or not stateful(spec.make_optimizer):
         return None
     return [ch.submit_get_bytes(keys.optim(spec.job, spec.t, spec.stage, shard, c)) for c in spec.chunks(shard)]
 
 
-def update_chunk(ch: Channel, spec: SyncSpec, shard: int, c: int, param: torch.Tensor, grad: torch.Tensor,
-                 state: "Mapping[int, Future[bytes | None]] | None") -> torch.Tensor:
+def update_chunk(
+    ch: Channel,
+    spec: SyncSpec,
+    shard: int,
+    c: int,
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    state: Mapping[int, Future[bytes | None]] | None,
+) -> torch.Tensor:
     """Apply the optimizer to one chunk, upload the new parameters and state; returns the parameters."""
     body = None
     if state is not None:
@@ -122,7 +129,9 @@ def gather(ch: Channel, spec: SyncSpec, version: int, have: dict[tuple[int, int]
     have = have or {}
     futures = {
         (k, c): ch.submit_wait(keys.params(spec.job, version, spec.stage, k, c), spec.deadline)
-        for k in range(spec.shards) for c in spec.chunks(k) if (k, c) not in have
+        for k in range(spec.shards)
+        for c in spec.chunks(k)
+        if (k, c) not in have
     }
     parts = []
     for k in range(spec.shards):
@@ -142,8 +151,14 @@ class GradStream:
     zero, like ``training.flat_grads``) in the order given.
     """
 
-    def __init__(self, params: Sequence[nn.Parameter], layout: Layout, order: Sequence[tuple[int, int]],
-                 emit: Callable[[int, int, torch.Tensor], None], on_arm: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        params: Sequence[nn.Parameter],
+        layout: Layout,
+        order: Sequence[tuple[int, int]],
+        emit: Callable[[int, int, torch.Tensor], None],
+        on_arm: Callable[[], None] | None = None,
+    ) -> None:
         self.params = list(params)
         self.on_arm = on_arm
         self.layout = layout
@@ -225,6 +240,7 @@ def write_order(spec: SyncSpec) -> list[tuple[int, int]]:
 def gradient_writer(ch: Channel, spec: SyncSpec, replica: int) -> Callable[[int, int, torch.Tensor], None]:
     def emit(k: int, c: int, g: torch.Tensor) -> None:
         ch.submit_put(keys.gshard(spec.job, spec.t, spec.stage, replica, k, c), {"g": g})
+
     return emit
 
 
@@ -244,8 +260,10 @@ def reduce_shard(ch: Channel, spec: SyncSpec, shard: int, cached: torch.Tensor |
     chunks = spec.layout[shard]
     calls: list[Callable[[], Future]] = []
     for c in spec.chunks(shard):
-        calls += [functools.partial(ch.submit_wait, keys.gshard(spec.job, spec.t, spec.stage, r, shard, c), spec.deadline)
-                  for r in range(spec.replicas)]
+        calls += [
+            functools.partial(ch.submit_wait, keys.gshard(spec.job, spec.t, spec.stage, r, shard, c), spec.deadline)
+            for r in range(spec.replicas)
+        ]
         if stateful_opt:
             calls.append(functools.partial(ch.submit_get_bytes, keys.optim(spec.job, spec.t, spec.stage, shard, c)))
         if cached is None:
@@ -253,8 +271,8 @@ def reduce_shard(ch: Channel, spec: SyncSpec, shard: int, cached: torch.Tensor |
     per_chunk = spec.replicas + int(stateful_opt) + int(cached is None)
     futures = ch.submit_window(calls, window=per_chunk + WINDOW_EXTRA)
     for c, (a, b) in enumerate(chunks):
-        got = futures[c * per_chunk:(c + 1) * per_chunk]
-        total = fold([f.result()["g"] for f in got[:spec.replicas]])
+        got = futures[c * per_chunk : (c + 1) * per_chunk]
+        total = fold([f.result()["g"] for f in got[: spec.replicas]])
         state = {c: got[spec.replicas]} if stateful_opt else None
         p = cached[a:b] if cached is not None else got[-1].result()["p"]
         update_chunk(ch, spec, shard, c, p, total, state)
@@ -292,13 +310,18 @@ class PipelinedExchange:
         at the same point): their requests are then in flight as the first chunks land."""
         spec, ch, r, d = self.spec, self.ch, self.r, self.spec.replicas
         # the staggered order: at step i of a round, r reads from the replica r-i
-        self.incoming = {(c, src): ch.submit_wait(keys.gshard(spec.job, spec.t, spec.stage, src, r, c), spec.deadline)
-                         for c in spec.chunks(r) for src in ((r - i) % d for i in range(1, d))}
+        self.incoming = {
+            (c, src): ch.submit_wait(keys.gshard(spec.job, spec.t, spec.stage, src, r, c), spec.deadline)
+            for c in spec.chunks(r)
+            for src in ((r - i) % d for i in range(1, d))
+        }
         # the gather queues behind them: the link stays busy, and those chunks are ready about then
-        others = [(k, c) for c in range(max(len(x) for x in spec.layout)) for k in ((r + i) % d for i in range(1, d))
-                  if c < len(spec.layout[k])]
-        self.gathered = {key: ch.submit_wait(keys.params(spec.job, spec.t + 1, spec.stage, key[0], key[1]), spec.deadline)
-                         for key in others}
+        others = [
+            (k, c) for c in range(max(len(x) for x in spec.layout)) for k in ((r + i) % d for i in range(1, d)) if c < len(spec.layout[k])
+        ]
+        self.gathered = {
+            key: ch.submit_wait(keys.params(spec.job, spec.t + 1, spec.stage, key[0], key[1]), spec.deadline) for key in others
+        }
 
     def stream(self, params: Sequence[nn.Parameter]) -> GradStream:
         def emit(k: int, c: int, g: torch.Tensor) -> None:
@@ -306,6 +329,7 @@ class PipelinedExchange:
                 self.own[c] = g
             else:
                 self.ch.submit_put(keys.gshard(self.spec.job, self.spec.t, self.spec.stage, self.r, k, c), {"g": g})
+
         return GradStream(params, self.spec.layout, exchange_order(self.spec, self.r), emit, on_arm=self._start_downloads)
 
     def finish(self, params_t: torch.Tensor) -> torch.Tensor:
@@ -326,8 +350,9 @@ class PipelinedExchange:
 
 
 # -- d = 1: the backward task updates the whole stage itself ----------------------------------------------
-def update_alone(ch: Channel, spec: SyncSpec, params_t: torch.Tensor, grad: torch.Tensor,
-                 state: "list[Future[bytes | None]] | None") -> torch.Tensor:
+def update_alone(
+    ch: Channel, spec: SyncSpec, params_t: torch.Tensor, grad: torch.Tensor, state: list[Future[bytes | None]] | None
+) -> torch.Tensor:
     """One replica: no exchange; update every chunk of the single shard and write version t+1."""
     out = [update_chunk(ch, spec, 0, c, params_t[a:b], grad[a:b], state) for c, (a, b) in enumerate(spec.layout[0])]
     forget_old_version(ch, spec, 0)

@@ -6,7 +6,7 @@ phase; Step Functions sees it as ``BadEvent`` and does not retry it.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,7 +39,7 @@ class SyncEvent(_Task):
     shard: int = Field(ge=0)
 
 
-TaskEvent = Annotated[Union[ForwardEvent, BackwardEvent, SyncEvent], Field(discriminator="phase")]
+TaskEvent = Annotated[ForwardEvent | BackwardEvent | SyncEvent, Field(discriminator="phase")]
 
 
 class RemediateEvent(BaseModel):

@@ -64,7 +64,9 @@ def profile(ev: ProfileEvent) -> dict[str, Any]:
     ch = Channel(_client(), ev.bucket)
     ctx = job_context(ch, ev.job)
     sample = ctx.dataset(ch)["x"][0]
-    return profile_phase(build_model(ctx.model_factory, ctx.seed, ctx.dtype), sample, micro_batch_sizes=ev.micro_batch_sizes, repeats=ev.repeats)
+    return profile_phase(
+        build_model(ctx.model_factory, ctx.seed, ctx.dtype), sample, micro_batch_sizes=ev.micro_batch_sizes, repeats=ev.repeats
+    )
 
 
 @logger.inject_lambda_context(log_event=False)

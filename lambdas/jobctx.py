@@ -7,8 +7,9 @@ stage's parameters are downloaded once per version, not once per phase.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import cloudpickle
 import torch
@@ -20,7 +21,6 @@ from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.collectives import Layout, SyncSpec, gather
 from stagecoach.lambdas.training import DTYPES, assign_flat, build_model, flat_params, stage_layout
 from stagecoach.planner.plan import Plan
-
 
 
 @dataclass

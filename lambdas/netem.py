@@ -21,8 +21,8 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
 
 ENV = "STAGECOACH_NETWORK"
 
@@ -92,7 +92,7 @@ class NetworkSpec:
         return json.dumps({"up_Bps": self.up_Bps, "down_Bps": self.down_Bps, "latency_s": self.latency_s})
 
     @classmethod
-    def from_env(cls, raw: str) -> "NetworkSpec":
+    def from_env(cls, raw: str) -> NetworkSpec:
         try:
             d = json.loads(raw)
             spec = cls(float(d["up_Bps"]), float(d["down_Bps"]), float(d.get("latency_s", 0.0)))
@@ -106,7 +106,9 @@ class NetworkSpec:
 class Network:
     """The process's two links, or none when nothing is emulated."""
 
-    def __init__(self, spec: NetworkSpec | None, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self, spec: NetworkSpec | None, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         self.spec = spec
         self.clock = clock
         self.sleep = sleep

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from safetensors.torch import load as st_load

@@ -114,8 +114,10 @@ def sync(ctx: JobContext, ch: Channel, ev: SyncEvent, deadline: float) -> dict[s
     """Reduce shard k of stage s over the replicas and update it (scatter_reduce, k_reduce, all_reduce)."""
     plan = ctx.plan
     if plan.sync_tasks(ev.stage) == 0 or ev.shard >= plan.sync_tasks(ev.stage):
-        raise ValueError(f"stage {ev.stage} has {plan.sync_tasks(ev.stage)} sync tasks ({plan.sync[ev.stage]}, "
-                         f"{plan.replicas} replicas): there is no sync task for shard {ev.shard}")
+        raise ValueError(
+            f"stage {ev.stage} has {plan.sync_tasks(ev.stage)} sync tasks ({plan.sync[ev.stage]}, "
+            f"{plan.replicas} replicas): there is no sync task for shard {ev.shard}"
+        )
     spec = ctx.sync_spec(ev.stage, ev.t, ev.window_start, deadline)
     collectives.reduce_shard(ch, spec, ev.shard, cached=ctx.cached_params(ev.stage, ev.t))
     return {}

@@ -34,8 +34,7 @@ def remediate(ev: RemediateEvent, ch: Channel) -> dict[str, Any]:
         )
     lam.update_function_configuration(FunctionName=ev.function, MemorySize=new)
     lam.get_waiter("function_updated_v2").wait(FunctionName=ev.function, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
-    record = {"time": time.time(), "stage": ev.stage, "function": ev.function, "from_mb": current, "to_mb": new,
-              "error": ev.error[:500]}
+    record = {"time": time.time(), "stage": ev.stage, "function": ev.function, "from_mb": current, "to_mb": new, "error": ev.error[:500]}
     ch.put_bytes(f"jobs/{ev.job}/remediations/{int(record['time'] * 1000)}-s{ev.stage}.json", json.dumps(record).encode())
     ctx = job_context(ch, ev.job)
     plan = ctx.plan

@@ -8,7 +8,7 @@ micro-batches, how randomness is seeded, and how a stage's parameters flatten in
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -53,9 +53,7 @@ def micro_batch(batch: torch.Tensor, replicas: int, micro_batches: int, replica:
     return batch[start : start + size]
 
 
-def run_layers(
-    layers: Sequence[nn.Module], first_layer: int, x: torch.Tensor, seed: int, t: int, replica: int, mb: int
-) -> torch.Tensor:
+def run_layers(layers: Sequence[nn.Module], first_layer: int, x: torch.Tensor, seed: int, t: int, replica: int, mb: int) -> torch.Tensor:
     """Run consecutive layers, reseeding the RNG before each one.
 
     Seeding per (seed, t, layer, replica, micro-batch) makes dropout masks independent of how the
@@ -77,9 +75,7 @@ def flat_params(params: Iterable[nn.Parameter]) -> torch.Tensor:
 
 
 def flat_grads(params: Iterable[nn.Parameter]) -> torch.Tensor:
-    return torch.cat(
-        [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-    )
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
 
 
 def assign_flat(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None:

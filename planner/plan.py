@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 LAMBDA_MIN_MB = 128
 LAMBDA_MAX_MB = 10_240
@@ -158,7 +159,12 @@ class Plan:
                 f"{INLINE_MAP_MAX_CONCURRENCY} concurrent tasks in one inline Map state, and every worker "
                 "of a phase must run at once: use fewer stages or replicas"
             )
-        for what, seq in (("sync", self.sync), ("aggregators", self.aggregators), ("memory_mb", self.memory_mb), ("timeouts_s", self.timeouts_s)):
+        for what, seq in (
+            ("sync", self.sync),
+            ("aggregators", self.aggregators),
+            ("memory_mb", self.memory_mb),
+            ("timeouts_s", self.timeouts_s),
+        ):
             if len(seq) != n:
                 raise PlanError(f"plan.{what} has {len(seq)} entries but the plan has {n} stages: give one per stage")
         for s, algo in enumerate(self.sync):
@@ -170,14 +176,11 @@ class Plan:
             want = _default_k(algo, d)
             if algo != "k_reduce" and k != want:
                 raise PlanError(
-                    f"plan.aggregators[{s}]={k} does not fit sync {algo!r}, which uses K={want}: "
-                    "use sync 'k_reduce' to choose K yourself"
+                    f"plan.aggregators[{s}]={k} does not fit sync {algo!r}, which uses K={want}: use sync 'k_reduce' to choose K yourself"
                 )
         for s, mb in enumerate(self.memory_mb):
             if not LAMBDA_MIN_MB <= mb <= LAMBDA_MAX_MB:
-                raise PlanError(
-                    f"plan.memory_mb[{s}]={mb}: Lambda memory must be {LAMBDA_MIN_MB}-{LAMBDA_MAX_MB} MB"
-                )
+                raise PlanError(f"plan.memory_mb[{s}]={mb}: Lambda memory must be {LAMBDA_MIN_MB}-{LAMBDA_MAX_MB} MB")
         predicted = self.extras.get("predicted_task_s")
         if predicted is not None:
             for s, per_phase in enumerate(predicted):
@@ -215,7 +218,7 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         if not isinstance(data, Mapping):
             raise PlanError(f"a plan must be a JSON object, got {type(data).__name__}")
         known = {"balance", "replicas", "micro_batches", "global_batch", "sync", "aggregators", "memory_mb", "timeouts_s", "extras"}
@@ -230,7 +233,7 @@ class Plan:
             raise PlanError(f"malformed plan: {e}") from None
 
     @classmethod
-    def from_json(cls, text: str) -> "Plan":
+    def from_json(cls, text: str) -> Plan:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:

@@ -8,7 +8,8 @@ and which ARNs it can read. Launching a job and cleaning one up are written once
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from stagecoach.deploy.cleanup import Removed, cleanup_job
 from stagecoach.deploy.resources import Clients, StackResources, check_name_lengths
@@ -35,17 +36,18 @@ class Backend(ABC):
         """The clients deployment creates resources with (AWS: idempotent, Active-waiting ones)."""
         return self.clients
 
-    def check_arn(self, arn: str) -> None:
+    def check_arn(self, arn: str) -> None:  # noqa: B027 - an optional hook: the local stack reads every ARN it made
         """Raise if ``arn`` cannot be read through this backend (another region or account)."""
 
-    def launch(self, job: "Job", plan: "Plan") -> Run:
+    def launch(self, job: Job, plan: Plan) -> Run:
         """Deploy the job's functions and window state machine, start its job execution; a Run."""
         check_name_lengths(self.resources.prefix, job.name, plan.stages)
         preflight(self.resources, self.clients)
         job_id, arn = deploy_and_start(job, plan, self.resources, self.deploy_clients())
         return Run(self, job, plan, job_id, arn)
 
-    def cleanup(self, job_id: str, keep_results: bool = False, stop_running: bool = False,
-                log: Callable[[str], None] | None = None) -> Removed:
+    def cleanup(
+        self, job_id: str, keep_results: bool = False, stop_running: bool = False, log: Callable[[str], None] | None = None
+    ) -> Removed:
         """Remove the job's functions, window state machine and (unless ``keep_results``) objects."""
         return cleanup_job(self.resources, self.clients, job_id, keep_results=keep_results, stop_running=stop_running, log=log)

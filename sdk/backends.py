@@ -11,8 +11,14 @@ from stagecoach.backend import Backend
 from stagecoach.local.backend import LocalBackend
 
 
-def get_backend(backend: Backend | str | None = None, *, stack: str | None = None, region: str | None = None,
-                network: Any = None, faults: dict[str, Any] | None = None) -> Backend:
+def get_backend(
+    backend: Backend | str | None = None,
+    *,
+    stack: str | None = None,
+    region: str | None = None,
+    network: Any = None,
+    faults: dict[str, Any] | None = None,
+) -> Backend:
     """A backend from an instance (returned as is) or a name.
 
     ``None``: ``aws`` if ``stack`` (or STAGECOACH_STACK) is given, else ``local``. ``"aws"`` needs

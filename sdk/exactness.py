@@ -15,8 +15,9 @@ checked against the plan by :func:`check_plan`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -115,8 +116,7 @@ def check_factory(first: nn.Module, second: nn.Module) -> None:
 def check_loss(loss: Any) -> None:
     if isinstance(loss, nn.Module) and any(True for _ in loss.parameters()):
         raise NotExact(
-            f"job.loss ({type(loss).__name__}) has parameters, which Stagecoach never trains: move them into the "
-            "model's last block"
+            f"job.loss ({type(loss).__name__}) has parameters, which Stagecoach never trains: move them into the model's last block"
         )
 
 
@@ -141,9 +141,12 @@ def check_buffers_unchanged(blocks: Sequence[nn.Module], before: list[tuple[int,
         new = blocks[i].get_buffer(name)
         if not torch.equal(old, new):
             owner = blocks[i].get_submodule(name.rpartition(".")[0]) if "." in name else blocks[i]
-            hint = (" (BatchNorm's running statistics: use GroupNorm or LayerNorm, or BatchNorm with "
-                    "track_running_stats=False on a plan of one replica and one micro-batch)"
-                    if isinstance(owner, nn.modules.batchnorm._BatchNorm) else "")
+            hint = (
+                " (BatchNorm's running statistics: use GroupNorm or LayerNorm, or BatchNorm with "
+                "track_running_stats=False on a plan of one replica and one micro-batch)"
+                if isinstance(owner, nn.modules.batchnorm._BatchNorm)
+                else ""
+            )
             raise NotExact(
                 f"block {i}'s buffer {name!r} ({type(owner).__name__}) changes in the forward pass{hint}: the "
                 "runtime neither keeps buffer updates across tasks nor avoids repeating them in the backward "
@@ -196,8 +199,7 @@ def batch_coupling(blocks: Sequence[nn.Module], x: torch.Tensor, seed: int) -> s
     if a.dim() == 0 or a.shape[0] != x.shape[0] or _close(a[1:], b[1:], a.dtype if a.is_floating_point() else torch.float64):
         return None
     norms = sorted({type(m).__name__ for blk in blocks for m in blk.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)})
-    return (f"its {', '.join(norms)} normalise over the batch" if norms
-            else "one sample's output depends on the other samples of its batch")
+    return f"its {', '.join(norms)} normalise over the batch" if norms else "one sample's output depends on the other samples of its batch"
 
 
 def loss_not_mean(loss: Callable[..., torch.Tensor], out: torch.Tensor, y: torch.Tensor) -> str | None:
@@ -214,8 +216,10 @@ def loss_not_mean(loss: Callable[..., torch.Tensor], out: torch.Tensor, y: torch
         singles = torch.stack([loss(out[i : i + 1], y[i : i + 1]).double() for i in range(n)]).mean()
     if _close(whole, singles, out.dtype if out.is_floating_point() else torch.float64):
         return None
-    return (f"the loss of {n} samples is {float(whole):.6g} but the mean of their own losses is {float(singles):.6g} "
-            "(reduction='sum', class weights or ignore_index weigh a micro-batch differently from the global batch)")
+    return (
+        f"the loss of {n} samples is {float(whole):.6g} but the mean of their own losses is {float(singles):.6g} "
+        "(reduction='sum', class weights or ignore_index weigh a micro-batch differently from the global batch)"
+    )
 
 
 # -- the optimizer ------------------------------------------------------------------------------------------
@@ -288,8 +292,15 @@ def check_optimizer(make_optimizer: MakeOptimizer, params: list[nn.Parameter], d
 
 
 # -- everything, in order ----------------------------------------------------------------------------------
-def examine(build: Callable[[], nn.Sequential], loss: Callable[..., torch.Tensor], make_optimizer: MakeOptimizer,
-            x: torch.Tensor, y: torch.Tensor, seed: int, dtype: torch.dtype) -> ModelFacts:
+def examine(
+    build: Callable[[], nn.Sequential],
+    loss: Callable[..., torch.Tensor],
+    make_optimizer: MakeOptimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    seed: int,
+    dtype: torch.dtype,
+) -> ModelFacts:
     """Run every check on the job's own model, loss and optimizer, with a few samples ``x``, ``y``.
 
     Raises NotExact for what no plan can train exactly; returns what decides the rest per plan.

@@ -7,8 +7,9 @@ backend, so the same job runs locally and on AWS unchanged.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,7 +25,6 @@ from stagecoach.planner.plan import PHASES, Plan, PlanError, even_balance
 from stagecoach.planner.solve.sweep import PlanningResult, plan_model
 from stagecoach.profile_tiers import profile_tiers
 from stagecoach.run import Run
-
 
 
 class JobError(ValueError):
@@ -75,17 +75,17 @@ class Job:
             _split("test", self.test)
         if self.global_batch > x.shape[0]:
             raise JobError(
-                f"global batch {self.global_batch} is larger than the training set ({x.shape[0]} samples): "
-                "use a smaller global batch"
+                f"global batch {self.global_batch} is larger than the training set ({x.shape[0]} samples): use a smaller global batch"
             )
         for what in ("model", "loss", "optimizer"):
             if not callable(getattr(self, what)):
                 raise JobError(
                     f"job.{what}={getattr(self, what)!r} is not callable: give "
-                    + {"model": "a zero-argument function returning an nn.Sequential",
-                       "loss": "a function loss(output, target) -> scalar, e.g. nn.CrossEntropyLoss()",
-                       "optimizer": "a function optimizer(params) -> torch.optim.Optimizer, "
-                                    "e.g. lambda p: torch.optim.Adam(p, lr=1e-3)"}[what]
+                    + {
+                        "model": "a zero-argument function returning an nn.Sequential",
+                        "loss": "a function loss(output, target) -> scalar, e.g. nn.CrossEntropyLoss()",
+                        "optimizer": "a function optimizer(params) -> torch.optim.Optimizer, e.g. lambda p: torch.optim.Adam(p, lr=1e-3)",
+                    }[what]
                 )
         model = self.build_model()
         n = min(4, x.shape[0])
@@ -170,8 +170,9 @@ class Job:
         plan = learnt.refine(plan, self.name, backend.clients.s3, backend.resources.bucket)
         return backend.launch(self, plan)
 
-    def plan(self, platform: Platform | None = None, profile_on: Backend | str | None = None, tiers: Sequence[int] | None = None,
-             **options: Any) -> PlanningResult:
+    def plan(
+        self, platform: Platform | None = None, profile_on: Backend | str | None = None, tiers: Sequence[int] | None = None, **options: Any
+    ) -> PlanningResult:
         """Profile the model and plan it: the Pareto set of plans and FuncPipe's recommendation.
 
         Returns a stagecoach.planner.solve.sweep.PlanningResult; ``result.recommended.to_plan()`` is the
@@ -193,8 +194,14 @@ class Job:
         return plan_model(profile, self.global_batch, platform=platform, **options)
 
     def manual_plan(
-        self, stages: int = 1, replicas: int = 1, micro_batches: int = 1, memory_mb: int = 1024, timeout_s: int = 300,
-        sync: "str | Sequence[str] | None" = None, aggregators: "int | Sequence[int] | None" = None,
+        self,
+        stages: int = 1,
+        replicas: int = 1,
+        micro_batches: int = 1,
+        memory_mb: int = 1024,
+        timeout_s: int = 300,
+        sync: str | Sequence[str] | None = None,
+        aggregators: int | Sequence[int] | None = None,
     ) -> Plan:
         """A plan with layers split evenly. ``sync``: one algorithm for every stage or one per stage
         (planner/plan.py SYNC_ALGORITHMS); ``aggregators``: K for k_reduce (one, or one per stage)."""

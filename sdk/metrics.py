@@ -7,7 +7,8 @@ Pure functions over the records each task writes (jobs/{job}/metrics/, docs/runt
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from stagecoach.planner.plan import PHASES
 
@@ -105,15 +106,17 @@ def iteration_breakdown(metrics: list[dict[str, Any]], complete: int | None = No
         parts = comp + xfer + wait
         if parts <= 0:  # nothing accounted: call it compute
             comp, parts = 1.0, 1.0
-        out.append({
-            "t": float(t),
-            "iteration_s": wall,
-            "orchestration_s": wall - busy,
-            "compute_s": busy * comp / parts,
-            "transfer_s": busy * xfer / parts,
-            "wait_s": busy * wait / parts,
-            "cold": float(sum(1 for m in ms if m.get("cold"))),
-        })
+        out.append(
+            {
+                "t": float(t),
+                "iteration_s": wall,
+                "orchestration_s": wall - busy,
+                "compute_s": busy * comp / parts,
+                "transfer_s": busy * xfer / parts,
+                "wait_s": busy * wait / parts,
+                "cold": float(sum(1 for m in ms if m.get("cold"))),
+            }
+        )
     return out
 
 

@@ -11,7 +11,8 @@ on the local stack, where every tier is one thread of this machine: useful to te
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from stagecoach.backend import Backend
 from stagecoach.deploy.cleanup import rollback
@@ -27,8 +28,13 @@ if TYPE_CHECKING:
     from stagecoach.job import Job
 
 
-def profile_tiers(job: "Job", backend: Backend, tiers: Sequence[int] = (1024, 2048, 4096, 10240),
-                  micro_batch_sizes: Sequence[int] = (1, 2, 4), repeats: int = 2) -> ModelProfile:
+def profile_tiers(
+    job: Job,
+    backend: Backend,
+    tiers: Sequence[int] = (1024, 2048, 4096, 10240),
+    micro_batch_sizes: Sequence[int] = (1, 2, 4),
+    repeats: int = 2,
+) -> ModelProfile:
     """Run the profile phase at every tier on ``backend`` and fold the results; removes what it created."""
     bad = [t for t in tiers if not LAMBDA_MIN_MB <= int(t) <= LAMBDA_MAX_MB]
     if not tiers or bad:
@@ -51,8 +57,13 @@ def profile_tiers(job: "Job", backend: Backend, tiers: Sequence[int] = (1024, 20
         results = []
         for name in names:  # one after another: on the local stack they would share the cores
             lam.get_waiter("function_active_v2").wait(FunctionName=name, WaiterConfig={"Delay": 2, "MaxAttempts": 150})
-            event = {"phase": "profile", "job": job_id, "bucket": res.bucket,
-                     "micro_batch_sizes": [int(b) for b in micro_batch_sizes], "repeats": int(repeats)}
+            event = {
+                "phase": "profile",
+                "job": job_id,
+                "bucket": res.bucket,
+                "micro_batch_sizes": [int(b) for b in micro_batch_sizes],
+                "repeats": int(repeats),
+            }
             out = lam.invoke(FunctionName=name, Payload=json.dumps(event).encode())
             payload = json.loads(out["Payload"].read() or b"null")
             if out.get("FunctionError"):

@@ -13,8 +13,13 @@ def create_function(backend, handler: str, memory_mb: int = 512, timeout_s: int 
     c, res = backend.clients, backend.resources
     name = f"test-{handler.split('.')[0]}-{uuid.uuid4().hex[:6]}"
     c.lambda_.create_function(
-        FunctionName=name, Role=res.worker_role_arn, PackageType="Image", Code={"ImageUri": res.image_uri},
-        ImageConfig={"Command": [handler]}, Timeout=timeout_s, MemorySize=memory_mb,
+        FunctionName=name,
+        Role=res.worker_role_arn,
+        PackageType="Image",
+        Code={"ImageUri": res.image_uri},
+        ImageConfig={"Command": [handler]},
+        Timeout=timeout_s,
+        MemorySize=memory_mb,
         Environment={"Variables": {"PYTHONPATH": HANDLERS}},
     )
     return name
@@ -22,9 +27,9 @@ def create_function(backend, handler: str, memory_mb: int = 512, timeout_s: int 
 
 def run_state_machine(backend, definition: dict, payload: dict, timeout_s: float = 120) -> tuple[dict, list]:
     c, res = backend.clients, backend.resources
-    arn = c.sfn.create_state_machine(
-        name=f"test-{uuid.uuid4().hex[:8]}", definition=json.dumps(definition), roleArn=res.states_role_arn
-    )["stateMachineArn"]
+    arn = c.sfn.create_state_machine(name=f"test-{uuid.uuid4().hex[:8]}", definition=json.dumps(definition), roleArn=res.states_role_arn)[
+        "stateMachineArn"
+    ]
     ex = c.sfn.start_execution(stateMachineArn=arn, input=json.dumps(payload))["executionArn"]
     deadline = time.time() + timeout_s
     while (d := c.sfn.describe_execution(executionArn=ex))["status"] == "RUNNING":

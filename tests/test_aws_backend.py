@@ -8,15 +8,15 @@ import sys
 
 import boto3
 import pytest
-
-from stagecoach.deploy.cleanup import Removed
-from stagecoach.deploy.resources import DeployError
 import torch
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 from click.testing import CliRunner
 from moto import mock_aws
 from torch import nn
+
+from stagecoach.deploy.cleanup import Removed
+from stagecoach.deploy.resources import DeployError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REGION = "us-east-1"
@@ -25,28 +25,46 @@ IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/sc-worker:py311"
 
 
 def _trust(service):
-    return json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]})
+    return json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]}
+    )
 
 
 def make_stack(name=STACK, region=REGION, python=None):
     """What `sam deploy` of template.yaml leaves behind (names as CloudFormation generates them)."""
     iam = boto3.client("iam", region_name=region)
     roles = {}
-    for logical, svc in (("WorkerRole", "lambda.amazonaws.com"), ("WindowStatesRole", "states.amazonaws.com"),
-                         ("JobStatesRole", "states.amazonaws.com")):
+    for logical, svc in (
+        ("WorkerRole", "lambda.amazonaws.com"),
+        ("WindowStatesRole", "states.amazonaws.com"),
+        ("JobStatesRole", "states.amazonaws.com"),
+    ):
         roles[logical] = iam.create_role(RoleName=f"{name}-{logical}-ABC123", AssumeRolePolicyDocument=_trust(svc))["Role"]["Arn"]
     sfn = boto3.client("stepfunctions", region_name=region)
     with open(os.path.join(ROOT, "statemachines", "job.asl.json")) as f:
         job_sm = sfn.create_state_machine(name=f"{name}-job", definition=f.read(), roleArn=roles["JobStatesRole"])["stateMachineArn"]
     lam = boto3.client("lambda", region_name=region)
-    lam.create_function(FunctionName=f"{name}-worker", Role=roles["WorkerRole"], PackageType="Image",
-                        Code={"ImageUri": IMAGE}, ImageConfig={"Command": ["stagecoach.lambdas.handler.handler"]},
-                        MemorySize=2048, Timeout=900)
+    lam.create_function(
+        FunctionName=f"{name}-worker",
+        Role=roles["WorkerRole"],
+        PackageType="Image",
+        Code={"ImageUri": IMAGE},
+        ImageConfig={"Command": ["stagecoach.lambdas.handler.handler"]},
+        MemorySize=2048,
+        Timeout=900,
+    )
     # the stack itself: a bucket resource (as in the template) and the outputs the SDK reads
     template = {
-        "Resources": {"Bucket": {"Type": "AWS::S3::Bucket", "Properties": {
-            "BucketEncryption": {"ServerSideEncryptionConfiguration": [{"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]}}}},
+        "Resources": {
+            "Bucket": {
+                "Type": "AWS::S3::Bucket",
+                "Properties": {
+                    "BucketEncryption": {
+                        "ServerSideEncryptionConfiguration": [{"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
+                    }
+                },
+            }
+        },
         "Outputs": {
             "BucketName": {"Value": {"Ref": "Bucket"}},
             "WorkerFunctionName": {"Value": f"{name}-worker"},
@@ -82,8 +100,16 @@ def tiny_job(name="tiny"):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(32, 4, generator=g)
     y = torch.randint(0, 3, (32,), generator=g)
-    return Job(model=lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)), loss=nn.CrossEntropyLoss(),
-               optimizer=lambda p: torch.optim.SGD(p, lr=0.1), train=(x, y), global_batch=16, iterations=4, seed=0, name=name)
+    return Job(
+        model=lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)),
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        train=(x, y),
+        global_batch=16,
+        iterations=4,
+        seed=0,
+        name=name,
+    )
 
 
 def fake_metrics(backend, job_id, plan, iterations, loss0=2.0, t0=1000.0):
@@ -95,14 +121,29 @@ def fake_metrics(backend, job_id, plan, iterations, loss0=2.0, t0=1000.0):
     s3, bucket = backend.clients.s3, backend.resources.bucket
     for t in range(iterations):
         base = t0 + 10.0 * t
-        for phase, off, count, stages in (("forward", 0.0, lambda s: plan.replicas, range(plan.stages - 1)),
-                                          ("backward", 2.0, lambda s: plan.replicas, range(plan.stages)),
-                                          ("sync", 5.0, plan.sync_tasks, range(plan.stages))):
+        for phase, off, count, stages in (
+            ("forward", 0.0, lambda s: plan.replicas, range(plan.stages - 1)),
+            ("backward", 2.0, lambda s: plan.replicas, range(plan.stages)),
+            ("sync", 5.0, plan.sync_tasks, range(plan.stages)),
+        ):
             for s in stages:
                 for i in range(count(s)):
-                    m = {"phase": phase, "t": t, "stage": s, "index": i, "start": base + off, "end": base + off + 1.5,
-                         "duration_s": 1.5, "compute_s": 0.9, "upload_s": 0.2, "download_s": 0.1, "wait_s": 0.3,
-                         "container": f"c{s}{i}", "cold": t == 0, "memory_mb": 1024}
+                    m = {
+                        "phase": phase,
+                        "t": t,
+                        "stage": s,
+                        "index": i,
+                        "start": base + off,
+                        "end": base + off + 1.5,
+                        "duration_s": 1.5,
+                        "compute_s": 0.9,
+                        "upload_s": 0.2,
+                        "download_s": 0.1,
+                        "wait_s": 0.3,
+                        "container": f"c{s}{i}",
+                        "cold": t == 0,
+                        "memory_mb": 1024,
+                    }
                     if phase == "backward" and s == plan.stages - 1:
                         m["loss"] = loss0 / (t + 1)
                     s3.put_object(Bucket=bucket, Key=keys.metrics(job_id, t, phase, s, i), Body=json.dumps(m).encode())
@@ -135,8 +176,7 @@ def test_region_mismatch_from_samconfig(aws, tmp_path):
     from stagecoach.aws.backend import AwsBackend
     from stagecoach.aws.stack import RegionMismatch
 
-    (tmp_path / "samconfig.toml").write_text(
-        'version = 0.1\n[default.deploy.parameters]\nstack_name = "other"\nregion = "eu-west-1"\n')
+    (tmp_path / "samconfig.toml").write_text('version = 0.1\n[default.deploy.parameters]\nstack_name = "other"\nregion = "eu-west-1"\n')
     with pytest.raises(RegionMismatch, match="eu-west-1"):
         AwsBackend("other", REGION)
 
@@ -155,7 +195,8 @@ def test_not_a_stagecoach_stack(aws):
     from stagecoach.aws.stack import StackError
 
     boto3.client("cloudformation", region_name=REGION).create_stack(
-        StackName="plain", TemplateBody=json.dumps({"Resources": {"B": {"Type": "AWS::S3::Bucket"}}}))
+        StackName="plain", TemplateBody=json.dumps({"Resources": {"B": {"Type": "AWS::S3::Bucket"}}})
+    )
     with pytest.raises(StackError, match="lacks the outputs"):
         AwsBackend("plain", REGION)
 
@@ -182,8 +223,7 @@ def test_access_denied_names_action_resource_and_statement(aws):
             list(s3.get_paginator("list_objects_v2").paginate(Bucket=b.resources.bucket, Prefix="jobs/"))
     # when AWS names the action (iam:PassRole inside CreateFunction), that is what is reported
     lam = b.clients.lambda_
-    msg = (f"User: arn:aws:iam::123456789012:user/dev is not authorized to perform: iam:PassRole on resource: "
-           f"{b.resources.worker_role_arn}")
+    msg = f"User: arn:aws:iam::123456789012:user/dev is not authorized to perform: iam:PassRole on resource: {b.resources.worker_role_arn}"
     with Stubber(lam) as stub:
         stub.add_client_error("create_function", service_error_code="AccessDeniedException", service_message=msg, http_status_code=403)
         with pytest.raises(AccessDenied) as e:
@@ -194,8 +234,10 @@ def test_access_denied_names_action_resource_and_statement(aws):
     assert e.value.statement["Resource"] == sorted([roles["WorkerRole"], roles["WindowStatesRole"]])
     assert f"arn:aws:s3:::{b.resources.bucket}/jobs/*" in b.deployer_policy()["Statement"][1]["Resource"]
     # S3's newer messages quote the resource
-    quoted = (f'User: arn:aws:iam::123456789012:user/dev is not authorized to perform: s3:GetObject on resource: '
-              f'"arn:aws:s3:::{b.resources.bucket}/history/j/memory.json" because no identity-based policy allows the s3:GetObject action')
+    quoted = (
+        f"User: arn:aws:iam::123456789012:user/dev is not authorized to perform: s3:GetObject on resource: "
+        f'"arn:aws:s3:::{b.resources.bucket}/history/j/memory.json" because no identity-based policy allows the s3:GetObject action'
+    )
     with Stubber(s3) as stub:
         stub.add_client_error("get_object", service_error_code="AccessDenied", service_message=quoted, http_status_code=403)
         with pytest.raises(AccessDenied) as e:
@@ -216,8 +258,12 @@ def test_access_denied_names_action_resource_and_statement(aws):
             s3.get_object(Bucket="other-bucket", Key="x")
     # bad credentials are not a missing permission: they pass through as they are
     with Stubber(lam) as stub:
-        stub.add_client_error("get_function", service_error_code="UnrecognizedClientException", http_status_code=403,
-                              service_message="The security token included in the request is invalid.")
+        stub.add_client_error(
+            "get_function",
+            service_error_code="UnrecognizedClientException",
+            http_status_code=403,
+            service_message="The security token included in the request is invalid.",
+        )
         with pytest.raises(ClientError) as e:
             lam.get_function(FunctionName="sc-x-s0")
     assert not isinstance(e.value, AccessDenied)
@@ -239,8 +285,15 @@ def test_idempotent_function_and_state_machine(aws):
     roles, _ = aws
     b = AwsBackend(STACK, REGION)
     lam, sfn = b.clients.lambda_, b.clients.sfn
-    spec = dict(FunctionName="sc-j-s0", Role=roles["WorkerRole"], PackageType="Image", Code={"ImageUri": IMAGE},
-                ImageConfig={"Command": ["stagecoach.lambdas.handler.handler"]}, MemorySize=512, Timeout=60)
+    spec = dict(
+        FunctionName="sc-j-s0",
+        Role=roles["WorkerRole"],
+        PackageType="Image",
+        Code={"ImageUri": IMAGE},
+        ImageConfig={"Command": ["stagecoach.lambdas.handler.handler"]},
+        MemorySize=512,
+        Timeout=60,
+    )
     ensure_function(lam, dict(spec))
     ensure_function(lam, dict(spec, MemorySize=1536, Timeout=120))
     conf = lam.get_function_configuration(FunctionName="sc-j-s0")
@@ -458,12 +511,18 @@ def test_worker_image_for_another_python_is_refused(monkeypatch, tmp_path):
             AwsBackend(STACK, REGION)
 
 
-@pytest.mark.parametrize("status, reason, expect", [
-    ("CREATE_IN_PROGRESS", None, "wait until it is complete"),
-    ("ROLLBACK_COMPLETE", "The following resource(s) failed to create: [DefaultWorker]",
-     r"ROLLBACK_COMPLETE \(The following resource\(s\) failed to create: \[DefaultWorker\]\).*sam delete --stack-name sc"),
-    ("UPDATE_ROLLBACK_FAILED", None, "its events in the CloudFormation console"),
-])
+@pytest.mark.parametrize(
+    "status, reason, expect",
+    [
+        ("CREATE_IN_PROGRESS", None, "wait until it is complete"),
+        (
+            "ROLLBACK_COMPLETE",
+            "The following resource(s) failed to create: [DefaultWorker]",
+            r"ROLLBACK_COMPLETE \(The following resource\(s\) failed to create: \[DefaultWorker\]\).*sam delete --stack-name sc",
+        ),
+        ("UPDATE_ROLLBACK_FAILED", None, "its events in the CloudFormation console"),
+    ],
+)
 def test_unusable_stack_says_what_to_do(status, reason, expect):
     from stagecoach.aws.stack import StackError, stack_outputs
 
@@ -522,8 +581,7 @@ class _FakeLambda:
         return W()
 
     def get_function_configuration(self, FunctionName):
-        return {"State": self.state, "StateReasonCode": self.reason_code, "StateReason": self.reason,
-                "LastUpdateStatus": "Failed"}
+        return {"State": self.state, "StateReasonCode": self.reason_code, "StateReason": self.reason, "LastUpdateStatus": "Failed"}
 
 
 def test_a_function_that_fails_to_become_active_says_why():
@@ -531,8 +589,11 @@ def test_a_function_that_fails_to_become_active_says_why():
     from stagecoach.deploy.resources import DeployError
 
     lam = _FakeLambda("Failed", "ImageAccessDenied", "Lambda does not have permission to access the ECR image.")
-    with pytest.raises(DeployError, match=r"sc-j-s0 is Failed .*ImageAccessDenied: Lambda does not have permission.*"
-                                          r"ecr:BatchGetImage"):
+    with pytest.raises(
+        DeployError,
+        match=r"sc-j-s0 is Failed .*ImageAccessDenied: Lambda does not have permission.*"
+        r"ecr:BatchGetImage",
+    ):
         wait_function(lam, "sc-j-s0")
 
 

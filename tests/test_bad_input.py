@@ -18,8 +18,15 @@ Y = torch.randint(0, 2, (32,))
 
 
 def good(**change):
-    kw = dict(model=lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)), loss=nn.CrossEntropyLoss(),
-              optimizer=lambda p: torch.optim.SGD(p, lr=0.1), train=(X, Y), global_batch=8, iterations=3, name="bad")
+    kw = dict(
+        model=lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)),
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        train=(X, Y),
+        global_batch=8,
+        iterations=3,
+        name="bad",
+    )
     kw.update(change)
     return Job(**kw)
 

@@ -31,8 +31,9 @@ def stagecoach(*args, cwd):
 
 def test_train_prints_loss_accuracy_and_results(tmp_path):
     (tmp_path / "tiny.py").write_text(JOB_FILE)
-    r = stagecoach("train", "tiny.py", "--stages", "2", "--replicas", "2", "--micro-batches", "2", "--iterations", "4",
-                   "--out", "out", cwd=tmp_path)
+    r = stagecoach(
+        "train", "tiny.py", "--stages", "2", "--replicas", "2", "--micro-batches", "2", "--iterations", "4", "--out", "out", cwd=tmp_path
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "plan: 2 stages (layers per stage [2, 1]) x 2 replicas, 2 micro-batches of 4" in r.stdout
     assert "after 4 iterations" in r.stdout

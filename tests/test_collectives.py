@@ -15,9 +15,9 @@ import time
 
 import pytest
 import torch
+from memory_s3 import MemoryS3
 from torch import nn
 
-from memory_s3 import MemoryS3
 from stagecoach.lambdas import collectives, keys, training
 from stagecoach.lambdas.channel import Channel, ObjectWaitTimeout, Pools
 from stagecoach.lambdas.collectives import GradStream, PipelinedExchange, SyncSpec
@@ -123,7 +123,7 @@ def distributed(algo: str, d: int, k: int, make_opt, iterations: int) -> tuple[l
             if d == 1:
                 grads: dict = {}
                 state = collectives.prefetch_state(ch, spec, 0)
-                stream = GradStream(params, layout, collectives.write_order(spec), lambda kk, c, g: grads.__setitem__((kk, c), g))
+                stream = GradStream(params, layout, collectives.write_order(spec), lambda k_, c, g: grads.__setitem__((k_, c), g))
                 backward(model, r, d, stream)
                 new = collectives.update_alone(ch, spec, flat, torch.cat([grads[0, c] for c in spec.chunks(0)]), state)
             elif algo == "pipelined_scatter_reduce":
@@ -138,10 +138,12 @@ def distributed(algo: str, d: int, k: int, make_opt, iterations: int) -> tuple[l
 
         held = run_in_threads([lambda r=r: replica(r) for r in range(d)])
         if d > 1 and algo != "pipelined_scatter_reduce":
+
             def sync_task(kk: int, spec=spec):
                 ch = channel(s3)
                 collectives.reduce_shard(ch, spec, kk)
                 ch.settle()
+
             run_in_threads([lambda kk=kk: sync_task(kk) for kk in range(k)])
         flat = collectives.gather(channel(s3), spec, t + 1)
         for h in held:  # what a replica holds after a fused sync is what everyone else reads
@@ -186,8 +188,10 @@ def test_stateful_and_stateless_optimizers(opt):
 
 def test_algorithms_agree_with_each_other_bit_for_bit():
     make_opt = OPTIMIZERS["sgd-momentum"]
-    results = {(a, k): distributed(a, 4, k, make_opt, iterations=3)[0][-1]
-               for a, k in [("scatter_reduce", 4), ("pipelined_scatter_reduce", 4), ("all_reduce", 1), ("k_reduce", 2), ("k_reduce", 3)]}
+    results = {
+        (a, k): distributed(a, 4, k, make_opt, iterations=3)[0][-1]
+        for a, k in [("scatter_reduce", 4), ("pipelined_scatter_reduce", 4), ("all_reduce", 1), ("k_reduce", 2), ("k_reduce", 3)]
+    }
     first = next(iter(results.values()))
     for key, v in results.items():
         assert torch.equal(v, first), key

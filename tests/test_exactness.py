@@ -26,8 +26,18 @@ def plain() -> nn.Sequential:
 
 
 def job(model=plain, optimizer=lambda p: torch.optim.Adam(p, lr=0.01), loss=None, train=None, name="exact", **kw) -> Job:
-    return Job(model=model, loss=loss or nn.CrossEntropyLoss(), optimizer=optimizer, train=train or (X, Y),
-               global_batch=12, iterations=3, seed=2, dtype=torch.float64, name=name, **kw)
+    return Job(
+        model=model,
+        loss=loss or nn.CrossEntropyLoss(),
+        optimizer=optimizer,
+        train=train or (X, Y),
+        global_batch=12,
+        iterations=3,
+        seed=2,
+        dtype=torch.float64,
+        name=name,
+        **kw,
+    )
 
 
 # -- models, optimizers and losses that no plan trains exactly ---------------------------------------
@@ -101,15 +111,28 @@ REFUSED = [
     ("LBFGS", dict(optimizer=lambda p: torch.optim.LBFGS(p)), "closure"),
     ("SparseAdam", dict(optimizer=lambda p: torch.optim.SparseAdam(p)), "cannot take a plain step"),
     ("Muon", dict(optimizer=lambda p: torch.optim.Muon(p)), "fails"),
-    ("an optimizer over other tensors", dict(optimizer=lambda p: torch.optim.SGD(p[:1], lr=0.1)),
-     "does not optimise exactly the parameters it is given"),
-    ("BatchNorm's running statistics", dict(model=lambda: nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), nn.Linear(6, 3))),
-     "buffer 'running_mean' \\(BatchNorm1d\\) changes in the forward pass"),
+    (
+        "an optimizer over other tensors",
+        dict(optimizer=lambda p: torch.optim.SGD(p[:1], lr=0.1)),
+        "does not optimise exactly the parameters it is given",
+    ),
+    (
+        "BatchNorm's running statistics",
+        dict(model=lambda: nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), nn.Linear(6, 3))),
+        "buffer 'running_mean' \\(BatchNorm1d\\) changes in the forward pass",
+    ),
     ("a buffer updated in forward", dict(model=lambda: nn.Sequential(Counter(), nn.Linear(6, 3))), "buffer 'seen'"),
     ("a frozen parameter", dict(model=frozen_bias), "'bias' is frozen"),
     ("an unused parameter", dict(model=lambda: nn.Sequential(WithUnused(), nn.Linear(6, 3))), "'spare.weight' gets no gradient"),
-    ("a sparse gradient", dict(model=lambda: nn.Sequential(nn.Embedding(10, 6, sparse=True), nn.Flatten(), nn.Linear(30, 3)),
-                               train=(IDS, Y), optimizer=lambda p: torch.optim.SGD(p, lr=0.1)), "sparse gradient"),
+    (
+        "a sparse gradient",
+        dict(
+            model=lambda: nn.Sequential(nn.Embedding(10, 6, sparse=True), nn.Flatten(), nn.Linear(30, 3)),
+            train=(IDS, Y),
+            optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        ),
+        "sparse gradient",
+    ),
     ("one model object for every build", dict(model=lambda: SHARED_NET), "returned the same module object twice"),
     ("a factory not seeded by torch", dict(model=numpy_init), "builds different values of '0.weight'"),
     ("a loss with parameters", dict(loss=LearnedLoss()), "has parameters, which Stagecoach never trains"),
@@ -177,8 +200,11 @@ def ids_then_embedding():
 PLAN_DEPENDENT = [
     ("batch statistics", dict(model=bn_batch_stats), "its BatchNorm1d normalise over the batch"),
     ("a sum loss", dict(loss=nn.CrossEntropyLoss(reduction="sum")), "the mean of their own losses"),
-    ("class weights", dict(loss=nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))),
-     "the mean of their own losses"),
+    (
+        "class weights",
+        dict(loss=nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))),
+        "the mean of their own losses",
+    ),
 ]
 
 

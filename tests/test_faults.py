@@ -16,8 +16,16 @@ def make_job(name: str) -> Job:
     x = torch.randn(64, 6, generator=g)
     y = torch.randint(0, 3, (64,), generator=g)
     model = lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.1), nn.Linear(16, 3))  # noqa: E731
-    return Job(model=model, loss=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
-               train=(x, y), global_batch=16, iterations=5, seed=5, name=name)
+    return Job(
+        model=model,
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
+        train=(x, y),
+        global_batch=16,
+        iterations=5,
+        seed=5,
+        name=name,
+    )
 
 
 def run(backend, name: str, **plan):
@@ -102,8 +110,14 @@ def test_a_stage_planned_with_too_little_memory_is_raised_a_tier_and_completes(b
     from stagecoach.history import memory_key
 
     job = make_job("oom")
-    plan = Plan(balance=[2, 2], replicas=2, micro_batches=2, global_batch=16, memory_mb=(1024, 256),
-                timeouts_s=[{"forward": TIMEOUT_S, "backward": TIMEOUT_S, "sync": TIMEOUT_S}] * 2)
+    plan = Plan(
+        balance=[2, 2],
+        replicas=2,
+        micro_batches=2,
+        global_batch=16,
+        memory_mb=(1024, 256),
+        timeouts_s=[{"forward": TIMEOUT_S, "backward": TIMEOUT_S, "sync": TIMEOUT_S}] * 2,
+    )
     r = job.run(plan=plan, backend=backend)
     r.wait(progress=False, poll_s=1.0, timeout_s=900)
     c = backend.clients

@@ -51,8 +51,9 @@ def test_missing_fields_are_named():
     assert time.time() - t0 < 5  # refused before any S3 call
 
 
-@pytest.mark.parametrize("change, field", [({"micro_batch_sizes": []}, "micro_batch_sizes"), ({"repeats": 0}, "repeats"),
-                                           ({"replica": 0}, "replica")])
+@pytest.mark.parametrize(
+    "change, field", [({"micro_batch_sizes": []}, "micro_batch_sizes"), ({"repeats": 0}, "repeats"), ({"replica": 0}, "replica")]
+)
 def test_malformed_profile_events_are_refused(change, field):
     ev = {"phase": "profile", "job": "j-1", "bucket": "stagecoach-local", **change}
     with pytest.raises(BadEvent, match=field):

@@ -3,7 +3,7 @@ real run on the local stack kept alive by `stagecoach local start`."""
 
 import json
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from click.testing import CliRunner
@@ -16,16 +16,22 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _ev(i, typ, prev, **details):
-    e = {"id": i, "previousEventId": prev, "type": typ, "timestamp": datetime(2025, 1, 1, tzinfo=timezone.utc)}
+    e = {"id": i, "previousEventId": prev, "type": typ, "timestamp": datetime(2025, 1, 1, tzinfo=UTC)}
     e.update(details)
     return e
 
 
 def _scheduled(i, prev, phase, stage, replica, t):
-    params = {"FunctionName": f"sc-j-s{stage}", "Payload": {"phase": phase, "job": "j", "bucket": "b", "t": t,
-                                                              "window_start": 0, "stage": stage, "replica": replica}}
-    return _ev(i, "TaskScheduled", prev, taskScheduledEventDetails={
-        "resourceType": "lambda", "resource": "invoke", "region": "us-east-1", "parameters": json.dumps(params)})
+    params = {
+        "FunctionName": f"sc-j-s{stage}",
+        "Payload": {"phase": phase, "job": "j", "bucket": "b", "t": t, "window_start": 0, "stage": stage, "replica": replica},
+    }
+    return _ev(
+        i,
+        "TaskScheduled",
+        prev,
+        taskScheduledEventDetails={"resourceType": "lambda", "resource": "invoke", "region": "us-east-1", "parameters": json.dumps(params)},
+    )
 
 
 def test_failed_tasks_are_traced_to_their_worker():
@@ -52,7 +58,7 @@ def test_failed_tasks_are_traced_to_their_worker():
         ("backward", 2, 1, 7, "Runtime.OutOfMemory", False),
     ]
     assert got[1].state == "BackwardTask" and got[1].function == "sc-j-s2"
-    assert got[1].time == datetime(2025, 1, 1, tzinfo=timezone.utc).timestamp()  # where the Gantt chart marks it
+    assert got[1].time == datetime(2025, 1, 1, tzinfo=UTC).timestamp()  # where the Gantt chart marks it
     assert got[1].cause.startswith("Runtime.OutOfMemory: RequestId: x")
 
 
@@ -64,8 +70,19 @@ def _metrics(iterations=4, gap=0.7):
             for s in range(2):
                 for i in range(2):
                     d = dur + 0.1 * i
-                    m = {"phase": phase, "t": t, "stage": s, "index": i, "start": base + off, "end": base + off + d,
-                         "duration_s": d, "compute_s": 0.5 * d, "upload_s": 0.1 * d, "download_s": 0.1 * d, "wait_s": 0.3 * d}
+                    m = {
+                        "phase": phase,
+                        "t": t,
+                        "stage": s,
+                        "index": i,
+                        "start": base + off,
+                        "end": base + off + d,
+                        "duration_s": d,
+                        "compute_s": 0.5 * d,
+                        "upload_s": 0.1 * d,
+                        "download_s": 0.1 * d,
+                        "wait_s": 0.3 * d,
+                    }
                     if phase == "backward" and s == 1:
                         m["loss"] = 1.0 / (t + 1)
                     out.append(m)
@@ -87,17 +104,33 @@ def test_time_breakdown_adds_up_to_the_iteration():
 def test_breakdown_counts_parallel_stages_once_and_prefers_the_union_transfer_time():
     """BackwardSync runs the stages' branches in parallel: one stage's sync overlaps another's
     backward. Time in tasks is the union of the task intervals, not the sum of the phase spans."""
+
     def task(phase, t, stage, start, dur, **kw):
-        m = {"phase": phase, "t": t, "stage": stage, "index": 0, "start": start, "end": start + dur, "duration_s": dur,
-             "compute_s": dur / 2, "upload_s": dur / 2, "download_s": dur / 2, "wait_s": 0.0}
+        m = {
+            "phase": phase,
+            "t": t,
+            "stage": stage,
+            "index": 0,
+            "start": start,
+            "end": start + dur,
+            "duration_s": dur,
+            "compute_s": dur / 2,
+            "upload_s": dur / 2,
+            "download_s": dur / 2,
+            "wait_s": 0.0,
+        }
         m.update(kw)
         return m
 
     ms = []
     for t in range(2):
         b = 10.0 * t
-        ms += [task("backward", t, 0, b + 0.0, 4.0), task("sync", t, 0, b + 4.0, 1.0),
-               task("backward", t, 1, b + 0.0, 1.0), task("sync", t, 1, b + 1.0, 1.0)]  # inside stage 0's backward
+        ms += [
+            task("backward", t, 0, b + 0.0, 4.0),
+            task("sync", t, 0, b + 4.0, 1.0),
+            task("backward", t, 1, b + 0.0, 1.0),
+            task("sync", t, 1, b + 1.0, 1.0),
+        ]  # inside stage 0's backward
     (x,) = iteration_breakdown(ms)
     # busy 5 s (not backward span 4 + sync span 4 = 8); 5 s of the 10 s iteration is orchestration
     assert x["orchestration_s"] == pytest.approx(5.0)
@@ -152,8 +185,8 @@ def test_inspect_a_local_run_through_the_daemon(tmp_path, monkeypatch):
     from stagecoach.cli.cleanup import cleanup_command
     from stagecoach.cli.inspect import inspect_command
     from stagecoach.cli.local import local_group
-    from stagecoach.local.daemon_state import read_state
     from stagecoach.local.backend import LocalBackend
+    from stagecoach.local.daemon_state import read_state
 
     monkeypatch.setenv("STAGECOACH_HOME", str(tmp_path / "home"))
     # the daemon's Lambda runtime kills stage 1's backward task of iteration 1 once: Step Functions
@@ -170,8 +203,16 @@ def test_inspect_a_local_run_through_the_daemon(tmp_path, monkeypatch):
         assert backend.stack.endpoint_url == st["endpoint"]  # attached, not a stack of its own
         g = torch.Generator().manual_seed(0)
         x, y = torch.randn(16, 4, generator=g), torch.randint(0, 2, (16,), generator=g)
-        job = Job(model=lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)), loss=nn.CrossEntropyLoss(),
-                  optimizer=lambda p: torch.optim.SGD(p, lr=0.1), train=(x, y), global_batch=8, iterations=3, seed=0, name="insp")
+        job = Job(
+            model=lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)),
+            loss=nn.CrossEntropyLoss(),
+            optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+            train=(x, y),
+            global_batch=8,
+            iterations=3,
+            seed=0,
+            name="insp",
+        )
         run = job.run(plan=job.manual_plan(stages=2, replicas=1, memory_mb=1024, timeout_s=120), backend=backend)
         run.wait(progress=False, timeout_s=240)
 

@@ -41,8 +41,15 @@ def test_balance_must_cover_the_model():
         p.validate(layers=5)
 
 
-@pytest.mark.parametrize("text, message", [("[1,2]", "JSON object"), ("{", "not valid JSON"),
-                                           ('{"replicas": 1}', "lacks 'balance'"), ('{"balance": [1], "x": 1}', "unknown fields")])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[1,2]", "JSON object"),
+        ("{", "not valid JSON"),
+        ('{"replicas": 1}', "lacks 'balance'"),
+        ('{"balance": [1], "x": 1}', "unknown fields"),
+    ],
+)
 def test_malformed_plan_json(text, message):
     with pytest.raises(PlanError, match=message):
         Plan.from_json(text)

@@ -13,8 +13,16 @@ def make_job() -> Job:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 32, generator=g)
     y = torch.randint(0, 4, (64,), generator=g)
-    return Job(model=lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)), loss=nn.CrossEntropyLoss(),
-               optimizer=lambda p: torch.optim.SGD(p, lr=0.1), train=(x, y), global_batch=32, iterations=4, seed=0, name="prof")
+    return Job(
+        model=lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)),
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        train=(x, y),
+        global_batch=32,
+        iterations=4,
+        seed=0,
+        name="prof",
+    )
 
 
 def test_each_tier_is_measured_inside_a_function_of_that_memory_and_nothing_is_left(backend):

@@ -28,8 +28,9 @@ def template():
 
 def _cfn_lint(path):
     # cfn-lint has no __main__; its console script calls cfnlint.runner.main
-    return subprocess.run([sys.executable, "-c", "import sys; from cfnlint.runner import main; sys.exit(main())", path],
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from cfnlint.runner import main; sys.exit(main())", path], capture_output=True, text=True
+    )
 
 
 def _strings(x):
@@ -60,8 +61,11 @@ def test_cfn_lint_reports_nothing():
     """No error, no warning, and no informational finding either (I3011's deletion policies are explicit)."""
     r = _cfn_lint(TEMPLATE)
     assert r.returncode == 0 and r.stdout.strip() == "", r.stdout + r.stderr
-    r = subprocess.run([sys.executable, "-c", "import sys; from cfnlint.runner import main; sys.exit(main())",
-                        "--include-checks", "I", "--", TEMPLATE], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-c", "import sys; from cfnlint.runner import main; sys.exit(main())", "--include-checks", "I", "--", TEMPLATE],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and r.stdout.strip() == "", r.stdout + r.stderr
 
 
@@ -71,7 +75,9 @@ def test_cfn_lint_does_catch_a_broken_template(tmp_path):
     with open(TEMPLATE) as f:
         text = f.read()
     broken = tmp_path / "template.yaml"
-    broken.write_text(text.replace("SSEAlgorithm: AES256", "SSEAlgorithm: AES257").replace("Architectures: [!Ref Architecture]", "Architectures: [sparc]"))
+    broken.write_text(
+        text.replace("SSEAlgorithm: AES256", "SSEAlgorithm: AES257").replace("Architectures: [!Ref Architecture]", "Architectures: [sparc]")
+    )
     (tmp_path / "statemachines").mkdir()
     shutil.copy(os.path.join(ROOT, "statemachines", "job.asl.json"), tmp_path / "statemachines")
     r = _cfn_lint(str(broken))
@@ -117,18 +123,25 @@ BUCKET = "sc-bucket-1a2b3c4d5e6f"
 
 def render(pattern):
     """A template Resource pattern with the stack's values substituted (the way CloudFormation would)."""
-    return (pattern.replace("${AWS::Partition}", "aws").replace("${AWS::Region}", REGION)
-            .replace("${AWS::AccountId}", ACCOUNT).replace("${AWS::StackName}", STACK)
-            .replace("${Bucket.Arn}", f"arn:aws:s3:::{BUCKET}").replace("GetAtt:Bucket.Arn", f"arn:aws:s3:::{BUCKET}")
-            .replace("GetAtt:WorkerLogGroup.Arn", f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/lambda/{STACK}-workers:*"))
+    return (
+        pattern.replace("${AWS::Partition}", "aws")
+        .replace("${AWS::Region}", REGION)
+        .replace("${AWS::AccountId}", ACCOUNT)
+        .replace("${AWS::StackName}", STACK)
+        .replace("${Bucket.Arn}", f"arn:aws:s3:::{BUCKET}")
+        .replace("GetAtt:Bucket.Arn", f"arn:aws:s3:::{BUCKET}")
+        .replace("GetAtt:WorkerLogGroup.Arn", f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/lambda/{STACK}-workers:*")
+    )
 
 
 def grants(statements, action, arn):
     """Whether an Allow statement grants ``action`` on ``arn`` (IAM wildcard matching)."""
     from stagecoach.aws.access import arn_matches
 
-    return any(st["Effect"] == "Allow" and action in _strings(st["Action"])
-               and any(arn_matches(render(r), arn) for r in _strings(st["Resource"])) for st in statements)
+    return any(
+        st["Effect"] == "Allow" and action in _strings(st["Action"]) and any(arn_matches(render(r), arn) for r in _strings(st["Resource"]))
+        for st in statements
+    )
 
 
 def test_no_wildcard_actions_or_resources_beyond_the_design(template):
@@ -145,8 +158,9 @@ def test_no_wildcard_actions_or_resources_beyond_the_design(template):
                     assert set(_strings(st["Action"])) <= justified_star, f"{logical}: Resource * for {st['Action']}"
                 elif "*" in r:
                     # wildcards only after the stack's own prefix or inside the bucket's own key prefixes
-                    assert "${AWS::StackName}-*" in r or r in {"${Bucket.Arn}/jobs/*", "${Bucket.Arn}/data/*",
-                                                              "${Bucket.Arn}/history/*"}, f"{logical}: {r}"
+                    assert "${AWS::StackName}-*" in r or r in {"${Bucket.Arn}/jobs/*", "${Bucket.Arn}/data/*", "${Bucket.Arn}/history/*"}, (
+                        f"{logical}: {r}"
+                    )
 
 
 def test_worker_role_reaches_only_the_stack_bucket_logs_xray_and_stack_function_memory(template):
@@ -154,8 +168,10 @@ def test_worker_role_reaches_only_the_stack_bucket_logs_xray_and_stack_function_
     services = {a.split(":")[0] for a, _ in got}
     assert services == {"s3", "logs", "xray", "lambda"}
     lam = {(a, r) for a, r in got if a.startswith("lambda:")}
-    assert lam == {(a, "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*")
-                   for a in ("lambda:GetFunctionConfiguration", "lambda:UpdateFunctionConfiguration")}
+    assert lam == {
+        (a, "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*")
+        for a in ("lambda:GetFunctionConfiguration", "lambda:UpdateFunctionConfiguration")
+    }
     s3 = {(a, r) for a, r in got if a.startswith("s3:")}
     assert {r for _, r in s3} == {"${Bucket.Arn}/jobs/*", "${Bucket.Arn}/data/*", "${Bucket.Arn}/history/*", "GetAtt:Bucket.Arn"}
     assert {a for a, r in s3 if r == "GetAtt:Bucket.Arn"} == {"s3:ListBucket"}
@@ -163,7 +179,9 @@ def test_worker_role_reaches_only_the_stack_bucket_logs_xray_and_stack_function_
     (listing,) = [st for st in role_statements(template, "WorkerRole") if "s3:ListBucket" in _strings(st["Action"])]
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["jobs/*", "data/*", "history/*"]}}
     assert {(a, r) for a, r in got if a.startswith("logs:")} == {
-        ("logs:CreateLogStream", "GetAtt:WorkerLogGroup.Arn"), ("logs:PutLogEvents", "GetAtt:WorkerLogGroup.Arn")}
+        ("logs:CreateLogStream", "GetAtt:WorkerLogGroup.Arn"),
+        ("logs:PutLogEvents", "GetAtt:WorkerLogGroup.Arn"),
+    }
     assert not any(a == "logs:CreateLogGroup" for a, _ in got)  # the stack creates the log group
 
 
@@ -175,9 +193,17 @@ def test_worker_role_covers_every_key_the_workers_use_and_nothing_else(template)
 
     sts = role_statements(template, "WorkerRole")
     job = "digits-1a2b3c4d"
-    used = [keys.job_spec(job), keys.job_code(job), keys.plan(job), keys.act(job, 3, 1, 0, 1), keys.grad(job, 3, 1, 0, 1),
-            keys.metrics(job, 3, "sync", 1, 0), keys.dataset("abcdef0123456789", "train"),
-            f"{keys.job_prefix(job)}remediations/1700000000000-s1.json", history.memory_key("digits")]
+    used = [
+        keys.job_spec(job),
+        keys.job_code(job),
+        keys.plan(job),
+        keys.act(job, 3, 1, 0, 1),
+        keys.grad(job, 3, 1, 0, 1),
+        keys.metrics(job, 3, "sync", 1, 0),
+        keys.dataset("abcdef0123456789", "train"),
+        f"{keys.job_prefix(job)}remediations/1700000000000-s1.json",
+        history.memory_key("digits"),
+    ]
     for key in used:
         for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
             assert grants(sts, action, f"arn:aws:s3:::{BUCKET}/{key}"), (action, key)
@@ -193,8 +219,16 @@ def test_role_patterns_match_exactly_the_names_the_sdk_gives(template):
     else (not the default worker, not the job machine itself, not another stack's)."""
     from stagecoach.deploy import resources as deploy
 
-    res = deploy.StackResources(prefix=STACK, region=REGION, bucket=BUCKET, image_uri="i", worker_role_arn="w",
-                                states_role_arn="s", job_state_machine_arn=f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{STACK}-job")
+    res = deploy.StackResources(
+        prefix=STACK,
+        region=REGION,
+        bucket=BUCKET,
+        image_uri="i",
+        worker_role_arn="w",
+        states_role_arn="s",
+        job_state_machine_arn=f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{STACK}-job",
+    )
+
     def fn(name):
         return f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}"
 
@@ -230,8 +264,14 @@ def test_roles_grant_what_the_state_machines_call(template):
     needs = {
         "arn:aws:states:::lambda:invoke": {"lambda:InvokeFunction"},
         # startExecution.sync:2: start the child, watch it, and the EventBridge rule it is watched through
-        "arn:aws:states:::states:startExecution.sync:2": {"states:StartExecution", "states:DescribeExecution", "states:StopExecution",
-                                                           "events:PutTargets", "events:PutRule", "events:DescribeRule"},
+        "arn:aws:states:::states:startExecution.sync:2": {
+            "states:StartExecution",
+            "states:DescribeExecution",
+            "states:StopExecution",
+            "events:PutTargets",
+            "events:PutRule",
+            "events:DescribeRule",
+        },
     }
 
     def resources(d):
@@ -259,7 +299,8 @@ def test_window_role_invokes_only_stack_functions(template):
     assert {a for a, _ in got} == {"lambda:InvokeFunction"}
     assert {r for _, r in got} == {
         "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*",
-        "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*:*"}
+        "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*:*",
+    }
 
 
 def test_job_role_runs_only_stack_windows_the_sync_rule_and_remediation(template):
@@ -267,22 +308,35 @@ def test_job_role_runs_only_stack_windows_the_sync_rule_and_remediation(template
     by_action = {}
     for a, r in got:
         by_action.setdefault(a, set()).add(r)
-    assert set(by_action) == {"states:StartExecution", "states:DescribeExecution", "states:StopExecution",
-                              "events:PutTargets", "events:PutRule", "events:DescribeRule", "lambda:InvokeFunction"}
+    assert set(by_action) == {
+        "states:StartExecution",
+        "states:DescribeExecution",
+        "states:StopExecution",
+        "events:PutTargets",
+        "events:PutRule",
+        "events:DescribeRule",
+        "lambda:InvokeFunction",
+    }
     assert by_action["lambda:InvokeFunction"] == {
-        "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*"}
+        "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*"
+    }
     assert by_action["states:StartExecution"] == {
-        "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}:stateMachine:${AWS::StackName}-*-window"}
+        "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}:stateMachine:${AWS::StackName}-*-window"
+    }
     for a in ("states:DescribeExecution", "states:StopExecution"):
         assert by_action[a] == {"arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}:execution:${AWS::StackName}-*-window:*"}
     for a in ("events:PutTargets", "events:PutRule", "events:DescribeRule"):
         assert by_action[a] == {
-            "arn:${AWS::Partition}:events:${AWS::Region}:${AWS::AccountId}:rule/StepFunctionsGetEventsForStepFunctionsExecutionRule"}
+            "arn:${AWS::Partition}:events:${AWS::Region}:${AWS::AccountId}:rule/StepFunctionsGetEventsForStepFunctionsExecutionRule"
+        }
 
 
 def test_roles_trust_only_their_service(template):
-    for logical, svc in (("WorkerRole", "lambda.amazonaws.com"), ("WindowStatesRole", "states.amazonaws.com"),
-                         ("JobStatesRole", "states.amazonaws.com")):
+    for logical, svc in (
+        ("WorkerRole", "lambda.amazonaws.com"),
+        ("WindowStatesRole", "states.amazonaws.com"),
+        ("JobStatesRole", "states.amazonaws.com"),
+    ):
         (st,) = template["Resources"][logical]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
         assert st["Principal"] == {"Service": svc} and st["Action"] == "sts:AssumeRole"
 
@@ -299,13 +353,20 @@ def test_bucket_encrypted_private_tls_only_with_expiry(template):
     b = template["Resources"]["Bucket"]["Properties"]
     (rule,) = b["BucketEncryption"]["ServerSideEncryptionConfiguration"]
     assert rule["ServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"  # SSE-S3: no KMS key to grant
-    assert all(b["PublicAccessBlockConfiguration"][k] is True for k in
-               ("BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets"))
+    assert all(
+        b["PublicAccessBlockConfiguration"][k] is True
+        for k in ("BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets")
+    )
     pol = template["Resources"]["BucketPolicy"]["Properties"]
     assert pol["Bucket"] == {"Ref": "Bucket"}
     deny = [st for st in pol["PolicyDocument"]["Statement"] if st["Effect"] == "Deny"]
-    assert any(st["Condition"] == {"Bool": {"aws:SecureTransport": "false"}} and st["Principal"] == "*"
-               and st["Action"] == "s3:*" and set(_strings(st["Resource"])) == {"GetAtt:Bucket.Arn", "${Bucket.Arn}/*"} for st in deny)
+    assert any(
+        st["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+        and st["Principal"] == "*"
+        and st["Action"] == "s3:*"
+        and set(_strings(st["Resource"])) == {"GetAtt:Bucket.Arn", "${Bucket.Arn}/*"}
+        for st in deny
+    )
     rules = {r["Id"]: r for r in b["LifecycleConfiguration"]["Rules"]}
     exp = rules["ExpireTransientIterationObjects"]
     assert exp["Status"] == "Enabled" and exp["Prefix"] == "jobs/"
@@ -436,8 +497,13 @@ def test_deployer_policy_covers_the_keys_the_sdk_uses():
 
     sts = deployer_policy(STACK, REGION, ACCOUNT, bucket=BUCKET)["Statement"]
     job = "digits-1a2b3c4d"
-    for key in (keys.job_spec(job), keys.metrics(job, 0, "forward", 0, 0), keys.dataset("abc", "train"),
-                history.history_key("digits"), history.memory_key("digits")):
+    for key in (
+        keys.job_spec(job),
+        keys.metrics(job, 0, "forward", 0, 0),
+        keys.dataset("abc", "train"),
+        history.history_key("digits"),
+        history.memory_key("digits"),
+    ):
         for action in ("s3:GetObject", "s3:PutObject"):
             assert grants(sts, action, f"arn:aws:s3:::{BUCKET}/{key}"), (action, key)
     assert grants(sts, "s3:ListBucket", f"arn:aws:s3:::{BUCKET}")
@@ -445,9 +511,11 @@ def test_deployer_policy_covers_the_keys_the_sdk_uses():
 
 
 # ---------------------------------------------------------------------------------- sam (opt-in)
-SAM_MISSING = ("aws-sam-cli is not installed: install it in a separate virtualenv (its pins clash with this "
-               "project's), e.g. python -m venv ~/.sam && ~/.sam/bin/pip install aws-sam-cli, then put its sam on "
-               "PATH or set STAGECOACH_SAM=~/.sam/bin/sam")
+SAM_MISSING = (
+    "aws-sam-cli is not installed: install it in a separate virtualenv (its pins clash with this "
+    "project's), e.g. python -m venv ~/.sam && ~/.sam/bin/pip install aws-sam-cli, then put its sam on "
+    "PATH or set STAGECOACH_SAM=~/.sam/bin/sam"
+)
 
 
 def _sam():
@@ -464,8 +532,11 @@ def _sam_env():
 
 def _repo_copy(tmp_path):
     work = tmp_path / "repo"
-    shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(".git", ".venv", "node_modules", ".aws-sam", "stagecoach-runs",
-                                                              "__pycache__", "*.egg-info"))
+    shutil.copytree(
+        ROOT,
+        work,
+        ignore=shutil.ignore_patterns(".git", ".venv", "node_modules", ".aws-sam", "stagecoach-runs", "__pycache__", "*.egg-info"),
+    )
     return work
 
 
@@ -474,8 +545,9 @@ def test_sam_validate_lint(tmp_path):
     """`sam validate --lint`: SAM CLI's own transform and its (newer) cfn-lint. Skips only without aws-sam-cli."""
     sam = _sam()
     work = _repo_copy(tmp_path)
-    r = subprocess.run([sam, "validate", "--lint", "--template", "template.yaml"], cwd=work, capture_output=True, text=True,
-                       env=_sam_env(), timeout=600)
+    r = subprocess.run(
+        [sam, "validate", "--lint", "--template", "template.yaml"], cwd=work, capture_output=True, text=True, env=_sam_env(), timeout=600
+    )
     assert r.returncode == 0 and "is a valid SAM Template" in r.stdout + r.stderr, r.stdout + r.stderr
 
 
@@ -486,15 +558,18 @@ def test_sam_build(tmp_path):
     Dockerfile and its build arguments and stopped only for the missing engine, and says so."""
     sam = _sam()
     work = _repo_copy(tmp_path)
-    r = subprocess.run([sam, "build", "--template", "template.yaml"], cwd=work, capture_output=True, text=True,
-                       env=_sam_env(), timeout=3600)
+    r = subprocess.run(
+        [sam, "build", "--template", "template.yaml"], cwd=work, capture_output=True, text=True, env=_sam_env(), timeout=3600
+    )
     out = r.stdout + r.stderr
     engine = shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True).returncode == 0
     if not engine:
         assert r.returncode != 0 and "Building image for DefaultWorker function" in out, out
         assert "Setting DockerBuildArgs for DefaultWorker function" in out and "container runtime" in out, out
-        pytest.skip("sam build accepted the template, the Dockerfile and its build arguments, but building the image "
-                    "needs a Docker (or Finch) engine, which is not running here")
+        pytest.skip(
+            "sam build accepted the template, the Dockerfile and its build arguments, but building the image "
+            "needs a Docker (or Finch) engine, which is not running here"
+        )
     assert r.returncode == 0, out
     built = (work / ".aws-sam" / "build" / "template.yaml").read_text()
     assert "defaultworker:py311-torch2.13.0" in built, built  # the image sam deploy pushes

@@ -7,12 +7,14 @@ import torch
 from torch import nn
 
 from stagecoach import Job, Plan, PlanError
-from stagecoach.planner.plan import TIMEOUT_SAFETY, timeouts_from
 from stagecoach.history import observed_task_seconds
+from stagecoach.planner.plan import TIMEOUT_SAFETY, timeouts_from
 
 
 def test_a_phase_predicted_past_15_minutes_is_refused_with_what_to_change():
-    with pytest.raises(PlanError, match="stage 1's backward task is predicted to take 500 s.*more stages.*more replicas.*smaller micro-batches"):
+    with pytest.raises(
+        PlanError, match="stage 1's backward task is predicted to take 500 s.*more stages.*more replicas.*smaller micro-batches"
+    ):
         Plan(balance=[1, 1], extras={"predicted_task_s": [{"backward": 10}, {"backward": 500}]})
     with pytest.raises(PlanError, match="stage 0's sync task takes 460 s"):
         timeouts_from([{"forward": 1, "backward": 2, "sync": 460}])
@@ -25,9 +27,15 @@ def test_timeouts_follow_the_task_seconds():
 
 def test_the_second_run_of_a_job_takes_its_timeouts_from_the_first(backend):
     x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
-    job = Job(model=lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)), loss=nn.CrossEntropyLoss(),
-              optimizer=lambda p: torch.optim.SGD(p, lr=0.1), train=(x, y), global_batch=8, iterations=3,
-              name="timeouts-twice")
+    job = Job(
+        model=lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)),
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        train=(x, y),
+        global_batch=8,
+        iterations=3,
+        name="timeouts-twice",
+    )
     first = job.run(stages=2, replicas=2, backend=backend)
     first.wait(progress=False)
     assert first.plan.timeouts_s[0]["backward"] == 300  # the manual plan's default

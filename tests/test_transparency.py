@@ -43,8 +43,17 @@ def make_job(name: str, model, optimizer) -> Job:
     g = torch.Generator().manual_seed(7)
     x = torch.randn(96, 10, generator=g, dtype=torch.float64)
     y = torch.randint(0, 4, (96,), generator=g)
-    return Job(model=model, loss=nn.CrossEntropyLoss(), optimizer=optimizer, train=(x, y), global_batch=GLOBAL_BATCH,
-               iterations=ITERATIONS, seed=3, dtype=torch.float64, name=name)
+    return Job(
+        model=model,
+        loss=nn.CrossEntropyLoss(),
+        optimizer=optimizer,
+        train=(x, y),
+        global_batch=GLOBAL_BATCH,
+        iterations=ITERATIONS,
+        seed=3,
+        dtype=torch.float64,
+        name=name,
+    )
 
 
 def max_diff(a: nn.Module, b: nn.Module) -> float:
@@ -71,7 +80,7 @@ def runs(backend):
 
 
 @pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "%dx%dx%d" % c)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "{}x{}x{}".format(*c))
 def test_parameters_equal_single_process_pytorch(runs, opt_name, cfg):
     run = runs[(opt_name, cfg)]
     _, d, m = cfg
@@ -82,7 +91,7 @@ def test_parameters_equal_single_process_pytorch(runs, opt_name, cfg):
     assert max_diff(trained, expected) < 1e-5
 
 
-@pytest.mark.parametrize("i", range(len(SYNC_CONFIGS)), ids=lambda i: "%dx%dx%d-%s" % SYNC_CONFIGS[i][:4])
+@pytest.mark.parametrize("i", range(len(SYNC_CONFIGS)), ids=lambda i: "{}x{}x{}-{}".format(*SYNC_CONFIGS[i][:4]))
 def test_every_sync_algorithm_gives_the_parameters_of_single_process_pytorch(runs, i):
     run = runs[("sync", i)]
     _, d, m, _, _ = SYNC_CONFIGS[i]

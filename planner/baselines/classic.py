@@ -22,16 +22,16 @@ formulas and our interpretations are in docs/planner-baselines.md.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from stagecoach.planner.baselines.fasdl import fasdl_plan
 from stagecoach.planner.baselines.funcpipe import funcpipe_plan
 from stagecoach.planner.baselines.hydrozoa import hydrozoa_plan
-from stagecoach.planner.solve.milp import max_stages_for, objective_value
-from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
 from stagecoach.planner.model.perfmodel import Config, Estimate, SyncChoice, evaluate
 from stagecoach.planner.model.platforms import Platform
 from stagecoach.planner.profile.layers import ModelProfile, balanced_partition
+from stagecoach.planner.solve.milp import max_stages_for, objective_value
+from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
 
 
 def _sync(d: int, algo: str) -> SyncChoice:
@@ -67,7 +67,9 @@ def lambdaml(profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[i
     return _dp(profile, G, plat, replicas, "scatter_reduce", None)
 
 
-def lambdaml_ga(profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int] = (1, 2, 4, 8, 16, 32), micro_batch: int = 4) -> Estimate | None:
+def lambdaml_ga(
+    profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int] = (1, 2, 4, 8, 16, 32), micro_batch: int = 4
+) -> Estimate | None:
     return _dp(profile, G, plat, replicas, "scatter_reduce", micro_batch)
 
 
@@ -75,7 +77,9 @@ def hybridps(profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[i
     return _dp(profile, G, plat, replicas, "all_reduce", None)
 
 
-def hybridps_ga(profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int] = (1, 2, 4, 8, 16, 32), micro_batch: int = 4) -> Estimate | None:
+def hybridps_ga(
+    profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int] = (1, 2, 4, 8, 16, 32), micro_batch: int = 4
+) -> Estimate | None:
     return _dp(profile, G, plat, replicas, "all_reduce", micro_batch)
 
 
@@ -84,7 +88,9 @@ def _balanced(profile: ModelProfile, plat: Platform, S: int, b: int) -> tuple[in
     return tuple(balanced_partition([sum(l.times(ref, b, plat)) for l in profile.layers], S))
 
 
-def tpdmp(profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int] = (1, 2, 4, 8, 16, 32), micro_batch: int = 4, max_stages: int = 8) -> Estimate | None:
+def tpdmp(
+    profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int] = (1, 2, 4, 8, 16, 32), micro_batch: int = 4, max_stages: int = 8
+) -> Estimate | None:
     out = []
     L = len(profile.layers)
     for d in replicas:
@@ -98,22 +104,34 @@ def tpdmp(profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int]
     return _pick(out)
 
 
-def bayes(profile: ModelProfile, G: int, plat: Platform, trials: int = 100, weights: Sequence[tuple[float, float]] = FUNCPIPE_WEIGHTS,
-          replicas: Sequence[int] = (1, 2, 4, 8, 16, 32), micro_batch_sizes: Sequence[int] = (1, 2, 4, 8), max_stages: int = 8, seed: int = 0) -> Estimate | None:
+def bayes(
+    profile: ModelProfile,
+    G: int,
+    plat: Platform,
+    trials: int = 100,
+    weights: Sequence[tuple[float, float]] = FUNCPIPE_WEIGHTS,
+    replicas: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    micro_batch_sizes: Sequence[int] = (1, 2, 4, 8),
+    max_stages: int = 8,
+    seed: int = 0,
+) -> Estimate | None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     L = len(profile.layers)
     found: list[Estimate] = []
     for a1, a2 in weights:
-        def objective(trial: "optuna.Trial") -> float:
+
+        def objective(trial: optuna.Trial, a1: float = a1, a2: float = a2) -> float:
             d = trial.suggest_categorical("d", list(replicas))
             b = trial.suggest_categorical("b", list(micro_batch_sizes))
             S = trial.suggest_int("S", 1, max_stages_for(d, L, max_stages))
             t = trial.suggest_categorical("tier", list(plat.tiers_mb))
             if G % (d * b):
                 return float("inf")
-            e = evaluate(profile, Config(_balanced(profile, plat, S, b), (t,) * S, d, b, G // (d * b), (_sync(d, "scatter_reduce"),) * S), plat)
+            e = evaluate(
+                profile, Config(_balanced(profile, plat, S, b), (t,) * S, d, b, G // (d * b), (_sync(d, "scatter_reduce"),) * S), plat
+            )
             if not e.feasible:
                 return float("inf")
             found.append(e)

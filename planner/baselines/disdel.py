@@ -21,8 +21,9 @@ peak RSS of a real forward + backward.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from stagecoach.planner.model.perfmodel import SyncChoice
@@ -49,7 +50,7 @@ class DisdelEstimate:
         return self.fit + self.pkg + self.dta + self.mod + self.saf
 
 
-def disdel_estimate(layers: Sequence["LayerProfile"], micro_batch: int, pkg_mb: float, misc_elements: float = 0.0) -> DisdelEstimate:
+def disdel_estimate(layers: Sequence[LayerProfile], micro_batch: int, pkg_mb: float, misc_elements: float = 0.0) -> DisdelEstimate:
     """DiSDeL's m_a for a stage holding ``layers``, running ``micro_batch`` samples at a time.
 
     Mapping to our profile: t_par = parameter bytes / 4; t_act = saved-for-backward bytes per
@@ -87,8 +88,14 @@ class MemoryCheck:
         return self.disdel_bytes / self.ours_bytes
 
 
-def memory_checks(layers: Sequence["LayerProfile"], balance: Sequence[int], micro_batch: int, replicas: int, platform: "Platform",
-                  sync: "Sequence[SyncChoice] | None" = None) -> list[MemoryCheck]:
+def memory_checks(
+    layers: Sequence[LayerProfile],
+    balance: Sequence[int],
+    micro_batch: int,
+    replicas: int,
+    platform: Platform,
+    sync: Sequence[SyncChoice] | None = None,
+) -> list[MemoryCheck]:
     """Per stage of ``balance``: our peak (perfmodel.stage_memory_bytes + runtime base) and DiSDeL's."""
     from stagecoach.planner.model.perfmodel import stage_memory_bytes
 
@@ -103,8 +110,15 @@ def memory_checks(layers: Sequence["LayerProfile"], balance: Sequence[int], micr
     return out
 
 
-def memory_crosscheck(layers: Sequence["LayerProfile"], balance: Sequence[int], micro_batch: int, replicas: int, platform: "Platform",
-                      factor: float = 2.5, sync: "Sequence[SyncChoice] | None" = None) -> list[str]:
+def memory_crosscheck(
+    layers: Sequence[LayerProfile],
+    balance: Sequence[int],
+    micro_batch: int,
+    replicas: int,
+    platform: Platform,
+    factor: float = 2.5,
+    sync: Sequence[SyncChoice] | None = None,
+) -> list[str]:
     """Warnings for stages where ours and DiSDeL's memory differ by more than ``factor`` either way.
 
     Fed the same profile, DiSDeL's formula (4 parameter copies + the model file, 2x the

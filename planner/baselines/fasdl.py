@@ -26,8 +26,9 @@ optimum; docs/planner-baselines.md compares.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
 
@@ -119,8 +120,17 @@ def _objective(t: float, c: float, wc: float, wt: float) -> float:
     return wc * c + wt * t
 
 
-def _best_k(model: FasDLModel, global_batch: int, W: int, M: int, wc: float, wt: float, need: Need | None,
-            time_limit: float, best: FasDLResult | None) -> tuple[FasDLResult | None, int]:
+def _best_k(
+    model: FasDLModel,
+    global_batch: int,
+    W: int,
+    M: int,
+    wc: float,
+    wt: float,
+    need: Need | None,
+    time_limit: float,
+    best: FasDLResult | None,
+) -> tuple[FasDLResult | None, int]:
     """Every K that fits for (W, M), against ``best``; returns the new best and the evaluations."""
     n = 0
     for K in range(1, W + 1):
@@ -134,8 +144,16 @@ def _best_k(model: FasDLModel, global_batch: int, W: int, M: int, wc: float, wt:
     return best, n
 
 
-def brute_force(model: FasDLModel, global_batch: int, workers: Sequence[int], memories: Sequence[int], wc: float, wt: float,
-                need: Need | None = None, time_limit: float = math.inf) -> FasDLResult | None:
+def brute_force(
+    model: FasDLModel,
+    global_batch: int,
+    workers: Sequence[int],
+    memories: Sequence[int],
+    wc: float,
+    wt: float,
+    need: Need | None = None,
+    time_limit: float = math.inf,
+) -> FasDLResult | None:
     """Evaluate every (W, K, M) that fits in memory; the best objective within the time limit."""
     best, n = None, 0
     for W in workers:
@@ -147,8 +165,16 @@ def brute_force(model: FasDLModel, global_batch: int, workers: Sequence[int], me
     return best
 
 
-def two_stage_search(model: FasDLModel, global_batch: int, workers: Sequence[int], memories: Sequence[int], wc: float, wt: float,
-                     need: Need | None = None, time_limit: float = math.inf) -> FasDLResult | None:
+def two_stage_search(
+    model: FasDLModel,
+    global_batch: int,
+    workers: Sequence[int],
+    memories: Sequence[int],
+    wc: float,
+    wt: float,
+    need: Need | None = None,
+    time_limit: float = math.inf,
+) -> FasDLResult | None:
     """FasDL's prune-then-search, exact: the same optimum as ``brute_force`` with fewer evaluations."""
     pairs, nb = [], 0
     for W in workers:
@@ -207,7 +233,7 @@ def fit_train_coefficients(samples: Sequence[tuple[float, float, float]]) -> tup
     return float(a), float(ab / a) if a else 0.0, float(m)
 
 
-def fit_fasdl_model(profile: "ModelProfile", plat: "Platform", batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> FasDLModel:
+def fit_fasdl_model(profile: ModelProfile, plat: Platform, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> FasDLModel:
     """FasDL's coefficients for a profile: T_train fitted to one worker's forward + backward
     (our profile's times at every tier and batch size); bandwidth and latency from the platform
     (its bandwidth does not depend on memory, so p(M) is constant; ramp = w * t_lat makes a small
@@ -222,7 +248,7 @@ def fit_fasdl_model(profile: "ModelProfile", plat: "Platform", batches: Sequence
     return FasDLModel(profile.param_bytes, a, b, m, w, w, w * plat.storage_latency_s, 0.0, plat.price_gb_s, plat.price_put, plat.price_get)
 
 
-def memory_need(profile: "ModelProfile", global_batch: int, plat: "Platform") -> Need:
+def memory_need(profile: ModelProfile, global_batch: int, plat: Platform) -> Need:
     """FasDL's memory constraint from the profile: the least Lambda memory (MB) our runtime needs
     for W workers of G/W samples with K aggregators (what FasDL measures by profiling)."""
     from stagecoach.planner.model.perfmodel import stage_memory_bytes
@@ -238,7 +264,7 @@ def memory_need(profile: "ModelProfile", global_batch: int, plat: "Platform") ->
     return need
 
 
-def sync_choice(workers: int, k: int) -> "SyncChoice":
+def sync_choice(workers: int, k: int) -> SyncChoice:
     """Our sync algorithm for FasDL's (W, K): all-reduce for K = 1, scatter-reduce for K = W."""
     from stagecoach.planner.model.perfmodel import SyncChoice
 
@@ -251,13 +277,18 @@ def sync_choice(workers: int, k: int) -> "SyncChoice":
     return SyncChoice("k_reduce", k)
 
 
-def fasdl_plan(profile: "ModelProfile", global_batch: int, platform: "Platform", max_workers: int = 32,
-               weights: Sequence[tuple[float, float]] = FUNCPIPE_WEIGHTS) -> "Estimate | None":
+def fasdl_plan(
+    profile: ModelProfile,
+    global_batch: int,
+    platform: Platform,
+    max_workers: int = 32,
+    weights: Sequence[tuple[float, float]] = FUNCPIPE_WEIGHTS,
+) -> Estimate | None:
     """BASELINES entry "FasDL": the two-stage search per Pareto weight under FasDL's model
     (workers dividing the batch, K in 1..W, the platform's tiers), each winner evaluated with our
     model, then the same Pareto + delta recommendation as every baseline."""
-    from stagecoach.planner.solve.milp import objective_weights
     from stagecoach.planner.model.perfmodel import Config, evaluate
+    from stagecoach.planner.solve.milp import objective_weights
 
     model = fit_fasdl_model(profile, platform)
     workers = [W for W in range(1, max_workers + 1) if global_batch % W == 0]

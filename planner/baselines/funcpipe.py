@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING
 
-from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile, balanced_partition
+from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
 
 if TYPE_CHECKING:  # pragma: no cover
     from stagecoach.planner.model.perfmodel import Config, Estimate
@@ -104,7 +105,7 @@ class SpeedModel:
         return (fa + fb * b) / self.fwd_ratio[tier], (ga + gb * b) / self.bwd_ratio[tier]
 
 
-def fit_speed_model(profile: ModelProfile, plat: "Platform", micro_batch: int = 4) -> SpeedModel:
+def fit_speed_model(profile: ModelProfile, plat: Platform, micro_batch: int = 4) -> SpeedModel:
     """Fit FuncPipe's speed model to a profile: lines through b = 1 and b = ``micro_batch`` at the
     largest tier; ratio[tier] = whole-model time at the largest tier / at that tier (b = micro_batch)."""
     ref = max(plat.tiers_mb)
@@ -159,8 +160,17 @@ class _Stage:
     sync_s: float
 
 
-def _stage(layers: Sequence[LayerProfile], idx: Sequence[int], first: bool, last: bool, speed: SpeedModel, plat: "Platform",
-           c: FuncPipeConstants, d: int, m: int) -> _Stage:
+def _stage(
+    layers: Sequence[LayerProfile],
+    idx: Sequence[int],
+    first: bool,
+    last: bool,
+    speed: SpeedModel,
+    plat: Platform,
+    c: FuncPipeConstants,
+    d: int,
+    m: int,
+) -> _Stage:
     b = c.micro_batch
     w, lat = plat.bandwidth_Bps, plat.storage_latency_s
     p = sum(l.param_bytes for l in layers)
@@ -181,8 +191,16 @@ def _stage(layers: Sequence[LayerProfile], idx: Sequence[int], first: bool, last
     return _Stage(tuple(lats), tuple(pers), mem, tuple(fits), SYNC_FORMULAS[c.sync](p, d, w, lat))
 
 
-def fp_evaluate(profile: ModelProfile, balance: Sequence[int], tiers_mb: Sequence[int], replicas: int, global_batch: int,
-                plat: "Platform", consts: FuncPipeConstants = FuncPipeConstants(), speed: SpeedModel | None = None) -> FuncPipeEstimate:
+def fp_evaluate(
+    profile: ModelProfile,
+    balance: Sequence[int],
+    tiers_mb: Sequence[int],
+    replicas: int,
+    global_batch: int,
+    plat: Platform,
+    consts: FuncPipeConstants = FuncPipeConstants(),
+    speed: SpeedModel | None = None,
+) -> FuncPipeEstimate:
     """FuncPipe's predicted time, cost and memory feasibility of one configuration."""
     c = consts
     if sum(balance) != len(profile.layers) or min(balance) < 1 or len(tiers_mb) != len(balance):
@@ -267,8 +285,13 @@ class FuncPipeSearch:
     groups: tuple[int, ...]  # merged group sizes, in the given profile's layers
 
 
-def funcpipe_search(profile: ModelProfile, global_batch: int, plat: "Platform", weights: Sequence[tuple[float, float]] = FUNCPIPE_WEIGHTS,
-                    consts: FuncPipeConstants = FuncPipeConstants()) -> FuncPipeSearch:
+def funcpipe_search(
+    profile: ModelProfile,
+    global_batch: int,
+    plat: Platform,
+    weights: Sequence[tuple[float, float]] = FUNCPIPE_WEIGHTS,
+    consts: FuncPipeConstants = FuncPipeConstants(),
+) -> FuncPipeSearch:
     """Minimise a1*cost + a2*time (objective and cost unit as milp.objective_value) under
     FuncPipe's model over partition x tier per stage x d, micro-batch size fixed."""
     import numpy as np
@@ -333,16 +356,40 @@ def funcpipe_search(profile: ModelProfile, global_batch: int, plat: "Platform", 
     return FuncPipeSearch(out, tuple(weights), n_parts, groups)
 
 
-def _reconstruct(profile: ModelProfile, plat: "Platform", c: FuncPipeConstants, speed: SpeedModel, groups: Sequence[int],
-                 starts: Sequence[int], units: Sequence[int], d: int, m: int, part: Sequence[int], theta: float, mu: int,
-                 G: int) -> FuncPipeEstimate:
+def _reconstruct(
+    profile: ModelProfile,
+    plat: Platform,
+    c: FuncPipeConstants,
+    speed: SpeedModel,
+    groups: Sequence[int],
+    starts: Sequence[int],
+    units: Sequence[int],
+    d: int,
+    m: int,
+    part: Sequence[int],
+    theta: float,
+    mu: int,
+    G: int,
+) -> FuncPipeEstimate:
     """Recover the tiers of a DP optimum by running the DP once more with back-pointers."""
     import numpy as np
 
     S = len(part)
     edges = [0, *itertools.accumulate(part)]
-    sts = [_stage(profile.layers[starts[edges[q]] : starts[edges[q + 1]]], range(starts[edges[q]], starts[edges[q + 1]]),
-                  q == 0, q == S - 1, speed, plat, c, d, m) for q in range(S)]
+    sts = [
+        _stage(
+            profile.layers[starts[edges[q]] : starts[edges[q + 1]]],
+            range(starts[edges[q]], starts[edges[q + 1]]),
+            q == 0,
+            q == S - 1,
+            speed,
+            plat,
+            c,
+            d,
+            m,
+        )
+        for q in range(S)
+    ]
     thetas, _, choices = _tier_dp(sts, units, track=True)
     row = int(np.searchsorted(thetas, theta))
     ks, col = [], mu
@@ -368,12 +415,12 @@ class FuncPipeChoice:
     funcpipe: FuncPipeEstimate
     candidates: list[FuncPipeEstimate]
     pareto: list[FuncPipeEstimate]
-    raw_estimate: "Estimate"
-    estimate: "Estimate"
+    raw_estimate: Estimate
+    estimate: Estimate
     repairs: list[str] = field(default_factory=list)
 
 
-def to_config(fp: FuncPipeEstimate) -> "Config":
+def to_config(fp: FuncPipeEstimate) -> Config:
     """Our Config for a FuncPipe plan: its pipelined scatter-reduce (none for d = 1)."""
     from stagecoach.planner.model.perfmodel import Config, SyncChoice
 
@@ -381,8 +428,13 @@ def to_config(fp: FuncPipeEstimate) -> "Config":
     return Config(fp.balance, fp.tiers_mb, fp.replicas, fp.micro_batch, fp.micro_batches, (ch,) * len(fp.balance))
 
 
-def funcpipe_choice(profile: ModelProfile, global_batch: int, plat: "Platform", weights: Sequence[tuple[float, float]] = FUNCPIPE_WEIGHTS,
-                    consts: FuncPipeConstants = FuncPipeConstants()) -> FuncPipeChoice | None:
+def funcpipe_choice(
+    profile: ModelProfile,
+    global_batch: int,
+    plat: Platform,
+    weights: Sequence[tuple[float, float]] = FUNCPIPE_WEIGHTS,
+    consts: FuncPipeConstants = FuncPipeConstants(),
+) -> FuncPipeChoice | None:
     """FuncPipe's Pareto sweep and delta >= 0.8 recommendation, all under FuncPipe's model; then
     the recommended plan under ours. None if FuncPipe's model finds no plan at all."""
     from stagecoach.planner.model.perfmodel import Config, evaluate
@@ -410,7 +462,7 @@ def funcpipe_choice(profile: ModelProfile, global_batch: int, plat: "Platform", 
     return FuncPipeChoice(rec, cands, front, raw, est, repairs)
 
 
-def funcpipe_plan(profile: ModelProfile, global_batch: int, platform: "Platform") -> "Estimate | None":
+def funcpipe_plan(profile: ModelProfile, global_batch: int, platform: Platform) -> Estimate | None:
     """BASELINES entry "FuncPipe": FuncPipe's own choice, evaluated with our model (None if
     FuncPipe finds nothing or its plan cannot run in our runtime even after memory remediation)."""
     ch = funcpipe_choice(profile, global_batch, platform)

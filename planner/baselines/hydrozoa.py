@@ -25,11 +25,12 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
-from stagecoach.planner.solve.pareto import pareto_front, recommend
 from stagecoach.planner.profile.layers import ModelProfile, balanced_partition, merge_layers
+from stagecoach.planner.solve.pareto import pareto_front, recommend
 
 if TYPE_CHECKING:  # pragma: no cover
     from stagecoach.planner.model.perfmodel import Estimate
@@ -63,8 +64,9 @@ def _bounds(work: Sequence[float], stages: int, bounds: int | None) -> list[floa
     return [lo + (hi - lo) * q / (bounds - 1) for q in range(bounds)]
 
 
-def frontier(work: Sequence[float], boundary_comm: Sequence[float], max_stages: int, fits: Fits | None = None,
-             bounds: int | None = None) -> dict[int, list[Partition]]:
+def frontier(
+    work: Sequence[float], boundary_comm: Sequence[float], max_stages: int, fits: Fits | None = None, bounds: int | None = None
+) -> dict[int, list[Partition]]:
     """Per stage count n <= max_stages, the partitions the bound-DP finds: for every bound V, the
     least-communication partition into n stages of at most V each. Runtime is increasing in both
     t_k and sum(c), so the best partition for ANY (M, r_1) is among them."""
@@ -104,8 +106,15 @@ def frontier(work: Sequence[float], boundary_comm: Sequence[float], max_stages: 
     return {n: list(v.values()) for n, v in found.items()}
 
 
-def partition_dp(work: Sequence[float], boundary_comm: Sequence[float], stages: int, micro_batches: int, r1: float,
-                 fits: Fits | None = None, bounds: int | None = None) -> tuple[Partition, float] | None:
+def partition_dp(
+    work: Sequence[float],
+    boundary_comm: Sequence[float],
+    stages: int,
+    micro_batches: int,
+    r1: float,
+    fits: Fits | None = None,
+    bounds: int | None = None,
+) -> tuple[Partition, float] | None:
     """Hydrozoa's partitioner: the partition of ``work`` (per-layer f + b) into exactly ``stages``
     stages minimising T_pipe, and that runtime. ``bounds``: None = exact candidate set, or the
     number of evenly spaced bounds V (Hydrozoa: 1000). None if no partition fits."""
@@ -117,8 +126,9 @@ def partition_dp(work: Sequence[float], boundary_comm: Sequence[float], stages: 
     return best, tot + 2 * best.comm + (micro_batches - 1) * (best.bottleneck + r1)
 
 
-def brute_force_partition(work: Sequence[float], boundary_comm: Sequence[float], stages: int, micro_batches: int, r1: float,
-                          fits: Fits | None = None) -> tuple[tuple[int, ...], float] | None:
+def brute_force_partition(
+    work: Sequence[float], boundary_comm: Sequence[float], stages: int, micro_batches: int, r1: float, fits: Fits | None = None
+) -> tuple[tuple[int, ...], float] | None:
     """Every partition into exactly ``stages`` stages, evaluated with ``pipeline_runtime`` (tests)."""
     L = len(work)
     best: tuple[tuple[int, ...], float] | None = None
@@ -156,7 +166,7 @@ class HydrozoaChoice:
         return global_batch / self.time_s
 
 
-def storage_allreduce_s(p_bytes: float, dp: int, plat: "Platform") -> float:
+def storage_allreduce_s(p_bytes: float, dp: int, plat: Platform) -> float:
     """Hydrozoa's data-parallel all-reduce, bandwidth-optimal: 2(dp-1)/dp * P / w, plus the
     latency of 2(dp-1) steps (through storage here, directly between containers in Hydrozoa)."""
     if dp <= 1:
@@ -164,8 +174,17 @@ def storage_allreduce_s(p_bytes: float, dp: int, plat: "Platform") -> float:
     return 2 * (dp - 1) / dp * p_bytes / plat.bandwidth_Bps + 2 * (dp - 1) * plat.storage_latency_s
 
 
-def hybrid_select(profile: ModelProfile, global_batch: int, plat: "Platform", cluster: int, tier_mb: int, micro_batch: int = 4,
-                  max_stages: int = 8, bounds: int | None = None, cache: dict | None = None) -> HydrozoaChoice | None:
+def hybrid_select(
+    profile: ModelProfile,
+    global_batch: int,
+    plat: Platform,
+    cluster: int,
+    tier_mb: int,
+    micro_batch: int = 4,
+    max_stages: int = 8,
+    bounds: int | None = None,
+    cache: dict | None = None,
+) -> HydrozoaChoice | None:
     """Hydrozoa's strategy selection for ``cluster`` workers of ``tier_mb``: every mp with
     dp = floor(cluster / mp) (dp must split the batch into whole micro-batches), the DP partition
     for each, the highest estimated throughput wins (fewer workers on ties). ``cache`` (a dict
@@ -207,15 +226,23 @@ def hybrid_select(profile: ModelProfile, global_batch: int, plat: "Platform", cl
         edges = [0, *itertools.accumulate(part.balance)]
         sync = max(storage_allreduce_s(sum(l.param_bytes for l in lay[edges[q] : edges[q + 1]]), dp, plat) for q in range(mp))
         ch = HydrozoaChoice(tier_mb, cluster, dp, mp, micro_batch, m, part.balance, t_pipe, sync)
-        if best is None or ch.time_s < best.time_s * (1 - 1e-12) or (
-            ch.time_s <= best.time_s * (1 + 1e-12) and ch.dp * ch.mp < best.dp * best.mp
+        if (
+            best is None
+            or ch.time_s < best.time_s * (1 - 1e-12)
+            or (ch.time_s <= best.time_s * (1 + 1e-12) and ch.dp * ch.mp < best.dp * best.mp)
         ):
             best = ch
     return best
 
 
-def hydrozoa_plan(profile: ModelProfile, global_batch: int, platform: "Platform", clusters: Sequence[int] = (1, 2, 4, 8, 16, 32),
-                  micro_batch: int = 4, max_layers: int = 16) -> "Estimate | None":
+def hydrozoa_plan(
+    profile: ModelProfile,
+    global_batch: int,
+    platform: Platform,
+    clusters: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    micro_batch: int = 4,
+    max_layers: int = 16,
+) -> Estimate | None:
     """BASELINES entry "Hydrozoa": Hydrozoa's (dp, mp, partition) for every cluster size and
     uniform tier, evaluated with our model (scatter-reduce sync), then the same Pareto + delta
     recommendation as every baseline. Profiles with more than ``max_layers`` layers are merged
@@ -228,8 +255,13 @@ def hydrozoa_plan(profile: ModelProfile, global_batch: int, platform: "Platform"
         ref = platform.tiers_mb[len(platform.tiers_mb) // 2]
         groups = tuple(balanced_partition([sum(l.times(ref, micro_batch, platform)) for l in profile.layers], max_layers))
         edges = [0, *itertools.accumulate(groups)]
-        prof = ModelProfile(profile.name, tuple(merge_layers(profile.layers[edges[q] : edges[q + 1]]) for q in range(len(groups))),
-                            profile.input_bytes_per_sample, profile.label_bytes_per_sample, profile.source)
+        prof = ModelProfile(
+            profile.name,
+            tuple(merge_layers(profile.layers[edges[q] : edges[q + 1]]) for q in range(len(groups))),
+            profile.input_bytes_per_sample,
+            profile.label_bytes_per_sample,
+            profile.source,
+        )
     out, cache = [], {}
     for tier in platform.tiers_mb:
         for n in clusters:

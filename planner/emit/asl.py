@@ -14,7 +14,8 @@ limit; the emitter sizes the windows for that (``window_length``).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from stagecoach.planner.plan import Plan
 
@@ -232,7 +233,7 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
     states["Done"] = {"Type": "Succeed"}
     return {
         "Comment": f"Stagecoach window: {s_count} stages x {d} replicas, {plan.micro_batches} micro-batches, "
-                   f"sync {', '.join(sorted(set(plan.sync))) if d > 1 else 'none'}",
+        f"sync {', '.join(sorted(set(plan.sync))) if d > 1 else 'none'}",
         "StartAt": "Init",
         "States": states,
     }
@@ -302,9 +303,7 @@ def job_definition(window_attempts: int = 4, backoff_s: int = 2) -> dict[str, An
                         # a failed child execution's Cause is its DescribeExecution output, as JSON
                         "HowDidItFail": {
                             "Type": "Choice",
-                            "Choices": [
-                                {"Variable": "$.failure.Error", "StringEquals": "States.TaskFailed", "Next": "ReadFailure"}
-                            ],
+                            "Choices": [{"Variable": "$.failure.Error", "StringEquals": "States.TaskFailed", "Next": "ReadFailure"}],
                             "Default": "CanRestart",
                         },
                         "ReadFailure": {
@@ -353,9 +352,7 @@ def job_definition(window_attempts: int = 4, backoff_s: int = 2) -> dict[str, An
                         },
                         "CanRestart": {
                             "Type": "Choice",
-                            "Choices": [
-                                {"Variable": "$.attempt", "NumericLessThan": window_attempts, "Next": "Backoff"}
-                            ],
+                            "Choices": [{"Variable": "$.attempt", "NumericLessThan": window_attempts, "Next": "Backoff"}],
                             "Default": "WindowFailed",
                         },
                         "Backoff": {"Type": "Wait", "Seconds": backoff_s, "Next": "NextAttempt"},

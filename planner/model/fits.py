@@ -21,8 +21,11 @@ def check_fits(profile: ModelProfile, platform: Platform, micro_batch: int = 1) 
     for l in profile.layers:
         # the least it needs under any data-parallel degree and sync algorithm (they differ in the
         # buffers they add), so a layer is refused only if no plan at all can hold it
-        need = min(stage_memory_bytes([l], micro_batch, replicas=d, platform=platform, sync=ch)
-                   for d in (1, 2, 4, 8, 16, 32) for ch in sync_choices(d))
+        need = min(
+            stage_memory_bytes([l], micro_batch, replicas=d, platform=platform, sync=ch)
+            for d in (1, 2, 4, 8, 16, 32)
+            for ch in sync_choices(d)
+        )
         if need > cap:
             raise LayerTooLargeError(
                 f"layer {l.name!r} of {profile.name!r} cannot fit in {top} MB of Lambda memory: it has "

@@ -23,11 +23,12 @@ All times in seconds, sizes in bytes, money in USD.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
-from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 from stagecoach.planner.model.syncmodel import ALL_SYNC, SYNC_ALGORITHMS, StageSync, SyncAlgorithm, SyncChoice, sync_choices  # noqa: F401 (re-exported)
+from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 
 if TYPE_CHECKING:  # pragma: no cover
     from stagecoach.planner.model.platforms import Platform
@@ -96,13 +97,13 @@ class Estimate:
 
 
 # -- §2 memory, §3 per-stage terms ---------------------------------------------------------------
-def param_copies(replicas: int, plat: "Platform") -> float:
+def param_copies(replicas: int, plat: Platform) -> float:
     """Parameter-sized buffers every backward task holds: weights, gradients, the flat gradient
     copy (the sync algorithm adds its own buffers: ``StageSync.backward_extra_bytes``)."""
     return 3.0
 
 
-def optimizer_seconds(p_bytes: float, tier_mb: int, plat: "Platform") -> float:
+def optimizer_seconds(p_bytes: float, tier_mb: int, plat: Platform) -> float:
     """Compute time of the optimizer update over p_bytes of fp32 parameters at a tier."""
     return p_bytes / 4 * plat.optimizer_flops_per_param / (plat.flops_per_vcpu * plat.speedup(tier_mb))
 
@@ -130,8 +131,22 @@ class StageTerms:
 
 
 def stage_terms(
-    p_bytes: float, fwd_s: float, bwd_s: float, saved_ps: float, in_ps: float, out_ps: float, ingrad_ps: float, label_ps: float,
-    first: bool, last: bool, tier_mb: int, choice: SyncChoice, d: int, b: int, m: int, plat: "Platform",
+    p_bytes: float,
+    fwd_s: float,
+    bwd_s: float,
+    saved_ps: float,
+    in_ps: float,
+    out_ps: float,
+    ingrad_ps: float,
+    label_ps: float,
+    first: bool,
+    last: bool,
+    tier_mb: int,
+    choice: SyncChoice,
+    d: int,
+    b: int,
+    m: int,
+    plat: Platform,
 ) -> StageTerms:
     """One stage's terms from its aggregated layer facts (sums over its layers; in/ingrad of its
     first layer, out of its last; per-sample bytes; ``fwd_s``/``bwd_s`` one micro-batch at the tier).
@@ -154,8 +169,7 @@ def stage_terms(
     hb = 0.0 if first else hb_own + poll
     # the optimizer-state prefetch runs from the task's start: it hides behind the task's own
     # micro-batch steps (compute and the reads it waits on)
-    sy = choice.algorithm.stage(d, choice.k, p_bytes, optimizer_seconds(p_bytes, tier_mb, plat), m * bb, plat,
-                                last_backward_s=bwd_s)
+    sy = choice.algorithm.stage(d, choice.k, p_bytes, optimizer_seconds(p_bytes, tier_mb, plat), m * bb, plat, last_backward_s=bwd_s)
     # a sync that leaves version t+1 in the backward task's container (d = 1, pipelined
     # scatter-reduce) spares the next phase's task of the stage its parameter load and GETs
     cached = bool(getattr(sy, "params_cached", False))
@@ -184,20 +198,47 @@ def global_transitions(stages: int) -> int:
     return TRANSITIONS_PER_ITERATION + TRANSITIONS_PER_PARALLEL + (TRANSITIONS_PER_MAP if stages > 1 else 0)
 
 
-def layer_terms(layers: Sequence[LayerProfile], profile: ModelProfile, first: bool, last: bool, tier: int, choice: SyncChoice,
-                d: int, b: int, m: int, plat: "Platform") -> StageTerms:
+def layer_terms(
+    layers: Sequence[LayerProfile],
+    profile: ModelProfile,
+    first: bool,
+    last: bool,
+    tier: int,
+    choice: SyncChoice,
+    d: int,
+    b: int,
+    m: int,
+    plat: Platform,
+) -> StageTerms:
     """``stage_terms`` for a run of layers (sums them)."""
     f = g = 0.0
     for l in layers:
         lf, lg = l.times(tier, b, plat)
         f += lf
         g += lg
-    return stage_terms(sum(l.param_bytes for l in layers), f, g, sum(l.saved_bytes_per_sample for l in layers),
-                       layers[0].in_bytes_per_sample, layers[-1].out_bytes_per_sample, layers[0].ingrad_bytes_per_sample,
-                       profile.label_bytes_per_sample, first, last, tier, choice, d, b, m, plat)
+    return stage_terms(
+        sum(l.param_bytes for l in layers),
+        f,
+        g,
+        sum(l.saved_bytes_per_sample for l in layers),
+        layers[0].in_bytes_per_sample,
+        layers[-1].out_bytes_per_sample,
+        layers[0].ingrad_bytes_per_sample,
+        profile.label_bytes_per_sample,
+        first,
+        last,
+        tier,
+        choice,
+        d,
+        b,
+        m,
+        plat,
+    )
 
 
-def stage_memory_bytes(layers: Sequence[LayerProfile], micro_batch: int, replicas: int, platform: "Platform", sync: SyncChoice | None = None) -> float:
+def stage_memory_bytes(
+    layers: Sequence[LayerProfile], micro_batch: int, replicas: int, platform: Platform, sync: SyncChoice | None = None
+) -> float:
     """Peak bytes of a stage's worker (beyond the runtime base): the backward task's, or a sync
     task's if larger. Backward holds one micro-batch's recomputed activations (GPipe)."""
     choice = sync or (SyncChoice("none", 1) if replicas == 1 else SyncChoice("scatter_reduce", replicas))
@@ -206,7 +247,7 @@ def stage_memory_bytes(layers: Sequence[LayerProfile], micro_batch: int, replica
 
 
 # -- §3-4 evaluation -----------------------------------------------------------------------------
-def evaluate(profile: ModelProfile, cfg: Config, plat: "Platform") -> Estimate:
+def evaluate(profile: ModelProfile, cfg: Config, plat: Platform) -> Estimate:
     """Predict time, cost and feasibility of one iteration of ``cfg`` (docs/performance-model.md)."""
     L = len(profile.layers)
     if sum(cfg.balance) != L or min(cfg.balance) < 1:
@@ -222,13 +263,13 @@ def evaluate(profile: ModelProfile, cfg: Config, plat: "Platform") -> Estimate:
     return compose(cfg, terms, plat)
 
 
-def phase_overhead(plat: "Platform", d: int) -> float:
+def phase_overhead(plat: Platform, d: int) -> float:
     """o: a phase's start on the critical path — the state transitions into its Map and a warm
     invocation — plus the Map starting its d-th item ``dispatch_s`` after its first."""
     return plat.invoke_overhead_s + plat.dispatch_s * (d - 1)
 
 
-def compose(cfg: Config, terms: Sequence[StageTerms], plat: "Platform") -> Estimate:
+def compose(cfg: Config, terms: Sequence[StageTerms], plat: Platform) -> Estimate:
     """Compose per-stage terms into the iteration's time, cost and feasibility (§3-§4)."""
     S, d, m = cfg.stages, cfg.replicas, cfg.micro_batches
     o = phase_overhead(plat, d)
@@ -276,11 +317,25 @@ def compose(cfg: Config, terms: Sequence[StageTerms], plat: "Platform") -> Estim
     if (S - 1) * d > 40 or d > 40:
         viol.append(f"{S} stages x {d} replicas exceed the inline Map's 40 concurrent tasks")
     return Estimate(
-        config=cfg, time_s=t_fwd + t_bs + plat.iteration_overhead_s, cost=cost, forward_s=t_fwd, backward_sync_s=t_bs,
-        stage_forward_s=fwd_task, stage_backward_s=bwd_task, stage_sync_s=sync_task, stage_memory_bytes=mem,
-        cost_lambda_duration=gbs, cost_lambda_requests=c_req, cost_transitions=c_tr, cost_s3=c_s3,
-        transitions=transitions, invocations=invocations, s3_puts=puts, s3_gets=gets,
-        feasible=not viol, violations=viol,
+        config=cfg,
+        time_s=t_fwd + t_bs + plat.iteration_overhead_s,
+        cost=cost,
+        forward_s=t_fwd,
+        backward_sync_s=t_bs,
+        stage_forward_s=fwd_task,
+        stage_backward_s=bwd_task,
+        stage_sync_s=sync_task,
+        stage_memory_bytes=mem,
+        cost_lambda_duration=gbs,
+        cost_lambda_requests=c_req,
+        cost_transitions=c_tr,
+        cost_s3=c_s3,
+        transitions=transitions,
+        invocations=invocations,
+        s3_puts=puts,
+        s3_gets=gets,
+        feasible=not viol,
+        violations=viol,
     )
 
 

@@ -100,7 +100,7 @@ class Platform:
     def max_predicted_task_s(self) -> float:
         return self.max_task_s / self.timeout_margin
 
-    def replace(self, **changes: Any) -> "Platform":
+    def replace(self, **changes: Any) -> Platform:
         """A copy with some constants overridden, e.g. ``aws_platform().replace(bandwidth_Bps=70e6)``."""
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
         if unknown:
@@ -190,8 +190,9 @@ def local_platform(measure: bool = True, **overrides: Any) -> Platform:
     return p.replace(**overrides) if overrides else p
 
 
-def emulated_platform(network: Platform, request_s: float, invoke_s: float, dispatch_s: float, iteration_s: float,
-                      **overrides: Any) -> Platform:
+def emulated_platform(
+    network: Platform, request_s: float, invoke_s: float, dispatch_s: float, iteration_s: float, **overrides: Any
+) -> Platform:
     """The embedded local stack with Lambda's network emulated in every worker (lambdas/netem.py).
 
     Bandwidth and latency are ``network``'s (what the workers emulate; a real request to moto takes

@@ -10,13 +10,15 @@ docs/performance-model.md §5.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from stagecoach.planner.plan import chunk_count
 
 if TYPE_CHECKING:  # pragma: no cover
     from stagecoach.planner.model.platforms import Platform
+
 
 # -- §5 sync algorithms ------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -56,8 +58,9 @@ class SyncAlgorithm:
     name = "abstract"
     fused = False  # True: no sync Map, the backward tasks synchronise among themselves
 
-    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform",
-              last_backward_s: float = 0.0) -> StageSync:  # pragma: no cover
+    def stage(
+        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+    ) -> StageSync:  # pragma: no cover
         """The stage's sync for d replicas and K aggregators. ``opt_s``: optimizer compute over the
         whole stage at its tier; ``backward_compute_s``: the backward task's compute seconds (what
         the optimizer-state prefetch hides behind); ``last_backward_s``: the last micro-batch's
@@ -70,7 +73,7 @@ def chunks_per_shard(d: int, k: int, p_bytes: float) -> int:
     return chunk_count(p_bytes / (4 * k), 4, d)
 
 
-def _stateful(plat: "Platform") -> int:
+def _stateful(plat: Platform) -> int:
     return 1 if plat.optimizer_state_ratio > 0 else 0
 
 
@@ -84,14 +87,26 @@ class NoSync(SyncAlgorithm):
 
     name = "none"
 
-    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform",
-              last_backward_s: float = 0.0) -> StageSync:
+    def stage(
+        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+    ) -> StageSync:
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
         sf = _stateful(plat)
         prefetch = max(0.0, lat + rho * p_bytes / w - backward_compute_s) if sf else 0.0
-        return StageSync(self.name, 1, tail_s=prefetch + opt_s + lat + (1 + rho) * p_bytes / w, task_s=0.0, tasks=0, shards=1,
-                         tail_puts=1 + sf, tail_gets=sf, task_puts=0, task_gets=0,
-                         backward_extra_bytes=(1 + 2 * rho) * p_bytes, params_cached=True)
+        return StageSync(
+            self.name,
+            1,
+            tail_s=prefetch + opt_s + lat + (1 + rho) * p_bytes / w,
+            task_s=0.0,
+            tasks=0,
+            shards=1,
+            tail_puts=1 + sf,
+            tail_gets=sf,
+            task_puts=0,
+            task_gets=0,
+            backward_extra_bytes=(1 + 2 * rho) * p_bytes,
+            params_cached=True,
+        )
 
 
 class ScatterReduce(SyncAlgorithm):
@@ -112,17 +127,28 @@ class ScatterReduce(SyncAlgorithm):
 
     name = "scatter_reduce"
 
-    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform",
-              last_backward_s: float = 0.0) -> StageSync:
+    def stage(
+        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+    ) -> StageSync:
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
         c = chunks_per_shard(d, k, p_bytes)
         chunk = p_bytes / (k * c)
         sf = _stateful(plat)
         tail = lat + max(chunk / w, p_bytes / w - last_backward_s)
         task = 2 * lat + (d + rho) * p_bytes / (k * w) + opt_s / (k * c) + min(2, c) * (1 + rho) * chunk / w
-        return StageSync(self.name, k, tail_s=tail, task_s=task, tasks=k, shards=k * c,
-                         tail_puts=k * c, tail_gets=0, task_puts=c * (1 + sf), task_gets=c * (d + sf),
-                         task_bytes=(d + 1 + 2 * rho) * p_bytes / k)
+        return StageSync(
+            self.name,
+            k,
+            tail_s=tail,
+            task_s=task,
+            tasks=k,
+            shards=k * c,
+            tail_puts=k * c,
+            tail_gets=0,
+            task_puts=c * (1 + sf),
+            task_gets=c * (d + sf),
+            task_bytes=(d + 1 + 2 * rho) * p_bytes / k,
+        )
 
 
 class KReduce(ScatterReduce):
@@ -158,8 +184,9 @@ class PipelinedScatterReduce(SyncAlgorithm):
     name = "pipelined_scatter_reduce"
     fused = True
 
-    def stage(self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: "Platform",
-              last_backward_s: float = 0.0) -> StageSync:
+    def stage(
+        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+    ) -> StageSync:
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
         c = chunks_per_shard(d, d, p_bytes)
         chunk = p_bytes / (d * c) / w  # seconds of one chunk on a link
@@ -175,10 +202,20 @@ class PipelinedScatterReduce(SyncAlgorithm):
         gather_end = max(x + e, own_end + lat + chunk)  # the others' updated chunks, a chunk behind theirs
         tail = max(own_end, gather_end) + lat + opt_s / (d * c)
         polls = plat.s3_polls_per_wait
-        return StageSync(self.name, d, tail_s=tail, task_s=0.0, tasks=0, shards=d * c,
-                         tail_puts=(d - 1) * c + c * (1 + sf), tail_gets=2 * (d - 1) * c * (1 + polls) + c * sf,
-                         task_puts=0, task_gets=0,
-                         backward_extra_bytes=(2 * (d - 1) + 1 + 2 * rho) * p_bytes / d, params_cached=True)
+        return StageSync(
+            self.name,
+            d,
+            tail_s=tail,
+            task_s=0.0,
+            tasks=0,
+            shards=d * c,
+            tail_puts=(d - 1) * c + c * (1 + sf),
+            tail_gets=2 * (d - 1) * c * (1 + polls) + c * sf,
+            task_puts=0,
+            task_gets=0,
+            backward_extra_bytes=(2 * (d - 1) + 1 + 2 * rho) * p_bytes / d,
+            params_cached=True,
+        )
 
 
 SYNC_ALGORITHMS: dict[str, SyncAlgorithm] = {

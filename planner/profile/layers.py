@@ -14,8 +14,9 @@ FLOPs. The types are JSON-able (``to_dict``/``from_dict``) so a Lambda profile p
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from stagecoach.planner.model.platforms import Platform
@@ -48,7 +49,7 @@ class LayerProfile:
     def ingrad_bytes_per_sample(self) -> float:
         return self.in_bytes_per_sample if self.in_requires_grad else 0.0
 
-    def times(self, tier_mb: int, micro_batch: int, platform: "Platform") -> tuple[float, float]:
+    def times(self, tier_mb: int, micro_batch: int, platform: Platform) -> tuple[float, float]:
         """(forward, backward) seconds for one micro-batch at a memory tier.
 
         Priority: measured at that tier (AWS profile phase) > measured at one vCPU scaled by the
@@ -73,7 +74,7 @@ class LayerProfile:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "LayerProfile":
+    def from_dict(cls, d: Mapping[str, Any]) -> LayerProfile:
         d = dict(d)
         d["fwd_s"] = {int(k): float(v) for k, v in d.get("fwd_s", {}).items()}
         d["bwd_s"] = {int(k): float(v) for k, v in d.get("bwd_s", {}).items()}
@@ -121,7 +122,7 @@ class ModelProfile:
     def original_layers(self) -> int:
         return sum(l.count for l in self.layers)
 
-    def merged(self, max_layers: int, platform: "Platform", micro_batch: int = 4) -> "ModelProfile":
+    def merged(self, max_layers: int, platform: Platform, micro_batch: int = 4) -> ModelProfile:
         """Merge consecutive layers into at most ``max_layers`` groups of balanced compute time.
 
         Why: the MILP's size grows with the layer count; most models have far more children than
@@ -152,7 +153,7 @@ class ModelProfile:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ModelProfile":
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelProfile:
         return cls(
             name=d["name"],
             layers=tuple(LayerProfile.from_dict(l) for l in d["layers"]),

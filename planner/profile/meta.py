@@ -10,7 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
-from stagecoach.planner.profile.tensors import SavedBytes, any_requires_grad, batch_like, detach_all, grad_seed, requires_grad_, tensor_bytes
+from stagecoach.planner.profile.tensors import (
+    SavedBytes,
+    any_requires_grad,
+    batch_like,
+    detach_all,
+    grad_seed,
+    requires_grad_,
+    tensor_bytes,
+)
 
 
 def _size_layer(layer: Any, x: Any, flops: bool = True) -> tuple[Any, int, float, float]:
@@ -85,7 +93,9 @@ def profile_meta(
             )
         )
         x1, x2 = detach_all(y1), detach_all(y2)
-    return ModelProfile(name=name, layers=tuple(layers), input_bytes_per_sample=float(in1), label_bytes_per_sample=label_bytes_per_sample, source="meta")
+    return ModelProfile(
+        name=name, layers=tuple(layers), input_bytes_per_sample=float(in1), label_bytes_per_sample=label_bytes_per_sample, source="meta"
+    )
 
 
 def _to_meta(obj: Any) -> Any:

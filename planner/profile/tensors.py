@@ -93,7 +93,7 @@ class SavedBytes:
             self.total += nbytes
         return t
 
-    def __enter__(self) -> "SavedBytes":
+    def __enter__(self) -> SavedBytes:
         import torch
 
         self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)

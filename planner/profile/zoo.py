@@ -13,7 +13,8 @@ them; the S3 runtime currently moves one tensor per boundary, so AmoebaNet is fo
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -107,9 +108,31 @@ def _op(kind: str, c: int, stride: int) -> nn.Module:
 
 
 # (input state index, operation) pairs; consecutive pairs are summed into a new state.
-_NORMAL = [(1, "conv1"), (1, "max3"), (1, "none"), (0, "conv17_71"), (0, "conv1"), (0, "conv17_71"), (2, "max3"), (2, "none"), (1, "avg3"), (5, "conv1")]
+_NORMAL = [
+    (1, "conv1"),
+    (1, "max3"),
+    (1, "none"),
+    (0, "conv17_71"),
+    (0, "conv1"),
+    (0, "conv17_71"),
+    (2, "max3"),
+    (2, "none"),
+    (1, "avg3"),
+    (5, "conv1"),
+]
 _NORMAL_CONCAT = (0, 3, 4, 6)
-_REDUCE = [(0, "max2"), (0, "max3"), (2, "none"), (1, "conv3"), (2, "conv17_71"), (2, "max3"), (3, "none"), (1, "max2"), (2, "avg3"), (3, "conv1")]
+_REDUCE = [
+    (0, "max2"),
+    (0, "max3"),
+    (2, "none"),
+    (1, "conv3"),
+    (2, "conv17_71"),
+    (2, "max3"),
+    (3, "none"),
+    (1, "max2"),
+    (2, "avg3"),
+    (3, "conv1"),
+]
 _REDUCE_CONCAT = (4, 5, 6)
 
 

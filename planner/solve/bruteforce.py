@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
-from stagecoach.planner.solve.milp import max_stages_for, objective_value
 from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate, sync_choices
 from stagecoach.planner.model.platforms import Platform
 from stagecoach.planner.profile.layers import ModelProfile
+from stagecoach.planner.solve.milp import max_stages_for, objective_value
 
 
 def compositions(n: int, max_parts: int) -> Iterator[tuple[int, ...]]:
@@ -25,8 +25,16 @@ def compositions(n: int, max_parts: int) -> Iterator[tuple[int, ...]]:
             yield tuple(edges[i + 1] - edges[i] for i in range(len(edges) - 1))
 
 
-def all_plans(profile: ModelProfile, plat: Platform, replicas: int, micro_batch: int, micro_batches: int,
-              tiers: Sequence[int] | None = None, max_stages: int = 8, sync_algos: Sequence[str] | None = None) -> Iterator[Estimate]:
+def all_plans(
+    profile: ModelProfile,
+    plat: Platform,
+    replicas: int,
+    micro_batch: int,
+    micro_batches: int,
+    tiers: Sequence[int] | None = None,
+    max_stages: int = 8,
+    sync_algos: Sequence[str] | None = None,
+) -> Iterator[Estimate]:
     """Every configuration of (d, b, m), evaluated (feasible or not)."""
     tiers = list(tiers or plat.tiers_mb)
     choices = sync_choices(replicas, sync_algos)

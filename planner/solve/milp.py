@@ -57,13 +57,25 @@ import itertools
 import math
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pulp
 
-from stagecoach.planner.model.perfmodel import Config, Estimate, StageTerms, SyncChoice, compose, evaluate, global_transitions, phase_overhead, stage_terms, sync_choices
+from stagecoach.planner.model.perfmodel import (
+    Config,
+    Estimate,
+    StageTerms,
+    SyncChoice,
+    compose,
+    evaluate,
+    global_transitions,
+    phase_overhead,
+    stage_terms,
+    sync_choices,
+)
 from stagecoach.planner.model.platforms import Platform
 from stagecoach.planner.profile.layers import ModelProfile, balanced_partition
 
@@ -162,8 +174,16 @@ class Candidates:
         return sum(len(g.options) for g in self.groups)
 
 
-def candidate_groups(profile: ModelProfile, plat: Platform, d: int, b: int, m: int, tiers: Sequence[int] | None = None,
-                     sync_algos: Sequence[str] | None = None, choices: Sequence[SyncChoice] | None = None) -> Candidates:
+def candidate_groups(
+    profile: ModelProfile,
+    plat: Platform,
+    d: int,
+    b: int,
+    m: int,
+    tiers: Sequence[int] | None = None,
+    sync_algos: Sequence[str] | None = None,
+    choices: Sequence[SyncChoice] | None = None,
+) -> Candidates:
     """Every (interval, tier) that fits memory and the task limits with at least one sync choice,
     with its constants; sync options no better in any respect than another are dropped."""
     tiers = tuple(tiers or plat.tiers_mb)
@@ -187,29 +207,64 @@ def candidate_groups(profile: ModelProfile, plat: Platform, d: int, b: int, m: i
                 opts: list[SyncOption] = []
                 st0 = None
                 for a, ch in enumerate(choices):
-                    st = stage_terms(P[j] - P[i], F[j] - F[i], G[j] - G[i], SV[j] - SV[i], lay[i].in_bytes_per_sample,
-                                     lay[j - 1].out_bytes_per_sample, lay[i].ingrad_bytes_per_sample, profile.label_bytes_per_sample,
-                                     i == 0, last, tier, ch, d, b, m, plat)
+                    st = stage_terms(
+                        P[j] - P[i],
+                        F[j] - F[i],
+                        G[j] - G[i],
+                        SV[j] - SV[i],
+                        lay[i].in_bytes_per_sample,
+                        lay[j - 1].out_bytes_per_sample,
+                        lay[i].ingrad_bytes_per_sample,
+                        profile.label_bytes_per_sample,
+                        i == 0,
+                        last,
+                        tier,
+                        ch,
+                        d,
+                        b,
+                        m,
+                        plat,
+                    )
                     if st.memory_bytes > cap or st.sync.task_s > maxT:
                         continue
                     if not last and st.load_s + m * st.fwd_step_s + st.fwd_hop_own_s > maxT:
                         continue
                     if m * st.bwd_step_s + st.bwd_hop_own_s + (st.load_s if last else 0.0) + st.sync.tail_s > maxT:
                         continue
-                    own = (price * (d * st.sync.tail_s + st.sync.tasks * st.sync.task_s)
-                           + plat.price_request * st.invocations + plat.price_transition * st.transitions
-                           + plat.price_put * st.puts + plat.price_get * st.gets)
+                    own = (
+                        price * (d * st.sync.tail_s + st.sync.tasks * st.sync.task_s)
+                        + plat.price_request * st.invocations
+                        + plat.price_transition * st.transitions
+                        + plat.price_put * st.puts
+                        + plat.price_get * st.gets
+                    )
                     extra = st.sync.tail_s + ((o + st.sync.task_s) if st.sync.tasks else 0.0)
                     opts.append(SyncOption(a, ch, own, extra, st.sync.tail_s, st.load_s, st))
                     st0 = st
                 if st0 is None:
                     continue
                 key = lambda c: (c.own_cost, c.extra_s, c.tail_s, c.load_s)
-                keep = [c for c in opts if not any(
-                    q is not c and all(u <= v for u, v in zip(key(q), key(c))) and (key(q), q.a) < (key(c), c.a) for q in opts)]
-                out.append(Group(i, j, k, tier, price, st0.fwd_step_s, st0.bwd_step_s, tuple(keep),
-                                 af=st0.fwd_step_s + st0.fwd_hop_s, ao=st0.fwd_step_s + st0.fwd_hop_own_s,
-                                 bf=st0.bwd_step_s + st0.bwd_hop_s, bo=st0.bwd_step_s + st0.bwd_hop_own_s))
+                keep = [
+                    c
+                    for c in opts
+                    if not any(q is not c and all(u <= v for u, v in zip(key(q), key(c))) and (key(q), q.a) < (key(c), c.a) for q in opts)
+                ]
+                out.append(
+                    Group(
+                        i,
+                        j,
+                        k,
+                        tier,
+                        price,
+                        st0.fwd_step_s,
+                        st0.bwd_step_s,
+                        tuple(keep),
+                        af=st0.fwd_step_s + st0.fwd_hop_s,
+                        ao=st0.fwd_step_s + st0.fwd_hop_own_s,
+                        bf=st0.bwd_step_s + st0.bwd_hop_s,
+                        bo=st0.bwd_step_s + st0.bwd_hop_own_s,
+                    )
+                )
     return Candidates(d, b, m, tiers, choices, L, tuple(out))
 
 
@@ -220,8 +275,8 @@ def candidate_groups(profile: ModelProfile, plat: Platform, d: int, b: int, m: i
 _TRANS: list[tuple[int, int, int, int, str | None, str | None, bool, bool]] = []
 for _fa in (0, 1):
     for _fb in (0, 1):
-        for _fa2, _ca in ([(1, None)] if _fa == 1 else [(1, "s"), (0, "ns")]):
-            for _fb2, _cb in ([(1, "nb")] if _fb == 1 else [(0, None), (1, "b")]):
+        for _fa2, _ca in [(1, None)] if _fa == 1 else [(1, "s"), (0, "ns")]:
+            for _fb2, _cb in [(1, "nb")] if _fb == 1 else [(0, None), (1, "b")]:
                 _TRANS.append((_fa, _fb, _fa2, _fb2, _ca, _cb, _fa2 == 1, _fb == 0))
 
 
@@ -271,8 +326,7 @@ class LowerBounds:
             for op in g.options:
                 # a stage adds at least its step and its own hop to T_F and to the first branch
                 # of T_BS (ao >= a, bo >= bb), and its tasks are billed at least as long
-                v = (wc * (op.own_cost + d * g.price * (m * g.a + (g.ao - g.a) + m * g.bb + (g.bo - g.bb) + op.load_s))
-                     + wt * (g.ao + g.bo))
+                v = wc * (op.own_cost + d * g.price * (m * g.a + (g.ao - g.a) + m * g.bb + (g.bo - g.bb) + op.load_s)) + wt * (g.ao + g.bo)
                 if g.j == L:
                     v += wt * op.load_s
                 if g.i == 0:
@@ -293,11 +347,13 @@ class LowerBounds:
     # -- bands ------------------------------------------------------------------------------------
     def grid(self, n: int) -> tuple[np.ndarray, ...]:
         """An n x n grid of band pairs at quantiles of the candidate values (covers everything)."""
+
         def cuts(vals: np.ndarray) -> np.ndarray:
             if len(vals) == 0:
                 return np.array([0.0, 0.0])
             qs = np.quantile(vals, np.linspace(0, 1, n + 1)[1:], method="lower")
             return np.unique(np.concatenate([[0.0], qs, [vals.max()]]))
+
         ca, cb = cuts(self.va), cuts(self.vb)
         pairs = [(ca[x], ca[x + 1], cb[y], cb[y + 1]) for x in range(len(ca) - 1) for y in range(len(cb) - 1)]
         return tuple(np.array(v) for v in zip(*pairs))
@@ -400,8 +456,12 @@ class LowerBounds:
         for _ in range(rounds):
             keep = self.pair_bounds(P) <= cutoff
             P = tuple(v[keep] for v in P)
-            new = [(al, ah, bl, bh) for p in range(len(P[0]))
-                   for al, ah in self._split(self.va, P[0][p], P[1][p]) for bl, bh in self._split(self.vb, P[2][p], P[3][p])]
+            new = [
+                (al, ah, bl, bh)
+                for p in range(len(P[0]))
+                for al, ah in self._split(self.va, P[0][p], P[1][p])
+                for bl, bh in self._split(self.vb, P[2][p], P[3][p])
+            ]
             if len(new) > budget or len(new) == len(P[0]):
                 break
             P = tuple(np.array(v) for v in zip(*new)) if new else P
@@ -443,8 +503,20 @@ class _Solved:
     constraints: int
 
 
-def _milp(cands: Candidates, groups: Sequence[Group], plat: Platform, wc: float, wt: float, smax: int, time_limit: float,
-          gap: float, threads: int | None, cutoff: float | None, relax: bool = False, floors: tuple[float, float] = (0.0, 0.0)) -> _Solved:
+def _milp(
+    cands: Candidates,
+    groups: Sequence[Group],
+    plat: Platform,
+    wc: float,
+    wt: float,
+    smax: int,
+    time_limit: float,
+    gap: float,
+    threads: int | None,
+    cutoff: float | None,
+    relax: bool = False,
+    floors: tuple[float, float] = (0.0, 0.0),
+) -> _Solved:
     """Build and solve the path MILP over ``groups`` (module docstring, step 3)."""
     L, d, b, m = cands.layers, cands.replicas, cands.micro_batch, cands.micro_batches
     o, maxT = phase_overhead(plat, d), plat.max_predicted_task_s
@@ -521,15 +593,25 @@ def _milp(cands: Candidates, groups: Sequence[Group], plat: Platform, wc: float,
             prob += E(terms + [(v, -maxT) for v in x[q]]) <= 0
     for n in range(1, L):
         ins, outs = end[n], start[n]
-        prob += E([(ea[q], 1.0) for q in ins if q in ea] + [(v, groups[q].af) for q in ins for v in x[q]] + [(ea[q], -1.0) for q in outs]) == 0, f"sumA_{n}"
+        prob += (
+            E([(ea[q], 1.0) for q in ins if q in ea] + [(v, groups[q].af) for q in ins for v in x[q]] + [(ea[q], -1.0) for q in outs]) == 0,
+            f"sumA_{n}",
+        )
         prob += E([(ma[q], 1.0) for q in ins] + [(em[q], -1.0) for q in outs]) == 0, f"maxA_{n}"
         prob += E([(ml[q], 1.0) for q in ins] + [(el[q], -1.0) for q in outs]) == 0, f"maxL_{n}"
     # T_F = F_{S-2}: the sum carried into the last stage holds every forward stage's hop to its
     # successor, and the last forward stage's own task ends at its PUT, one poll earlier
     # (fwd_hop_s - fwd_hop_own_s = poll_delay_s for every stage)
     of = o - plat.poll_delay_s
-    TF = E([(ea[q], 1.0) for q in end[L] if q in ea] + [(em[q], m - 1.0) for q in end[L] if q in em]
-           + [(el[q], 1.0) for q in end[L] if q in el], of) - of * single
+    TF = (
+        E(
+            [(ea[q], 1.0) for q in end[L] if q in ea]
+            + [(em[q], m - 1.0) for q in end[L] if q in em]
+            + [(el[q], 1.0) for q in end[L] if q in el],
+            of,
+        )
+        - of * single
+    )
     # backward (§3.2): suffix state carried into each group from the stages after it
     xb, xm, ll, mb, BTexpr = {}, {}, {}, {}, {}
     for q, g in enumerate(groups):
@@ -552,10 +634,20 @@ def _milp(cands: Candidates, groups: Sequence[Group], plat: Platform, wc: float,
             prob += E(terms + [(v, op.tail_s - maxT) for v, op in zip(x[q], g.options)]) <= 0
     for n in range(1, L):
         ins, outs = start[n], end[n]  # stages starting at n pass their suffix state to the stage ending at n
-        prob += E([(xb[q], 1.0) for q in ins if q in xb] + [(v, groups[q].bf) for q in ins for v in x[q]] + [(xb[q], -1.0) for q in outs]) == 0, f"sumB_{n}"
+        prob += (
+            E([(xb[q], 1.0) for q in ins if q in xb] + [(v, groups[q].bf) for q in ins for v in x[q]] + [(xb[q], -1.0) for q in outs]) == 0,
+            f"sumB_{n}",
+        )
         prob += E([(mb[q], 1.0) for q in ins] + [(xm[q], -1.0) for q in outs]) == 0, f"maxB_{n}"
-        prob += E([(ll[q], 1.0) for q in ins if q in ll] + [(v, op.load_s) for q in ins if groups[q].j == L for v, op in zip(x[q], groups[q].options)]
-                  + [(ll[q], -1.0) for q in outs]) == 0, f"lastL_{n}"
+        prob += (
+            E(
+                [(ll[q], 1.0) for q in ins if q in ll]
+                + [(v, op.load_s) for q in ins if groups[q].j == L for v, op in zip(x[q], groups[q].options)]
+                + [(ll[q], -1.0) for q in outs]
+            )
+            == 0,
+            f"lastL_{n}",
+        )
     if floors[0] > 0:  # the band's floor of the forward bottleneck: the max carried into the last stage
         prob += E([(em[q], 1.0) for q in end[L] if q in em]) >= floors[0], "floorA"
     if floors[1] > 0:  # ... and of the backward bottleneck: the suffix max of the first stage
@@ -602,8 +694,12 @@ def _milp(cands: Candidates, groups: Sequence[Group], plat: Platform, wc: float,
     # Measured on these models: restarts re-presolve the root again and again, and the sub-MIP
     # heuristics (RINS, RENS, root reduced cost) take most of the time while the incumbent from
     # the heuristic plan is already good; without them the same proofs take 2-10x less time.
-    opts: dict[str, Any] = {"mip_allow_restart": False, "mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False,
-                            "mip_heuristic_run_root_reduced_cost": False}
+    opts: dict[str, Any] = {
+        "mip_allow_restart": False,
+        "mip_heuristic_run_rins": False,
+        "mip_heuristic_run_rens": False,
+        "mip_heuristic_run_root_reduced_cost": False,
+    }
     if cutoff is not None and math.isfinite(cutoff) and not relax:
         opts["objective_bound"] = cutoff / ref
     solver = pulp.HiGHS(msg=False, gapRel=gap, gapAbs=0.0, timeLimit=time_limit, threads=threads, **opts)
@@ -638,12 +734,20 @@ def _milp(cands: Candidates, groups: Sequence[Group], plat: Platform, wc: float,
 # -- a heuristic incumbent -------------------------------------------------------------------------
 def path_estimate(cands: Candidates, path: Sequence[tuple[Group, SyncOption]], plat: Platform) -> Estimate:
     """``perfmodel.compose`` of a path of (group, option): the model's exact prediction."""
-    cfg = Config(tuple(g.j - g.i for g, _ in path), tuple(g.tier for g, _ in path), cands.replicas, cands.micro_batch,
-                 cands.micro_batches, tuple(op.choice for _, op in path))
+    cfg = Config(
+        tuple(g.j - g.i for g, _ in path),
+        tuple(g.tier for g, _ in path),
+        cands.replicas,
+        cands.micro_batch,
+        cands.micro_batches,
+        tuple(op.choice for _, op in path),
+    )
     return compose(cfg, [op.terms for _, op in path], plat)
 
 
-def heuristic_incumbent(profile: ModelProfile, plat: Platform, cands: Candidates, a1: float, a2: float, smax: int) -> tuple[Config | None, float]:
+def heuristic_incumbent(
+    profile: ModelProfile, plat: Platform, cands: Candidates, a1: float, a2: float, smax: int
+) -> tuple[Config | None, float]:
     """A good feasible plan, fast: balanced partitions (1..smax stages) with one tier and one sync
     choice for every stage, then a local search (move a boundary, change a stage's tier or sync)
     until no move improves. Only a starting point: the MILP proves or beats it."""
@@ -692,10 +796,10 @@ def heuristic_incumbent(profile: ModelProfile, plat: Platform, cands: Candidates
         for s in range(len(ks)):
             for k in range(len(cands.tiers)):
                 if k != ks[s]:
-                    moves.append((cut, ks[:s] + [k] + ks[s + 1:], ops))
+                    moves.append((cut, ks[:s] + [k] + ks[s + 1 :], ops))
             for a in range(len(cands.choices)):
                 if a != ops[s]:
-                    moves.append((cut, ks, ops[:s] + [a] + ops[s + 1:]))
+                    moves.append((cut, ks, ops[:s] + [a] + ops[s + 1 :]))
         for c2, k2, o2 in moves:
             path = build(c2, k2, o2)
             if path is None:
@@ -707,8 +811,14 @@ def heuristic_incumbent(profile: ModelProfile, plat: Platform, cands: Candidates
                 break
     path = build(cut, ks, ops)
     assert path is not None
-    cfg = Config(tuple(g.j - g.i for g, _ in path), tuple(g.tier for g, _ in path), cands.replicas, cands.micro_batch,
-                 cands.micro_batches, tuple(op.choice for _, op in path))
+    cfg = Config(
+        tuple(g.j - g.i for g, _ in path),
+        tuple(g.tier for g, _ in path),
+        cands.replicas,
+        cands.micro_batch,
+        cands.micro_batches,
+        tuple(op.choice for _, op in path),
+    )
     return cfg, v
 
 
@@ -745,8 +855,20 @@ def _prefix_with_path(order: Sequence[int], groups: Sequence[Group], L: int, sma
     return list(order[:n])
 
 
-def _solve(profile: ModelProfile, plat: Platform, cands: Candidates, a1: float, a2: float, smax: int, time_limit: float, gap: float,
-           threads: int | None, incumbent: Config | Sequence[Config] | float | None, first_groups: int, cutoff: float | None = None) -> MilpResult:
+def _solve(
+    profile: ModelProfile,
+    plat: Platform,
+    cands: Candidates,
+    a1: float,
+    a2: float,
+    smax: int,
+    time_limit: float,
+    gap: float,
+    threads: int | None,
+    incumbent: Config | Sequence[Config] | float | None,
+    first_groups: int,
+    cutoff: float | None = None,
+) -> MilpResult:
     """Heuristic incumbent -> bounds -> a MILP over the most promising groups -> one MILP per band
     pair of the bottlenecks that can still beat the incumbent (docs/performance-model.md §7)."""
     t0 = time.perf_counter()
@@ -758,7 +880,9 @@ def _solve(profile: ModelProfile, plat: Platform, cands: Candidates, a1: float, 
     info: dict[str, Any] = {}
     for l in range(L):
         if not any(g.i <= l < g.j for g in groups):
-            return MilpResult(None, math.inf, f"infeasible: layer {profile.layers[l].name} fits in no stage", time.perf_counter() - t0, 0, 0, cands.size)
+            return MilpResult(
+                None, math.inf, f"infeasible: layer {profile.layers[l].name} fits in no stage", time.perf_counter() - t0, 0, 0, cands.size
+            )
     # 1. incumbent: the caller's plan (or just its objective), or the heuristic's if better
     best_cfg: Config | None = None
     best = math.inf
@@ -766,8 +890,11 @@ def _solve(profile: ModelProfile, plat: Platform, cands: Candidates, a1: float, 
         best = float(incumbent)
     elif incumbent is not None:
         for cfg in [incumbent] if isinstance(incumbent, Config) else incumbent:
-            if (cfg.replicas, cfg.micro_batch, cfg.micro_batches) != (cands.replicas, cands.micro_batch, cands.micro_batches) \
-                    or len(cfg.balance) > smax or sum(cfg.balance) != L:
+            if (
+                (cfg.replicas, cfg.micro_batch, cfg.micro_batches) != (cands.replicas, cands.micro_batch, cands.micro_batches)
+                or len(cfg.balance) > smax
+                or sum(cfg.balance) != L
+            ):
                 continue
             e = evaluate(profile, cfg, plat)
             v = objective_value(e.cost, e.time_s, a1, a2)
@@ -781,7 +908,9 @@ def _solve(profile: ModelProfile, plat: Platform, cands: Candidates, a1: float, 
         info["global_bound"] = float(glb.min()) if len(glb) else math.inf
         if not len(glb) or glb.min() > best * (1 + REL_TOL) + 1e-9:
             status = "optimal" if best_cfg is not None else "cutoff: no plan beats the given incumbent objective"
-            return MilpResult(best_cfg, best if best_cfg is not None else math.inf, status, time.perf_counter() - t0, 0, 0, cands.size, 0, info)
+            return MilpResult(
+                best_cfg, best if best_cfg is not None else math.inf, status, time.perf_counter() - t0, 0, 0, cands.size, 0, info
+            )
     th = time.perf_counter()
     hcfg, hobj = heuristic_incumbent(profile, plat, cands, a1, a2, smax)
     info["heuristic"] = {"objective": hobj, "s": round(time.perf_counter() - th, 3)}
@@ -796,10 +925,23 @@ def _solve(profile: ModelProfile, plat: Platform, cands: Candidates, a1: float, 
     def run(qs: Sequence[int], floors: tuple[float, float] = (0.0, 0.0), tag: str = "") -> None:
         nonlocal best, best_cfg, proven, last
         tm = time.perf_counter()
-        sol = _milp(cands, [groups[q] for q in sorted(qs)], plat, wc, wt, smax, remaining(), gap, threads,
-                    cut() if math.isfinite(best) else None, floors=floors)
+        sol = _milp(
+            cands,
+            [groups[q] for q in sorted(qs)],
+            plat,
+            wc,
+            wt,
+            smax,
+            remaining(),
+            gap,
+            threads,
+            cut() if math.isfinite(best) else None,
+            floors=floors,
+        )
         last = sol
-        milps.append({"tag": tag, "groups": len(qs), "status": sol.status, "objective": sol.objective, "s": round(time.perf_counter() - tm, 3)})
+        milps.append(
+            {"tag": tag, "groups": len(qs), "status": sol.status, "objective": sol.objective, "s": round(time.perf_counter() - tm, 3)}
+        )
         if sol.config is not None:
             e = evaluate(profile, sol.config, plat)  # a band floor may have inflated the MILP's own value
             v = objective_value(e.cost, e.time_s, a1, a2)
@@ -887,10 +1029,28 @@ def _solve(profile: ModelProfile, plat: Platform, cands: Candidates, a1: float, 
         kept |= set(qs)
         run(qs, floors=(float(thA[p]), float(thB[p])), tag=f"band{int(p)}")
     if best_cfg is None:  # only an objective was given, and nothing beats it
-        return MilpResult(None, math.inf, "cutoff: no plan beats the given incumbent objective", time.perf_counter() - t0,
-                          last.variables, last.constraints, cands.size, len(kept), info)
-    return MilpResult(best_cfg, best, "optimal" if proven else "time_limit", time.perf_counter() - t0, last.variables, last.constraints,
-                      cands.size, len(kept), info)
+        return MilpResult(
+            None,
+            math.inf,
+            "cutoff: no plan beats the given incumbent objective",
+            time.perf_counter() - t0,
+            last.variables,
+            last.constraints,
+            cands.size,
+            len(kept),
+            info,
+        )
+    return MilpResult(
+        best_cfg,
+        best,
+        "optimal" if proven else "time_limit",
+        time.perf_counter() - t0,
+        last.variables,
+        last.constraints,
+        cands.size,
+        len(kept),
+        info,
+    )
 
 
 def solve_fixed(
@@ -935,7 +1095,12 @@ def solve_fixed(
             if fix is not None:
                 choices = list(dict.fromkeys(list(choices) + list(fix.sync)))
             candidates = candidate_groups(profile, plat, replicas, micro_batch, micro_batches, tiers, choices=choices)
-        elif (candidates.replicas, candidates.micro_batch, candidates.micro_batches, candidates.layers) != (replicas, micro_batch, micro_batches, L):
+        elif (candidates.replicas, candidates.micro_batch, candidates.micro_batches, candidates.layers) != (
+            replicas,
+            micro_batch,
+            micro_batches,
+            L,
+        ):
             raise ValueError("candidates were computed for another (replicas, micro_batch, micro_batches) or profile")
         if fix is not None or relax:
             groups = list(candidates.groups)
@@ -944,14 +1109,43 @@ def solve_fixed(
                 for s, n in enumerate(fix.balance):
                     want[(i, i + n, candidates.tiers.index(fix.tiers_mb[s]))] = candidates.choices.index(fix.sync[s])
                     i += n
-                groups = [Group(g.i, g.j, g.k, g.tier, g.price, g.a, g.bb, tuple(op for op in g.options if op.a == want[(g.i, g.j, g.k)]),
-                                g.af, g.ao, g.bf, g.bo)
-                          for g in groups if (g.i, g.j, g.k) in want]
+                groups = [
+                    Group(
+                        g.i,
+                        g.j,
+                        g.k,
+                        g.tier,
+                        g.price,
+                        g.a,
+                        g.bb,
+                        tuple(op for op in g.options if op.a == want[(g.i, g.j, g.k)]),
+                        g.af,
+                        g.ao,
+                        g.bf,
+                        g.bo,
+                    )
+                    for g in groups
+                    if (g.i, g.j, g.k) in want
+                ]
                 groups = [g for g in groups if g.options]
             wc, wt = objective_weights(a1, a2)
             s = _milp(candidates, groups, plat, wc, wt, smax, time_limit, gap, threads, None, relax=relax)
-            return MilpResult(s.config, s.objective, s.status, time.perf_counter() - t0, s.variables, s.constraints, candidates.size, len(groups))
-        r = _solve(profile, plat, candidates, a1, a2, smax, time_limit, gap, threads,
-                   incumbent if incumbent is not None else incumbent_objective, first_groups, cutoff)
+            return MilpResult(
+                s.config, s.objective, s.status, time.perf_counter() - t0, s.variables, s.constraints, candidates.size, len(groups)
+            )
+        r = _solve(
+            profile,
+            plat,
+            candidates,
+            a1,
+            a2,
+            smax,
+            time_limit,
+            gap,
+            threads,
+            incumbent if incumbent is not None else incumbent_objective,
+            first_groups,
+            cutoff,
+        )
         r.solve_s = time.perf_counter() - t0
         return r

@@ -8,7 +8,8 @@ the cheapest plan mc: delta = (t_mc/t_p - 1) / (c_p/c_mc - 1) >= 0.8.
 
 from __future__ import annotations
 
-from typing import Sequence, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
 FUNCPIPE_WEIGHTS: tuple[tuple[float, float], ...] = ((1, 0), (1, 2**16), (1, 2**19), (1, 2**22))
 DELTA_THRESHOLD = 0.8

@@ -12,15 +12,16 @@ delta rule picks the recommendation.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
-from stagecoach.planner.solve.milp import candidate_groups, heuristic_incumbent, max_stages_for, objective_value, solve_fixed
-from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
+from stagecoach.planner.model.fits import check_fits
 from stagecoach.planner.model.perfmodel import ALL_SYNC, Config, Estimate, evaluate, timeouts
 from stagecoach.planner.model.platforms import Platform, aws_platform
-from stagecoach.planner.model.fits import check_fits
 from stagecoach.planner.profile.layers import ModelProfile
+from stagecoach.planner.solve.milp import candidate_groups, heuristic_incumbent, max_stages_for, objective_value, solve_fixed
+from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
 
 DEFAULT_REPLICAS = (1, 2, 4, 8, 16, 32)
 
@@ -168,8 +169,20 @@ def plan_model(
         if use_milp:
             for d, b, m in sorted(subproblems, key=lambda sp: heur[sp[:2]][1]):
                 own = [c for c in found if (c.replicas, c.micro_batch) == (d, b)] + ([heur[(d, b)][0]] if heur[(d, b)][0] else [])
-                r = solve_fixed(prof, plat, d, b, m, a1, a2, max_stages=max_stages, time_limit=time_limit, candidates=groups[(d, b)],
-                                incumbent=own, cutoff=best[0] if best else None)
+                r = solve_fixed(
+                    prof,
+                    plat,
+                    d,
+                    b,
+                    m,
+                    a1,
+                    a2,
+                    max_stages=max_stages,
+                    time_limit=time_limit,
+                    candidates=groups[(d, b)],
+                    incumbent=own,
+                    cutoff=best[0] if best else None,
+                )
                 proven &= r.status == "optimal" or r.status.startswith(("cutoff", "infeasible"))  # the last two: nothing better here
                 if r.config is not None and (best is None or r.objective < best[0]):
                     best = (r.objective, r.config)

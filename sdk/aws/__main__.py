@@ -37,8 +37,9 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     role = out["WorkerRoleArn"]
-    pol = deployer_policy(args.stack, region, _arn_account(role), _arn_part(role, 1) or "aws", out["BucketName"],
-                          roles=[role, out["StatesRoleArn"]])
+    pol = deployer_policy(
+        args.stack, region, _arn_account(role), _arn_part(role, 1) or "aws", out["BucketName"], roles=[role, out["StatesRoleArn"]]
+    )
     print(json.dumps(pol, indent=2))
     return 0
 

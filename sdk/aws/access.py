@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from botocore.exceptions import ClientError
 
 from stagecoach.aws.policy import deployer_policy
 from stagecoach.deploy.resources import DeployError
 
-DENIED_CODES = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "AuthorizationError",
-                "UnauthorizedAccess", "403"}
+DENIED_CODES = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "AuthorizationError", "UnauthorizedAccess", "403"}
 
 
 class AccessDenied(ClientError, DeployError):
@@ -23,8 +23,16 @@ class AccessDenied(ClientError, DeployError):
     ``action``, ``resource``, ``statement`` and ``explicit_deny`` are there for programs.
     """
 
-    def __init__(self, response: dict[str, Any], operation: str, action: str, resource: str,
-                 statement: dict[str, Any] | None, stack: str, covered: bool = True) -> None:
+    def __init__(
+        self,
+        response: dict[str, Any],
+        operation: str,
+        action: str,
+        resource: str,
+        statement: dict[str, Any] | None,
+        stack: str,
+        covered: bool = True,
+    ) -> None:
         super().__init__(response, operation)
         self.action = action
         self.resource = resource
@@ -40,32 +48,58 @@ class AccessDenied(ClientError, DeployError):
         if msg:
             head += f" ({msg})"
         if self.explicit_deny:
-            return (head + ". An explicit Deny (a service control policy, permissions boundary, session policy or "
-                    "resource policy) blocks it: an Allow statement cannot override that; ask your administrator.")
+            return (
+                head + ". An explicit Deny (a service control policy, permissions boundary, session policy or "
+                "resource policy) blocks it: an Allow statement cannot override that; ask your administrator."
+            )
         if self.statement is None:
             return head + f". {self.action} is not part of the Stagecoach deployer policy; check SCPs and permission boundaries."
         if not self.covered:
-            return (f"{head}. The deployer policy grants {self.action} only on {self.statement['Resource']} "
-                    f"(statement {self.statement['Sid']!r} of docs/deployer-policy.json): is {self.resource} a resource "
-                    f"of stack {self.stack!r}?")
+            return (
+                f"{head}. The deployer policy grants {self.action} only on {self.statement['Resource']} "
+                f"(statement {self.statement['Sid']!r} of docs/deployer-policy.json): is {self.resource} a resource "
+                f"of stack {self.stack!r}?"
+            )
         return (
             f"{head}. Add the statement {self.statement['Sid']!r} of docs/deployer-policy.json to the policy of the "
             f"identity running the SDK (for stack {self.stack!r}):\n{json.dumps(self.statement, indent=2)}"
         )
 
 
-_S3_ACTIONS = {"ListObjectsV2": "s3:ListBucket", "ListObjects": "s3:ListBucket", "HeadObject": "s3:GetObject",
-               "DeleteObjects": "s3:DeleteObject", "HeadBucket": "s3:ListBucket"}
+_S3_ACTIONS = {
+    "ListObjectsV2": "s3:ListBucket",
+    "ListObjects": "s3:ListBucket",
+    "HeadObject": "s3:GetObject",
+    "DeleteObjects": "s3:DeleteObject",
+    "HeadBucket": "s3:ListBucket",
+}
 
 
-_PREFIX = {"s3": "s3", "lambda": "lambda", "sfn": "states", "cloudformation": "cloudformation", "iam": "iam",
-           "ecr": "ecr", "sts": "sts", "logs": "logs"}
+_PREFIX = {
+    "s3": "s3",
+    "lambda": "lambda",
+    "sfn": "states",
+    "cloudformation": "cloudformation",
+    "iam": "iam",
+    "ecr": "ecr",
+    "sts": "sts",
+    "logs": "logs",
+}
 
 
 # Not a missing permission: bad or expired credentials, wrong clock. Reported as they are.
-_CREDENTIAL_CODES = {"SignatureDoesNotMatch", "InvalidClientTokenId", "ExpiredToken", "ExpiredTokenException",
-                     "InvalidAccessKeyId", "UnrecognizedClientException", "RequestExpired", "InvalidToken",
-                     "IncompleteSignature", "MissingAuthenticationToken"}
+_CREDENTIAL_CODES = {
+    "SignatureDoesNotMatch",
+    "InvalidClientTokenId",
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "InvalidAccessKeyId",
+    "UnrecognizedClientException",
+    "RequestExpired",
+    "InvalidToken",
+    "IncompleteSignature",
+    "MissingAuthenticationToken",
+}
 
 
 def iam_action(service: str, operation: str) -> str:
@@ -101,8 +135,9 @@ def arn_matches(pattern: str, arn: str) -> bool:
     return re.fullmatch(rx, arn, flags=re.DOTALL) is not None
 
 
-def statement_for(action: str, stack: str, region: str, account: str, resource: str = "*",
-                  policy: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, bool]:
+def statement_for(
+    action: str, stack: str, region: str, account: str, resource: str = "*", policy: dict[str, Any] | None = None
+) -> tuple[dict[str, Any] | None, bool]:
     """The deployer-policy statement granting ``action``, rendered for this stack, and whether its
     resources cover ``resource`` (a statement naming the action for other resources only means the
     call touched something that is not the stack's)."""
@@ -118,8 +153,7 @@ def statement_for(action: str, stack: str, region: str, account: str, resource: 
 _NOT_AUTHORIZED = re.compile(r"not authorized to perform:? ([\w-]+:\w+)(?: on resource:? \"?([^\s\"]+)\"?)?")
 
 
-def explain_access_denied(client: Any, stack: str, region: str, account: str,
-                          policy: Callable[[], dict[str, Any]] | None = None) -> None:
+def explain_access_denied(client: Any, stack: str, region: str, account: str, policy: Callable[[], dict[str, Any]] | None = None) -> None:
     """Make ``client`` raise :class:`AccessDenied` (action, resource, policy statement) on a denial.
 
     botocore events, not a wrapper: they also see the calls paginators and waiters make.
@@ -146,8 +180,7 @@ def explain_access_denied(client: Any, stack: str, region: str, account: str,
         params = context.get("stagecoach_params", {})
         found = _NOT_AUTHORIZED.search(str(err.get("Message", "")))
         action = found.group(1) if found else iam_action(service_key, model.name)
-        resource = (found.group(2).rstrip(".") if found and found.group(2)
-                    else _resource_of(service_key, params, region, account, partition))
+        resource = found.group(2).rstrip(".") if found and found.group(2) else _resource_of(service_key, params, region, account, partition)
         st, covered = statement_for(action, stack, region, account, resource, policy() if policy else None)
         raise AccessDenied(parsed, model.name, action, resource, st, stack, covered)
 

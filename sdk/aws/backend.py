@@ -53,9 +53,7 @@ class AwsBackend(Backend):
                 f"Run the SDK with Python {image_python}, or rebuild the image for {python_version()} "
                 "(template.yaml: DefaultWorker DockerBuildArgs PYTHON_VERSION and the WorkerPython output; then sam build && sam deploy)"
             )
-        self.clients = Clients(
-            s3=self._client("s3"), lambda_=self._client("lambda"), sfn=self._client("stepfunctions")
-        )
+        self.clients = Clients(s3=self._client("s3"), lambda_=self._client("lambda"), sfn=self._client("stepfunctions"))
         self.resources = StackResources(
             prefix=stack,
             region=self.region,
@@ -74,15 +72,23 @@ class AwsBackend(Backend):
 
     def deployer_policy(self) -> dict[str, Any]:
         """The deployer policy rendered for this stack: its bucket, roles, region and account."""
-        return deployer_policy(self.stack, self.region, self.account, self.partition, self.outputs["BucketName"],
-                               roles=[self.outputs["WorkerRoleArn"], self.outputs["StatesRoleArn"]])
+        return deployer_policy(
+            self.stack,
+            self.region,
+            self.account,
+            self.partition,
+            self.outputs["BucketName"],
+            roles=[self.outputs["WorkerRoleArn"], self.outputs["StatesRoleArn"]],
+        )
 
     def _client(self, service: str, read_timeout: int = 60) -> Any:
         from botocore.config import Config
 
-        c = self.session.client(service, region_name=self.region,
-                                config=Config(retries={"mode": "standard", "max_attempts": 8}, max_pool_connections=20,
-                                              read_timeout=read_timeout))
+        c = self.session.client(
+            service,
+            region_name=self.region,
+            config=Config(retries={"mode": "standard", "max_attempts": 8}, max_pool_connections=20, read_timeout=read_timeout),
+        )
         explain_access_denied(c, self.stack, self.region, self.account, policy=self.deployer_policy)
         return c
 
@@ -104,8 +110,10 @@ class AwsBackend(Backend):
             raise RegionMismatch(f"{arn} is in {region} but stack {self.stack!r} is used in {self.region}: pass --region {region}")
         account = _arn_account(arn)
         if account and self.account and account != self.account:
-            raise StackError(f"{arn} belongs to account {account}, but stack {self.stack!r} is in account {self.account}: "
-                             "use credentials of that account")
+            raise StackError(
+                f"{arn} belongs to account {account}, but stack {self.stack!r} is in account {self.account}: "
+                "use credentials of that account"
+            )
 
     def deploy_clients(self) -> Clients:
         """Clients for deploy_and_start: idempotent creations, Active-waiting, the shared log group."""

@@ -46,14 +46,19 @@ def wait_function(client: Any, name: str, *waiters: str) -> None:
             client.get_waiter(waiter).wait(FunctionName=name, WaiterConfig={"Delay": 2, "MaxAttempts": 300})
         except WaiterError:
             conf = client.get_function_configuration(FunctionName=name)
-            reason = f"{conf.get('StateReasonCode') or conf.get('LastUpdateStatusReasonCode') or ''}: " \
-                     f"{conf.get('StateReason') or conf.get('LastUpdateStatusReason') or 'no reason given'}"
+            reason = (
+                f"{conf.get('StateReasonCode') or conf.get('LastUpdateStatusReasonCode') or ''}: "
+                f"{conf.get('StateReason') or conf.get('LastUpdateStatusReason') or 'no reason given'}"
+            )
             hint = ""
             if "Image" in reason:
-                hint = (" The worker image's ECR repository policy must let lambda.amazonaws.com call "
-                        "ecr:BatchGetImage and ecr:GetDownloadUrlForLayer (docs/aws.md, 'The worker image').")
-            raise DeployError(f"Lambda function {name} is {conf.get('State')} (last update "
-                              f"{conf.get('LastUpdateStatus')}): {reason}.{hint}") from None
+                hint = (
+                    " The worker image's ECR repository policy must let lambda.amazonaws.com call "
+                    "ecr:BatchGetImage and ecr:GetDownloadUrlForLayer (docs/aws.md, 'The worker image')."
+                )
+            raise DeployError(
+                f"Lambda function {name} is {conf.get('State')} (last update {conf.get('LastUpdateStatus')}): {reason}.{hint}"
+            ) from None
 
 
 def ensure_state_machine(client: Any, **spec: Any) -> dict[str, Any]:

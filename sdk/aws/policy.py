@@ -6,9 +6,14 @@ from typing import Any
 
 
 # ----------------------------------------------------------------------------- deployer policy
-def deployer_policy(stack: str = "${StackName}", region: str = "${Region}", account: str = "${AccountId}",
-                    partition: str = "aws", bucket: str = "${BucketName}",
-                    roles: list[str] | None = None) -> dict[str, Any]:
+def deployer_policy(
+    stack: str = "${StackName}",
+    region: str = "${Region}",
+    account: str = "${AccountId}",
+    partition: str = "aws",
+    bucket: str = "${BucketName}",
+    roles: list[str] | None = None,
+) -> dict[str, Any]:
     """The least-privilege policy of the identity running the SDK against one stack.
 
     Everything is scoped to the stack: its bucket (by name: CloudFormation generates it, so the
@@ -30,32 +35,70 @@ def deployer_policy(stack: str = "${StackName}", region: str = "${Region}", acco
     return {
         "Version": "2012-10-17",
         "Statement": [
-            {"Sid": "ReadStack", "Effect": "Allow", "Action": ["cloudformation:DescribeStacks"],
-             "Resource": f"{arn}:cloudformation:{region}:{account}:stack/{stack}/*"},
+            {
+                "Sid": "ReadStack",
+                "Effect": "Allow",
+                "Action": ["cloudformation:DescribeStacks"],
+                "Resource": f"{arn}:cloudformation:{region}:{account}:stack/{stack}/*",
+            },
             # jobs/: each job's objects; data/: datasets shared by jobs; history/: what a job's past
             # runs taught its next one (timeouts, memory; sdk/history.py)
-            {"Sid": "JobObjects", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
-             "Resource": [f"{b}/jobs/*", f"{b}/data/*", f"{b}/history/*"]},
+            {
+                "Sid": "JobObjects",
+                "Effect": "Allow",
+                "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+                "Resource": [f"{b}/jobs/*", f"{b}/data/*", f"{b}/history/*"],
+            },
             # no s3:prefix condition: HeadBucket (the SDK's check that the bucket exists) has no prefix
             {"Sid": "ListJobObjects", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": b},
-            {"Sid": "StageFunctions", "Effect": "Allow",
-             "Action": ["lambda:CreateFunction", "lambda:UpdateFunctionCode", "lambda:UpdateFunctionConfiguration",
-                        "lambda:GetFunction", "lambda:GetFunctionConfiguration", "lambda:DeleteFunction",
-                        "lambda:TagResource"],
-             "Resource": fn},
-            {"Sid": "PassStackRoles", "Effect": "Allow", "Action": ["iam:PassRole"],
-             "Resource": sorted(roles) if roles else f"{arn}:iam::{account}:role/{stack}-*",
-             "Condition": {"StringEquals": {"iam:PassedToService": ["lambda.amazonaws.com", "states.amazonaws.com"]}}},
-            {"Sid": "StateMachines", "Effect": "Allow",
-             "Action": ["states:CreateStateMachine", "states:UpdateStateMachine", "states:DeleteStateMachine",
-                        "states:DescribeStateMachine", "states:TagResource", "states:StartExecution", "states:ListExecutions"],
-             "Resource": sm},
-            {"Sid": "Executions", "Effect": "Allow",
-             "Action": ["states:DescribeExecution", "states:GetExecutionHistory", "states:StopExecution"],
-             "Resource": ex},
+            {
+                "Sid": "StageFunctions",
+                "Effect": "Allow",
+                "Action": [
+                    "lambda:CreateFunction",
+                    "lambda:UpdateFunctionCode",
+                    "lambda:UpdateFunctionConfiguration",
+                    "lambda:GetFunction",
+                    "lambda:GetFunctionConfiguration",
+                    "lambda:DeleteFunction",
+                    "lambda:TagResource",
+                ],
+                "Resource": fn,
+            },
+            {
+                "Sid": "PassStackRoles",
+                "Effect": "Allow",
+                "Action": ["iam:PassRole"],
+                "Resource": sorted(roles) if roles else f"{arn}:iam::{account}:role/{stack}-*",
+                "Condition": {"StringEquals": {"iam:PassedToService": ["lambda.amazonaws.com", "states.amazonaws.com"]}},
+            },
+            {
+                "Sid": "StateMachines",
+                "Effect": "Allow",
+                "Action": [
+                    "states:CreateStateMachine",
+                    "states:UpdateStateMachine",
+                    "states:DeleteStateMachine",
+                    "states:DescribeStateMachine",
+                    "states:TagResource",
+                    "states:StartExecution",
+                    "states:ListExecutions",
+                ],
+                "Resource": sm,
+            },
+            {
+                "Sid": "Executions",
+                "Effect": "Allow",
+                "Action": ["states:DescribeExecution", "states:GetExecutionHistory", "states:StopExecution"],
+                "Resource": ex,
+            },
             # List actions support no resource-level permissions (IAM's service authorization reference);
             # used to find a half-created job's functions and an existing window state machine.
-            {"Sid": "ListFunctionsAndStateMachines", "Effect": "Allow", "Action": ["lambda:ListFunctions", "states:ListStateMachines"],
-             "Resource": "*"},
+            {
+                "Sid": "ListFunctionsAndStateMachines",
+                "Effect": "Allow",
+                "Action": ["lambda:ListFunctions", "states:ListStateMachines"],
+                "Resource": "*",
+            },
         ],
     }

@@ -94,8 +94,9 @@ def stack_outputs(cfn: Any, stack: str, region: str) -> dict[str, str]:
         if status.endswith("_IN_PROGRESS"):
             todo = "wait until it is complete (sam deploy shows its progress)"
         elif status in ("ROLLBACK_COMPLETE", "ROLLBACK_FAILED", "CREATE_FAILED", "DELETE_FAILED"):
-            todo = (f"it never deployed: read its events in the CloudFormation console, then `sam delete --stack-name {stack}` "
-                    "and deploy again")
+            todo = (
+                f"it never deployed: read its events in the CloudFormation console, then `sam delete --stack-name {stack}` and deploy again"
+            )
         else:
             todo = "fix it: its events in the CloudFormation console say what failed"
         raise StackError(f"stack {stack!r} is {status}{why}: {todo}")

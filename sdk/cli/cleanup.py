@@ -28,5 +28,7 @@ def cleanup_command(job: str, backend: str | None, stack: str | None, region: st
         removed = b.cleanup(job_id_from(job), keep_results=keep_results, stop_running=force, log=click.echo)
     except (DeployError, ClientError) as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"removed {len(removed.functions)} functions, {len(removed.state_machines)} state machines, "
-               f"{len(removed.objects)} objects" + (f"; stopped {removed.stopped[0]}" if removed.stopped else ""))
+    click.echo(
+        f"removed {len(removed.functions)} functions, {len(removed.state_machines)} state machines, "
+        f"{len(removed.objects)} objects" + (f"; stopped {removed.stopped[0]}" if removed.stopped else "")
+    )

@@ -21,13 +21,16 @@ from stagecoach.local.process import ACCOUNT as LOCAL_ACCOUNT
 @region_option
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), help="write Gantt, time-breakdown and loss PNGs here")
 @click.option("--json", "as_json", is_flag=True, help="print the inspection as JSON")
-def inspect_command(execution_arn: str, backend: str | None, stack: str | None, region: str | None,
-                    plot_dir: str | None, as_json: bool) -> None:
+def inspect_command(
+    execution_arn: str, backend: str | None, stack: str | None, region: str | None, plot_dir: str | None, as_json: bool
+) -> None:
     """Status, window and iteration, phase timings, loss curve and failed tasks of a job execution."""
     parts = execution_arn.split(":")
     if len(parts) != 8 or parts[0] != "arn" or parts[2] != "states" or parts[5] != "execution":
-        raise click.ClickException(f"{execution_arn!r} is not a job execution ARN: give the one `stagecoach train` "
-                                   "prints (arn:aws:states:REGION:ACCOUNT:execution:STACK-job:JOB)")
+        raise click.ClickException(
+            f"{execution_arn!r} is not a job execution ARN: give the one `stagecoach train` "
+            "prints (arn:aws:states:REGION:ACCOUNT:execution:STACK-job:JOB)"
+        )
     if backend is None and stack is None:
         backend = "local" if parts[4] == LOCAL_ACCOUNT else None
         if backend is None and parts[6].endswith("-job"):

@@ -12,8 +12,9 @@ from stagecoach.backends import get_backend
 from stagecoach.deploy.resources import DeployError
 from stagecoach.local.daemon_state import running_stack
 
-backend_option = click.option("--backend", type=click.Choice(["local", "aws"]), default=None,
-                              help="local (embedded stack) or aws; default: aws if --stack is given")
+backend_option = click.option(
+    "--backend", type=click.Choice(["local", "aws"]), default=None, help="local (embedded stack) or aws; default: aws if --stack is given"
+)
 stack_option = click.option("--stack", envvar="STAGECOACH_STACK", help="the SAM stack's name (aws backend)")
 region_option = click.option("--region", envvar="AWS_REGION", help="the stack's region (aws backend)")
 
@@ -25,8 +26,9 @@ def backend_for(backend: str | None, stack: str | None, region: str | None, need
     by an earlier process lives only there), for inspect and cleanup.
     """
     if need_daemon and (backend or ("aws" if stack else "local")) == "local" and running_stack() is None:
-        raise click.ClickException("no local stack is running: start one with `stagecoach local start` "
-                                   "before training, then inspect runs made while it ran")
+        raise click.ClickException(
+            "no local stack is running: start one with `stagecoach local start` before training, then inspect runs made while it ran"
+        )
     try:
         return get_backend(backend or ("aws" if stack else "local"), stack=stack, region=region, **local)
     except (DeployError, ClientError, BotoCoreError) as e:

@@ -51,32 +51,65 @@ def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile
 @click.option("--max-layers", type=int, default=12, show_default=True, help="merge layers to at most this many before the MILP")
 @click.option("--max-stages", type=int, default=8, show_default=True)
 @click.option("--micro-batch-sizes", default="1,2,4,8", show_default=True, help="comma-separated micro-batch sizes to consider")
-@click.option("--sync", "sync_algos", multiple=True, type=click.Choice(list(SYNC_ALGORITHMS)),
-              help="sync algorithms the planner may choose per stage (repeatable; default: all four)")
-@click.option("--time-limit", type=float, default=60.0, show_default=True, help="seconds per exact solve (one per d, micro-batch size, weight)")
+@click.option(
+    "--sync",
+    "sync_algos",
+    multiple=True,
+    type=click.Choice(list(SYNC_ALGORITHMS)),
+    help="sync algorithms the planner may choose per stage (repeatable; default: all four)",
+)
+@click.option(
+    "--time-limit", type=float, default=60.0, show_default=True, help="seconds per exact solve (one per d, micro-batch size, weight)"
+)
 @click.option("--meta", is_flag=True, help="size the job's model on the meta device (FLOP-based times) instead of running it")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Pareto PNG (default: plan-<name>.png)")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="write the recommended Plan as JSON")
-def plan_command(target: str, global_batch: int | None, samples_per_epoch: int, platform_name: str, max_layers: int, max_stages: int,
-                 micro_batch_sizes: str, sync_algos: tuple[str, ...], time_limit: float, meta: bool, plot: str | None, json_out: str | None) -> None:
+def plan_command(
+    target: str,
+    global_batch: int | None,
+    samples_per_epoch: int,
+    platform_name: str,
+    max_layers: int,
+    max_stages: int,
+    micro_batch_sizes: str,
+    sync_algos: tuple[str, ...],
+    time_limit: float,
+    meta: bool,
+    plot: str | None,
+    json_out: str | None,
+) -> None:
     """Plan TARGET (a job file or zoo:NAME): Pareto plans and a recommendation."""
     try:
         sizes = tuple(int(x) for x in micro_batch_sizes.split(",") if x.strip())
     except ValueError:
-        raise click.BadParameter(f"{micro_batch_sizes!r}: give positive integers separated by commas, e.g. 1,2,4,8", param_hint="--micro-batch-sizes") from None
+        raise click.BadParameter(
+            f"{micro_batch_sizes!r}: give positive integers separated by commas, e.g. 1,2,4,8", param_hint="--micro-batch-sizes"
+        ) from None
     if not sizes or min(sizes) < 1:
-        raise click.BadParameter(f"{micro_batch_sizes!r}: give positive integers separated by commas, e.g. 1,2,4,8", param_hint="--micro-batch-sizes")
+        raise click.BadParameter(
+            f"{micro_batch_sizes!r}: give positive integers separated by commas, e.g. 1,2,4,8", param_hint="--micro-batch-sizes"
+        )
     prof, file_batch = _load(target, meta, sizes)
     G = global_batch or file_batch or 64
     plat = {"aws": aws_platform, "aws-arm64": lambda: aws_platform("arm64"), "local": local_platform}[platform_name]()
     try:
-        res = plan_model(prof, G, plat, max_layers=max_layers, max_stages=max_stages, micro_batch_sizes=sizes, time_limit=time_limit,
-                         sync_algos=sync_algos or None)
+        res = plan_model(
+            prof,
+            G,
+            plat,
+            max_layers=max_layers,
+            max_stages=max_stages,
+            micro_batch_sizes=sizes,
+            time_limit=time_limit,
+            sync_algos=sync_algos or None,
+        )
     except ValueError as e:  # too large a layer, no plan fits: the message says what to change
         raise click.ClickException(str(e)) from None
-    click.echo(f"{prof.name}: {prof.original_layers} layers, {prof.param_bytes / 2**20:.0f} MiB of parameters, global batch {G}, "
-               f"platform {plat.name} (prices as of {plat.prices_as_of}); planned in {res.solve_s:.1f} s"
-               + ("" if res.proven else " (some solves hit the time limit: not proven optimal)"))
+    click.echo(
+        f"{prof.name}: {prof.original_layers} layers, {prof.param_bytes / 2**20:.0f} MiB of parameters, global batch {G}, "
+        f"platform {plat.name} (prices as of {plat.prices_as_of}); planned in {res.solve_s:.1f} s"
+        + ("" if res.proven else " (some solves hit the time limit: not proven optimal)")
+    )
     click.echo(result_table(res, samples_per_epoch))
     click.echo("* = recommended: the fastest plan whose speed-up over the cheapest is worth >= 0.8 of its extra cost")
     click.echo(SYNC_LEGEND)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stagecoach.planner.solve.sweep import PlannedConfig, PlanningResult
 from stagecoach.planner.model.perfmodel import SyncChoice
+from stagecoach.planner.solve.sweep import PlannedConfig, PlanningResult
 
 SYNC_SHORT = {"none": "-", "scatter_reduce": "SR", "pipelined_scatter_reduce": "PSR", "all_reduce": "AR", "k_reduce": "KR"}
 SYNC_LEGEND = "sync per stage: SR scatter-reduce, PSR pipelined scatter-reduce, KRk k-reduce with K=k, AR all-reduce, - none (d = 1)"

@@ -33,22 +33,37 @@ def accuracy(model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor]) ->
 @click.option("--replicas", type=int, help="data-parallel degree d (manual plan)")
 @click.option("--micro-batches", type=int, help="micro-batches per replica per iteration")
 @click.option("--memory", "memory_mb", type=int, help="Lambda memory per stage, MB")
-@click.option("--sync", type=click.Choice(list(SYNC_ALGORITHMS)),
-              help="gradient sync algorithm for every stage (docs/runtime.md, 'Sync algorithms')")
+@click.option(
+    "--sync", type=click.Choice(list(SYNC_ALGORITHMS)), help="gradient sync algorithm for every stage (docs/runtime.md, 'Sync algorithms')"
+)
 @click.option("--aggregators", type=int, help="K for --sync k_reduce: shards and sync tasks per stage (1..d)")
 @click.option("--iterations", type=int, help="override the job's iterations")
-@click.option("--recommended", is_flag=True,
-              help="use the planner's recommended plan even if FILE defines manual `defaults`")
-@click.option("--backend", type=click.Choice(["local", "aws"]), default=None,
-              help="local (default) or aws (default when --stack is given)")
+@click.option("--recommended", is_flag=True, help="use the planner's recommended plan even if FILE defines manual `defaults`")
+@click.option("--backend", type=click.Choice(["local", "aws"]), default=None, help="local (default) or aws (default when --stack is given)")
 @stack_option
 @region_option
-@click.option("--emulate-network", is_flag=True,
-              help="local backend: give every worker Lambda's bandwidth and S3 latency (the planner's AWS constants)")
+@click.option(
+    "--emulate-network",
+    is_flag=True,
+    help="local backend: give every worker Lambda's bandwidth and S3 latency (the planner's AWS constants)",
+)
 @click.option("--out", default="stagecoach-runs", show_default=True, help="directory for results")
-def train_command(file: str, stages: int | None, replicas: int | None, micro_batches: int | None, memory_mb: int | None,
-                  sync: str | None, aggregators: int | None, iterations: int | None, recommended: bool, backend: str | None,
-                  stack: str | None, region: str | None, emulate_network: bool, out: str) -> None:
+def train_command(
+    file: str,
+    stages: int | None,
+    replicas: int | None,
+    micro_batches: int | None,
+    memory_mb: int | None,
+    sync: str | None,
+    aggregators: int | None,
+    iterations: int | None,
+    recommended: bool,
+    backend: str | None,
+    stack: str | None,
+    region: str | None,
+    emulate_network: bool,
+    out: str,
+) -> None:
     """Train the `job` defined in FILE; print progress, final loss, test accuracy and where results are.
 
     The plan is the planner's recommendation, unless options (--stages, --replicas, --micro-batches,
@@ -59,8 +74,11 @@ def train_command(file: str, stages: int | None, replicas: int | None, micro_bat
     job = module.job
     if iterations is not None:
         job.iterations = iterations
-    given = {k: v for k, v in (("stages", stages), ("replicas", replicas), ("micro_batches", micro_batches),
-                                ("memory_mb", memory_mb)) if v is not None}
+    given = {
+        k: v
+        for k, v in (("stages", stages), ("replicas", replicas), ("micro_batches", micro_batches), ("memory_mb", memory_mb))
+        if v is not None
+    }
     manual = {} if recommended and not given else {**getattr(module, "defaults", {}), **given}
     try:
         job.validate()
@@ -69,8 +87,10 @@ def train_command(file: str, stages: int | None, replicas: int | None, micro_bat
         else:
             result = job.plan()
             plan = result.recommended.to_plan()
-            click.echo(f"planner: recommended plan of {len(result.pareto)} on the Pareto front "
-                       f"(predicted {plan.extras.get('predicted_s_per_iteration', float('nan')):.2f} s/iteration on AWS)")
+            click.echo(
+                f"planner: recommended plan of {len(result.pareto)} on the Pareto front "
+                f"(predicted {plan.extras.get('predicted_s_per_iteration', float('nan')):.2f} s/iteration on AWS)"
+            )
         if sync or aggregators:
             plan = _with_sync(plan, sync, aggregators)
         job.check_plan(plan)
@@ -112,8 +132,10 @@ def _backend(backend: str | None, stack: str | None, region: str | None, emulate
     if (backend or ("aws" if stack else "local")) != "local":
         raise click.BadParameter("only the local backend emulates a network; on AWS the network is real", param_hint="--emulate-network")
     plat = aws_platform()
-    click.echo(f"network: emulating {plat.bandwidth_Bps / 1e6:.0f} MB/s each way and {plat.storage_latency_s * 1e3:.0f} ms "
-               "per S3 request in every worker")
+    click.echo(
+        f"network: emulating {plat.bandwidth_Bps / 1e6:.0f} MB/s each way and {plat.storage_latency_s * 1e3:.0f} ms "
+        "per S3 request in every worker"
+    )
     return backend_for("local", None, None, network=plat)
 
 
@@ -130,5 +152,3 @@ def _sync_label(plan: Plan) -> str:
     if plan.replicas == 1:
         return "none (d = 1)"
     return ", ".join(a if a != "k_reduce" else f"k_reduce(K={k})" for a, k in zip(plan.sync, plan.aggregators))
-
-

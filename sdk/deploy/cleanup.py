@@ -7,12 +7,20 @@ what is already gone, so either can be repeated; other errors (AccessDenied) sur
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from botocore.exceptions import ClientError
 
-from stagecoach.deploy.resources import Clients, DeployError, StackResources, function_name, job_id_from, read_json, window_state_machine_name
+from stagecoach.deploy.resources import (
+    Clients,
+    DeployError,
+    StackResources,
+    function_name,
+    job_id_from,
+    read_json,
+    window_state_machine_name,
+)
 from stagecoach.lambdas import keys
 
 Log = Callable[[str], None]
@@ -61,8 +69,11 @@ def delete_state_machines(c: Clients, arns: list[str], log: Log = _quiet) -> lis
 
 def delete_objects(res: StackResources, c: Clients, job_id: str, log: Log = _quiet) -> list[str]:
     """Delete every object under the job's prefix (1,000 per request); returns their keys."""
-    listed = [o["Key"] for page in c.s3.get_paginator("list_objects_v2").paginate(Bucket=res.bucket, Prefix=keys.job_prefix(job_id))
-              for o in page.get("Contents", [])]
+    listed = [
+        o["Key"]
+        for page in c.s3.get_paginator("list_objects_v2").paginate(Bucket=res.bucket, Prefix=keys.job_prefix(job_id))
+        for o in page.get("Contents", [])
+    ]
     for i in range(0, len(listed), 1000):
         c.s3.delete_objects(Bucket=res.bucket, Delete={"Objects": [{"Key": k} for k in listed[i : i + 1000]], "Quiet": True})
     log(f"deleted {len(listed)} objects under s3://{res.bucket}/{keys.job_prefix(job_id)}")
@@ -72,16 +83,20 @@ def delete_objects(res: StackResources, c: Clients, job_id: str, log: Log = _qui
 def rollback(job_id: str, res: StackResources, c: Clients, functions: list[str], state_machines: list[str]) -> None:
     """Undo a launch that failed half-way: what it created, and its objects. Never raises: the
     launch's own error is the one to report."""
-    for step in (lambda: delete_functions(c, functions), lambda: delete_state_machines(c, state_machines),
-                 lambda: delete_objects(res, c, job_id)):
+    for step in (
+        lambda: delete_functions(c, functions),
+        lambda: delete_state_machines(c, state_machines),
+        lambda: delete_objects(res, c, job_id),
+    ):
         try:
             step()
         except ClientError:
             pass
 
 
-def cleanup_job(res: StackResources, c: Clients, job_id: str, keep_results: bool = False, stop_running: bool = False,
-                log: Log | None = None) -> Removed:
+def cleanup_job(
+    res: StackResources, c: Clients, job_id: str, keep_results: bool = False, stop_running: bool = False, log: Log | None = None
+) -> Removed:
     """Remove a job's functions, its window state machine and (unless ``keep_results``) its objects.
 
     A running job is refused unless ``stop_running``: deleting its functions would fail it
@@ -104,7 +119,8 @@ def cleanup_job(res: StackResources, c: Clients, job_id: str, keep_results: bool
     except c.s3.exceptions.NoSuchKey:
         pass
     sm_arn = (spec or {}).get("window_state_machine") or res.job_state_machine_arn.replace(
-        job_sm_name, window_state_machine_name(res, job_id))
+        job_sm_name, window_state_machine_name(res, job_id)
+    )
     if status == "RUNNING":
         if not stop_running:
             raise DeployError(f"job {job_id} is still running ({execution}); stop it first or pass --force")
@@ -123,8 +139,12 @@ def cleanup_job(res: StackResources, c: Clients, job_id: str, keep_results: bool
         functions = [function_name(res, job_id, s) for s in range(len(spec["plan"]["balance"]))]
     else:  # the launch failed before job.json: find its functions by name
         prefix = function_name(res, job_id, 0)[:-1]
-        functions = [f["FunctionName"] for page in c.lambda_.get_paginator("list_functions").paginate()
-                     for f in page["Functions"] if f["FunctionName"].startswith(prefix)]
+        functions = [
+            f["FunctionName"]
+            for page in c.lambda_.get_paginator("list_functions").paginate()
+            for f in page["Functions"]
+            if f["FunctionName"].startswith(prefix)
+        ]
     removed.functions = delete_functions(c, functions, log)
     removed.state_machines = delete_state_machines(c, [sm_arn], log)
     if not keep_results:

@@ -78,11 +78,9 @@ def check_name_lengths(stack: str, job_name: str, stages: int) -> None:
         )
 
 
-
 def job_id_from(ref: str) -> str:
     """A job id from itself or from its job execution ARN (the execution is named after the job)."""
     job_id = ref.rsplit(":", 1)[-1] if ref.startswith("arn:") else ref
     if not JOB_ID.fullmatch(job_id):
-        raise DeployError(f"{ref!r} is not a job: give a job id (NAME-xxxxxxxx, as `stagecoach train` prints it) "
-                         "or its job execution ARN")
+        raise DeployError(f"{ref!r} is not a job: give a job id (NAME-xxxxxxxx, as `stagecoach train` prints it) or its job execution ARN")
     return job_id

@@ -110,8 +110,15 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients) -> t
         execution = c.sfn.start_execution(
             stateMachineArn=res.job_state_machine_arn,
             name=job_id,
-            input=json.dumps({"job": job_id, "bucket": res.bucket, "windowStateMachineArn": window, "windows": wins,
-                              "functionPrefix": function_name(res, job_id, 0)[:-1]}),
+            input=json.dumps(
+                {
+                    "job": job_id,
+                    "bucket": res.bucket,
+                    "windowStateMachineArn": window,
+                    "windows": wins,
+                    "functionPrefix": function_name(res, job_id, 0)[:-1],
+                }
+            ),
         )["executionArn"]
         return job_id, execution
     except BaseException:

@@ -6,9 +6,16 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-
-_FAIL_EVENTS = {"TaskFailed", "TaskTimedOut", "LambdaFunctionFailed", "LambdaFunctionTimedOut", "TaskStartFailed",
-                "TaskSubmitFailed", "LambdaFunctionStartFailed", "LambdaFunctionScheduleFailed"}
+_FAIL_EVENTS = {
+    "TaskFailed",
+    "TaskTimedOut",
+    "LambdaFunctionFailed",
+    "LambdaFunctionTimedOut",
+    "TaskStartFailed",
+    "TaskSubmitFailed",
+    "LambdaFunctionStartFailed",
+    "LambdaFunctionScheduleFailed",
+}
 
 
 @dataclass

@@ -8,13 +8,16 @@ from typing import Any
 from stagecoach.inspect.events import FailedTask
 from stagecoach.inspect.report import InspectError, Inspection
 
-
 # ------------------------------------------------------------------------------------ plots
 _COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "sync": "#55a868"}
 
 
-_PARTS = (("compute_s", "compute", "#4c72b0"), ("transfer_s", "S3 transfer", "#dd8452"),
-          ("wait_s", "waiting for other workers", "#c44e52"), ("orchestration_s", "orchestration (no task running)", "#8c8c8c"))
+_PARTS = (
+    ("compute_s", "compute", "#4c72b0"),
+    ("transfer_s", "S3 transfer", "#dd8452"),
+    ("wait_s", "waiting for other workers", "#c44e52"),
+    ("orchestration_s", "orchestration (no task running)", "#8c8c8c"),
+)
 
 
 def _pyplot() -> Any:
@@ -35,8 +38,9 @@ def gantt_rows(metrics: list[dict[str, Any]]) -> list[tuple[int, bool, int]]:
     return sorted({(int(m["stage"]), m["phase"] == "sync", int(m["index"])) for m in metrics})
 
 
-def plot_gantt(metrics: list[dict[str, Any]], path: str, iterations: tuple[int, int] | None = None,
-               failures: list[FailedTask] | None = None) -> str:
+def plot_gantt(
+    metrics: list[dict[str, Any]], path: str, iterations: tuple[int, int] | None = None, failures: list[FailedTask] | None = None
+) -> str:
     """Tasks as bars on a row per (stage, worker), coloured by phase; the waiting part hatched;
     failed task attempts (``failures``, from the histories) as red crosses where they failed.
 
@@ -61,16 +65,33 @@ def plot_gantt(metrics: list[dict[str, Any]], path: str, iterations: tuple[int, 
     fig, ax = plt.subplots(figsize=(12, 0.42 * len(rows) + 2.2))
     for m in ms:
         y = ypos[(int(m["stage"]), m["phase"] == "sync", int(m["index"]))]
-        ax.broken_barh([(m["start"] - t0, m["duration_s"])], (y - 0.4, 0.8), facecolors=_COLOURS.get(m["phase"], "#999999"),
-                       edgecolor="black", linewidth=0.3)
+        ax.broken_barh(
+            [(m["start"] - t0, m["duration_s"])],
+            (y - 0.4, 0.8),
+            facecolors=_COLOURS.get(m["phase"], "#999999"),
+            edgecolor="black",
+            linewidth=0.3,
+        )
         if m.get("wait_s", 0) > 0:
-            ax.broken_barh([(m["end"] - t0 - m["wait_s"], m["wait_s"])], (y - 0.4, 0.8), facecolors="none", hatch="///",
-                           edgecolor="white", linewidth=0)
-    crosses = [(f.time - t0, ypos[(f.stage, f.phase == "sync", f.index)]) for f in failures or []
-               if f.time is not None and f.t is not None and a <= f.t < b and (f.stage, f.phase == "sync", f.index) in ypos]
+            ax.broken_barh(
+                [(m["end"] - t0 - m["wait_s"], m["wait_s"])], (y - 0.4, 0.8), facecolors="none", hatch="///", edgecolor="white", linewidth=0
+            )
+    crosses = [
+        (f.time - t0, ypos[(f.stage, f.phase == "sync", f.index)])
+        for f in failures or []
+        if f.time is not None and f.t is not None and a <= f.t < b and (f.stage, f.phase == "sync", f.index) in ypos
+    ]
     if crosses:
-        ax.scatter([x for x, _ in crosses], [y for _, y in crosses], marker="X", s=60, color="#d62728", zorder=5,
-                   edgecolors="white", linewidths=0.6)
+        ax.scatter(
+            [x for x, _ in crosses],
+            [y for _, y in crosses],
+            marker="X",
+            s=60,
+            color="#d62728",
+            zorder=5,
+            edgecolors="white",
+            linewidths=0.6,
+        )
     for i in range(1, len(rows)):  # a line between stages
         if rows[i][0] != rows[i - 1][0]:
             ax.axhline(i - 0.5, color="black", linewidth=0.6)
@@ -87,11 +108,19 @@ def plot_gantt(metrics: list[dict[str, Any]], path: str, iterations: tuple[int, 
     ax.set_title(f"tasks per stage, iterations {a}-{b - 1} (hatched: waiting for other workers' objects)", fontsize=10)
     from matplotlib.lines import Line2D
 
-    handles = [Patch(color=c, label=p) for p, c in _COLOURS.items()] + [Patch(facecolor="#dd8452", hatch="///", edgecolor="white", label="waiting")]
+    handles = [Patch(color=c, label=p) for p, c in _COLOURS.items()] + [
+        Patch(facecolor="#dd8452", hatch="///", edgecolor="white", label="waiting")
+    ]
     if crosses:
         handles.append(Line2D([], [], marker="X", color="#d62728", linestyle="none", markersize=8, label="failed attempt"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 if len(rows) > 6 else -0.2), ncol=len(handles),
-              fontsize=8, frameon=False)
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.12 if len(rows) > 6 else -0.2),
+        ncol=len(handles),
+        fontsize=8,
+        frameon=False,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -62,8 +62,10 @@ def open_run(backend: Backend, execution_arn: str) -> Run:
     try:
         d = sfn.describe_execution(executionArn=execution_arn)
     except sfn.exceptions.ExecutionDoesNotExist:
-        raise InspectError(f"no execution {execution_arn} on the {backend.name} backend"
-                           + (" (is `stagecoach local start` running, and was the run started while it was?)" if backend.name == "local" else "")) from None
+        raise InspectError(
+            f"no execution {execution_arn} on the {backend.name} backend"
+            + (" (is `stagecoach local start` running, and was the run started while it was?)" if backend.name == "local" else "")
+        ) from None
     try:
         inp = json.loads(d.get("input") or "{}")
         job_id = inp["job"]
@@ -130,8 +132,14 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
         wd = sfn.describe_execution(executionArn=last["executionArn"])
         wi = json.loads(wd.get("input") or "{}")
         idx = next((i for i, w in enumerate(windows) if w.get("start") == wi.get("start")), None)
-        window = {"index": idx, "start": wi.get("start"), "end": wi.get("end"), "status": wd["status"],
-                  "arn": last["executionArn"], "attempts": sum(1 for e in execs if e["name"].startswith(f"w{wi.get('start')}-"))}
+        window = {
+            "index": idx,
+            "start": wi.get("start"),
+            "end": wi.get("end"),
+            "status": wd["status"],
+            "arn": last["executionArn"],
+            "attempts": sum(1 for e in execs if e["name"].startswith(f"w{wi.get('start')}-")),
+        }
     to_read = [e for e in execs if e["status"] in ("FAILED", "TIMED_OUT", "ABORTED")]
     if execs and execs[-1] not in to_read:
         to_read.append(execs[-1])
@@ -188,35 +196,42 @@ def format_report(ins: Inspection) -> str:
     ]
     if ins.window:
         w = ins.window
-        lines.append(f"window {('?' if w['index'] is None else w['index'] + 1)}/{ins.windows}: iterations [{w['start']}, {w['end']}) "
-                     f"{w['status']} (attempt {w['attempts']})")
+        lines.append(
+            f"window {('?' if w['index'] is None else w['index'] + 1)}/{ins.windows}: iterations [{w['start']}, {w['end']}) "
+            f"{w['status']} (attempt {w['attempts']})"
+        )
     if ins.error:
         lines.append(f"error: {ins.error}")
     if ins.phase_timings:
         lines.append("phase timings (mean per iteration after the first; task parts are means per task):")
         lines.append(f"  {'phase':9} {'span s':>8} {'task s':>8} {'max s':>8} {'compute':>8} {'transfer':>9} {'wait':>8} {'tasks':>6}")
         for ph, v in ins.phase_timings.items():
-            lines.append(f"  {ph:9} {v['span_s']:8.3f} {v['task_s']:8.3f} {v['max_task_s']:8.3f} {v['compute_s']:8.3f} "
-                         f"{v['transfer_s']:9.3f} {v['wait_s']:8.3f} {int(v['tasks']):6d}")
+            lines.append(
+                f"  {ph:9} {v['span_s']:8.3f} {v['task_s']:8.3f} {v['max_task_s']:8.3f} {v['compute_s']:8.3f} "
+                f"{v['transfer_s']:9.3f} {v['wait_s']:8.3f} {int(v['tasks']):6d}"
+            )
     if ins.breakdown:
         b = ins.breakdown[1:] or ins.breakdown
         it = sum(x["iteration_s"] for x in b) / len(b)
         parts = {k: sum(x[k] for x in b) / len(b) for k in ("orchestration_s", "compute_s", "transfer_s", "wait_s")}
-        lines.append(f"time per iteration{' after the first' if len(ins.breakdown) > 1 else ''} {it:.3f} s: " + ", ".join(
-            f"{k[:-2]} {v:.3f} s ({v / it:.0%})" if it > 0 else f"{k[:-2]} {v:.3f} s" for k, v in parts.items()))
+        lines.append(
+            f"time per iteration{' after the first' if len(ins.breakdown) > 1 else ''} {it:.3f} s: "
+            + ", ".join(f"{k[:-2]} {v:.3f} s ({v / it:.0%})" if it > 0 else f"{k[:-2]} {v:.3f} s" for k, v in parts.items())
+        )
     if ins.losses:
         ls = ins.losses
         step = max(1, len(ls) // 10)
         lines.append(f"loss: first {ls[0]:.4f}, last {ls[-1]:.4f}, min {min(ls):.4f}")
         lines.append("  " + " ".join(f"[{t}] {ls[t]:.4f}" for t in range(0, len(ls), step)))
     for rm in ins.remediations:
-        lines.append(f"out of memory: stage {rm.get('stage')} raised from {rm.get('from_mb')} MB to {rm.get('to_mb')} MB "
-                     f"({rm.get('function')})")
+        lines.append(
+            f"out of memory: stage {rm.get('stage')} raised from {rm.get('from_mb')} MB to {rm.get('to_mb')} MB ({rm.get('function')})"
+        )
     if ins.failed_tasks:
         lines.append(f"failed tasks ({len(ins.failed_tasks)}):")
         for f in ins.failed_tasks:
             who = f"{f.phase} s{f.stage} #{f.index} t={f.t}" if f.phase else f.state
-            cause = f.cause[len(f.error) + 2:] if f.cause.startswith(f"{f.error}: ") else f.cause
+            cause = f.cause[len(f.error) + 2 :] if f.cause.startswith(f"{f.error}: ") else f.cause
             lines.append(f"  {who}: {f.error}: {cause[:300]}" + (" (retried, then succeeded)" if f.retried else ""))
     else:
         lines.append("failed tasks: none")

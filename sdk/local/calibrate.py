@@ -41,9 +41,16 @@ def _calibration_job(iterations: int) -> Any:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(96, 4, generator=g)
     y = torch.randint(0, 2, (96,), generator=g)
-    return Job(model=lambda: nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)), loss=nn.CrossEntropyLoss(),
-               optimizer=lambda p: torch.optim.SGD(p, lr=0.1), train=(x, y), global_batch=6, iterations=iterations,
-               seed=0, name="calibrate")
+    return Job(
+        model=lambda: nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)),
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        train=(x, y),
+        global_batch=6,
+        iterations=iterations,
+        seed=0,
+        name="calibrate",
+    )
 
 
 def request_overhead(backend: Any, n: int = 20) -> float:

@@ -30,9 +30,15 @@ def serve() -> None:
     stack = backend.stack
     path = state_path()
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    state = {"pid": os.getpid(), "endpoint": stack.endpoint_url, "log_dir": stack.log_dir,
-             "region": backend.resources.region, "bucket": backend.resources.bucket,
-             "job_state_machine": backend.resources.job_state_machine_arn, "started": time.time()}
+    state = {
+        "pid": os.getpid(),
+        "endpoint": stack.endpoint_url,
+        "log_dir": stack.log_dir,
+        "region": backend.resources.region,
+        "bucket": backend.resources.bucket,
+        "job_state_machine": backend.resources.job_state_machine_arn,
+        "started": time.time(),
+    }
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(state, f, indent=2)
@@ -66,8 +72,13 @@ def start(timeout: float = 120.0) -> tuple[dict[str, Any], bool]:
     path = state_path()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     log = open(os.path.join(os.path.dirname(path), "local-daemon.log"), "ab")
-    proc = subprocess.Popen([sys.executable, "-c", "from stagecoach.local.daemon import serve; serve()"],
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from stagecoach.local.daemon import serve; serve()"],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
     deadline = time.time() + timeout
     while time.time() < deadline:
         st = read_state()

@@ -59,7 +59,7 @@ class FaultInjector:
         self._rng = random.Random(self.seed)
 
     @classmethod
-    def from_env(cls) -> "FaultInjector | None":
+    def from_env(cls) -> FaultInjector | None:
         raw = os.environ.get("STAGECOACH_FAULTS")
         if not raw:
             return None

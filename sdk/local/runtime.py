@@ -226,8 +226,9 @@ class LocalLambdaRuntime:
 
         from stagecoach.lambdas import keys
 
-        s3 = boto3.client("s3", endpoint_url=self.endpoint_url, region_name="us-east-1",
-                          aws_access_key_id="local", aws_secret_access_key="local")
+        s3 = boto3.client(
+            "s3", endpoint_url=self.endpoint_url, region_name="us-east-1", aws_access_key_id="local", aws_secret_access_key="local"
+        )
         key = keys.act(event["job"], event["t"], event["stage"], event["replica"], 0)
         s3.delete_object(Bucket=event["bucket"], Key=key)
 
@@ -258,7 +259,11 @@ class LocalLambdaRuntime:
                 )
             if fault is not None and fault.kind == "kill" and now - started >= fault.delay_s:
                 self._kill(w)
-                return _error("Runtime.ExitError", f"RequestId: {request_id} Error: Runtime exited with error: signal: killed (injected)"), True, ""
+                return (
+                    _error("Runtime.ExitError", f"RequestId: {request_id} Error: Runtime exited with error: signal: killed (injected)"),
+                    True,
+                    "",
+                )
             rss = _rss_mb(w.pid)
             if rss > spec.memory_mb:
                 self._kill(w)
@@ -286,7 +291,13 @@ class LocalLambdaRuntime:
                         # the kill point fell after the task's work: the container dies before it
                         # can reply, its outputs already written (a retry must rewrite them alike)
                         self._kill(w)
-                        return _error("Runtime.ExitError", f"RequestId: {request_id} Error: Runtime exited with error: signal: killed (injected)"), True, ""
+                        return (
+                            _error(
+                                "Runtime.ExitError", f"RequestId: {request_id} Error: Runtime exited with error: signal: killed (injected)"
+                            ),
+                            True,
+                            "",
+                        )
                     reply = json.loads(buf[4 : 4 + n])
                     self._give_back(spec, w)
                     return reply["payload"], bool(reply["errored"]), ""

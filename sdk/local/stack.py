@@ -51,8 +51,7 @@ def install_lambda_hook(runtime: LocalLambdaRuntime) -> None:
 
     if moto.__version__ != MOTO_VERSION:
         raise RuntimeError(
-            f"stagecoach's local stack needs moto=={MOTO_VERSION} (found {moto.__version__}): "
-            f"pip install 'moto[server]=={MOTO_VERSION}'"
+            f"stagecoach's local stack needs moto=={MOTO_VERSION} (found {moto.__version__}): pip install 'moto[server]=={MOTO_VERSION}'"
         )
 
     from moto.awslambda.exceptions import LambdaClientError

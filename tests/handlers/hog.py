@@ -11,7 +11,7 @@ def handler(event, context):
     _calls += 1
     if event.get("allocate_mb"):
         block = bytearray(event["allocate_mb"] * 1024 * 1024)
-        block[:: 4096] = b"x" * len(block[::4096])  # touch every page so it is resident
+        block[::4096] = b"x" * len(block[::4096])  # touch every page so it is resident
         time.sleep(2)
     if event.get("sleep_s"):
         time.sleep(event["sleep_s"])

@@ -5,14 +5,14 @@ import math
 
 import pytest
 
-from stagecoach.planner.solve.sweep import PlannedConfig, plan_model
+from stagecoach.planner.model.perfmodel import ALL_SYNC, Config, SyncChoice, evaluate
+from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.plan import Plan
+from stagecoach.planner.profile.layers import LayerProfile, LayerTooLargeError, ModelProfile
 from stagecoach.planner.solve.bruteforce import all_plans
 from stagecoach.planner.solve.milp import objective_value
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
-from stagecoach.planner.model.perfmodel import ALL_SYNC, Config, SyncChoice, evaluate
-from stagecoach.planner.plan import Plan
-from stagecoach.planner.model.platforms import aws_platform
-from stagecoach.planner.profile.layers import LayerProfile, LayerTooLargeError, ModelProfile
+from stagecoach.planner.solve.sweep import PlannedConfig, plan_model
 
 MB = 2**20
 
@@ -45,8 +45,14 @@ def test_every_weight_gets_the_optimum_over_all_replicas_and_micro_batch_sizes()
 def test_to_plan_emits_each_stages_sync_algorithm_and_aggregators():
     plat = aws_platform()
     prof = toy()
-    cfg = Config((1, 2, 1), (4096, 10240, 4096), 4, 2, 2,
-                 (SyncChoice("pipelined_scatter_reduce", 4), SyncChoice("k_reduce", 2), SyncChoice("all_reduce", 1)))
+    cfg = Config(
+        (1, 2, 1),
+        (4096, 10240, 4096),
+        4,
+        2,
+        2,
+        (SyncChoice("pipelined_scatter_reduce", 4), SyncChoice("k_reduce", 2), SyncChoice("all_reduce", 1)),
+    )
     e = evaluate(prof, cfg, plat)
     assert e.feasible, e.violations
     plan = PlannedConfig(e, (1, 2**19), "milp", 0.0, prof, plat).to_plan()

@@ -84,8 +84,12 @@ CASES = [(32, (1024, 4096, 4096, 1024)), (512, (2048,) * 5)]  # parameter-heavy;
 
 def test_estimates_against_measured_stages():
     # both stages run at once, each in a fresh process (the peak of a process image is monotone)
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(b), ",".join(map(str, dims))], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for b, dims in CASES]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(b), ",".join(map(str, dims))], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for b, dims in CASES
+    ]
     plat = aws_platform()
     for (b, dims), proc in zip(CASES, procs):
         stdout, stderr = proc.communicate(timeout=180)

@@ -15,10 +15,10 @@ from stagecoach.planner.baselines.fasdl import (
     sync_choice,
     two_stage_search,
 )
-from stagecoach.planner.solve.milp import objective_weights
-from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
+from stagecoach.planner.solve.milp import objective_weights
+from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
 
 MB = 2**20
 
@@ -47,9 +47,13 @@ def test_fit_recovers_train_coefficients():
 def random_instance(rnd):
     model = FasDLModel(
         model_bytes=rnd.uniform(5, 500) * 1e6,
-        a=rnd.uniform(10, 3000), b=rnd.uniform(0, 20), m=rnd.uniform(-100, 1200),
-        up_Bps=rnd.uniform(20, 90) * 1e6, down_Bps=rnd.uniform(20, 90) * 1e6,
-        ramp_bytes=rnd.uniform(0.1, 20) * 1e6, half_mb=rnd.choice([0.0, rnd.uniform(100, 2000)]),
+        a=rnd.uniform(10, 3000),
+        b=rnd.uniform(0, 20),
+        m=rnd.uniform(-100, 1200),
+        up_Bps=rnd.uniform(20, 90) * 1e6,
+        down_Bps=rnd.uniform(20, 90) * 1e6,
+        ramp_bytes=rnd.uniform(0.1, 20) * 1e6,
+        half_mb=rnd.choice([0.0, rnd.uniform(100, 2000)]),
     )
     G = rnd.choice([64, 128, 256, 512])
     workers = [w for w in range(1, 65) if G % w == 0]

@@ -18,10 +18,10 @@ from stagecoach.planner.baselines.funcpipe import (
     pipelined_scatter_reduce_s,
     scatter_reduce_s,
 )
-from stagecoach.planner.solve.milp import objective_value
-from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
 from stagecoach.planner.model.platforms import aws_platform, funcpipe_platform
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
+from stagecoach.planner.solve.milp import objective_value
+from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
 
 MB = 2**20
 
@@ -48,8 +48,15 @@ def test_sync_formulas_reproduce_funcpipes_example():
 def toy(L=6, seed=0):
     rnd = random.Random(seed)
     layers = tuple(
-        LayerProfile(f"l{i}", rnd.uniform(5, 120) * MB, rnd.uniform(2, 30) * MB, rnd.uniform(0.2, 3) * MB, rnd.uniform(0.2, 3) * MB,
-                     rnd.uniform(0.5, 8) * 1e9, rnd.uniform(1, 16) * 1e9)
+        LayerProfile(
+            f"l{i}",
+            rnd.uniform(5, 120) * MB,
+            rnd.uniform(2, 30) * MB,
+            rnd.uniform(0.2, 3) * MB,
+            rnd.uniform(0.2, 3) * MB,
+            rnd.uniform(0.5, 8) * 1e9,
+            rnd.uniform(1, 16) * 1e9,
+        )
         for i in range(L)
     )
     return ModelProfile(f"toy{seed}", layers, layers[0].in_bytes_per_sample)

@@ -4,11 +4,11 @@ import random
 
 import pytest
 
-from stagecoach.planner.solve.bruteforce import solve_bruteforce
-from stagecoach.planner.solve.milp import BANDS_FROM_M, objective_value, solve_fixed
 from stagecoach.planner.model.perfmodel import Config, SyncChoice, evaluate
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
+from stagecoach.planner.solve.bruteforce import solve_bruteforce
+from stagecoach.planner.solve.milp import BANDS_FROM_M, objective_value, solve_fixed
 
 MB = 2**20
 WEIGHTS = [(1, 0), (1, 2**16), (1, 2**19), (1, 2**22), (0, 1)]
@@ -113,9 +113,23 @@ def test_milp_evaluates_fixed_configs_like_the_perf_model():
     cfgs = [
         Config((6,), (10240,), 1, 2, 3, (SyncChoice("none", 1),)),
         Config((2, 4), (4096, 10240), 2, 2, 2, (SyncChoice("scatter_reduce", 2),) * 2),
-        Config((1, 2, 3), (3072, 6144, 10240), 4, 1, 2, (SyncChoice("scatter_reduce", 4), SyncChoice("all_reduce", 1), SyncChoice("pipelined_scatter_reduce", 4))),
+        Config(
+            (1, 2, 3),
+            (3072, 6144, 10240),
+            4,
+            1,
+            2,
+            (SyncChoice("scatter_reduce", 4), SyncChoice("all_reduce", 1), SyncChoice("pipelined_scatter_reduce", 4)),
+        ),
         Config((3, 1, 2), (8192, 2048, 10240), 4, 2, 1, (SyncChoice("k_reduce", 2),) * 3),
-        Config((2, 2, 2), (10240, 10240, 10240), 2, 1, 9, (SyncChoice("pipelined_scatter_reduce", 2), SyncChoice("scatter_reduce", 2), SyncChoice("all_reduce", 1))),
+        Config(
+            (2, 2, 2),
+            (10240, 10240, 10240),
+            2,
+            1,
+            9,
+            (SyncChoice("pipelined_scatter_reduce", 2), SyncChoice("scatter_reduce", 2), SyncChoice("all_reduce", 1)),
+        ),
     ]
     checked = 0
     for cfg in cfgs:
@@ -124,7 +138,18 @@ def test_milp_evaluates_fixed_configs_like_the_perf_model():
             continue
         checked += 1
         for a1, a2 in WEIGHTS:
-            r = solve_fixed(prof, plat, cfg.replicas, cfg.micro_batch, cfg.micro_batches, a1, a2, tiers=sorted(set(cfg.tiers_mb)),
-                            max_stages=3, sync_algos=ALL, fix=cfg)
+            r = solve_fixed(
+                prof,
+                plat,
+                cfg.replicas,
+                cfg.micro_batch,
+                cfg.micro_batches,
+                a1,
+                a2,
+                tiers=sorted(set(cfg.tiers_mb)),
+                max_stages=3,
+                sync_algos=ALL,
+                fix=cfg,
+            )
             assert r.objective == pytest.approx(objective_value(est.cost, est.time_s, a1, a2), rel=1e-6)
     assert checked >= 3

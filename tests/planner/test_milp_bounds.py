@@ -7,10 +7,10 @@ import random
 import numpy as np
 import pytest
 
-from stagecoach.planner.solve.bruteforce import all_plans
-from stagecoach.planner.solve.milp import LowerBounds, candidate_groups, max_stages_for, objective_value, objective_weights
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
+from stagecoach.planner.solve.bruteforce import all_plans
+from stagecoach.planner.solve.milp import LowerBounds, candidate_groups, max_stages_for, objective_value, objective_weights
 
 MB = 2**20
 ALGOS = ("scatter_reduce", "pipelined_scatter_reduce")
@@ -18,8 +18,15 @@ ALGOS = ("scatter_reduce", "pipelined_scatter_reduce")
 
 def profile(rng: random.Random, L: int) -> ModelProfile:
     layers = tuple(
-        LayerProfile(f"l{j}", rng.uniform(5, 400) * MB, rng.uniform(1, 60) * MB, rng.uniform(0.1, 8) * MB, rng.uniform(0.1, 8) * MB,
-                     rng.uniform(0.2, 10) * 1e9, rng.uniform(0.4, 20) * 1e9)
+        LayerProfile(
+            f"l{j}",
+            rng.uniform(5, 400) * MB,
+            rng.uniform(1, 60) * MB,
+            rng.uniform(0.1, 8) * MB,
+            rng.uniform(0.1, 8) * MB,
+            rng.uniform(0.2, 10) * 1e9,
+            rng.uniform(0.4, 20) * 1e9,
+        )
         for j in range(L)
     )
     return ModelProfile("random", layers, layers[0].in_bytes_per_sample)
@@ -51,8 +58,11 @@ def test_group_bounds_never_exceed_a_plan_through_the_group(seed):
     objs = [objective_value(e.cost, e.time_s, a1, a2) for e in plans]
     bounds = LowerBounds(cands, wc, wt, plat, smax)
     cutoff = sorted(objs)[len(objs) // 3]  # refining against a cutoff discards bands above it
-    for pairs, limit in ((bounds.grid(3), math.inf), (bounds.refine(bounds.grid(3), math.inf), math.inf),
-                         (bounds.refine(bounds.grid(3), cutoff), cutoff)):
+    for pairs, limit in (
+        (bounds.grid(3), math.inf),
+        (bounds.refine(bounds.grid(3), math.inf), math.inf),
+        (bounds.refine(bounds.grid(3), cutoff), cutoff),
+    ):
         lb = bounds.group_bounds(pairs, ctx=True)
         lb_plain = bounds.group_bounds(pairs, ctx=False)
         assert np.all(lb_plain <= lb * (1 + 1e-9) + 1e-6)  # the group's own waits only add

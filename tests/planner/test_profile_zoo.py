@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from stagecoach.lambdas.profiling import combine_tier_phases, measure_model, profile_phase
-from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.model.fits import check_fits
+from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.profile.layers import LayerTooLargeError, ModelProfile
 from stagecoach.planner.profile.meta import profile_meta
 from stagecoach.planner.profile.zoo import FUNCPIPE_TABLE1_MIB, amoebanet_d, bert_large, resnet101
