@@ -15,7 +15,7 @@ d > 1: -2.6% to -7.9% at 78/4, -0.5% to +2.0% at 78/8; the pipelined case moves 
 from run to run, as the profiled balance does). The model is given the same constants.
 
 The platform the prediction uses is AWS's network constants plus this machine's overheads,
-measured ONCE by stagecoach.local.calibrate on a calibration job of negligible compute (S3 request
+measured ONCE by stagecoach.calibrate on a calibration job of negligible compute (S3 request
 cost on loopback, Lambda invocation through moto, Map dispatch, iteration bookkeeping) — never
 fitted to the configurations below. Local workers run one thread each, so every memory tier
 computes at the profiled one-thread speed.
@@ -38,7 +38,7 @@ from torch import nn
 from stagecoach import Job, Plan
 from stagecoach.lambdas.profiling import measure_model
 from stagecoach.local.backend import LocalBackend
-from stagecoach.local.calibrate import LocalOverheads, measure_overheads
+from stagecoach.calibrate import LocalOverheads, measure_overheads
 from stagecoach.planner.model.perfmodel import Config, evaluate
 from stagecoach.planner.model.platforms import Platform, aws_platform, emulated_platform
 from stagecoach.planner.model.syncmodel import SyncChoice

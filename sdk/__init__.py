@@ -9,6 +9,7 @@ Names are imported lazily so that ``import stagecoach`` stays cheap.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __all__ = ["Job", "Run", "Plan", "PlanError", "JobError", "RunFailed"]
@@ -26,7 +27,5 @@ _WHERE = {
 
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
-        import importlib
-
         return getattr(importlib.import_module(_WHERE[name]), name)
     raise AttributeError(f"module 'stagecoach' has no attribute {name!r}")

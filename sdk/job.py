@@ -210,8 +210,8 @@ class Job:
             replicas=replicas,
             micro_batches=micro_batches,
             global_batch=self.global_batch,
-            sync=sync or (),
-            aggregators=aggregators or (),
+            sync=(sync,) * stages if isinstance(sync, str) else tuple(sync or ()),
+            aggregators=(aggregators,) * stages if isinstance(aggregators, int) else tuple(aggregators or ()),
             memory_mb=(memory_mb,) * stages,
             timeouts_s=tuple({p: timeout_s for p in PHASES} for _ in range(stages)),
         )

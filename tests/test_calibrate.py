@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stagecoach.local.calibrate import measure_overheads
+from stagecoach.calibrate import measure_overheads
 from stagecoach.planner.model.perfmodel import phase_overhead
 from stagecoach.planner.model.platforms import aws_platform, emulated_platform
 

@@ -3,10 +3,12 @@ rendered for a deployed stack (its bucket, roles, region and account filled in).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 
+import boto3
 from botocore.exceptions import ClientError
 
 from stagecoach.aws.access import explain_access_denied
@@ -15,17 +17,13 @@ from stagecoach.aws.stack import StackError, _arn_account, _arn_part, stack_outp
 
 
 def _main(argv: list[str] | None = None) -> int:
-    """``python -m stagecoach.aws_backend deployer-policy --stack NAME [--region R]``."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m stagecoach.aws_backend")
+    """``python -m stagecoach.aws deployer-policy --stack NAME [--region R]``."""
+    ap = argparse.ArgumentParser(prog="python -m stagecoach.aws")
     sub = ap.add_subparsers(dest="command", required=True)
     dp = sub.add_parser("deployer-policy", help="print the deployer policy rendered for a deployed stack")
     dp.add_argument("--stack", required=True)
     dp.add_argument("--region", default=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"))
     args = ap.parse_args(argv)
-    import boto3
-
     try:
         region = args.region or boto3.Session().region_name
         if not region:

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import boto3
+from botocore.config import Config
+
 from stagecoach.aws.access import explain_access_denied
 from stagecoach.aws.idempotent import IdempotentLambda, IdempotentStepFunctions
 from stagecoach.aws.policy import deployer_policy
@@ -31,8 +34,6 @@ class AwsBackend(Backend):
     session: Any
 
     def __init__(self, stack: str, region: str | None = None, session: Any = None) -> None:
-        import boto3
-
         if session is not None and region and session.region_name and session.region_name != region:
             raise RegionMismatch(f"the boto3 session is in {session.region_name} but region={region!r} was asked for")
         self.session = session or boto3.Session(region_name=region)
@@ -82,8 +83,6 @@ class AwsBackend(Backend):
         )
 
     def _client(self, service: str, read_timeout: int = 60) -> Any:
-        from botocore.config import Config
-
         c = self.session.client(
             service,
             region_name=self.region,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from botocore.exceptions import WaiterError
+
 from stagecoach.deploy.resources import DeployError
 
 
@@ -39,8 +41,6 @@ def ensure_function(client: Any, spec: dict[str, Any], wait: bool = True) -> dic
 def wait_function(client: Any, name: str, *waiters: str) -> None:
     """Wait until the function is Active and its last update done; a function that ends Failed
     (e.g. Lambda may not pull the image) raises DeployError with Lambda's reason."""
-    from botocore.exceptions import WaiterError
-
     for waiter in waiters or ("function_active_v2", "function_updated_v2"):
         try:
             client.get_waiter(waiter).wait(FunctionName=name, WaiterConfig={"Delay": 2, "MaxAttempts": 300})

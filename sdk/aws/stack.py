@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import tomllib
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -47,8 +48,6 @@ def _arn_account(arn: str) -> str:
 def _samconfig_region(stack: str, path: str = "samconfig.toml") -> str | None:
     """The region ``sam deploy --guided`` recorded for ``stack`` (samconfig.toml in the cwd)."""
     try:
-        import tomllib
-
         with open(path, "rb") as f:
             conf = tomllib.load(f)
     except (OSError, ValueError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stagecoach.planner.model.perfmodel import SyncChoice
+from stagecoach.planner.model.syncmodel import SyncChoice
 from stagecoach.planner.solve.sweep import PlannedConfig, PlanningResult
 
 SYNC_SHORT = {"none": "-", "scatter_reduce": "SR", "pipelined_scatter_reduce": "PSR", "all_reduce": "AR", "k_reduce": "KR"}
@@ -63,6 +63,7 @@ def result_table(res: PlanningResult, samples_per_epoch: int | None = None) -> s
 
 def pareto_png(res: PlanningResult, path: str | Path) -> Path:
     """Seconds vs USD per iteration: every weight's optimum, the Pareto front, the recommendation."""
+    # matplotlib is the optional `plot` extra, heavy: imported on use
     import matplotlib
 
     matplotlib.use("Agg")

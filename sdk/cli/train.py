@@ -141,7 +141,7 @@ def _backend(backend: str | None, stack: str | None, region: str | None, emulate
 
 def _with_sync(plan: Plan, sync: str | None, aggregators: int | None) -> Plan:
     """The plan with every stage's sync algorithm (and K) replaced; Plan validates the pair."""
-    algo = sync or ("k_reduce" if aggregators else None)
+    algo = sync or "k_reduce"  # called only when --sync or --aggregators was given
     if algo != "k_reduce" and aggregators:
         raise click.BadParameter(f"--aggregators only applies to --sync k_reduce, not {algo}", param_hint="--aggregators")
     k = aggregators or (1 if algo == "all_reduce" else plan.replicas)

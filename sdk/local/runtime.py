@@ -30,6 +30,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import boto3
+
+from stagecoach.lambdas import keys
 from stagecoach.local.faults import Fault, FaultInjector
 from stagecoach.local.worker import recv_msg, send_msg
 
@@ -222,10 +225,6 @@ class LocalLambdaRuntime:
         return result
 
     def _delete_an_activation(self, event: dict[str, Any]) -> None:
-        import boto3
-
-        from stagecoach.lambdas import keys
-
         s3 = boto3.client(
             "s3", endpoint_url=self.endpoint_url, region_name="us-east-1", aws_access_key_id="local", aws_secret_access_key="local"
         )

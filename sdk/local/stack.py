@@ -9,12 +9,16 @@ Run as ``python -m stagecoach.local.stack``; it prints ``READY <port>`` once it 
 
 from __future__ import annotations
 
+import copy
+import functools
+import logging
 import os
 import socket
 import sys
 from typing import Any
 
-from stagecoach.local.runtime import FunctionSpec, LocalLambdaRuntime
+from stagecoach.local.faults import FaultInjector
+from stagecoach.local.runtime import FunctionSpec, LocalLambdaRuntime, Throttled
 
 MOTO_VERSION = "5.2.1"
 
@@ -46,6 +50,7 @@ def install_lambda_hook(runtime: LocalLambdaRuntime) -> None:
     moto.awslambda.models.LambdaFunction._invoke_lambda(self, event) -> (payload, errored, logs) is
     a moto internal; moto is pinned exactly and tests/test_moto_hook.py fails loudly if it moves.
     """
+    # moto is the `local` extra, heavy and optional: imported on use, in the stack process only
     import moto
     from moto.awslambda.models import LambdaFunction
 
@@ -55,8 +60,6 @@ def install_lambda_hook(runtime: LocalLambdaRuntime) -> None:
         )
 
     from moto.awslambda.exceptions import LambdaClientError
-
-    from stagecoach.local.runtime import Throttled
 
     class TooManyRequests(LambdaClientError):
         code = 429
@@ -82,8 +85,6 @@ def install_execution_snapshot_fix() -> None:
     the definition and configuration, which are immutable values, so a shallow copy with its own
     (empty) executions list is equivalent. Guarded by tests/test_moto_hook.py.
     """
-    import copy
-
     from moto.stepfunctions.models import StateMachine
 
     def __deepcopy__(self: Any, memo: dict) -> Any:
@@ -131,14 +132,12 @@ def install_jsonpath_cache() -> None:
     That rebuild (jsonpath_ng's yacc tables) took ~80% of the stack's CPU and ~0.5 s per state;
     parsed paths are immutable, so caching them changes nothing but speed.
     """
-    import functools
-
     from moto.stepfunctions.parser.asl.component.common.path import result_path
     from moto.stepfunctions.parser.asl.utils import json_path
 
     for module in (json_path, result_path):
         if not hasattr(module.parse, "cache_info"):
-            module.parse = functools.lru_cache(maxsize=4096)(module.parse)
+            module.parse = functools.lru_cache(maxsize=4096)(module.parse)  # type: ignore[attr-defined]  # `parse` is jsonpath_ng's, re-bound in moto's module namespace, invisible to mypy
 
 
 def install_moto_fixes(runtime: LocalLambdaRuntime) -> None:
@@ -157,10 +156,7 @@ def main() -> None:
     from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
     default_user_config["stepfunctions"] = {"execute_state_machine": True}
-    import logging
-
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no access log line per S3 request
-    from stagecoach.local.faults import FaultInjector
 
     runtime = LocalLambdaRuntime(f"http://127.0.0.1:{port}", log_path=log_path, faults=FaultInjector.from_env())
     install_moto_fixes(runtime)

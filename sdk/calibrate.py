@@ -1,6 +1,6 @@
 """Measure the local stack's own overheads once, so the performance model can predict local runs.
 
-The performance model (planner/perfmodel.py) prices what Step Functions and S3 add around the
+The performance model (planner/model/perfmodel.py) prices what Step Functions and S3 add around the
 workers' compute and transfers with a few platform constants. On AWS they come from the docs and
 from FuncPipe's measurements; here they are properties of this machine and of moto, so they are
 measured — once, on a calibration job of negligible compute, never fitted to the runs they then
@@ -23,6 +23,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from stagecoach.job import Job
+from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.netem import Network
+from stagecoach.local.backend import LocalBackend
+
 
 @dataclass(frozen=True)
 class LocalOverheads:
@@ -35,9 +40,7 @@ class LocalOverheads:
         return asdict(self)
 
 
-def _calibration_job(iterations: int) -> Any:
-    from stagecoach import Job
-
+def _calibration_job(iterations: int) -> Job:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(96, 4, generator=g)
     y = torch.randint(0, 2, (96,), generator=g)
@@ -53,11 +56,8 @@ def _calibration_job(iterations: int) -> Any:
     )
 
 
-def request_overhead(backend: Any, n: int = 20) -> float:
+def request_overhead(backend: LocalBackend, n: int = 20) -> float:
     """Mean seconds per small S3 request beyond the emulated latency, seen from a worker's channel."""
-    from stagecoach.lambdas.channel import Channel
-    from stagecoach.lambdas.netem import Network
-
     ch = Channel(backend.stack.client("s3"), backend.resources.bucket, net=Network(None))
     body = b"x" * 1024
     t0 = time.perf_counter()
@@ -69,7 +69,7 @@ def request_overhead(backend: Any, n: int = 20) -> float:
     return per
 
 
-def measure_overheads(backend: Any, iterations: int = 16, replicas: int = 3) -> LocalOverheads:
+def measure_overheads(backend: LocalBackend, iterations: int = 16, replicas: int = 3) -> LocalOverheads:
     """Run the calibration job (2 stages x ``replicas``, one micro-batch, scatter-reduce) and read
     the gaps between its phases off the tasks' own start and end times."""
     job = _calibration_job(iterations)
