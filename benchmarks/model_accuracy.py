@@ -36,9 +36,9 @@ import torch
 from torch import nn
 
 from stagecoach import Job, Plan
+from stagecoach.calibrate import LocalOverheads, measure_overheads
 from stagecoach.lambdas.profiling import measure_model
 from stagecoach.local.backend import LocalBackend
-from stagecoach.calibrate import LocalOverheads, measure_overheads
 from stagecoach.planner.model.perfmodel import Config, evaluate
 from stagecoach.planner.model.platforms import Platform, aws_platform, emulated_platform
 from stagecoach.planner.model.syncmodel import SyncChoice

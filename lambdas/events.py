@@ -43,7 +43,8 @@ TaskEvent = Annotated[ForwardEvent | BackwardEvent | SyncEvent, Field(discrimina
 
 
 class RemediateEvent(BaseModel):
-    """From the job state machine after a window failed with a stage out of memory."""
+    """From the job state machine after a window failed with a stage's worker killed: ``error``
+    and ``cause`` are what Step Functions reported for the killed task."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -53,6 +54,7 @@ class RemediateEvent(BaseModel):
     function: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     stage: int = Field(ge=0)
     error: str = ""
+    cause: str = ""
 
 
 class ProfileEvent(BaseModel):

@@ -26,6 +26,7 @@ from stagecoach.lambdas.optim_state import warm_up
 from stagecoach.lambdas.phases import PHASES
 from stagecoach.lambdas.remediate import remediate
 from stagecoach.lambdas.training import build_model
+from stagecoach.lambdas.watchdog import MemoryWatch
 
 logger = Logger(service="stagecoach-worker")
 warm_up()  # at import: Lambda's init phase, and locally the zygote every worker is forked from
@@ -98,7 +99,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     # is then reported as ObjectWaitTimeout (the window restarts) rather than retried as a timeout.
     deadline = t0 + min(context.get_remaining_time_in_millis() / 1000.0 - 0.5, ctx.plan.timeouts_s[ev.stage][ev.phase] - 1.0)
     try:
-        result = PHASES[ev.phase](ctx, ch, ev, deadline)
+        with MemoryWatch(_client(), ev.bucket, ev.job, ev.stage, int(context.memory_limit_in_mb)):
+            result = PHASES[ev.phase](ctx, ch, ev, deadline)
     except BaseException:
         ch.settle(failed=True)
         raise

@@ -52,3 +52,23 @@ def metrics(job: str, t: int, phase: str, stage: int, index: int) -> str:
 
 def dataset(dataset_id: str, split: str) -> str:
     return f"data/{dataset_id}/{split}.safetensors"
+
+
+def memory_pressure(job: str, stage: int) -> str:
+    """Written once by a stage's container whose memory came near its limit: the remediation's
+    evidence that a kill AWS reports without a cause was for memory (lambdas/remediate.py)."""
+    return f"jobs/{job}/evidence/memory-s{stage}.json"
+
+
+def remediation(job: str, time_ms: int, stage: int) -> str:
+    return f"jobs/{job}/remediations/{time_ms}-s{stage}.json"
+
+
+def learnt_memory(name: str) -> str:
+    """Per job name: the memory the remediation found each stage needs, for the job's next run."""
+    return f"history/{name}/memory.json"
+
+
+def learnt_task_seconds(name: str) -> str:
+    """Per job name: the task seconds a run observed, for the next run's timeouts (sdk/history.py)."""
+    return f"history/{name}/task_seconds.json"

@@ -1,29 +1,70 @@
 """The remediation step of the job state machine (DiSDeL's failure manager): out of memory -> one tier up.
 
-Invoked after a window failed because a stage ran out of memory: raise that stage's function by one
-memory tier, record it in the job's history (``jobs/{job}/remediations/``) and for the job's next
-run (``history/{name}/memory.json``), then the job state machine restarts the window.
+Invoked on the stack's control function after a window failed because a stage's worker was killed.
+AWS does not say reliably whether the kill was for memory: it has been reported as
+``Runtime.OutOfMemory``, as ``Runtime.ExitError`` ("signal: killed") and as ``Lambda.Unknown``,
+which also covers timeouts. :func:`classify` decides from the name, the message, and evidence the
+stage left behind (a container whose memory came near its limit writes ``keys.memory_pressure``).
+An out-of-memory kill raises the stage's function by one memory tier, recorded in the job's history
+(``jobs/{job}/remediations/``) and for the job's next run (``history/{name}/memory.json``); any
+other kill changes nothing. Either way the job state machine then restarts the window.
+
+Reads only the job's spec, never its code: the control function runs no user code.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, Literal
 
 import boto3
 
+from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.events import RemediateEvent
-from stagecoach.lambdas.jobctx import job_context
-from stagecoach.planner.plan import LAMBDA_MAX_MB, next_memory_tier
+from stagecoach.planner.plan import LAMBDA_MAX_MB, Plan, next_memory_tier
+
+Kind = Literal["out_of_memory", "timeout", "crash"]
+
+TIMEOUT_MESSAGE = "Task timed out after"
+# A container past this share of its memory writes the pressure evidence (lambdas/handler.py).
+PRESSURE_SHARE = 0.85
 
 
 class MemoryExhausted(Exception):
     """The stage already has Lambda's maximum memory: only a different plan can help."""
 
 
+def classify(error: str, cause: str, memory_pressure: bool) -> Kind:
+    """What killed a worker. A timeout is never taken for out-of-memory (its message says so in
+    every shape AWS uses); Runtime.OutOfMemory always is; the ambiguous names count as
+    out-of-memory only with evidence of memory pressure in that stage."""
+    if error in ("Sandbox.Timedout", "States.Timeout") or TIMEOUT_MESSAGE in cause:
+        return "timeout"
+    if error == "Runtime.OutOfMemory":
+        return "out_of_memory"
+    if error in ("Runtime.ExitError", "Lambda.Unknown") and memory_pressure:
+        return "out_of_memory"
+    return "crash"
+
+
 def remediate(ev: RemediateEvent, ch: Channel) -> dict[str, Any]:
+    pressure = ch.get_bytes(keys.memory_pressure(ev.job, ev.stage))
+    kind = classify(ev.error, ev.cause, pressure is not None)
+    record: dict[str, Any] = {"time": time.time(), "stage": ev.stage, "function": ev.function, "kind": kind, "error": ev.error}
+    record["cause"] = ev.cause[:500]
+    if pressure is not None:
+        record["evidence"] = json.loads(pressure)
+    if kind == "out_of_memory":
+        record.update(_raise_memory(ev))
+        _learn(ch, ev, record["to_mb"])
+        ch.delete([keys.memory_pressure(ev.job, ev.stage)])  # the new tier starts without pressure
+    ch.put_bytes(keys.remediation(ev.job, int(record["time"] * 1000), ev.stage), json.dumps(record).encode())
+    return record
+
+
+def _raise_memory(ev: RemediateEvent) -> dict[str, int]:
     lam = boto3.client("lambda")
     current = lam.get_function_configuration(FunctionName=ev.function)["MemorySize"]
     new = next_memory_tier(current)
@@ -33,16 +74,22 @@ def remediate(ev: RemediateEvent, ch: Channel) -> dict[str, Any]:
             "use more stages (fewer layers per stage) or smaller micro-batches"
         )
     lam.update_function_configuration(FunctionName=ev.function, MemorySize=new)
+    # the waiter polls lambda:GetFunction until LastUpdateStatus is Successful
     lam.get_waiter("function_updated_v2").wait(FunctionName=ev.function, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
-    record = {"time": time.time(), "stage": ev.stage, "function": ev.function, "from_mb": current, "to_mb": new, "error": ev.error[:500]}
-    ch.put_bytes(f"jobs/{ev.job}/remediations/{int(record['time'] * 1000)}-s{ev.stage}.json", json.dumps(record).encode())
-    ctx = job_context(ch, ev.job)
-    plan = ctx.plan
-    key = f"history/{ctx.spec['name']}/memory.json"
-    body = ch.get_bytes(key)
-    memory = json.loads(body) if body else {}
-    if memory.get("shape") != [list(plan.balance), plan.replicas, plan.micro_batches]:
-        memory = {"shape": [list(plan.balance), plan.replicas, plan.micro_batches], "memory_mb": {}}
-    memory["memory_mb"][str(ev.stage)] = max(new, memory["memory_mb"].get(str(ev.stage), 0))
+    return {"from_mb": current, "to_mb": new}
+
+
+def _learn(ch: Channel, ev: RemediateEvent, new_mb: int) -> None:
+    body = ch.get_bytes(keys.job_spec(ev.job))
+    if body is None:
+        raise FileNotFoundError(f"job {ev.job!r} has no spec in s3://{ch.bucket}/{keys.job_spec(ev.job)}")
+    spec = json.loads(body)
+    plan = Plan.from_dict(spec["plan"])
+    key = keys.learnt_memory(spec["name"])
+    shape = [list(plan.balance), plan.replicas, plan.micro_batches]
+    old = ch.get_bytes(key)
+    memory = json.loads(old) if old else {}
+    if memory.get("shape") != shape:
+        memory = {"shape": shape, "memory_mb": {}}
+    memory["memory_mb"][str(ev.stage)] = max(new_mb, memory["memory_mb"].get(str(ev.stage), 0))
     ch.put_bytes(key, json.dumps(memory).encode())
-    return record

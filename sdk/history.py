@@ -17,15 +17,16 @@ import json
 from dataclasses import replace
 from typing import Any
 
+from stagecoach.lambdas import keys
 from stagecoach.planner.plan import PHASES, Plan, timeouts_from
 
 
 def history_key(name: str) -> str:
-    return f"history/{name}/task_seconds.json"
+    return keys.learnt_task_seconds(name)
 
 
 def memory_key(name: str) -> str:
-    return f"history/{name}/memory.json"
+    return keys.learnt_memory(name)
 
 
 def _shape(plan: Plan) -> list:

@@ -1,6 +1,8 @@
 """Reliability: killed workers, throttling, hung tasks and lost objects are recovered by Step Functions
 retries and window restarts, and the trained parameters are bit-identical to a fault-free run."""
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -124,9 +126,11 @@ def test_a_stage_planned_with_too_little_memory_is_raised_a_tier_and_completes(b
     fn = r.spec()["window_state_machine"].split(":")[-1].replace("-window", "-s1")
     assert c.lambda_.get_function_configuration(FunctionName=fn)["MemorySize"] == 512
     steps = [e["stateEnteredEventDetails"]["name"] for e in r.history() if e["type"].endswith("StateEntered")]
-    assert "RaiseMemory" in steps and steps.count("RunWindow") == 2
+    assert "Remediate" in steps and steps.count("RunWindow") == 2
     records = c.s3.list_objects_v2(Bucket=r.bucket, Prefix=f"jobs/{r.job_id}/remediations/")["Contents"]
     assert len(records) == 1
+    record = json.loads(c.s3.get_object(Bucket=r.bucket, Key=records[0]["Key"])["Body"].read())
+    assert record["kind"] == "out_of_memory" and (record["from_mb"], record["to_mb"]) == (256, 512)
     assert same_parameters(r.trained_model(), clean.trained_model())
     # the next run of the job starts stage 1 at the memory that worked
     learnt = c.s3.get_object(Bucket=r.bucket, Key=memory_key("oom"))["Body"].read()

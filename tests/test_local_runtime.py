@@ -4,6 +4,8 @@ import json
 
 from helpers import create_function, run_state_machine
 
+from stagecoach.local.fidelity import OOM_SHAPES, TIMEOUT_SHAPES
+
 LAMBDA_ERRORS_RETRY = {"ErrorEquals": ["Lambda.ServiceException"], "MaxAttempts": 2}
 
 
@@ -34,8 +36,8 @@ def test_over_memory_fails_the_task_with_an_out_of_memory_error(backend):
     d, events = run_state_machine(backend, _task_machine(fn), {"allocate_mb": 600})
     assert d["status"] == "FAILED"
     det = _failure(events)
-    assert det["error"] == "Runtime.OutOfMemory"
-    assert "configured 400 MB" in det["cause"]
+    # reported in one of AWS's shapes (which one is drawn per invocation: tests/test_fidelity.py)
+    assert det["error"] in OOM_SHAPES
 
 
 def test_within_memory_succeeds(backend):
@@ -49,7 +51,7 @@ def test_over_timeout_fails_the_task_with_a_timeout(backend):
     d, events = run_state_machine(backend, _task_machine(fn), {"sleep_s": 10})
     assert d["status"] == "FAILED"
     det = _failure(events)
-    assert det["error"] == "Sandbox.Timedout"
+    assert det["error"] in TIMEOUT_SHAPES
     assert "timed out after 2.00 seconds" in det["cause"]
 
 
@@ -68,6 +70,8 @@ def test_a_killed_process_is_replaced_by_a_cold_one(backend):
     lam = backend.clients.lambda_
     first = json.loads(lam.invoke(FunctionName=fn, Payload=b"{}")["Payload"].read())
     oom = lam.invoke(FunctionName=fn, Payload=json.dumps({"allocate_mb": 600}))
-    assert oom.get("FunctionError") and json.loads(oom["Payload"].read())["errorType"] == "Runtime.OutOfMemory"
+    assert oom.get("FunctionError")  # AWS says "Unhandled"; moto says "Handled" (docs/local-stack.md)
+    payload = json.loads(oom["Payload"].read())
+    assert payload.get("errorType", "Lambda.Unknown") in OOM_SHAPES
     after = json.loads(lam.invoke(FunctionName=fn, Payload=b"{}")["Payload"].read())
     assert after["pid"] != first["pid"] and after["calls"] == 1

@@ -170,7 +170,8 @@ def test_worker_role_reaches_only_the_stack_bucket_logs_xray_and_stack_function_
     lam = {(a, r) for a, r in got if a.startswith("lambda:")}
     assert lam == {
         (a, "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*")
-        for a in ("lambda:GetFunctionConfiguration", "lambda:UpdateFunctionConfiguration")
+        # the remediation's function_updated_v2 waiter polls GetFunction
+        for a in ("lambda:GetFunction", "lambda:GetFunctionConfiguration", "lambda:UpdateFunctionConfiguration")
     }
     s3 = {(a, r) for a, r in got if a.startswith("s3:")}
     assert {r for _, r in s3} == {"${Bucket.Arn}/jobs/*", "${Bucket.Arn}/data/*", "${Bucket.Arn}/history/*", "GetAtt:Bucket.Arn"}
@@ -201,7 +202,8 @@ def test_worker_role_covers_every_key_the_workers_use_and_nothing_else(template)
         keys.grad(job, 3, 1, 0, 1),
         keys.metrics(job, 3, "sync", 1, 0),
         keys.dataset("abcdef0123456789", "train"),
-        f"{keys.job_prefix(job)}remediations/1700000000000-s1.json",
+        keys.remediation(job, 1700000000000, 1),
+        keys.memory_pressure(job, 1),
         history.memory_key("digits"),
     ]
     for key in used:
@@ -227,6 +229,7 @@ def test_role_patterns_match_exactly_the_names_the_sdk_gives(template):
         worker_role_arn="w",
         states_role_arn="s",
         job_state_machine_arn=f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{STACK}-job",
+        control_function=f"{STACK}-worker",
     )
 
     def fn(name):
@@ -244,11 +247,15 @@ def test_role_patterns_match_exactly_the_names_the_sdk_gives(template):
     window_role, job_role, worker = (role_statements(template, r) for r in ("WindowStatesRole", "JobStatesRole", "WorkerRole"))
     for name in stage_fns:
         assert grants(window_role, "lambda:InvokeFunction", fn(name))
-        assert grants(job_role, "lambda:InvokeFunction", fn(name))  # out-of-memory remediation
+        assert not grants(job_role, "lambda:InvokeFunction", fn(name))  # remediation runs elsewhere...
         assert grants(worker, "lambda:UpdateFunctionConfiguration", fn(name))
-    for other in (f"{STACK}-worker", f"other-{job}-s0", "unrelated"):
+    assert grants(job_role, "lambda:InvokeFunction", fn(res.control_function))  # ...on the stack's worker
+    for other in (f"other-{job}-s0", "unrelated"):
         for sts in (window_role, job_role, worker):
             assert not grants(sts, "lambda:InvokeFunction", fn(other)) and not grants(sts, "lambda:UpdateFunctionConfiguration", fn(other))
+    for sts in (window_role, worker):
+        assert not grants(sts, "lambda:InvokeFunction", fn(res.control_function))
+        assert not grants(sts, "lambda:UpdateFunctionConfiguration", fn(res.control_function))
     assert grants(job_role, "states:StartExecution", sm(window))
     assert grants(job_role, "states:DescribeExecution", ex(window)) and grants(job_role, "states:StopExecution", ex(window))
     for other in (f"{STACK}-job", f"other-{job}-window"):
@@ -317,8 +324,9 @@ def test_job_role_runs_only_stack_windows_the_sync_rule_and_remediation(template
         "events:DescribeRule",
         "lambda:InvokeFunction",
     }
+    # remediation runs on the stack's own worker function only, never on a job's stage function
     assert by_action["lambda:InvokeFunction"] == {
-        "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*"
+        "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-worker"
     }
     assert by_action["states:StartExecution"] == {
         "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}:stateMachine:${AWS::StackName}-*-window"

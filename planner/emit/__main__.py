@@ -1,4 +1,4 @@
-"""Regenerate statemachines/job.asl.json (deployed by SAM) from the emitter: ``python -m stagecoach.planner.emit_job``."""
+"""Regenerate statemachines/job.asl.json (deployed by SAM) from the emitter: ``python -m stagecoach.planner.emit``."""
 
 import json
 import sys

@@ -30,6 +30,7 @@ LAMBDA_RETRY = {
         "Lambda.AWSLambdaException",
         "Lambda.SdkClientException",
         "Lambda.TooManyRequestsException",
+        "Lambda.ClientExecutionTimeoutException",
     ],
     "IntervalSeconds": 1,
     "MaxAttempts": 4,
@@ -38,10 +39,10 @@ LAMBDA_RETRY = {
     "JitterStrategy": "FULL",
 }
 
-# A worker that crashed or hung: the task is idempotent (same input, same bytes, same keys), so
-# running it again is safe. Out-of-memory is not retried here: the same memory would fail again.
+# A worker that hung: the task is idempotent (same input, same bytes, same keys), so running it
+# again is safe.
 WORKER_RETRY = {
-    "ErrorEquals": ["Runtime.ExitError", "Sandbox.Timedout", "States.Timeout"],
+    "ErrorEquals": ["Sandbox.Timedout", "States.Timeout"],
     "IntervalSeconds": 1,
     "MaxAttempts": 3,
     "BackoffRate": 2.0,
@@ -49,7 +50,24 @@ WORKER_RETRY = {
     "JitterStrategy": "FULL",
 }
 
-OOM_ERROR = "Stagecoach.OutOfMemory"
+# Errors under which AWS reports a worker killed for memory, and also other deaths: an
+# out-of-memory kill has reached Step Functions as Runtime.OutOfMemory, as Runtime.ExitError
+# ("signal: killed") and as Lambda.Unknown (which also covers timeouts). Only the remediation step
+# can tell them apart (lambdas/remediate.py classify), so they are caught, not retried blindly...
+KILLED_ERRORS = ["Runtime.OutOfMemory", "Runtime.ExitError", "Lambda.Unknown"]
+# ...except the two ambiguous names, retried first: a crash is usually transient (the task is
+# idempotent), while an out-of-memory kill reported under them fails each retry at the same point
+# and is caught after the last (the price of AWS not naming it; docs/reliability.md).
+KILLED_RETRY = {
+    "ErrorEquals": ["Runtime.ExitError", "Lambda.Unknown"],
+    "IntervalSeconds": 1,
+    "MaxAttempts": 3,
+    "BackoffRate": 2.0,
+    "MaxDelaySeconds": 10,
+    "JitterStrategy": "FULL",
+}
+
+KILLED_ERROR = "Stagecoach.WorkerKilled"
 
 # Events one state adds to the history (the same on AWS and moto's interpreter).
 EV_TASK = 5  # TaskStateEntered, TaskScheduled, TaskStarted, TaskSucceeded, TaskStateExited
@@ -113,7 +131,7 @@ def _task(phase: str, function: str | None, timeout: int, index_field: str) -> d
         "Resource": "arn:aws:states:::lambda:invoke",
         "Parameters": params,
         "TimeoutSeconds": timeout,
-        "Retry": [dict(LAMBDA_RETRY), dict(WORKER_RETRY)],
+        "Retry": [dict(LAMBDA_RETRY), dict(WORKER_RETRY), dict(KILLED_RETRY)],
         "ResultPath": None,
         "End": True,
     }
@@ -137,15 +155,16 @@ def _map(name: str, items_path: str, selector: dict[str, Any], task: dict[str, A
             "States": {
                 f"{name}Task": {
                     **task,
-                    "Catch": [{"ErrorEquals": ["Runtime.OutOfMemory"], "ResultPath": "$.caught", "Next": f"{name}OutOfMemory"}],
+                    "Catch": [{"ErrorEquals": list(KILLED_ERRORS), "ResultPath": "$.caught", "Next": f"{name}Killed"}],
                 },
-                # name the stage in the failure, so the job state machine can raise its memory
-                f"{name}OutOfMemory": {
+                # name the stage in the failure, so the job state machine's remediation knows whose
+                # memory to raise if the kill was for memory
+                f"{name}Killed": {
                     "Type": "Pass",
                     "Parameters": {"stage.$": "$.stage", "error.$": "$.caught.Error", "cause.$": "$.caught.Cause"},
                     "Next": f"{name}Failed",
                 },
-                f"{name}Failed": {"Type": "Fail", "Error": OOM_ERROR, "CausePath": "States.JsonToString($)"},
+                f"{name}Failed": {"Type": "Fail", "Error": KILLED_ERROR, "CausePath": "States.JsonToString($)"},
             },
         },
         "ResultPath": None,
@@ -256,6 +275,7 @@ def job_definition(window_attempts: int = 4, backoff_s: int = 2) -> dict[str, An
         "end.$": "$.end",
         "timeout.$": "$.timeout",
         "functionPrefix.$": "$.functionPrefix",
+        "controlFunction.$": "$.controlFunction",
         "attempt.$": "$.attempt",
     }
     return {
@@ -273,6 +293,7 @@ def job_definition(window_attempts: int = 4, backoff_s: int = 2) -> dict[str, An
                     "end.$": "$$.Map.Item.Value.end",
                     "timeout.$": "$$.Map.Item.Value.timeout",
                     "functionPrefix.$": "$.functionPrefix",
+                    "controlFunction.$": "$.controlFunction",
                     "attempt": 1,
                 },
                 "MaxConcurrency": 1,
@@ -300,7 +321,8 @@ def job_definition(window_attempts: int = 4, backoff_s: int = 2) -> dict[str, An
                             "ResultPath": None,
                             "End": True,
                         },
-                        # a failed child execution's Cause is its DescribeExecution output, as JSON
+                        # a failed child execution's Cause is its DescribeExecution output as JSON,
+                        # in Step Functions' casing (Error, Cause, ExecutionArn, ...)
                         "HowDidItFail": {
                             "Type": "Choice",
                             "Choices": [{"Variable": "$.failure.Error", "StringEquals": "States.TaskFailed", "Next": "ReadFailure"}],
@@ -309,15 +331,15 @@ def job_definition(window_attempts: int = 4, backoff_s: int = 2) -> dict[str, An
                         "ReadFailure": {
                             "Type": "Pass",
                             "Parameters": {**carry, "child.$": "States.StringToJson($.failure.Cause)"},
-                            "Next": "OutOfMemory?",
+                            "Next": "Killed?",
                         },
-                        "OutOfMemory?": {
+                        "Killed?": {
                             "Type": "Choice",
                             "Choices": [
                                 {
                                     "And": [
-                                        {"Variable": "$.child.error", "IsPresent": True},
-                                        {"Variable": "$.child.error", "StringEquals": OOM_ERROR},
+                                        {"Variable": "$.child.Error", "IsPresent": True},
+                                        {"Variable": "$.child.Error", "StringEquals": KILLED_ERROR},
                                     ],
                                     "Next": "ReadStage",
                                 }
@@ -326,22 +348,25 @@ def job_definition(window_attempts: int = 4, backoff_s: int = 2) -> dict[str, An
                         },
                         "ReadStage": {
                             "Type": "Pass",
-                            "Parameters": {**carry, "oom.$": "States.StringToJson($.child.cause)"},
-                            "Next": "RaiseMemory",
+                            "Parameters": {**carry, "killed.$": "States.StringToJson($.child.Cause)"},
+                            "Next": "Remediate",
                         },
-                        # DiSDeL's failure manager: the stage's function goes one memory tier up
-                        "RaiseMemory": {
+                        # DiSDeL's failure manager, on the stack's control function (not on the
+                        # killed stage's own, which may be the one short of memory): if the kill was
+                        # for memory, the stage's function goes one memory tier up
+                        "Remediate": {
                             "Type": "Task",
                             "Resource": "arn:aws:states:::lambda:invoke",
                             "Parameters": {
-                                "FunctionName.$": "States.Format('{}{}', $.functionPrefix, $.oom.stage)",
+                                "FunctionName.$": "$.controlFunction",
                                 "Payload": {
                                     "phase": "remediate",
                                     "job.$": "$.job",
                                     "bucket.$": "$.bucket",
-                                    "function.$": "States.Format('{}{}', $.functionPrefix, $.oom.stage)",
-                                    "stage.$": "$.oom.stage",
-                                    "error.$": "$.oom.cause",
+                                    "function.$": "States.Format('{}{}', $.functionPrefix, $.killed.stage)",
+                                    "stage.$": "$.killed.stage",
+                                    "error.$": "$.killed.error",
+                                    "cause.$": "$.killed.cause",
                                 },
                             },
                             "TimeoutSeconds": 120,

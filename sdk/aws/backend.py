@@ -63,6 +63,7 @@ class AwsBackend(Backend):
             worker_role_arn=self.outputs["WorkerRoleArn"],
             states_role_arn=self.outputs["StatesRoleArn"],
             job_state_machine_arn=self.outputs["JobStateMachineArn"],
+            control_function=self.outputs["WorkerFunctionName"],
             architecture=self.outputs.get("Architecture", "x86_64"),
             console=CONSOLE,
         )

@@ -35,6 +35,9 @@ class StackResources:
     worker_role_arn: str
     states_role_arn: str
     job_state_machine_arn: str
+    # the stack's own worker function: the job state machine's remediation step runs there (never on
+    # a job's stage function, which may be the one short of memory)
+    control_function: str
     architecture: str = "x86_64"
     console: str = "https://{region}.console.aws.amazon.com/states/home?region={region}#/v2/executions/details/{arn}"
 

@@ -117,6 +117,7 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients) -> t
                     "windowStateMachineArn": window,
                     "windows": wins,
                     "functionPrefix": function_name(res, job_id, 0)[:-1],
+                    "controlFunction": res.control_function,
                 }
             ),
         )["executionArn"]

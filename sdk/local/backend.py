@@ -13,8 +13,10 @@ from typing import Any
 
 from stagecoach.backend import Backend
 from stagecoach.deploy.resources import Clients, StackResources
+from stagecoach.deploy.start import create_stage_function
 from stagecoach.lambdas.netem import NetworkSpec
 from stagecoach.local.daemon_state import running_stack
+from stagecoach.local.fidelity import Fidelity
 from stagecoach.local.process import ACCOUNT, REGION, OwnedStack, StackProcess
 from stagecoach.planner.emit import asl
 from stagecoach.planner.model.platforms import Platform
@@ -38,15 +40,19 @@ class LocalBackend(Backend):
     _lock = threading.Lock()
     _shared: StackProcess | None = None
 
-    def __init__(self, faults: dict[str, Any] | None = None, network: NetworkSpec | Platform | None = None) -> None:
+    def __init__(
+        self, faults: dict[str, Any] | None = None, network: NetworkSpec | Platform | None = None, fidelity: Fidelity | None = None
+    ) -> None:
         """``faults``: seeded fault injection (see stagecoach.local.faults) on a stack of its own.
         ``network``: emulate Lambda's network in every worker (lambdas/netem.py), on a stack of its
-        own: a NetworkSpec, or a planner Platform whose bandwidth and storage latency to use."""
+        own: a NetworkSpec, or a planner Platform whose bandwidth and storage latency to use.
+        ``fidelity``: how the stack answers where AWS is stricter than moto (local/fidelity.py);
+        the default is AWS's behaviour, and any other setting gets a stack of its own."""
         if isinstance(network, Platform):
             network = network_of(network)
         provision = True
-        if faults or network:
-            self.stack: StackProcess = OwnedStack(faults=faults, network=network)
+        if faults or network or (fidelity is not None and fidelity != Fidelity()):
+            self.stack: StackProcess = OwnedStack(faults=faults, network=network, fidelity=fidelity)
         else:
             with LocalBackend._lock:
                 shared = LocalBackend._shared
@@ -67,6 +73,7 @@ class LocalBackend(Backend):
             worker_role_arn=f"arn:aws:iam::{ACCOUNT}:role/{PREFIX}-worker",
             states_role_arn=f"arn:aws:iam::{ACCOUNT}:role/{PREFIX}-states",
             job_state_machine_arn=JOB_STATE_MACHINE,
+            control_function=f"{PREFIX}-worker",
             console=self.stack.endpoint_url + " (local stack; execution {arn})",
         )
         if provision:
@@ -84,6 +91,8 @@ class LocalBackend(Backend):
             Bucket=BUCKET,
             ServerSideEncryptionConfiguration={"Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]},
         )
+        # template.yaml's DefaultWorker: the image's function at 2048 MB, where remediation runs
+        create_stage_function(self.resources, self.clients, self.resources.control_function, "stack", 2048, 900)
         self.clients.sfn.create_state_machine(
             name=f"{PREFIX}-job", definition=json.dumps(asl.job_definition()), roleArn=self.resources.states_role_arn
         )

@@ -22,6 +22,8 @@ from botocore.config import Config
 
 from stagecoach.lambdas.netem import ENV as NETWORK_ENV
 from stagecoach.lambdas.netem import NetworkSpec
+from stagecoach.local.fidelity import ENV as FIDELITY_ENV
+from stagecoach.local.fidelity import Fidelity
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's account: AWS's documentation example, never a real one
@@ -56,9 +58,17 @@ class StackProcess(ABC):
 class OwnedStack(StackProcess):
     """A moto server process with the Step Functions interpreter and the local Lambda runtime."""
 
-    def __init__(self, log_dir: str | None = None, faults: dict[str, Any] | None = None, network: NetworkSpec | None = None) -> None:
+    def __init__(
+        self,
+        log_dir: str | None = None,
+        faults: dict[str, Any] | None = None,
+        network: NetworkSpec | None = None,
+        fidelity: Fidelity | None = None,
+    ) -> None:
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="stagecoach-local-")
         env = dict(os.environ)
+        if fidelity is not None:
+            env[FIDELITY_ENV] = fidelity.to_env()
         if faults:
             env["STAGECOACH_FAULTS"] = json.dumps(faults)
         if network:

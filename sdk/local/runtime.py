@@ -6,12 +6,15 @@ invocation into this runtime instead. It keeps what matters to a training run on
 - one pool of worker processes per function version: an invocation takes an idle process (warm
   start: module-level caches survive, as in a Lambda execution environment) or starts one (cold);
 - the function's configured memory: a process whose resident set grows past it is killed and the
-  invocation fails like Lambda's out-of-memory (``Runtime.OutOfMemory``);
+  invocation fails like Lambda's out-of-memory kill;
 - the function's configured timeout: a process still busy then is killed and the invocation fails
-  like Lambda's (``Sandbox.Timedout``).
+  like Lambda's timeout;
+- concurrency: the account's limit and the function's reserved concurrency, beyond which an
+  invocation is throttled (HTTP 429) as Lambda throttles it.
 
-Error payloads follow the AWS Python runtime's shape (errorType / errorMessage), so Step Functions'
-Retry and Catch see the same error names as on AWS (see docs/local-stack.md for the differences).
+Error payloads follow the AWS Python runtime's shape (errorType / errorMessage). Out-of-memory kills
+and timeouts are reported in each of the shapes AWS has been seen to use (local/fidelity.py), so
+Step Functions' Retry and Catch meet what they meet on AWS (docs/local-stack.md lists what differs).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import boto3
 
 from stagecoach.lambdas import keys
 from stagecoach.local.faults import Fault, FaultInjector
+from stagecoach.local.fidelity import ErrorShapes, Fidelity
 from stagecoach.local.worker import recv_msg, send_msg
 
 POLL_S = 0.02
@@ -49,6 +53,7 @@ class FunctionSpec:
     timeout_s: float
     environment: tuple[tuple[str, str], ...] = ()
     version_key: str = ""
+    reserved_concurrency: int | None = None
 
 
 class _Worker:
@@ -110,7 +115,12 @@ class _Zygote:
 
 
 class Throttled(Exception):
-    """Raised into moto's invoke: becomes HTTP 429 TooManyRequestsException (see stack.py)."""
+    """Raised into moto's invoke: becomes HTTP 429 TooManyRequestsException (see stack.py); the
+    reason is Lambda's (ConcurrentInvocationLimitExceeded, ReservedFunctionConcurrentInvocationLimitExceeded)."""
+
+    def __init__(self, reason: str = "ConcurrentInvocationLimitExceeded") -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def _rss_mb(pid: int) -> float:
@@ -129,6 +139,25 @@ def _error(error_type: str, message: str) -> str:
     return json.dumps({"errorType": error_type, "errorMessage": message})
 
 
+def _untyped_error(message: str) -> str:
+    """A failure payload with no error type: Step Functions reports it as ``Lambda.Unknown``."""
+    return json.dumps({"errorMessage": message})
+
+
+def out_of_memory_payload(shape: str, request_id: str) -> str:
+    """An out-of-memory kill as AWS reports it in ``shape`` (fidelity.OOM_SHAPES). No shape names
+    the memory used: AWS's do not either (only the REPORT log line does)."""
+    if shape == "Lambda.Unknown":
+        return _untyped_error(f"RequestId: {request_id} Process exited before completing request")
+    return _error(shape, f"RequestId: {request_id} Error: Runtime exited with error: signal: killed")
+
+
+def timeout_payload(shape: str, request_id: str, timeout_s: float) -> str:
+    """A function timeout as AWS reports it in ``shape`` (fidelity.TIMEOUT_SHAPES)."""
+    message = f"RequestId: {request_id} Task timed out after {timeout_s:.2f} seconds"
+    return _untyped_error(message) if shape == "Lambda.Unknown" else _error(shape, message)
+
+
 class LocalLambdaRuntime:
     """Runs Lambda invocations in warm pools of local worker processes."""
 
@@ -136,9 +165,14 @@ class LocalLambdaRuntime:
     # above all, which decides what the handler import finds) is part of its zygote's identity.
     PER_FUNCTION = ("AWS_LAMBDA_FUNCTION_NAME", "AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "AWS_LAMBDA_FUNCTION_TIMEOUT")
 
-    def __init__(self, endpoint_url: str, log_path: str | None = None, faults: FaultInjector | None = None) -> None:
+    def __init__(
+        self, endpoint_url: str, log_path: str | None = None, faults: FaultInjector | None = None, fidelity: Fidelity | None = None
+    ) -> None:
         self.endpoint_url = endpoint_url
         self.faults = faults
+        self.fidelity = fidelity or Fidelity()
+        self.shapes = ErrorShapes(self.fidelity)
+        self._running: dict[str, int] = {}  # function name -> invocations in flight
         self._idle: dict[FunctionSpec, list[_Worker]] = {}
         self._zygotes: dict[tuple, _Zygote] = {}
         self._lock = threading.Lock()
@@ -202,6 +236,12 @@ class LocalLambdaRuntime:
             if w in self._all:
                 self._all.remove(w)
 
+    def _note(self, line: str) -> None:
+        """What Lambda's REPORT line would show (e.g. the memory an invocation was killed at)."""
+        if not isinstance(self._log, int):
+            self._log.write(f"[runtime] {line}\n".encode())
+            self._log.flush()
+
     def shutdown(self) -> None:
         with self._lock:
             workers, zygotes = list(self._all), list(self._zygotes.values())
@@ -219,10 +259,31 @@ class LocalLambdaRuntime:
         fault = self.faults.draw(event) if self.faults else None
         if fault is not None and fault.kind == "throttle":
             raise Throttled()
-        result = self._invoke(spec, event, fault)
+        self._admit(spec)
+        try:
+            result = self._invoke(spec, event, fault)
+        finally:
+            with self._lock:
+                self._running[spec.name] -= 1
         if fault is not None and fault.kind == "delete" and not result[1]:
             self._delete_an_activation(event)
         return result
+
+    def _admit(self, spec: FunctionSpec) -> None:
+        """Count the invocation in, or throttle it as Lambda does: the function's reserved
+        concurrency first, then the account's limit."""
+        with self._lock:
+            mine = self._running.get(spec.name, 0)
+            if spec.reserved_concurrency is not None and mine >= spec.reserved_concurrency:
+                raise Throttled("ReservedFunctionConcurrentInvocationLimitExceeded")
+            if sum(self._running.values()) >= self.fidelity.account_concurrency:
+                raise Throttled("ConcurrentInvocationLimitExceeded")
+            self._running[spec.name] = mine + 1
+
+    def running(self) -> int:
+        """Invocations in flight, account-wide."""
+        with self._lock:
+            return sum(self._running.values())
 
     def _delete_an_activation(self, event: dict[str, Any]) -> None:
         s3 = boto3.client(
@@ -251,11 +312,7 @@ class LocalLambdaRuntime:
             now = time.time()
             if now >= deadline:
                 self._kill(w)
-                return (
-                    _error("Sandbox.Timedout", f"RequestId: {request_id} Task timed out after {spec.timeout_s:.2f} seconds"),
-                    True,
-                    "",
-                )
+                return timeout_payload(self.shapes.timeout(), request_id, spec.timeout_s), True, ""
             if fault is not None and fault.kind == "kill" and now - started >= fault.delay_s:
                 self._kill(w)
                 return (
@@ -266,15 +323,8 @@ class LocalLambdaRuntime:
             rss = _rss_mb(w.pid)
             if rss > spec.memory_mb:
                 self._kill(w)
-                return (
-                    _error(
-                        "Runtime.OutOfMemory",
-                        f"RequestId: {request_id} Error: Runtime exited with error: signal: killed "
-                        f"(memory {rss:.0f} MB > configured {spec.memory_mb} MB)",
-                    ),
-                    True,
-                    "",
-                )
+                self._note(f"{spec.name} {request_id}: killed, memory {rss:.0f} MB > configured {spec.memory_mb} MB")
+                return out_of_memory_payload(self.shapes.out_of_memory(), request_id), True, ""
             r, _, _ = select.select([w.sock], [], [], min(POLL_S, max(0.0, deadline - now)))
             if not r:
                 continue

@@ -10,7 +10,9 @@ Run as ``python -m stagecoach.local.stack``; it prints ``READY <port>`` once it 
 from __future__ import annotations
 
 import copy
+import datetime
 import functools
+import json
 import logging
 import os
 import socket
@@ -18,6 +20,7 @@ import sys
 from typing import Any
 
 from stagecoach.local.faults import FaultInjector
+from stagecoach.local.fidelity import Fidelity
 from stagecoach.local.runtime import FunctionSpec, LocalLambdaRuntime, Throttled
 
 MOTO_VERSION = "5.2.1"
@@ -41,6 +44,7 @@ def _function_spec(fn: Any) -> FunctionSpec:
         timeout_s=float(fn.timeout),
         environment=env,
         version_key=f"{fn.code_sha_256}:{fn.last_modified}",
+        reserved_concurrency=None if fn.reserved_concurrency is None else int(fn.reserved_concurrency),
     )
 
 
@@ -62,16 +66,21 @@ def install_lambda_hook(runtime: LocalLambdaRuntime) -> None:
     from moto.awslambda.exceptions import LambdaClientError
 
     class TooManyRequests(LambdaClientError):
+        """Lambda's throttle: HTTP 429, message "Rate Exceeded.", and a Reason field."""
+
         code = 429
 
-        def __init__(self) -> None:
+        def __init__(self, reason: str) -> None:
             super().__init__("TooManyRequestsException", "Rate Exceeded.")
+            body = json.loads(self.description)
+            body["Reason"] = reason
+            self.description = json.dumps(body)
 
     def _invoke_lambda(self: Any, event: Any = None) -> tuple[str, bool, str]:
         try:
             return runtime.invoke(_function_spec(self), event if event is not None else {})
-        except Throttled:
-            raise TooManyRequests() from None
+        except Throttled as e:
+            raise TooManyRequests(e.reason) from None
 
     LambdaFunction._invoke_lambda = _invoke_lambda  # type: ignore[method-assign]
 
@@ -140,11 +149,141 @@ def install_jsonpath_cache() -> None:
             module.parse = functools.lru_cache(maxsize=4096)(module.parse)  # type: ignore[attr-defined]  # `parse` is jsonpath_ng's, re-bound in moto's module namespace, invisible to mypy
 
 
-def install_moto_fixes(runtime: LocalLambdaRuntime) -> None:
+def _pascal(value: Any) -> Any:
+    """DescribeExecution's fields in Step Functions' casing, recursively; the execution's own
+    ``Input``/``Output`` documents are user data and keep theirs. Dates become epoch milliseconds,
+    as Step Functions writes them into a state's JSON."""
+    if isinstance(value, datetime.datetime):
+        return int(value.timestamp() * 1000)
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for k, v in value.items():
+        key = k[:1].upper() + k[1:]
+        out[key] = v if key in ("Input", "Output") else _pascal(v)
+    return out
+
+
+def install_sync_casing() -> None:
+    """.sync/.sync:2 results and failure Causes in AWS's PascalCase (fidelity.sync_casing).
+
+    moto 5.2.1 returns boto3's camelCase DescribeExecution (``executionArn``, ``error``, ``cause``)
+    both as the task's result and, JSON-encoded, as the Cause of its States.TaskFailed; Step
+    Functions on AWS uses ``ExecutionArn``, ``Error``, ``Cause``. Guarded by tests/test_fidelity.py.
+    """
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_sfn import (
+        StateTaskServiceSfn,
+    )
+
+    normalise = StateTaskServiceSfn._normalise_response
+
+    def _normalise_response(self: Any, response: Any, *args: Any, **kwargs: Any) -> None:
+        normalise(self, response, *args, **kwargs)
+        if kwargs.get("service_action_name") == "describe_execution" and isinstance(response, dict):
+            cased = _pascal(response)
+            response.clear()
+            response.update(cased)
+
+    StateTaskServiceSfn._normalise_response = _normalise_response  # type: ignore[method-assign]
+
+
+UNKNOWN_CAUSE = "The cause could not be determined because Lambda did not return an error type. Returned payload: {payload}"
+
+
+def install_unknown_lambda_error() -> None:
+    """A Lambda failure whose payload names no error type fails the task as ``Lambda.Unknown``
+    (as Step Functions reports unhandled errors such as timeouts and some out-of-memory kills);
+    moto would call it ``Exception``."""
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_lambda import (
+        StateTaskServiceLambda,
+    )
+
+    from_error = StateTaskServiceLambda._from_error
+
+    def _from_error(self: Any, env: Any, ex: Exception) -> Any:
+        if isinstance(ex, lambda_eval_utils.LambdaFunctionErrorException):
+            try:
+                typed = "errorType" in json.loads(ex.payload)
+            except (ValueError, TypeError):
+                typed = False
+            if not typed:
+                named = lambda_eval_utils.LambdaFunctionErrorException(ex.function_error, json.dumps({"errorType": "Lambda.Unknown"}))
+                event = from_error(self, env, named)
+                details: Any = event.event_details  # moto's TypedDicts: the failure's details are set above
+                details["taskFailedEventDetails"]["cause"] = UNKNOWN_CAUSE.format(payload=ex.payload)
+                return event
+        return from_error(self, env, ex)
+
+    StateTaskServiceLambda._from_error = _from_error  # type: ignore[method-assign]
+
+
+HISTORY_LIMIT_CAUSE = "The execution reached the maximum number of history events ({limit})."
+
+
+def install_history_limit(limit: int) -> None:
+    """Fail an execution as Step Functions does when its history would pass ``limit`` events: the
+    limit-th event is ExecutionFailed (States.Runtime), nothing is recorded after it, and no Catch
+    sees it. moto records events without bound."""
+    from moto.stepfunctions.parser.api import ExecutionFailedEventDetails, HistoryEventType
+    from moto.stepfunctions.parser.asl.eval.environment import Environment
+    from moto.stepfunctions.parser.asl.eval.event.event_manager import EventManager
+
+    init = Environment.__init__
+    add_event = EventManager.add_event
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        # frames replace their manager by their parent's, so the manager keeps the root's env
+        self.event_manager.stagecoach_root = self
+
+    def _add_event(self: Any, context: Any, event_type: Any, *args: Any, **kwargs: Any) -> int:
+        if getattr(self, "stagecoach_full", False):
+            return limit
+        if len(self._history_event_list) < limit - 1:
+            return add_event(self, context, event_type, *args, **kwargs)
+        self.stagecoach_full = True
+        details = ExecutionFailedEventDetails(error="States.Runtime", cause=HISTORY_LIMIT_CAUSE.format(limit=limit))
+        failed: Any = {"executionFailedEventDetails": details}  # an EventDetails TypedDict with one key set
+        event_id = add_event(self, context, HistoryEventType.ExecutionFailed, failed)
+        self.stagecoach_root.set_error(details)
+        return event_id
+
+    Environment.__init__ = __init__  # type: ignore[method-assign]
+    EventManager.add_event = _add_event  # type: ignore[method-assign]
+
+
+def install_input_limit(limit: int) -> None:
+    """StartExecution refuses an input over ``limit`` bytes, as the API's length constraint does."""
+    from moto.stepfunctions.exceptions import ValidationException
+    from moto.stepfunctions.models import StepFunctionBackend
+    from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+
+    for cls in (StepFunctionBackend, StepFunctionsParserBackend):
+        start = cls.start_execution
+
+        def start_execution(
+            self: Any, state_machine_arn: str, name: Any = None, execution_input: Any = None, *a: Any, _start: Any = start, **kw: Any
+        ) -> Any:
+            if execution_input is not None and len(str(execution_input).encode()) > limit:
+                raise ValidationException(
+                    f"1 validation error detected: Value at 'input' failed to satisfy constraint: Member must have length less than or equal to {limit}"
+                )
+            return _start(self, state_machine_arn, name, execution_input, *a, **kw)
+
+        cls.start_execution = start_execution  # type: ignore[method-assign]
+
+
+def install_moto_fixes(runtime: LocalLambdaRuntime, fidelity: Fidelity) -> None:
     install_lambda_hook(runtime)
     install_jsonpath_cache()
     install_execution_snapshot_fix()
     install_sfn_integration_fix()
+    if fidelity.sync_casing:
+        install_sync_casing()
+    install_unknown_lambda_error()
+    install_history_limit(fidelity.history_limit)
+    install_input_limit(fidelity.input_limit)
 
 
 def main() -> None:
@@ -158,8 +297,9 @@ def main() -> None:
     default_user_config["stepfunctions"] = {"execute_state_machine": True}
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no access log line per S3 request
 
-    runtime = LocalLambdaRuntime(f"http://127.0.0.1:{port}", log_path=log_path, faults=FaultInjector.from_env())
-    install_moto_fixes(runtime)
+    fidelity = Fidelity.from_env()
+    runtime = LocalLambdaRuntime(f"http://127.0.0.1:{port}", log_path=log_path, faults=FaultInjector.from_env(), fidelity=fidelity)
+    install_moto_fixes(runtime, fidelity)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     print(f"READY {port}", flush=True)

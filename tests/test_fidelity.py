@@ -1,0 +1,211 @@
+"""The local stack answers as AWS does where moto is kinder (stagecoach.local.fidelity).
+
+Each test drives the behaviour through the stack's public APIs (boto3 against the local endpoint,
+state machines run by the interpreter) and checks the shape AWS documents or has been reported
+to produce; the sources are cited in stagecoach/local/fidelity.py and docs/local-stack.md.
+"""
+
+import json
+import threading
+import time
+
+import boto3
+import botocore.exceptions
+import pytest
+from botocore.config import Config
+from helpers import create_function, run_state_machine
+
+from stagecoach.local.backend import LocalBackend
+from stagecoach.local.fidelity import OOM_SHAPES, TIMEOUT_SHAPES, Fidelity
+
+
+def _invoke_task(fn: str, timeout_s: int = 60) -> dict:
+    return {
+        "StartAt": "T",
+        "States": {
+            "T": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::lambda:invoke",
+                "Parameters": {"FunctionName": fn, "Payload.$": "$"},
+                "TimeoutSeconds": timeout_s,
+                "End": True,
+            }
+        },
+    }
+
+
+def _task_failure(events: list) -> dict:
+    failed = [e for e in events if e["type"] == "TaskFailed"]
+    assert failed, [e["type"] for e in events]
+    return failed[-1]["taskFailedEventDetails"]
+
+
+@pytest.fixture(scope="module")
+def seeded():
+    """A stack whose error shapes are drawn from seed 7: several failures meet every shape."""
+    return LocalBackend(fidelity=Fidelity(error_seed=7))
+
+
+def test_out_of_memory_kills_reach_step_functions_in_each_of_aws_shapes(seeded):
+    fn = create_function(seeded, "hog.handler", memory_mb=300)
+    seen: dict[str, str] = {}
+    for _ in range(12):
+        d, events = run_state_machine(seeded, _invoke_task(fn), {"allocate_mb": 500})
+        assert d["status"] == "FAILED"
+        det = _task_failure(events)
+        seen[det["error"]] = det["cause"]
+        if len(seen) == len(OOM_SHAPES):
+            break
+    assert set(seen) == set(OOM_SHAPES), seen
+    assert "signal: killed" in seen["Runtime.OutOfMemory"] and "signal: killed" in seen["Runtime.ExitError"]
+    assert seen["Lambda.Unknown"].startswith("The cause could not be determined because Lambda did not return an error type")
+    # AWS's messages do not say how much memory was used; neither may ours
+    assert all("MB" not in cause for cause in seen.values()), seen
+
+
+def test_timeouts_reach_step_functions_as_sandbox_timedout_or_lambda_unknown(seeded):
+    fn = create_function(seeded, "hog.handler", timeout_s=1)
+    seen: dict[str, str] = {}
+    for _ in range(8):
+        _, events = run_state_machine(seeded, _invoke_task(fn), {"sleep_s": 5})
+        det = _task_failure(events)
+        seen[det["error"]] = det["cause"]
+        if len(seen) == len(TIMEOUT_SHAPES):
+            break
+    assert set(seen) == set(TIMEOUT_SHAPES), seen
+    assert all("Task timed out after 1.00 seconds" in cause for cause in seen.values()), seen
+
+
+def test_a_forced_shape_is_the_only_one_reported():
+    forced = LocalBackend(fidelity=Fidelity(error_shapes="Runtime.ExitError"))
+    fn = create_function(forced, "hog.handler", memory_mb=300)
+    errors = {_task_failure(run_state_machine(forced, _invoke_task(fn), {"allocate_mb": 500})[1])["error"] for _ in range(3)}
+    assert errors == {"Runtime.ExitError"}
+
+
+def _child_and_parent(backend: LocalBackend, child_fails: bool) -> tuple[dict, list]:
+    c, res = backend.clients, backend.resources
+    child = {"StartAt": "F", "States": {"F": {"Type": "Fail", "Error": "Child.Broke", "Cause": "on purpose"}}}
+    if not child_fails:
+        child = {"StartAt": "P", "States": {"P": {"Type": "Pass", "Result": {"ok": 1}, "End": True}}}
+    arn = c.sfn.create_state_machine(name=f"child-{time.time_ns()}", definition=json.dumps(child), roleArn=res.states_role_arn)[
+        "stateMachineArn"
+    ]
+    parent = {
+        "StartAt": "Run",
+        "States": {
+            "Run": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::states:startExecution.sync:2",
+                "Parameters": {"StateMachineArn": arn, "Input": {"x": 1}},
+                "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.failure", "Next": "Caught"}],
+                "End": True,
+            },
+            "Caught": {"Type": "Pass", "Parameters": {"child.$": "States.StringToJson($.failure.Cause)"}, "End": True},
+        },
+    }
+    return run_state_machine(backend, parent, {})
+
+
+def test_sync2_results_and_causes_use_step_functions_casing(backend):
+    d, _ = _child_and_parent(backend, child_fails=False)
+    out = json.loads(d["output"])
+    assert out["Status"] == "SUCCEEDED" and "ExecutionArn" in out and out["Output"] == {"ok": 1}
+    assert "status" not in out and "executionArn" not in out
+
+    d, _ = _child_and_parent(backend, child_fails=True)
+    child = json.loads(d["output"])["child"]
+    assert child["Error"] == "Child.Broke" and child["Cause"] == "on purpose" and child["Status"] == "FAILED"
+    assert "error" not in child
+
+
+def test_an_execution_fails_at_the_history_limit_and_no_catch_sees_it():
+    # A limit of 60 instead of 25,000 only to keep the test short; the mechanism is the same.
+    small = LocalBackend(fidelity=Fidelity(history_limit=60))
+    loop = {
+        "StartAt": "Loop",
+        "States": {
+            "Loop": {
+                "Type": "Parallel",
+                "Branches": [{"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}],
+                "Catch": [{"ErrorEquals": ["States.ALL"], "Next": "Caught"}],
+                "Next": "Loop",
+            },
+            "Caught": {"Type": "Succeed"},
+        },
+    }
+    d, events = run_state_machine(small, loop, {})
+    assert d["status"] == "FAILED"
+    assert d["error"] == "States.Runtime"
+    assert d["cause"] == "The execution reached the maximum number of history events (60)."
+    assert len(events) == 60 and events[-1]["type"] == "ExecutionFailed"
+
+
+def test_start_execution_refuses_an_input_over_256_kib(backend):
+    c, res = backend.clients, backend.resources
+    arn = c.sfn.create_state_machine(
+        name=f"big-{time.time_ns()}",
+        definition=json.dumps({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}),
+        roleArn=res.states_role_arn,
+    )["stateMachineArn"]
+    fits = json.dumps({"x": "a" * (262_144 - 9)})
+    assert len(fits.encode()) == 262_144
+    c.sfn.start_execution(stateMachineArn=arn, input=fits)
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        c.sfn.start_execution(stateMachineArn=arn, input=json.dumps({"x": "a" * 262_144}))
+    assert e.value.response["Error"]["Code"] == "ValidationException"
+    assert "262144" in e.value.response["Error"]["Message"]
+
+
+def _no_retry_lambda(backend: LocalBackend):
+    return boto3.client(
+        "lambda",
+        endpoint_url=backend.stack.endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+        config=Config(retries={"total_max_attempts": 1}),
+    )
+
+
+def _busy(backend: LocalBackend, fn: str, n: int, sleep_s: float = 4) -> list[threading.Thread]:
+    """``n`` invocations of ``fn`` in flight (each sleeping), started from threads."""
+    lam = _no_retry_lambda(backend)
+    threads = [
+        threading.Thread(target=lam.invoke, kwargs={"FunctionName": fn, "Payload": json.dumps({"sleep_s": sleep_s})}) for _ in range(n)
+    ]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 20
+    while backend.stack.alive() and time.time() < deadline:
+        time.sleep(0.3)
+        if all(t.is_alive() for t in threads) and time.time() > deadline - 18:
+            break
+    return threads
+
+
+def test_invocations_beyond_the_account_concurrency_are_throttled_as_lambda_throttles():
+    small = LocalBackend(fidelity=Fidelity(account_concurrency=2))
+    fn = create_function(small, "hog.handler")
+    _no_retry_lambda(small).invoke(FunctionName=fn, Payload=b"{}")  # warm: the busy ones start at once
+    busy = _busy(small, fn, 2)
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        _no_retry_lambda(small).invoke(FunctionName=fn, Payload=b"{}")
+    err = e.value.response
+    assert err["ResponseMetadata"]["HTTPStatusCode"] == 429
+    assert err["Error"]["Code"] == "TooManyRequestsException" and err["Error"]["Message"] == "Rate Exceeded."
+    assert err.get("Reason") == "ConcurrentInvocationLimitExceeded"
+    for t in busy:
+        t.join()
+    _no_retry_lambda(small).invoke(FunctionName=fn, Payload=b"{}")  # capacity is back
+
+
+def test_reserved_concurrency_throttles_the_function_with_its_own_reason(backend):
+    fn = create_function(backend, "hog.handler")
+    backend.clients.lambda_.put_function_concurrency(FunctionName=fn, ReservedConcurrentExecutions=1)
+    busy = _busy(backend, fn, 1)
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        _no_retry_lambda(backend).invoke(FunctionName=fn, Payload=b"{}")
+    assert e.value.response.get("Reason") == "ReservedFunctionConcurrentInvocationLimitExceeded"
+    for t in busy:
+        t.join()
