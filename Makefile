@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all clean
+.PHONY: install demo lint test test-unit test-all clean
 
 $(STAMP): pyproject.toml package.json package-lock.json
 	python3 -m venv $(VENV)
@@ -17,8 +17,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/stagecoach train examples/digits.py
 
+lint: $(STAMP)
+	VENV=$(VENV) .ci/lint
+
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" --durations=25
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -m "not slow and not stack"
 
 test-all: $(STAMP)
 	$(PY) -m pytest

@@ -25,3 +25,29 @@ def asl_validator():
         assert npm, "npm is needed for asl-validator (see README: make test installs it)"
         subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=ROOT, check=True)
     return exe
+
+
+_STACK_FIXTURES = {"backend"}
+
+
+def _starts_a_stack(item: pytest.Item) -> bool:
+    """A test that uses the session stack, or whose module builds a LocalBackend of its own."""
+    if _STACK_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    module = getattr(item, "module", None)
+    if module is None:
+        return False
+    cached = getattr(module, "_stagecoach_starts_stack", None)
+    if cached is None:
+        with open(module.__file__) as f:
+            source = f.read()
+        # its own LocalBackend, or a `stagecoach train` subprocess (which starts one)
+        cached = "LocalBackend(" in source or '"train"' in source
+        module._stagecoach_starts_stack = cached
+    return bool(cached)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _starts_a_stack(item):
+            item.add_marker(pytest.mark.stack)
