@@ -1,4 +1,4 @@
-"""The S3 key layout of DESIGN.md §4, in one place: every key carries its job and iteration."""
+"""The S3 key layout (docs/runtime.md "Checkpoints, cleanup, idempotence"), in one place: every key carries its job and iteration."""
 
 from __future__ import annotations
 

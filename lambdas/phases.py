@@ -1,4 +1,4 @@
-"""The three phases of an iteration (DESIGN.md §3), as one function each.
+"""The three phases of an iteration (docs/runtime.md "Phases"), as one function each.
 
 Forward (stage s, replica r): forward without grad, micro-batch by micro-batch, sending outputs on.
 Backward (s, r): micro-batches in reverse, recompute with grad (GPipe re-materialisation), send

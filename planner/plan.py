@@ -19,7 +19,7 @@ LAMBDA_MIN_MB = 128
 LAMBDA_MAX_MB = 10_240
 LAMBDA_MAX_TIMEOUT_S = 900
 INLINE_MAP_MAX_CONCURRENCY = 40
-# Gradient synchronisation per stage (DESIGN.md §3, docs/runtime.md "Sync algorithms"):
+# Gradient synchronisation per stage (docs/runtime.md "Sync algorithms"):
 #   scatter_reduce            LambdaML: backward writes d shards, a sync Map of d tasks reduces them
 #   k_reduce                  FasDL: backward writes K shards, a sync Map of K aggregators (1 <= K <= d)
 #   all_reduce                K = 1: one aggregator reduces and updates the whole stage

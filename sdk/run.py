@@ -184,7 +184,7 @@ class Run:
     def time_breakdown(self, skip_first: int = 1) -> dict[str, float]:
         """Mean seconds per iteration spent in orchestration versus inside tasks (compute, transfer, waiting).
 
-        Per iteration (stagecoach.inspect_run.iteration_breakdown): from its first task start to the
+        Per iteration (stagecoach.metrics.iteration_breakdown): from its first task start to the
         next iteration's; the time some task ran (the union of task intervals: parallel stages
         count once) split by the tasks' compute / transfer / wait shares; the rest is orchestration
         (Step Functions transitions and Lambda invocation). The first ``skip_first`` iterations

@@ -1,7 +1,7 @@
 """Emit the Step Functions state machines of a plan, as plain ASL dicts (JSONPath).
 
 The window state machine runs iterations [start, end) of one job; each iteration is three phases
-as states (DESIGN.md §3):
+as states (docs/runtime.md "States"):
 
     Loop (Choice) -> Forward (Map over every worker but the last stage's)
                   -> BackwardSync (Parallel, a branch per stage: Map(backward) -> Map(sync))

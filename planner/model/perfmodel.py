@@ -1,4 +1,4 @@
-"""Performance and cost model of Stagecoach's own runtime (DESIGN.md §3).
+"""Performance and cost model of Stagecoach's own runtime (docs/runtime.md "States"; formulas in docs/performance-model.md).
 
 One iteration = Forward phase (a Map over every worker of stages 0..S-2; the last stage's forward
 runs inside its backward) followed by Backward+Sync (a Parallel with one branch per stage: a Map
@@ -33,7 +33,7 @@ from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 if TYPE_CHECKING:  # pragma: no cover
     from stagecoach.planner.model.platforms import Platform
 
-# Step Functions state transitions of the emitted ASL (planner/asl.py is the authority; these
+# Step Functions state transitions of the emitted ASL (planner/emit/asl.py is the authority; these
 # mirror its shape: a Map costs its own state plus one Task per iteration, a Parallel its state).
 TRANSITIONS_PER_ITERATION = 2  # the window's per-iteration bookkeeping states (Loop Choice, Advance Pass)
 TRANSITIONS_PER_MAP = 1

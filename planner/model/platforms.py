@@ -17,7 +17,9 @@ from typing import Any
 
 from stagecoach.planner.plan import TIMEOUT_SAFETY
 
-PRICES_AS_OF = "2025-01-15"  # us-east-1 list prices; see /work/shared/facts.md for the sources
+# us-east-1 list prices on that date: https://aws.amazon.com/lambda/pricing/,
+# https://aws.amazon.com/step-functions/pricing/, https://aws.amazon.com/s3/pricing/
+PRICES_AS_OF = "2025-01-15"
 
 # FuncPipe's eight memory tiers (MB). Lambda accepts any value 128-10,240 in 1 MB steps.
 FUNCPIPE_TIERS_MB: tuple[int, ...] = (512, 1024, 2048, 3072, 4096, 6144, 8192, 10240)
@@ -198,7 +200,7 @@ def emulated_platform(
     Bandwidth and latency are ``network``'s (what the workers emulate; a real request to moto takes
     ``request_s``, which the emulation counts within the latency, lambdas/netem.py); the
     orchestration constants are the stack's, measured once by
-    stagecoach.local.calibrate. Every local worker computes with one thread whatever its memory,
+    stagecoach.calibrate. Every local worker computes with one thread whatever its memory,
     so every tier has the speed of one vCPU (the profile's reference). Prices stay AWS's.
     """
     p = network.replace(
@@ -210,6 +212,6 @@ def emulated_platform(
         dispatch_s=dispatch_s,
         iteration_overhead_s=iteration_s,
         poll_delay_s=(0.02 + max(network.storage_latency_s, request_s)) / 2,
-        notes="local stack with emulated network; orchestration measured by stagecoach.local.calibrate",
+        notes="local stack with emulated network; orchestration measured by stagecoach.calibrate",
     )
     return p.replace(**overrides) if overrides else p

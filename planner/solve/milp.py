@@ -107,7 +107,7 @@ def objective_value(cost: float, time_s: float, a1: float, a2: float) -> float:
 
 def max_stages_for(d: int, layers: int, max_stages: int) -> int:
     """Stage slots: at most one stage per layer, and (S-1)*d forward workers in one inline Map
-    (<= 40 concurrent iterations, DESIGN.md §6)."""
+    (<= 40 concurrent iterations, docs/runtime.md "States")."""
     return max(1, min(layers, max_stages, 1 + 40 // d))
 
 

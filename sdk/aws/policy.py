@@ -18,8 +18,8 @@ def deployer_policy(
 
     Everything is scoped to the stack: its bucket (by name: CloudFormation generates it, so the
     placeholder is filled from the stack's BucketName output), its roles, and the names the SDK
-    gives per-job resources ("<stack>-*", the naming contract of sdk/deploy.py). The placeholders
-    render docs/deployer-policy.json; AccessDenied messages and ``python -m stagecoach.aws_backend
+    gives per-job resources ("<stack>-*", the naming contract of sdk/deploy/). The placeholders
+    render docs/deployer-policy.json; AccessDenied messages and ``python -m stagecoach.aws
     deployer-policy`` render it for the actual stack (``roles``: the stack's role ARNs, instead of
     "role/<stack>-*"). One wildcard resource is unavoidable: lambda:ListFunctions and
     states:ListStateMachines support no resource-level permissions.
