@@ -178,7 +178,7 @@ class Channel:
     stats: ChannelStats = field(default_factory=ChannelStats)
     net: Network = field(default_factory=network)
     pools: Pools = field(default_factory=process_pools)
-    _pending: list[Future] = field(default_factory=list, repr=False)
+    _pending: list[Future[Any]] = field(default_factory=list, repr=False)
     _aborted: threading.Event = field(default_factory=threading.Event, repr=False)
 
     # -- single requests -------------------------------------------------------------------------
@@ -205,7 +205,7 @@ class Channel:
             t0 = time.perf_counter()
             try:
                 resp = self.s3.get_object(Bucket=self.bucket, Key=key)
-                body = resp["Body"].read()
+                body: bytes = resp["Body"].read()
             except self.s3.exceptions.NoSuchKey:
                 self.net.latency(time.perf_counter() - t0)  # a 404 costs its round trip
                 self.stats.count(gets=1)
@@ -246,7 +246,7 @@ class Channel:
                 self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
 
     # -- concurrent requests ---------------------------------------------------------------------
-    def _submit(self, kind: str, fn: Any, *args: Any) -> Future:
+    def _submit(self, kind: str, fn: Any, *args: Any) -> Future[Any]:
         f = self.pools(kind).submit(fn, *args)
         self._pending.append(f)
         return f
@@ -270,7 +270,7 @@ class Channel:
     def submit_get_bytes(self, key: str) -> Future[bytes | None]:
         return self._submit("down", self.get_bytes, key)
 
-    def submit_window(self, calls: Sequence[Callable[[], Future]], window: int) -> list[Future]:
+    def submit_window(self, calls: Sequence[Callable[[], Future[Any]]], window: int) -> list[Future[Any]]:
         """Start ``calls`` (each submits one request and returns its future) in order, at most
         ``window`` at a time, the next as soon as one finishes; returns a future per call.
 
@@ -279,7 +279,7 @@ class Channel:
         hide the request latency: with everything requested at once, every object would arrive
         near the end together.
         """
-        out: list[Future] = [Future() for _ in calls]
+        out: list[Future[Any]] = [Future() for _ in calls]
         lock = threading.Lock()
         nxt = [0]
 
@@ -300,7 +300,7 @@ class Channel:
                 real.add_done_callback(functools.partial(done, i))
                 return
 
-        def done(i: int, f: Future) -> None:
+        def done(i: int, f: Future[Any]) -> None:
             e = f.exception()
             if e is not None:
                 out[i].set_exception(e)
@@ -329,6 +329,6 @@ class Channel:
                     raise
 
 
-def results(futures: list[Future]) -> list[Any]:
+def results(futures: list[Future[Any]]) -> list[Any]:
     """Results in order; raises the first failure (``Channel.settle`` then stops the rest)."""
     return [f.result() for f in futures]

@@ -26,6 +26,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -99,7 +100,7 @@ def update_chunk(
     c: int,
     param: torch.Tensor,
     grad: torch.Tensor,
-    state: Mapping[int, Future[bytes | None]] | None,
+    state: Mapping[int, Future[bytes | None]] | Sequence[Future[bytes | None]] | None,
 ) -> torch.Tensor:
     """Apply the optimizer to one chunk, upload the new parameters and state; returns the parameters."""
     body = None
@@ -178,7 +179,7 @@ class GradStream:
             for i in ps:
                 self.by_param.setdefault(i, []).append(key)
         self.emitted: set[tuple[int, int]] = set()
-        self.handles: list = []
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
         self.armed = False
 
     def arm(self) -> None:
@@ -187,7 +188,8 @@ class GradStream:
             self.on_arm()
         for i, p in enumerate(self.params):
             if p.requires_grad:
-                self.handles.append(p.register_post_accumulate_grad_hook(functools.partial(self._accumulated, i)))
+                hook = functools.partial(self._accumulated, i)
+                self.handles.append(p.register_post_accumulate_grad_hook(hook))  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         for key in self.order:  # chunks of no parameter at all (a stage smaller than K)
             if not self.pending[key]:
                 self._emit(key)
@@ -258,7 +260,7 @@ def reduce_shard(ch: Channel, spec: SyncSpec, shard: int, cached: torch.Tensor |
     """
     stateful_opt = spec.t > 0 and stateful(spec.make_optimizer)
     chunks = spec.layout[shard]
-    calls: list[Callable[[], Future]] = []
+    calls: list[Callable[[], Future[Any]]] = []
     for c in spec.chunks(shard):
         calls += [
             functools.partial(ch.submit_wait, keys.gshard(spec.job, spec.t, spec.stage, r, shard, c), spec.deadline)
@@ -302,8 +304,8 @@ class PipelinedExchange:
         self.ch, self.spec, self.r = ch, spec, replica
         self.own: dict[int, torch.Tensor] = {}
         self.state = prefetch_state(ch, spec, replica)
-        self.incoming: dict[tuple[int, int], Future] = {}
-        self.gathered: dict[tuple[int, int], Future] = {}
+        self.incoming: dict[tuple[int, int], Future[Any]] = {}
+        self.gathered: dict[tuple[int, int], Future[Any]] = {}
 
     def _start_downloads(self) -> None:
         """Queue every download of the exchange, once the last backward pass begins (the peers are

@@ -17,18 +17,21 @@ import boto3
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.parser import ValidationError, parse
 from botocore.config import Config
+from pydantic import TypeAdapter
 
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.events import ProfileEvent, RemediateEvent, TaskEvent
+from stagecoach.lambdas.events import BackwardEvent, ForwardEvent, ProfileEvent, RemediateEvent, SyncEvent, TaskEvent
 from stagecoach.lambdas.jobctx import job_context
 from stagecoach.lambdas.optim_state import warm_up
 from stagecoach.lambdas.phases import PHASES
+from stagecoach.lambdas.profiling import profile_phase
 from stagecoach.lambdas.remediate import remediate
 from stagecoach.lambdas.training import build_model
 from stagecoach.lambdas.watchdog import MemoryWatch
 
 logger = Logger(service="stagecoach-worker")
+_TASK_EVENT: TypeAdapter[ForwardEvent | BackwardEvent | SyncEvent] = TypeAdapter(TaskEvent)
 warm_up()  # at import: Lambda's init phase, and locally the zygote every worker is forked from
 
 _container: tuple[int, str, float] | None = None  # (pid, id, started): set on the first invocation
@@ -60,8 +63,6 @@ def _client() -> Any:
 def profile(ev: ProfileEvent) -> dict[str, Any]:
     """The profile phase: time the job's layers at this function's memory (its vCPU share), so the
     planner learns each tier as measured rather than from the vCPU model (lambdas/profiling.py)."""
-    from stagecoach.lambdas.profiling import profile_phase
-
     ch = Channel(_client(), ev.bucket)
     ctx = job_context(ch, ev.job)
     sample = ctx.dataset(ch)["x"][0]
@@ -89,7 +90,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             raise BadEvent(f"malformed profile event {json.dumps(event)[:300]}: {e}") from None
         return profile(pev)
     try:
-        ev = parse(event=event, model=TaskEvent)
+        ev = _TASK_EVENT.validate_python(event)
     except (ValidationError, ValueError, TypeError) as e:
         raise BadEvent(f"malformed worker event {json.dumps(event)[:300]}: {e}") from None
     logger.append_keys(job=ev.job, phase=ev.phase, t=ev.t, stage=ev.stage)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import cloudpickle
 import torch
@@ -47,7 +47,7 @@ class JobContext:
     def stage_module(self, stage: int) -> nn.ModuleList:
         if stage not in self.stages:
             model = build_model(self.model_factory, self.seed, self.dtype)
-            layers = list(model)
+            layers = list(cast(nn.Sequential, model))  # Job.validate accepted only an nn.Sequential
             self.stages[stage] = nn.ModuleList([layers[i] for i in self.plan.stage_layers(stage)]).train()
         return self.stages[stage]
 

@@ -54,7 +54,7 @@ class Link:
     rate_Bps: float
     clock: Callable[[], float] = time.monotonic
     _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
-    _remaining: dict = field(default_factory=dict, repr=False)
+    _remaining: dict[Hashable, float] = field(default_factory=dict, repr=False)
     _t: float = 0.0
 
     def _advance(self) -> None:

@@ -11,6 +11,7 @@ Sync (s, shard k): sum shard k over replicas in a fixed order, apply the optimiz
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -86,15 +87,16 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
                 raise ValueError("the loss must reduce to a scalar (a mean over the micro-batch)")
             if j == 0:
                 stream.arm()
-            (loss * scale).backward()
+            torch.autograd.backward(loss * scale)
             losses.append(float(loss.detach()))
         else:
             g = ch.wait_tensors(keys.grad(ctx.job, t, s + 1, r, j), deadline)["g"]
             if j == 0:
                 stream.arm()
             if y.requires_grad:  # else a first stage without parameters: nothing upstream needs a gradient
-                y.backward(g)
+                torch.autograd.backward(y, g)
         if s > 0:
+            assert x.grad is not None, "a stage input that needs a gradient got none"
             ch.submit_handoff(keys.grad(ctx.job, t, s, r, j), {"g": x.grad})
     stream.finish()
     if plan.replicas == 1:
@@ -135,4 +137,5 @@ def _forget_iteration(ctx: JobContext, ch: Channel, t: int, stage: int, replica:
     ch.delete(ks)
 
 
-PHASES = {"forward": forward, "backward": backward, "sync": sync}
+Phase = Callable[[JobContext, Channel, Any, float], dict[str, Any]]
+PHASES: dict[str, Phase] = {"forward": forward, "backward": backward, "sync": sync}

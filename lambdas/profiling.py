@@ -19,9 +19,10 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch import nn
 
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 from stagecoach.planner.profile.tensors import SavedBytes, any_requires_grad, batch_like, grad_seed, requires_grad_, tensor_bytes
@@ -138,7 +139,9 @@ def profile_phase(
     mem = os.environ.get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE")
     tier = int(mem) if mem else None
     t0 = time.perf_counter()
-    prof = measure_model(model, sample_input, micro_batch_sizes, repeats=repeats, threads=None if tier else 1, tier_mb=tier)
+    prof = measure_model(
+        cast(nn.Sequential, model), sample_input, micro_batch_sizes, repeats=repeats, threads=None if tier else 1, tier_mb=tier
+    )
     return {
         "memory_mb": tier,
         "threads": torch.get_num_threads(),

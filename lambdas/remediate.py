@@ -23,7 +23,8 @@ import boto3
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.events import RemediateEvent
-from stagecoach.planner.plan import LAMBDA_MAX_MB, Plan, next_memory_tier
+from stagecoach.planner.limits import LAMBDA_MAX_MB
+from stagecoach.planner.plan import Plan, next_memory_tier
 
 Kind = Literal["out_of_memory", "timeout", "crash"]
 

@@ -53,7 +53,7 @@ def micro_batch(batch: torch.Tensor, replicas: int, micro_batches: int, replica:
     return batch[start : start + size]
 
 
-def run_layers(layers: Sequence[nn.Module], first_layer: int, x: torch.Tensor, seed: int, t: int, replica: int, mb: int) -> torch.Tensor:
+def run_layers(layers: Iterable[nn.Module], first_layer: int, x: torch.Tensor, seed: int, t: int, replica: int, mb: int) -> torch.Tensor:
     """Run consecutive layers, reseeding the RNG before each one.
 
     Seeding per (seed, t, layer, replica, micro-batch) makes dropout masks independent of how the

@@ -12,9 +12,12 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save_file
 from torch import nn
+from tqdm import tqdm
 
+from stagecoach import history as learnt
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.training import assign_flat, stage_layout
+from stagecoach.metrics import iteration_breakdown
 
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
 
@@ -55,7 +58,6 @@ class Run:
 
     def wait(self, progress: bool = True, poll_s: float = 1.0, timeout_s: float | None = None) -> str:
         """Block until the run ends; show iteration, loss and phase times. Raises RunFailed."""
-        from tqdm import tqdm
 
         bar = tqdm(total=self.job.iterations, unit="it", disable=not progress, dynamic_ncols=True)
         start = time.time()
@@ -82,8 +84,6 @@ class Run:
             bar.close()
         if status != "SUCCEEDED":
             raise RunFailed(f"run {self.job_id} {status}: {self.failure()}")
-        from stagecoach import history as learnt
-
         learnt.record(self)  # the next run of this job sets its task timeouts from this one
         return status
 
@@ -190,8 +190,6 @@ class Run:
         (Step Functions transitions and Lambda invocation). The first ``skip_first`` iterations
         (cold starts) are left out when later ones exist.
         """
-        from stagecoach.metrics import iteration_breakdown
-
         rows = iteration_breakdown(self.metrics(), complete=self.iterations_done())
         rows = [r for r in rows if r["t"] >= skip_first] or rows
         if not rows:
