@@ -23,8 +23,10 @@ import warnings
 from stagecoach.planner.baselines.classic import BASELINES
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.profile.zoo import zoo_profile
-from stagecoach.planner.solve.milp import candidate_groups, objective_value, solve_fixed
+from stagecoach.planner.solve.candidates import candidate_groups
+from stagecoach.planner.solve.objective import objective_value
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
+from stagecoach.planner.solve.search import solve_fixed
 from stagecoach.planner.solve.sweep import plan_model
 
 W_LABEL = {w: f"(1,2^{w[1].bit_length() - 1})" if w[1] else "(1,0)" for w in FUNCPIPE_WEIGHTS}

@@ -15,10 +15,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-LAMBDA_MIN_MB = 128
-LAMBDA_MAX_MB = 10_240
-LAMBDA_MAX_TIMEOUT_S = 900
-INLINE_MAP_MAX_CONCURRENCY = 40
+from stagecoach.planner.limits import (
+    INLINE_MAP_MAX_CONCURRENCY,
+    LAMBDA_MAX_MB,
+    LAMBDA_MAX_TIMEOUT_S,
+    LAMBDA_MIN_MB,
+    fits_lambda_timeout,
+    timeout_refusal,
+)
+
 # Gradient synchronisation per stage (docs/runtime.md "Sync algorithms"):
 #   scatter_reduce            LambdaML: backward writes d shards, a sync Map of d tasks reduces them
 #   k_reduce                  FasDL: backward writes K shards, a sync Map of K aggregators (1 <= K <= d)
@@ -185,12 +190,8 @@ class Plan:
         if predicted is not None:
             for s, per_phase in enumerate(predicted):
                 for p, secs in per_phase.items():
-                    if secs * TIMEOUT_SAFETY > LAMBDA_MAX_TIMEOUT_S:
-                        raise PlanError(
-                            f"stage {s}'s {p} task is predicted to take {secs:.0f} s, and with the safety factor "
-                            f"{TIMEOUT_SAFETY} that exceeds Lambda's {LAMBDA_MAX_TIMEOUT_S} s limit: use more stages "
-                            "(less work per task), more replicas (fewer samples per task) or smaller micro-batches"
-                        )
+                    if not fits_lambda_timeout(secs, TIMEOUT_SAFETY):
+                        raise PlanError(timeout_refusal(s, p, secs, TIMEOUT_SAFETY, predicted=True))
         for s, t in enumerate(self.timeouts_s):
             missing = [p for p in PHASES if p not in t]
             if missing:
@@ -251,12 +252,8 @@ def timeouts_from(task_s: Sequence[Mapping[str, float]], minimum: int = 60) -> t
         row = {}
         for p in PHASES:
             secs = float(per_phase.get(p, 0.0))
-            if secs * TIMEOUT_SAFETY > LAMBDA_MAX_TIMEOUT_S:
-                raise PlanError(
-                    f"stage {s}'s {p} task takes {secs:.0f} s, and with the safety factor {TIMEOUT_SAFETY} that "
-                    f"exceeds Lambda's {LAMBDA_MAX_TIMEOUT_S} s limit: use more stages (less work per task), "
-                    "more replicas (fewer samples per task) or smaller micro-batches"
-                )
+            if not fits_lambda_timeout(secs, TIMEOUT_SAFETY):
+                raise PlanError(timeout_refusal(s, p, secs, TIMEOUT_SAFETY))
             row[p] = int(min(LAMBDA_MAX_TIMEOUT_S, max(minimum, math.ceil(secs * TIMEOUT_SAFETY + 10))))
         out.append(row)
     return tuple(out)

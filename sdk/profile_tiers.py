@@ -21,7 +21,7 @@ from stagecoach.deploy.start import create_stage_function, preflight
 from stagecoach.deploy.upload import upload_job
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.profiling import combine_tier_phases
-from stagecoach.planner.plan import LAMBDA_MAX_MB, LAMBDA_MAX_TIMEOUT_S, LAMBDA_MIN_MB
+from stagecoach.planner.limits import LAMBDA_MAX_MB, LAMBDA_MAX_TIMEOUT_S, LAMBDA_MIN_MB
 from stagecoach.planner.profile.layers import ModelProfile
 
 if TYPE_CHECKING:

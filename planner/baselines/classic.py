@@ -27,10 +27,11 @@ from collections.abc import Callable, Sequence
 from stagecoach.planner.baselines.fasdl import fasdl_plan
 from stagecoach.planner.baselines.funcpipe import funcpipe_plan
 from stagecoach.planner.baselines.hydrozoa import hydrozoa_plan
-from stagecoach.planner.model.perfmodel import Config, Estimate, SyncChoice, evaluate
+from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate
 from stagecoach.planner.model.platforms import Platform
+from stagecoach.planner.model.syncmodel import SyncChoice
 from stagecoach.planner.profile.layers import ModelProfile, balanced_partition
-from stagecoach.planner.solve.milp import max_stages_for, objective_value
+from stagecoach.planner.solve.objective import max_stages_for, objective_value
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
 
 

@@ -25,9 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stagecoach.planner.model.perfmodel import stage_memory_bytes
+
 if TYPE_CHECKING:  # pragma: no cover
-    from stagecoach.planner.model.perfmodel import SyncChoice
     from stagecoach.planner.model.platforms import Platform
+    from stagecoach.planner.model.syncmodel import SyncChoice
     from stagecoach.planner.profile.layers import LayerProfile
 
 MB = 2**20
@@ -97,7 +99,6 @@ def memory_checks(
     sync: Sequence[SyncChoice] | None = None,
 ) -> list[MemoryCheck]:
     """Per stage of ``balance``: our peak (perfmodel.stage_memory_bytes + runtime base) and DiSDeL's."""
-    from stagecoach.planner.model.perfmodel import stage_memory_bytes
 
     if sum(balance) != len(layers) or min(balance) < 1:
         raise ValueError(f"balance {tuple(balance)} does not split {len(layers)} layers into non-empty stages")

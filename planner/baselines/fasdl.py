@@ -30,11 +30,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stagecoach.planner.model.perfmodel import Config, evaluate, stage_memory_bytes
+from stagecoach.planner.model.syncmodel import SyncChoice
+from stagecoach.planner.solve.objective import objective_weights, weighted_objective
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
 
 if TYPE_CHECKING:  # pragma: no cover
-    from stagecoach.planner.model.perfmodel import Estimate, SyncChoice
+    from stagecoach.planner.model.perfmodel import Estimate
     from stagecoach.planner.model.platforms import Platform
+    from stagecoach.planner.model.syncmodel import SyncChoice
     from stagecoach.planner.profile.layers import ModelProfile
 
 
@@ -116,10 +120,6 @@ class FasDLResult:
 Need = Callable[[int, int], float]  # need(W, K): least memory (MB) a configuration needs
 
 
-def _objective(t: float, c: float, wc: float, wt: float) -> float:
-    return wc * c + wt * t
-
-
 def _best_k(
     model: FasDLModel,
     global_batch: int,
@@ -138,7 +138,7 @@ def _best_k(
             continue
         t, c = model.iteration(global_batch, W, K, M)
         n += 1
-        j = _objective(t, c, wc, wt)
+        j = weighted_objective(c, t, wc, wt)
         if t <= time_limit and (best is None or j < best.objective):
             best = FasDLResult(W, K, M, t, c, j, 0)
     return best, n
@@ -186,7 +186,7 @@ def two_stage_search(
             nb += 1
             if t > time_limit:
                 continue  # even the bound misses the time limit
-            pairs.append((_objective(t, c, wc, wt), W, M))
+            pairs.append((weighted_objective(c, t, wc, wt), W, M))
     pairs.sort()
     best, n = None, 0
     for lb, W, M in pairs:
@@ -251,7 +251,6 @@ def fit_fasdl_model(profile: ModelProfile, plat: Platform, batches: Sequence[int
 def memory_need(profile: ModelProfile, global_batch: int, plat: Platform) -> Need:
     """FasDL's memory constraint from the profile: the least Lambda memory (MB) our runtime needs
     for W workers of G/W samples with K aggregators (what FasDL measures by profiling)."""
-    from stagecoach.planner.model.perfmodel import stage_memory_bytes
 
     memo: dict[tuple[int, int], float] = {}
 
@@ -266,7 +265,6 @@ def memory_need(profile: ModelProfile, global_batch: int, plat: Platform) -> Nee
 
 def sync_choice(workers: int, k: int) -> SyncChoice:
     """Our sync algorithm for FasDL's (W, K): all-reduce for K = 1, scatter-reduce for K = W."""
-    from stagecoach.planner.model.perfmodel import SyncChoice
 
     if workers == 1:
         return SyncChoice("none", 1)
@@ -287,8 +285,6 @@ def fasdl_plan(
     """BASELINES entry "FasDL": the two-stage search per Pareto weight under FasDL's model
     (workers dividing the batch, K in 1..W, the platform's tiers), each winner evaluated with our
     model, then the same Pareto + delta recommendation as every baseline."""
-    from stagecoach.planner.model.perfmodel import Config, evaluate
-    from stagecoach.planner.solve.milp import objective_weights
 
     model = fit_fasdl_model(profile, platform)
     workers = [W for W in range(1, max_workers + 1) if global_batch % W == 0]

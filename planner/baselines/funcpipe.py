@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import TYPE_CHECKING
 
-from stagecoach.planner.profile.layers import LayerProfile, ModelProfile, balanced_partition
+from stagecoach.planner.model.perfmodel import Config, evaluate
+from stagecoach.planner.model.syncmodel import SyncChoice
+from stagecoach.planner.profile.layers import LayerProfile, ModelProfile, balanced_partition, compositions
+from stagecoach.planner.solve.objective import objective_weights, weighted_objective
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -227,14 +230,6 @@ def fp_evaluate(
 
 
 # -- FuncPipe's search ---------------------------------------------------------------------------
-def compositions(n: int, max_parts: int) -> Iterator[tuple[int, ...]]:
-    """Every cut of n ordered layers into at most max_parts non-empty contiguous groups."""
-    for cuts in range(min(n, max_parts)):
-        for pos in itertools.combinations(range(1, n), cuts):
-            edges = (0, *pos, n)
-            yield tuple(edges[q + 1] - edges[q] for q in range(len(edges) - 1))
-
-
 def _tier_dp(stages: Sequence[_Stage], units: Sequence[int], track: bool = False):
     """min sum of latencies over tier choices, per (bottleneck bound theta, memory units mu).
 
@@ -296,8 +291,6 @@ def funcpipe_search(
     FuncPipe's model over partition x tier per stage x d, micro-batch size fixed."""
     import numpy as np
 
-    from stagecoach.planner.solve.milp import objective_weights
-
     c = consts
     speed_full = fit_speed_model(profile, plat, c.micro_batch)
     ref = max(plat.tiers_mb)
@@ -341,7 +334,7 @@ def funcpipe_search(
             T = np.where(finite, T, 0.0)
             cost = plat.price_gb_s * d * mu_gb[None, :] * T
             for q, (wc, wt) in enumerate(ws):
-                J = np.where(finite, wc * cost + wt * T, np.inf)
+                J = np.where(finite, weighted_objective(cost, T, wc, wt), np.inf)
                 idx = np.unravel_index(np.argmin(J), J.shape)
                 val = float(J[idx])
                 if math.isfinite(val) and (best[q] is None or val < best[q][0]):
@@ -422,7 +415,6 @@ class FuncPipeChoice:
 
 def to_config(fp: FuncPipeEstimate) -> Config:
     """Our Config for a FuncPipe plan: its pipelined scatter-reduce (none for d = 1)."""
-    from stagecoach.planner.model.perfmodel import Config, SyncChoice
 
     ch = SyncChoice("none", 1) if fp.replicas == 1 else SyncChoice("pipelined_scatter_reduce", fp.replicas)
     return Config(fp.balance, fp.tiers_mb, fp.replicas, fp.micro_batch, fp.micro_batches, (ch,) * len(fp.balance))
@@ -437,7 +429,6 @@ def funcpipe_choice(
 ) -> FuncPipeChoice | None:
     """FuncPipe's Pareto sweep and delta >= 0.8 recommendation, all under FuncPipe's model; then
     the recommended plan under ours. None if FuncPipe's model finds no plan at all."""
-    from stagecoach.planner.model.perfmodel import Config, evaluate
 
     res = funcpipe_search(profile, global_batch, plat, weights, consts)
     cands = [e for e in res.per_weight if e is not None]

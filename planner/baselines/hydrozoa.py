@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stagecoach.planner.model.perfmodel import Config, evaluate, stage_memory_bytes
+from stagecoach.planner.model.syncmodel import SyncChoice
 from stagecoach.planner.profile.layers import ModelProfile, balanced_partition, merge_layers
 from stagecoach.planner.solve.pareto import pareto_front, recommend
 
@@ -189,7 +191,6 @@ def hybrid_select(
     dp = floor(cluster / mp) (dp must split the batch into whole micro-batches), the DP partition
     for each, the highest estimated throughput wins (fewer workers on ties). ``cache`` (a dict
     shared across calls on the same profile) keeps stage memories and DP frontiers."""
-    from stagecoach.planner.model.perfmodel import stage_memory_bytes
 
     lay = profile.layers
     L = len(lay)
@@ -247,7 +248,6 @@ def hydrozoa_plan(
     uniform tier, evaluated with our model (scatter-reduce sync), then the same Pareto + delta
     recommendation as every baseline. Profiles with more than ``max_layers`` layers are merged
     first (balanced compute) to bound the DP's work."""
-    from stagecoach.planner.model.perfmodel import Config, SyncChoice, evaluate
 
     prof = profile
     groups: tuple[int, ...] = (1,) * len(profile.layers)

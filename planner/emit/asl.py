@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from stagecoach.planner.limits import HISTORY_MAX_EVENTS
 from stagecoach.planner.plan import Plan
 
-HISTORY_LIMIT = 25_000
+HISTORY_LIMIT = HISTORY_MAX_EVENTS
 # Share of the history a window may plan to use; the rest absorbs retries (each retry of a Task
 # adds TaskScheduled, TaskStarted and TaskFailed) and the window's fixed events.
 HISTORY_BUDGET = 0.8

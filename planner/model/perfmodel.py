@@ -27,7 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from stagecoach.planner.limits import INLINE_MAP_MAX_CONCURRENCY
 from stagecoach.planner.model.syncmodel import ALL_SYNC, SYNC_ALGORITHMS, StageSync, SyncAlgorithm, SyncChoice, sync_choices  # noqa: F401 (re-exported)
+from stagecoach.planner.plan import timeouts_from
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -314,8 +316,8 @@ def compose(cfg: Config, terms: Sequence[StageTerms], plat: Platform) -> Estimat
         for what, t in (("forward", fwd_task[s]), ("backward", bwd_task[s]), ("sync", sync_task[s])):
             if t > cap_top:
                 viol.append(f"stage {s} {what} task takes {t:.0f} s > {cap_top:.0f} s (Lambda's 900 s over the timeout safety factor)")
-    if (S - 1) * d > 40 or d > 40:
-        viol.append(f"{S} stages x {d} replicas exceed the inline Map's 40 concurrent tasks")
+    if (S - 1) * d > INLINE_MAP_MAX_CONCURRENCY or d > INLINE_MAP_MAX_CONCURRENCY:
+        viol.append(f"{S} stages x {d} replicas exceed the inline Map's {INLINE_MAP_MAX_CONCURRENCY} concurrent tasks")
     return Estimate(
         config=cfg,
         time_s=t_fwd + t_bs + plat.iteration_overhead_s,
@@ -342,6 +344,5 @@ def compose(cfg: Config, terms: Sequence[StageTerms], plat: Platform) -> Estimat
 def timeouts(est: Estimate) -> tuple[dict[str, int], ...]:
     """Per stage, per phase TimeoutSeconds from the predicted task seconds, by the runtime
     contract's own rule (plan.timeouts_from): raises PlanError if a phase cannot fit 15 minutes."""
-    from stagecoach.planner.plan import timeouts_from
 
     return timeouts_from(est.task_seconds())

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from stagecoach.planner.limits import LAMBDA_MAX_TIMEOUT_S
 from stagecoach.planner.plan import TIMEOUT_SAFETY
 
 # us-east-1 list prices on that date: https://aws.amazon.com/lambda/pricing/,
@@ -59,7 +60,7 @@ class Platform:
     # Memory: the worker process (Python + torch + boto3) before the model is loaded.
     runtime_base_mb: float = 380.0
     memory_headroom: float = 0.9  # plan at most this fraction of the configured memory
-    max_task_s: float = 900.0  # Lambda timeout limit
+    max_task_s: float = float(LAMBDA_MAX_TIMEOUT_S)  # planner/limits.py
     # TimeoutSeconds = margin * predicted + 10 s, by the runtime contract's rule (plan.timeouts_from,
     # TIMEOUT_SAFETY); a plan whose task exceeds max_task_s / margin is refused there, so the
     # planner treats it as infeasible.

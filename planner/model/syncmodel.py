@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stagecoach.planner.plan import SYNC_ALGORITHMS as RUNTIME_SYNC
 from stagecoach.planner.plan import chunk_count
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -221,7 +222,11 @@ class PipelinedScatterReduce(SyncAlgorithm):
 SYNC_ALGORITHMS: dict[str, SyncAlgorithm] = {
     a.name: a for a in (NoSync(), ScatterReduce(), PipelinedScatterReduce(), KReduce(), AllReduce())
 }
-ALL_SYNC = ("scatter_reduce", "pipelined_scatter_reduce", "k_reduce", "all_reduce")
+# The names come from the runtime contract (planner/plan.py); this model prices exactly those, plus
+# "none" (d = 1). Listed in the search's order, which breaks ties between equal-cost plans.
+ALL_SYNC: tuple[str, ...] = tuple(name for name in SYNC_ALGORITHMS if name != "none")
+if set(ALL_SYNC) != set(RUNTIME_SYNC):
+    raise ImportError(f"the performance model prices {sorted(ALL_SYNC)} but the runtime runs {sorted(RUNTIME_SYNC)}")
 
 
 @dataclass(frozen=True)

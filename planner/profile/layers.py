@@ -13,8 +13,9 @@ FLOPs. The types are JSON-able (``to_dict``/``from_dict``) so a Lambda profile p
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -223,3 +224,12 @@ def merge_layers(layers: Sequence[LayerProfile]) -> LayerProfile:
         count=sum(l.count for l in layers),
         in_requires_grad=layers[0].in_requires_grad,
     )
+
+
+def compositions(n: int, max_parts: int) -> Iterator[tuple[int, ...]]:
+    """Every way to cut n ordered layers into at most max_parts non-empty contiguous groups (the
+    partitions the brute force and FuncPipe's search enumerate)."""
+    for cuts in range(min(n, max_parts)):
+        for pos in itertools.combinations(range(1, n), cuts):
+            edges = (0, *pos, n)
+            yield tuple(edges[i + 1] - edges[i] for i in range(len(edges) - 1))

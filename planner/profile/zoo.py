@@ -19,6 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from stagecoach.planner.profile.layers import ModelProfile
+from stagecoach.planner.profile.meta import profile_meta
+
 # FuncPipe Table 1: parameters MiB / activations per sample MiB
 FUNCPIPE_TABLE1_MIB = {
     "resnet101": (170, 198),
@@ -311,9 +314,6 @@ def zoo_profile(name: str, use_disk_cache: bool = True) -> Any:
     (keyed by the source of the profile package's modules and the torch version; STAGECOACH_CACHE moves it).
     """
     import json
-
-    from stagecoach.planner.profile.layers import ModelProfile
-    from stagecoach.planner.profile.meta import profile_meta
 
     key = name.removeprefix("zoo:").lower().replace("-", "_")
     if key in _PROFILE_CACHE:

@@ -11,18 +11,11 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 
-from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate, sync_choices
+from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate
 from stagecoach.planner.model.platforms import Platform
-from stagecoach.planner.profile.layers import ModelProfile
-from stagecoach.planner.solve.milp import max_stages_for, objective_value
-
-
-def compositions(n: int, max_parts: int) -> Iterator[tuple[int, ...]]:
-    """Every way to cut n ordered layers into at most max_parts non-empty contiguous groups."""
-    for cuts in range(0, min(n, max_parts)):
-        for pos in itertools.combinations(range(1, n), cuts):
-            edges = (0, *pos, n)
-            yield tuple(edges[i + 1] - edges[i] for i in range(len(edges) - 1))
+from stagecoach.planner.model.syncmodel import sync_choices
+from stagecoach.planner.profile.layers import ModelProfile, compositions
+from stagecoach.planner.solve.objective import max_stages_for, objective_value
 
 
 def all_plans(

@@ -17,11 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagecoach.planner.model.fits import check_fits
-from stagecoach.planner.model.perfmodel import ALL_SYNC, Config, Estimate, evaluate, timeouts
+from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate, timeouts
 from stagecoach.planner.model.platforms import Platform, aws_platform
+from stagecoach.planner.model.syncmodel import ALL_SYNC
+from stagecoach.planner.plan import Plan
 from stagecoach.planner.profile.layers import ModelProfile
-from stagecoach.planner.solve.milp import candidate_groups, heuristic_incumbent, max_stages_for, objective_value, solve_fixed
+from stagecoach.planner.solve.candidates import candidate_groups
+from stagecoach.planner.solve.objective import max_stages_for, objective_value
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
+from stagecoach.planner.solve.search import heuristic_incumbent, solve_fixed
 
 DEFAULT_REPLICAS = (1, 2, 4, 8, 16, 32)
 
@@ -63,7 +67,6 @@ class PlannedConfig:
         (extras["predicted_task_s"], what the runtime's timeout manager starts from) and
         TimeoutSeconds by plan.timeouts_from. Raises PlanError if a phase is predicted not to fit
         Lambda's 15 minutes."""
-        from stagecoach.planner.plan import Plan
 
         c, e = self.config, self.estimate
         fields = [s.plan_fields() for s in c.sync]

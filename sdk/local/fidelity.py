@@ -30,13 +30,15 @@ import random
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from stagecoach.planner.limits import EXECUTION_INPUT_MAX_BYTES, HISTORY_MAX_EVENTS, LAMBDA_ACCOUNT_CONCURRENCY
+
 ENV = "STAGECOACH_FIDELITY"
 
 OOM_SHAPES = ("Runtime.OutOfMemory", "Runtime.ExitError", "Lambda.Unknown")
 TIMEOUT_SHAPES = ("Sandbox.Timedout", "Lambda.Unknown")
-HISTORY_LIMIT = 25_000  # Step Functions quota: events in one execution's history
-INPUT_LIMIT = 262_144  # StartExecution: input, bytes (UTF-8)
-ACCOUNT_CONCURRENCY = 1_000  # Lambda's default concurrent-executions quota per Region
+HISTORY_LIMIT = HISTORY_MAX_EVENTS
+INPUT_LIMIT = EXECUTION_INPUT_MAX_BYTES
+ACCOUNT_CONCURRENCY = LAMBDA_ACCOUNT_CONCURRENCY
 
 
 @dataclass(frozen=True)

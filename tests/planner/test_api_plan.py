@@ -5,12 +5,13 @@ import math
 
 import pytest
 
-from stagecoach.planner.model.perfmodel import ALL_SYNC, Config, SyncChoice, evaluate
+from stagecoach.planner.model.perfmodel import Config, evaluate
 from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.model.syncmodel import ALL_SYNC, SyncChoice
 from stagecoach.planner.plan import Plan
 from stagecoach.planner.profile.layers import LayerProfile, LayerTooLargeError, ModelProfile
 from stagecoach.planner.solve.bruteforce import all_plans
-from stagecoach.planner.solve.milp import objective_value
+from stagecoach.planner.solve.objective import objective_value
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
 from stagecoach.planner.solve.sweep import PlannedConfig, plan_model
 

@@ -17,7 +17,7 @@ from stagecoach.planner.baselines.fasdl import (
 )
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
-from stagecoach.planner.solve.milp import objective_weights
+from stagecoach.planner.solve.objective import objective_weights
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
 
 MB = 2**20

@@ -9,7 +9,6 @@ import pytest
 from stagecoach.planner.baselines.classic import BASELINES
 from stagecoach.planner.baselines.funcpipe import (
     FuncPipeConstants,
-    compositions,
     fit_speed_model,
     fp_evaluate,
     funcpipe_choice,
@@ -19,8 +18,8 @@ from stagecoach.planner.baselines.funcpipe import (
     scatter_reduce_s,
 )
 from stagecoach.planner.model.platforms import aws_platform, funcpipe_platform
-from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
-from stagecoach.planner.solve.milp import objective_value
+from stagecoach.planner.profile.layers import LayerProfile, ModelProfile, compositions
+from stagecoach.planner.solve.objective import objective_value
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
 
 MB = 2**20

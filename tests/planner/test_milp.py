@@ -4,11 +4,13 @@ import random
 
 import pytest
 
-from stagecoach.planner.model.perfmodel import Config, SyncChoice, evaluate
+from stagecoach.planner.model.perfmodel import Config, evaluate
 from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.model.syncmodel import SyncChoice
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 from stagecoach.planner.solve.bruteforce import solve_bruteforce
-from stagecoach.planner.solve.milp import BANDS_FROM_M, objective_value, solve_fixed
+from stagecoach.planner.solve.objective import objective_value
+from stagecoach.planner.solve.search import BANDS_FROM_M, solve_fixed
 
 MB = 2**20
 WEIGHTS = [(1, 0), (1, 2**16), (1, 2**19), (1, 2**22), (0, 1)]

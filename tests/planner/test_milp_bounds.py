@@ -9,8 +9,10 @@ import pytest
 
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
+from stagecoach.planner.solve.bounds import LowerBounds
 from stagecoach.planner.solve.bruteforce import all_plans
-from stagecoach.planner.solve.milp import LowerBounds, candidate_groups, max_stages_for, objective_value, objective_weights
+from stagecoach.planner.solve.candidates import candidate_groups
+from stagecoach.planner.solve.objective import max_stages_for, objective_value, objective_weights
 
 MB = 2**20
 ALGOS = ("scatter_reduce", "pipelined_scatter_reduce")

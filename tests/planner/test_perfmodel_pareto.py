@@ -2,8 +2,9 @@
 
 import pytest
 
-from stagecoach.planner.model.perfmodel import Config, SyncChoice, evaluate
+from stagecoach.planner.model.perfmodel import Config, evaluate
 from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.model.syncmodel import SyncChoice
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 from stagecoach.planner.solve.pareto import delta, pareto_front, recommend
 from stagecoach.planner.solve.sweep import plan_model

@@ -1,0 +1,39 @@
+"""The AWS limits every layer respects, each stated once, with the page that documents it.
+
+Prices and measured speeds live in planner/model/platforms.py; these are hard limits: a plan that
+breaks one fails on AWS, so the planner never proposes it, ``Plan`` refuses it, and the local stack
+enforces it (sdk/local/fidelity.py imports the Step Functions ones from here).
+"""
+
+from __future__ import annotations
+
+# Lambda function memory, MB (https://docs.aws.amazon.com/lambda/latest/dg/configuration-memory.html)
+LAMBDA_MIN_MB = 128
+LAMBDA_MAX_MB = 10_240
+# Lambda function timeout, s (https://docs.aws.amazon.com/lambda/latest/dg/gettingstarted-limits.html)
+LAMBDA_MAX_TIMEOUT_S = 900
+# Lambda's default concurrent executions per Region; new accounts may have less
+# (https://docs.aws.amazon.com/lambda/latest/dg/lambda-concurrency.html)
+LAMBDA_ACCOUNT_CONCURRENCY = 1_000
+# Step Functions: an inline Map runs at most 40 iterations at once, which bounds the workers of one
+# phase (https://docs.aws.amazon.com/step-functions/latest/dg/state-map-inline.html)
+INLINE_MAP_MAX_CONCURRENCY = 40
+# Step Functions quotas (https://docs.aws.amazon.com/step-functions/latest/dg/service-quotas.html):
+# events in one execution's history, and the bytes of an execution's input (StartExecution)
+HISTORY_MAX_EVENTS = 25_000
+EXECUTION_INPUT_MAX_BYTES = 262_144
+
+
+def fits_lambda_timeout(seconds: float, safety: float) -> bool:
+    """Whether a task of ``seconds``, given ``safety`` times that as its timeout, fits Lambda's limit."""
+    return seconds * safety <= LAMBDA_MAX_TIMEOUT_S
+
+
+def timeout_refusal(stage: int, phase: str, seconds: float, safety: float, predicted: bool = False) -> str:
+    """What to tell a user whose task cannot fit Lambda's 15 minutes, and what to change."""
+    verb = "is predicted to take" if predicted else "takes"
+    return (
+        f"stage {stage}'s {phase} task {verb} {seconds:.0f} s, and with the safety factor {safety} that "
+        f"exceeds Lambda's {LAMBDA_MAX_TIMEOUT_S} s limit: use more stages (less work per task), more "
+        "replicas (fewer samples per task) or smaller micro-batches"
+    )

@@ -1,0 +1,245 @@
+"""Lower bounds per candidate stage (planner/solve/search.py has the whole method).
+
+2. Bounds (a presolve that only removes what provably cannot beat the incumbent). A dynamic
+   programme over boundary nodes gives, for every group, a lower bound of the objective of every
+   plan that uses it (``LowerBounds``): each stage's own billed work and steps exactly, the
+   flow-shop bottlenecks (m-1)*max per band of their values, the waits a bottleneck forces on
+   the stages around it, the group's own waits on the stages before and after it. Groups whose
+   bound exceeds the incumbent's objective are removed. Removing them cannot lose the optimum:
+   any plan through such a group is worse than the incumbent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stagecoach.planner.model.perfmodel import (
+    global_transitions,
+    phase_overhead,
+)
+from stagecoach.planner.model.platforms import Platform
+from stagecoach.planner.solve.candidates import Candidates
+
+# -- lower bounds per group (docs/performance-model.md §7.2) --------------------------------------
+# Flag automaton of the bottleneck bands: (fA, fB) before an arc -> (fA', fB') after it, with the
+# condition on the arc ('s': its forward step exceeds the band's low end, 'b': its backward step
+# does; 'n..': it does not) and whether it pays the forward / backward imbalance.
+_TRANS: list[tuple[int, int, int, int, str | None, str | None, bool, bool]] = []
+for _fa in (0, 1):
+    for _fb in (0, 1):
+        for _fa2, _ca in [(1, None)] if _fa == 1 else [(1, "s"), (0, "ns")]:
+            for _fb2, _cb in [(1, "nb")] if _fb == 1 else [(0, None), (1, "b")]:
+                _TRANS.append((_fa, _fb, _fa2, _fb2, _ca, _cb, _fa2 == 1, _fb == 0))
+
+
+class LowerBounds:
+    """Valid lower bounds of the objective of every plan that uses a given group.
+
+    A plan's objective is at least the sum over its stages of a per-stage weight (its own cost,
+    every task's own billed work, its steps in T_F and T_BS, and for the first / last stage the
+    branch's extra time / the last stage's load), plus (m-1)(maxA + maxB) times the time weight,
+    plus the imbalance the bottleneck forces on the stages around it: a forward task after the
+    stage with the largest step waits (m-1)(maxA - a_s), a backward task before it (m-1)(maxB -
+    bb_s), both billed at the stage's own price. Dropped (all >= 0): every wait on the first
+    micro-batch of other stages except the bounded group's own, and the parameter-load maxima.
+
+    The maxima are handled by *bands*: (maxA, maxB) lies in one pair of value intervals
+    (aLo, aHi] x (bLo, bHi]; inside a pair every arc must have a <= aHi, bb <= bHi, the maxima
+    are at least the smallest candidate value above aLo / bLo, and a two-flag automaton marks the
+    stages after the first arc above aLo (they pay the forward imbalance) and before the last arc
+    above bLo (they pay the backward one). A DP over (node, flags, stage count <= Smax) per pair
+    gives prefix and suffix bounds; pairs whose own bound exceeds the incumbent are discarded and
+    the others split, so the bands become fine exactly where plans can still compete.
+    """
+
+    def __init__(self, cands: Candidates, wc: float, wt: float, plat: Platform, smax: int) -> None:
+        groups = cands.groups
+        L, d, m = cands.layers, cands.replicas, cands.micro_batches
+        o, pt = phase_overhead(plat, d), plat.price_transition
+        self.L, self.m, self.wt, self.smax = L, m, wt, smax
+        G = len(groups)
+        self.I = np.array([g.i for g in groups], dtype=int)
+        self.J = np.array([g.j for g in groups], dtype=int)
+        self.A = np.array([g.a for g in groups])
+        self.B = np.array([g.bb for g in groups])
+        price = np.array([g.price for g in groups])
+        self.Kg = np.array([g.k for g in groups], dtype=int)
+        self.fin = self.J == L
+        K = len(cands.tiers)
+        pk = np.array([plat.price_per_s(t) for t in cands.tiers])
+        self.K = K
+        # weights: base (no context); pre[c]/suf[c]: with the waits of a bounded group at tier c
+        # on the arc (c = K: a last-stage group, which has no forward task)
+        self.wpre = np.full((K + 1, G), np.inf)
+        self.wsuf = np.full((K, G), np.inf)
+        self.selfw = np.full(G, np.inf)
+        first_extra = wt * o + wc * pt * (global_transitions(2) - global_transitions(1))
+        for q, g in enumerate(groups):
+            for op in g.options:
+                # a stage adds at least its step and its own hop to T_F and to the first branch
+                # of T_BS (ao >= a, bo >= bb), and its tasks are billed at least as long
+                v = wc * (op.own_cost + d * g.price * (m * g.a + (g.ao - g.a) + m * g.bb + (g.bo - g.bb) + op.load_s)) + wt * (g.ao + g.bo)
+                if g.j == L:
+                    v += wt * op.load_s
+                if g.i == 0:
+                    v += wt * op.extra_s + (first_extra if g.j < L else 0.0)
+                self.selfw[q] = min(self.selfw[q], v + (wt * op.load_s if g.j < L else 0.0))
+                self.wpre[K, q] = min(self.wpre[K, q], v)
+                self.wpre[:K, q] = np.minimum(self.wpre[:K, q], v + wc * d * pk * g.a)
+                self.wsuf[:, q] = np.minimum(self.wsuf[:, q], v + wc * d * pk * (g.bb + (op.load_s if g.j == L else 0.0)))
+        self.base = self.wpre[K]
+        self.cA = wc * d * (m - 1) * price * (~self.fin)
+        self.cB = wc * d * (m - 1) * price
+        self.const = wt * (o + plat.iteration_overhead_s) + wc * pt * global_transitions(1)
+        self.ends = [np.nonzero(self.J == n)[0] for n in range(L + 1)]
+        self.starts = [np.nonzero(self.I == n)[0] for n in range(L + 1)]
+        self.va = np.unique(self.A[~self.fin])
+        self.vb = np.unique(self.B)
+
+    # -- bands ------------------------------------------------------------------------------------
+    def grid(self, n: int) -> tuple[np.ndarray, ...]:
+        """An n x n grid of band pairs at quantiles of the candidate values (covers everything)."""
+
+        def cuts(vals: np.ndarray) -> np.ndarray:
+            if len(vals) == 0:
+                return np.array([0.0, 0.0])
+            qs = np.quantile(vals, np.linspace(0, 1, n + 1)[1:], method="lower")
+            return np.unique(np.concatenate([[0.0], qs, [vals.max()]]))
+
+        ca, cb = cuts(self.va), cuts(self.vb)
+        pairs = [(ca[x], ca[x + 1], cb[y], cb[y + 1]) for x in range(len(ca) - 1) for y in range(len(cb) - 1)]
+        return tuple(np.array(v) for v in zip(*pairs))
+
+    @staticmethod
+    def _low(vals: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The least candidate value in (lo, hi] (0 where lo = 0: the band includes 0), and
+        whether the band holds any value at all."""
+        pos = np.searchsorted(vals, lo, side="right")
+        val = vals[np.minimum(pos, len(vals) - 1)] if len(vals) else np.zeros(len(lo))
+        nonempty = (pos < len(vals)) & (val <= hi) if len(vals) else np.zeros(len(lo), bool)
+        zero = lo <= 0
+        return np.where(zero, 0.0, val), zero | nonempty
+
+    def _setup(self, P: tuple[np.ndarray, ...]) -> None:
+        aLo, aHi, bLo, bHi = P
+        A, B, fin = self.A, self.B, self.fin
+        self.allow = (fin[None, :] | (A[None, :] <= aHi[:, None])) & (B[None, :] <= bHi[:, None])
+        self.setsA = (~fin[None, :]) & (A[None, :] > aLo[:, None])
+        self.big = B[None, :] > bLo[:, None]
+        self.thA, _ = self._low(self.va, aLo, aHi)
+        self.thB, _ = self._low(self.vb, bLo, bHi)
+        self.payA = self.cA[None, :] * np.maximum(0.0, self.thA[:, None] - A[None, :])
+        self.payB = self.cB[None, :] * np.maximum(0.0, self.thB[:, None] - B[None, :])
+        self.needA, self.needB = aLo > 0, bLo > 0
+
+    def _sweeps(self, P: tuple[np.ndarray, ...], ctx: bool, prefix: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+        """pre[c, fA, fB, count, pair, node]: cheapest path 0 -> node; sufc[...]: cheapest
+        node -> L using at most ``count`` stages, ending with the flags the band requires."""
+        self._setup(P)
+        wpre = self.wpre if ctx else self.base[None, :]
+        wsuf = self.wsuf if ctx else self.base[None, :]
+        nP, S1, L = len(P[0]), self.smax + 1, self.L
+        inf = np.inf
+
+        def conds(qs: np.ndarray) -> tuple[dict, dict]:
+            sA, bg = self.setsA[:, qs], self.big[:, qs]
+            return {None: True, "s": sA, "ns": ~sA}, {None: True, "b": bg, "nb": ~bg}
+
+        pre = np.full((wpre.shape[0], 2, 2, S1, nP, L + 1), inf) if prefix else None
+        if pre is not None:
+            pre[:, 0, 0, 0, :, 0] = 0.0
+        for n in range(1, L if prefix else 1):
+            assert pre is not None
+            qs = self.ends[n]
+            if len(qs) == 0:
+                continue
+            ca, cb = conds(qs)
+            al, pA, pB, w = self.allow[:, qs], self.payA[:, qs], self.payB[:, qs], wpre[:, qs][:, None, None, :]
+            Pin = pre[..., self.I[qs]]
+            X = [[Pin[:, fa, fb, :-1] + w for fb in (0, 1)] for fa in (0, 1)]
+            out = np.full(pre.shape[:-1], inf)
+            for fa, fb, fa2, fb2, cA, cB, pa, pb in _TRANS:
+                add = np.where(ca[cA] & cb[cB] & al, (pA if pa else 0.0) + (pB if pb else 0.0), inf)
+                v = (X[fa][fb] + add[None, None]).min(axis=-1)
+                out[:, fa2, fb2, 1:] = np.minimum(out[:, fa2, fb2, 1:], v)
+            pre[..., n] = out
+        suf = np.full((wsuf.shape[0], 2, 2, S1, nP, L + 1), inf)
+        for fa in (0, 1):
+            for fb in (0, 1):
+                ok = np.ones(nP, bool)
+                if fa == 0:
+                    ok &= ~self.needA
+                if fb == 0:
+                    ok &= ~self.needB
+                suf[:, fa, fb, 0, ok, L] = 0.0
+        for n in range(L - 1, -1, -1):
+            qs = self.starts[n]
+            if len(qs) == 0:
+                continue
+            ca, cb = conds(qs)
+            al, pA, pB, w = self.allow[:, qs], self.payA[:, qs], self.payB[:, qs], wsuf[:, qs][:, None, None, :]
+            Sa = suf[..., self.J[qs]]
+            X = [[Sa[:, fa2, fb2, :-1] + w for fb2 in (0, 1)] for fa2 in (0, 1)]
+            out = np.full(suf.shape[:-1], inf)
+            for fa, fb, fa2, fb2, cA, cB, pa, pb in _TRANS:
+                add = np.where(ca[cA] & cb[cB] & al, (pA if pa else 0.0) + (pB if pb else 0.0), inf)
+                v = (X[fa2][fb2] + add[None, None]).min(axis=-1)
+                out[:, fa, fb, 1:] = np.minimum(out[:, fa, fb, 1:], v)
+            suf[..., n] = out
+        return pre, np.minimum.accumulate(suf, axis=3)
+
+    def _band_const(self) -> np.ndarray:
+        return self.wt * (self.m - 1) * (self.thA + self.thB) + self.const
+
+    def pair_bounds(self, P: tuple[np.ndarray, ...]) -> np.ndarray:
+        """A lower bound of every plan whose maxima fall in each band pair."""
+        _, sufc = self._sweeps(P, ctx=False, prefix=False)
+        return sufc[0, 0, 0, self.smax, :, 0] + self._band_const()
+
+    def _split(self, vals: np.ndarray, lo: float, hi: float) -> list[tuple[float, float]]:
+        inside = vals[(vals > lo) & (vals <= hi)]
+        if len(inside) <= 1:
+            return [(lo, hi)]
+        mid = float(inside[(len(inside) - 1) // 2])
+        return [(lo, hi)] if mid >= hi else [(lo, mid), (mid, hi)]
+
+    def refine(self, P: tuple[np.ndarray, ...], cutoff: float, rounds: int = 8, budget: int = 600) -> tuple[np.ndarray, ...]:
+        """Discard the band pairs that cannot beat ``cutoff`` and split the others, repeatedly."""
+        for _ in range(rounds):
+            keep = self.pair_bounds(P) <= cutoff
+            P = tuple(v[keep] for v in P)
+            new = [
+                (al, ah, bl, bh)
+                for p in range(len(P[0]))
+                for al, ah in self._split(self.va, P[0][p], P[1][p])
+                for bl, bh in self._split(self.vb, P[2][p], P[3][p])
+            ]
+            if len(new) > budget or len(new) == len(P[0]):
+                break
+            P = tuple(np.array(v) for v in zip(*new)) if new else P
+        keep = self.pair_bounds(P) <= cutoff
+        return tuple(v[keep] for v in P)
+
+    def group_bounds(self, P: tuple[np.ndarray, ...], ctx: bool = True, per_pair: bool = False) -> np.ndarray:
+        """Per group: a lower bound of the objective of every plan that uses it (inf if none
+        falls in the given band pairs); ``per_pair``: one row per pair instead of their minimum."""
+        G = len(self.I)
+        if len(P[0]) == 0:
+            return np.full((0, G), np.inf) if per_pair else np.full(G, np.inf)
+        pre, sufc = self._sweeps(P, ctx)
+        cpre = np.where(self.fin, self.K, self.Kg) if ctx else np.zeros(G, int)
+        csuf = self.Kg if ctx else np.zeros(G, int)
+        Pg = np.moveaxis(pre[cpre, :, :, :, :, self.I], 0, -1)  # (2, 2, S1, pairs, G)
+        Sg = np.moveaxis(sufc[csuf, :, :, :, :, self.J], 0, -1)
+        ca = {None: True, "s": self.setsA, "ns": ~self.setsA}
+        cb = {None: True, "b": self.big, "nb": ~self.big}
+        best = np.full((len(P[0]), G), np.inf)
+        for fa, fb, fa2, fb2, cA, cB, pa, pb in _TRANS:
+            add = np.where(ca[cA] & cb[cB], (self.payA if pa else 0.0) + (self.payB if pb else 0.0), np.inf)
+            for cp in range(self.smax):
+                best = np.minimum(best, Pg[fa, fb, cp] + Sg[fa2, fb2, self.smax - 1 - cp] + add)
+        best = np.where(self.allow, best, np.inf) + self.selfw[None, :]
+        a0 = np.where(self.fin, 0.0, self.A)
+        bott = self.wt * (self.m - 1) * (np.maximum(self.thA[:, None], a0[None, :]) + np.maximum(self.thB[:, None], self.B[None, :]))
+        out = best + bott + self.const
+        return out if per_pair else out.min(axis=0)

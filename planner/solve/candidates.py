@@ -1,0 +1,184 @@
+"""Candidate stages of the exact solve (planner/solve/search.py has the whole method).
+
+1. Candidates. Every (interval of layers, tier) is a *group* g = (i, j, k); each of its sync
+   choices an *option* o. Every per-stage quantity is a constant of (g, o), computed by
+   ``perfmodel.stage_terms`` — the code ``evaluate`` uses, so the MILP cannot drift from the model.
+   Groups that break a memory or 15-minute limit are dropped, and so are options no better in any
+   respect than another option of the same group.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from stagecoach.planner.model.perfmodel import (
+    Config,
+    Estimate,
+    StageTerms,
+    compose,
+    phase_overhead,
+    stage_terms,
+)
+from stagecoach.planner.model.platforms import Platform
+from stagecoach.planner.model.syncmodel import SyncChoice, sync_choices
+from stagecoach.planner.profile.layers import ModelProfile
+
+
+# -- candidate stages -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SyncOption:
+    """One sync choice of a group: what it adds beyond the group's flow-shop steps."""
+
+    a: int  # index into the solve's sync choices
+    choice: SyncChoice
+    own_cost: float  # USD: the tail and the sync tasks billed, requests, transitions, S3
+    extra_s: float  # seconds the stage's branch adds after its backward flow shop: tail (+ o + one sync task)
+    tail_s: float
+    load_s: float  # the stage's parameter load (0 when this sync leaves the parameters cached)
+    terms: StageTerms = field(compare=False, repr=False, default=None)  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class Group:
+    """A stage's interval and tier: its flow-shop steps (independent of the sync choice)."""
+
+    i: int
+    j: int
+    k: int  # tier index
+    tier: int
+    price: float  # USD per second of one worker at this tier
+    a: float  # forward step of one micro-batch (0 for the last stage): what the bottleneck maximises
+    bb: float  # backward step of one micro-batch
+    options: tuple[SyncOption, ...]
+    af: float = 0.0  # a + the forward hop to the next stage: what later stages' sums carry
+    ao: float = 0.0  # a + the hop's own part (its PUT): what the stage's own task end adds
+    bf: float = 0.0  # the backward counterparts
+    bo: float = 0.0
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The candidate groups of one (d, b, m): independent of the objective weights, so a caller
+    solving several weights computes them once."""
+
+    replicas: int
+    micro_batch: int
+    micro_batches: int
+    tiers: tuple[int, ...]
+    choices: tuple[SyncChoice, ...]
+    layers: int
+    groups: tuple[Group, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(len(g.options) for g in self.groups)
+
+
+def candidate_groups(
+    profile: ModelProfile,
+    plat: Platform,
+    d: int,
+    b: int,
+    m: int,
+    tiers: Sequence[int] | None = None,
+    sync_algos: Sequence[str] | None = None,
+    choices: Sequence[SyncChoice] | None = None,
+) -> Candidates:
+    """Every (interval, tier) that fits memory and the task limits with at least one sync choice,
+    with its constants; sync options no better in any respect than another are dropped."""
+    tiers = tuple(tiers or plat.tiers_mb)
+    choices = tuple(choices if choices is not None else sync_choices(d, sync_algos))
+    lay = profile.layers
+    L = len(lay)
+    o, maxT = phase_overhead(plat, d), plat.max_predicted_task_s
+    cum = lambda xs: [0.0, *itertools.accumulate(xs)]
+    P = cum([l.param_bytes for l in lay])
+    SV = cum([l.saved_bytes_per_sample for l in lay])
+    out: list[Group] = []
+    for k, tier in enumerate(tiers):
+        tm = [l.times(tier, b, plat) for l in lay]
+        F = cum([t[0] for t in tm])
+        G = cum([t[1] for t in tm])
+        cap = plat.usable_bytes(tier)
+        price = plat.price_per_s(tier)
+        for i in range(L):
+            for j in range(i + 1, L + 1):
+                last = j == L
+                opts: list[SyncOption] = []
+                st0 = None
+                for a, ch in enumerate(choices):
+                    st = stage_terms(
+                        P[j] - P[i],
+                        F[j] - F[i],
+                        G[j] - G[i],
+                        SV[j] - SV[i],
+                        lay[i].in_bytes_per_sample,
+                        lay[j - 1].out_bytes_per_sample,
+                        lay[i].ingrad_bytes_per_sample,
+                        profile.label_bytes_per_sample,
+                        i == 0,
+                        last,
+                        tier,
+                        ch,
+                        d,
+                        b,
+                        m,
+                        plat,
+                    )
+                    if st.memory_bytes > cap or st.sync.task_s > maxT:
+                        continue
+                    if not last and st.load_s + m * st.fwd_step_s + st.fwd_hop_own_s > maxT:
+                        continue
+                    if m * st.bwd_step_s + st.bwd_hop_own_s + (st.load_s if last else 0.0) + st.sync.tail_s > maxT:
+                        continue
+                    own = (
+                        price * (d * st.sync.tail_s + st.sync.tasks * st.sync.task_s)
+                        + plat.price_request * st.invocations
+                        + plat.price_transition * st.transitions
+                        + plat.price_put * st.puts
+                        + plat.price_get * st.gets
+                    )
+                    extra = st.sync.tail_s + ((o + st.sync.task_s) if st.sync.tasks else 0.0)
+                    opts.append(SyncOption(a, ch, own, extra, st.sync.tail_s, st.load_s, st))
+                    st0 = st
+                if st0 is None:
+                    continue
+                key = lambda c: (c.own_cost, c.extra_s, c.tail_s, c.load_s)
+                keep = [
+                    c
+                    for c in opts
+                    if not any(q is not c and all(u <= v for u, v in zip(key(q), key(c))) and (key(q), q.a) < (key(c), c.a) for q in opts)
+                ]
+                out.append(
+                    Group(
+                        i,
+                        j,
+                        k,
+                        tier,
+                        price,
+                        st0.fwd_step_s,
+                        st0.bwd_step_s,
+                        tuple(keep),
+                        af=st0.fwd_step_s + st0.fwd_hop_s,
+                        ao=st0.fwd_step_s + st0.fwd_hop_own_s,
+                        bf=st0.bwd_step_s + st0.bwd_hop_s,
+                        bo=st0.bwd_step_s + st0.bwd_hop_own_s,
+                    )
+                )
+    return Candidates(d, b, m, tiers, choices, L, tuple(out))
+
+
+# -- a heuristic incumbent -------------------------------------------------------------------------
+def path_estimate(cands: Candidates, path: Sequence[tuple[Group, SyncOption]], plat: Platform) -> Estimate:
+    """``perfmodel.compose`` of a path of (group, option): the model's exact prediction."""
+    cfg = Config(
+        tuple(g.j - g.i for g, _ in path),
+        tuple(g.tier for g, _ in path),
+        cands.replicas,
+        cands.micro_batch,
+        cands.micro_batches,
+        tuple(op.choice for _, op in path),
+    )
+    return compose(cfg, [op.terms for _, op in path], plat)
