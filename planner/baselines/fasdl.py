@@ -240,9 +240,9 @@ def fit_fasdl_model(profile: ModelProfile, plat: Platform, batches: Sequence[int
     object cost about one latency)."""
     samples = []
     for t in plat.tiers_mb:
-        for b in batches:
-            f = sum(sum(l.times(t, b, plat)) for l in profile.layers)
-            samples.append((b, t, f))
+        for mb in batches:
+            f = sum(sum(l.times(t, mb, plat)) for l in profile.layers)
+            samples.append((mb, t, f))
     a, b, m = fit_train_coefficients(samples)
     w = plat.bandwidth_Bps
     return FasDLModel(profile.param_bytes, a, b, m, w, w, w * plat.storage_latency_s, 0.0, plat.price_gb_s, plat.price_put, plat.price_get)

@@ -33,7 +33,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from stagecoach.planner.model.perfmodel import Config, evaluate
 from stagecoach.planner.model.syncmodel import SyncChoice
@@ -230,14 +232,12 @@ def fp_evaluate(
 
 
 # -- FuncPipe's search ---------------------------------------------------------------------------
-def _tier_dp(stages: Sequence[_Stage], units: Sequence[int], track: bool = False):
+def _tier_dp(stages: Sequence[_Stage], units: Sequence[int], track: bool = False) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """min sum of latencies over tier choices, per (bottleneck bound theta, memory units mu).
 
     Rows: theta = every candidate period value; a tier is allowed for a stage iff it fits in
     memory and its period <= theta. Columns: total memory in units of gcd(tiers). Exact: the
     optimum's own bottleneck is one of the rows."""
-    import numpy as np
-
     S, K = len(stages), len(units)
     per = np.array([st.period for st in stages])
     lat = np.array([st.latency for st in stages])
@@ -246,10 +246,10 @@ def _tier_dp(stages: Sequence[_Stage], units: Sequence[int], track: bool = False
     width = S * max(units) + 1
     cur = np.full((len(thetas), width), np.inf)
     cur[:, 0] = 0.0
-    choices = []
+    choices: list[np.ndarray] = []
     for s in range(S):
         new = np.full_like(cur, np.inf)
-        ch = np.full(cur.shape, -1, dtype=np.int16) if track else None
+        ch = np.full(cur.shape, -1, dtype=np.int16)  # the tier chosen per cell (kept when track)
         for k in range(K):
             if not fits[s, k]:
                 continue
@@ -262,8 +262,7 @@ def _tier_dp(stages: Sequence[_Stage], units: Sequence[int], track: bool = False
             cand[~allowed, :] = np.inf
             better = cand < new
             new = np.where(better, cand, new)
-            if track:
-                ch[better] = k
+            ch[better] = k
         cur = new
         if track:
             choices.append(ch)
@@ -301,7 +300,7 @@ def funcpipe_search(
     g = reduce(math.gcd, plat.tiers_mb)
     units = [t // g for t in plat.tiers_mb]
     ws = [objective_weights(a1, a2) for a1, a2 in weights]
-    best: list[tuple[float, tuple] | None] = [None] * len(weights)
+    best: list[tuple[float, tuple[int, int, Any, float, int]] | None] = [None] * len(weights)
     n_parts = 0
     for d in c.replicas:
         if global_batch % (d * c.micro_batch):
@@ -337,14 +336,16 @@ def funcpipe_search(
                 J = np.where(finite, weighted_objective(cost, T, wc, wt), np.inf)
                 idx = np.unravel_index(np.argmin(J), J.shape)
                 val = float(J[idx])
-                if math.isfinite(val) and (best[q] is None or val < best[q][0]):
+                held = best[q]
+                if math.isfinite(val) and (held is None or val < held[0]):
                     best[q] = (val, (d, m, part, float(thetas[idx[0]]), int(idx[1])))
     out: list[FuncPipeEstimate | None] = []
     for q in range(len(weights)):
-        if best[q] is None:
+        found = best[q]
+        if found is None:
             out.append(None)
             continue
-        d, m, part, theta, mu = best[q][1]
+        d, m, part, theta, mu = found[1]
         out.append(_reconstruct(profile, plat, c, speed_full, groups, starts, units, d, m, part, theta, mu, global_batch))
     return FuncPipeSearch(out, tuple(weights), n_parts, groups)
 

@@ -27,7 +27,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stagecoach.planner.model.perfmodel import Config, evaluate, stage_memory_bytes
 from stagecoach.planner.model.syncmodel import SyncChoice
@@ -185,7 +185,7 @@ def hybrid_select(
     micro_batch: int = 4,
     max_stages: int = 8,
     bounds: int | None = None,
-    cache: dict | None = None,
+    cache: dict[tuple[object, ...], Any] | None = None,
 ) -> HydrozoaChoice | None:
     """Hydrozoa's strategy selection for ``cluster`` workers of ``tier_mb``: every mp with
     dp = floor(cluster / mp) (dp must split the batch into whole micro-batches), the DP partition
@@ -215,7 +215,7 @@ def hybrid_select(
                 mkey = ("memory", i, j, micro_batch, cls)
                 if mkey not in cache:
                     cache[mkey] = stage_memory_bytes(lay[i:j], micro_batch, dp, plat)
-                return cache[mkey] <= cap
+                return bool(cache[mkey] <= cap)
 
             cache[fkey] = frontier(work, comm, min(L, max_stages), fits, bounds)
         parts = cache[fkey].get(mp, [])
@@ -262,7 +262,8 @@ def hydrozoa_plan(
             profile.label_bytes_per_sample,
             profile.source,
         )
-    out, cache = [], {}
+    out: list[Any] = []
+    cache: dict[tuple[object, ...], Any] = {}
     for tier in platform.tiers_mb:
         for n in clusters:
             ch = hybrid_select(prof, global_batch, platform, n, tier, micro_batch, cache=cache)

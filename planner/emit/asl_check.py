@@ -56,7 +56,8 @@ def check_definition(definition: dict[str, Any], where: str = "") -> list[str]:
             for i, br in enumerate(st.get("Branches", [])):
                 problems += check_definition(br, f"{here}[{i}]/")
         edges[name] = {t for t in targets if t in states}
-    seen, todo = set(), [start] if start in states else []
+    seen: set[str] = set()
+    todo: list[str] = [start] if isinstance(start, str) and start in states else []
     while todo:
         n = todo.pop()
         if n not in seen:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stagecoach.planner.limits import INLINE_MAP_MAX_CONCURRENCY
+from stagecoach.planner.limits import INLINE_MAP_MAX_CONCURRENCY, LAMBDA_MAX_TIMEOUT_S
 from stagecoach.planner.model.syncmodel import ALL_SYNC, SYNC_ALGORITHMS, StageSync, SyncAlgorithm, SyncChoice, sync_choices  # noqa: F401 (re-exported)
 from stagecoach.planner.plan import timeouts_from
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
@@ -313,9 +313,11 @@ def compose(cfg: Config, terms: Sequence[StageTerms], plat: Platform) -> Estimat
         cap = plat.usable_bytes(cfg.tiers_mb[s])
         if mem[s] > cap:
             viol.append(f"stage {s} needs {mem[s] / 2**20:.0f} MB but {cfg.tiers_mb[s]} MB leaves {cap / 2**20:.0f} MB")
-        for what, t in (("forward", fwd_task[s]), ("backward", bwd_task[s]), ("sync", sync_task[s])):
-            if t > cap_top:
-                viol.append(f"stage {s} {what} task takes {t:.0f} s > {cap_top:.0f} s (Lambda's 900 s over the timeout safety factor)")
+        for what, secs in (("forward", fwd_task[s]), ("backward", bwd_task[s]), ("sync", sync_task[s])):
+            if secs > cap_top:
+                viol.append(
+                    f"stage {s} {what} task takes {secs:.0f} s > {cap_top:.0f} s (Lambda's {LAMBDA_MAX_TIMEOUT_S} s over the timeout safety factor)"
+                )
     if (S - 1) * d > INLINE_MAP_MAX_CONCURRENCY or d > INLINE_MAP_MAX_CONCURRENCY:
         viol.append(f"{S} stages x {d} replicas exceed the inline Map's {INLINE_MAP_MAX_CONCURRENCY} concurrent tasks")
     return Estimate(

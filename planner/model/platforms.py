@@ -163,7 +163,7 @@ def measure_flop_rate(seconds: float = 0.6) -> float:
         while time.perf_counter() - t0 < seconds:
             step()
             n += 1
-        return flops * n / (time.perf_counter() - t0)
+        return float(flops * n / (time.perf_counter() - t0))
     finally:
         torch.set_num_threads(threads)
 

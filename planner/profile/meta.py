@@ -38,7 +38,7 @@ def _size_layer(layer: Any, x: Any, flops: bool = True) -> tuple[Any, int, float
         with fc:
             with SavedBytes() as sb:
                 y = layer(x)
-        if flops:
+        if isinstance(fc, FlopCounterMode):
             fwd = fc.get_total_flops()
             outs, seeds = grad_seed(y)
             if outs:

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from stagecoach.planner.model.perfmodel import (
@@ -141,7 +143,7 @@ class LowerBounds:
         nP, S1, L = len(P[0]), self.smax + 1, self.L
         inf = np.inf
 
-        def conds(qs: np.ndarray) -> tuple[dict, dict]:
+        def conds(qs: np.ndarray) -> tuple[dict[str | None, Any], dict[str | None, Any]]:
             sA, bg = self.setsA[:, qs], self.big[:, qs]
             return {None: True, "s": sA, "ns": ~sA}, {None: True, "b": bg, "nb": ~bg}
 
@@ -189,12 +191,12 @@ class LowerBounds:
         return pre, np.minimum.accumulate(suf, axis=3)
 
     def _band_const(self) -> np.ndarray:
-        return self.wt * (self.m - 1) * (self.thA + self.thB) + self.const
+        return np.asarray(self.wt * (self.m - 1) * (self.thA + self.thB) + self.const)
 
     def pair_bounds(self, P: tuple[np.ndarray, ...]) -> np.ndarray:
         """A lower bound of every plan whose maxima fall in each band pair."""
         _, sufc = self._sweeps(P, ctx=False, prefix=False)
-        return sufc[0, 0, 0, self.smax, :, 0] + self._band_const()
+        return np.asarray(sufc[0, 0, 0, self.smax, :, 0] + self._band_const())
 
     def _split(self, vals: np.ndarray, lo: float, hi: float) -> list[tuple[float, float]]:
         inside = vals[(vals > lo) & (vals <= hi)]
@@ -227,6 +229,7 @@ class LowerBounds:
         if len(P[0]) == 0:
             return np.full((0, G), np.inf) if per_pair else np.full(G, np.inf)
         pre, sufc = self._sweeps(P, ctx)
+        assert pre is not None  # a prefix sweep was asked for
         cpre = np.where(self.fin, self.K, self.Kg) if ctx else np.zeros(G, int)
         csuf = self.Kg if ctx else np.zeros(G, int)
         Pg = np.moveaxis(pre[cpre, :, :, :, :, self.I], 0, -1)  # (2, 2, S1, pairs, G)
@@ -242,4 +245,4 @@ class LowerBounds:
         a0 = np.where(self.fin, 0.0, self.A)
         bott = self.wt * (self.m - 1) * (np.maximum(self.thA[:, None], a0[None, :]) + np.maximum(self.thB[:, None], self.B[None, :]))
         out = best + bott + self.const
-        return out if per_pair else out.min(axis=0)
+        return np.asarray(out if per_pair else out.min(axis=0))

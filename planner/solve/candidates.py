@@ -93,7 +93,10 @@ def candidate_groups(
     lay = profile.layers
     L = len(lay)
     o, maxT = phase_overhead(plat, d), plat.max_predicted_task_s
-    cum = lambda xs: [0.0, *itertools.accumulate(xs)]
+
+    def cum(xs: Sequence[float]) -> list[float]:
+        return [0.0, *itertools.accumulate(xs)]
+
     P = cum([l.param_bytes for l in lay])
     SV = cum([l.saved_bytes_per_sample for l in lay])
     out: list[Group] = []
@@ -145,7 +148,10 @@ def candidate_groups(
                     st0 = st
                 if st0 is None:
                     continue
-                key = lambda c: (c.own_cost, c.extra_s, c.tail_s, c.load_s)
+
+                def key(c: SyncOption) -> tuple[float, float, float, float]:
+                    return (c.own_cost, c.extra_s, c.tail_s, c.load_s)
+
                 keep = [
                     c
                     for c in opts

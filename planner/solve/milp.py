@@ -103,7 +103,7 @@ def solve_milp(
 
     def E(pairs: Any, const: float = 0.0) -> pulp.LpAffineExpression:
         """A linear expression that sums repeated variables (pulp's constructor keeps the last)."""
-        acc: dict = {}
+        acc: dict[Any, float] = {}
         for var, c in pairs:
             acc[var] = acc.get(var, 0.0) + c
         return pulp.LpAffineExpression(acc, const)
@@ -227,7 +227,7 @@ def solve_milp(
             terms += [(v, -op.extra_s) for v, op in zip(x[q], groups[q].options)]
         prob += E(terms) >= o, f"branch_{n}"
     # cost (§4): own constants + every task's duration at its tier
-    cost_terms: list = []
+    cost_terms: list[tuple[Any, float]] = []
     for q, g in enumerate(groups):
         cost_terms += [(v, op.own_cost) for v, op in zip(x[q], g.options)]
         cost_terms += [(var, d * g.price * c) for var, c in BTexpr[q].items()]

@@ -8,8 +8,8 @@ the cheapest plan mc: delta = (t_mc/t_p - 1) / (c_p/c_mc - 1) >= 0.8.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 FUNCPIPE_WEIGHTS: tuple[tuple[float, float], ...] = ((1, 0), (1, 2**16), (1, 2**19), (1, 2**22))
 DELTA_THRESHOLD = 0.8
@@ -17,7 +17,15 @@ DELTA_THRESHOLD = 0.8
 T = TypeVar("T")
 
 
-def pareto_front(items: Sequence[T], time_of=lambda x: x.time_s, cost_of=lambda x: x.cost) -> list[T]:
+def _time_s(x: Any) -> float:
+    return float(x.time_s)
+
+
+def _cost(x: Any) -> float:
+    return float(x.cost)
+
+
+def pareto_front(items: Sequence[T], time_of: Callable[[T], float] = _time_s, cost_of: Callable[[T], float] = _cost) -> list[T]:
     """Items not dominated in (time, cost), sorted by cost ascending (= time descending)."""
     out: list[T] = []
     for it in sorted(items, key=lambda x: (cost_of(x), time_of(x))):
@@ -33,7 +41,12 @@ def delta(t_mc: float, c_mc: float, t_p: float, c_p: float) -> float:
     return (t_mc / t_p - 1.0) / (c_p / c_mc - 1.0)
 
 
-def recommend(front: Sequence[T], threshold: float = DELTA_THRESHOLD, time_of=lambda x: x.time_s, cost_of=lambda x: x.cost) -> T:
+def recommend(
+    front: Sequence[T],
+    threshold: float = DELTA_THRESHOLD,
+    time_of: Callable[[T], float] = _time_s,
+    cost_of: Callable[[T], float] = _cost,
+) -> T:
     """The fastest plan with delta >= threshold against the cheapest plan (the cheapest itself
     qualifies trivially)."""
     if not front:

@@ -197,7 +197,10 @@ def _solve(
     pair of the bottlenecks that can still beat the incumbent (docs/performance-model.md §7)."""
     t0 = time.perf_counter()
     deadline = t0 + time_limit
-    remaining = lambda: max(0.5, deadline - time.perf_counter())
+
+    def remaining() -> float:
+        return max(0.5, deadline - time.perf_counter())
+
     wc, wt = objective_weights(a1, a2)
     groups = cands.groups
     L = cands.layers
@@ -240,7 +243,10 @@ def _solve(
     info["heuristic"] = {"objective": hobj, "s": round(time.perf_counter() - th, 3)}
     if hcfg is not None and hobj < best:
         best_cfg, best = hcfg, hobj
-    cut = lambda: best * (1 + REL_TOL) + 1e-9
+
+    def cut() -> float:
+        return best * (1 + REL_TOL) + 1e-9
+
     milps: list[dict[str, Any]] = []
     info["milps"] = milps
     proven = True
@@ -300,12 +306,12 @@ def _solve(
     info["alive"] = len(alive)
     size = first_groups
     while len(alive) > max(size, FEW_GROUPS) and time.perf_counter() < deadline:
-        qs = set(_prefix_with_path(alive, groups, L, smax, size))
+        chosen = set(_prefix_with_path(alive, groups, L, smax, size))
         if best_cfg is not None:
             want = _config_groups(best_cfg, cands)
-            qs |= {q for q in alive if (groups[q].i, groups[q].j, groups[q].k) in want}
+            chosen |= {q for q in alive if (groups[q].i, groups[q].j, groups[q].k) in want}
         before = best
-        run(sorted(qs), tag="promising")
+        run(sorted(chosen), tag="promising")
         if best >= before * (1 - 1e-9) or size >= PROMISING_MAX:
             break  # no better plan among these: the final MILPs decide
         # a better incumbent discards more; if many groups survive, look at twice as many of them
@@ -331,17 +337,17 @@ def _solve(
     if cands.micro_batches < BANDS_FROM_M or repeated > BANDS_OVERLAP * max(1, union):
         qs = [int(q) for q in np.nonzero(lbm.min(axis=0) <= cut())[0]] if len(pairs[0]) else []
         info["band_pairs"] = 0
-        kept = set(qs)  # type: ignore[no-redef]
+        kept: set[int] = set(qs)
         if qs and _min_stages([groups[q] for q in qs], L) <= smax:
             run(qs, tag="all")
-        order: Sequence[int] = []
+        bands: Sequence[int] = []
     else:
         pair_lb = bounds.pair_bounds(pairs) if len(pairs[0]) else np.zeros(0)
         thA, thB = bounds.thA.copy(), bounds.thB.copy()
         info["band_pairs"] = len(pairs[0])
-        kept: set[int] = set()
-        order = [int(p) for p in np.argsort(pair_lb, kind="stable")]
-    for p in order:
+        kept = set()
+        bands = [int(p) for p in np.argsort(pair_lb, kind="stable")]
+    for p in bands:
         if pair_lb[p] > cut():
             break
         if time.perf_counter() > deadline:
@@ -453,9 +459,16 @@ def solve_fixed(
                 ]
                 groups = [g for g in groups if g.options]
             wc, wt = objective_weights(a1, a2)
-            s = solve_milp(candidates, groups, plat, wc, wt, smax, time_limit, gap, threads, None, relax=relax)
+            one = solve_milp(candidates, groups, plat, wc, wt, smax, time_limit, gap, threads, None, relax=relax)
             return MilpResult(
-                s.config, s.objective, s.status, time.perf_counter() - t0, s.variables, s.constraints, candidates.size, len(groups)
+                one.config,
+                one.objective,
+                one.status,
+                time.perf_counter() - t0,
+                one.variables,
+                one.constraints,
+                candidates.size,
+                len(groups),
             )
         r = _solve(
             profile,

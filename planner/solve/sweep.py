@@ -165,13 +165,16 @@ def plan_model(
             if (d, b) not in groups:
                 groups[(d, b)] = candidate_groups(prof, plat, d, b, m, sync_algos=sync_algos)
             heur[(d, b)] = heuristic_incumbent(prof, plat, groups[(d, b)], a1, a2, max_stages_for(d, L, max_stages))
-            cfg, obj = heur[(d, b)]
-            if cfg is not None and (best is None or obj < best[0]):
-                best = (obj, cfg)
+            hcfg, obj = heur[(d, b)]
+            if hcfg is not None and (best is None or obj < best[0]):
+                best = (obj, hcfg)
         proven = True
         if use_milp:
             for d, b, m in sorted(subproblems, key=lambda sp: heur[sp[:2]][1]):
-                own = [c for c in found if (c.replicas, c.micro_batch) == (d, b)] + ([heur[(d, b)][0]] if heur[(d, b)][0] else [])
+                own = [c for c in found if (c.replicas, c.micro_batch) == (d, b)]
+                heuristic = heur[(d, b)][0]
+                if heuristic is not None:
+                    own.append(heuristic)
                 r = solve_fixed(
                     prof,
                     plat,

@@ -22,10 +22,12 @@ _PARTS = (
 
 def _pyplot() -> Any:
     try:
+        # matplotlib is the optional `plot` extra, heavy: imported on use
         import matplotlib
     except ImportError:
         raise InspectError("--plot needs matplotlib: pip install 'stagecoach[plot]'") from None
     matplotlib.use("Agg")
+    # matplotlib is the optional `plot` extra, heavy: imported on use
     import matplotlib.pyplot as plt
 
     return plt
@@ -49,6 +51,7 @@ def plot_gantt(
     iterations; ``iterations`` = [a, b). The waiting share is drawn at the end of its task (the
     metrics give its length, not when it happened).
     """
+    # matplotlib is the optional `plot` extra, heavy: imported on use
     from matplotlib.patches import Patch
 
     plt = _pyplot()
@@ -79,7 +82,12 @@ def plot_gantt(
     crosses = [
         (f.time - t0, ypos[(f.stage, f.phase == "sync", f.index)])
         for f in failures or []
-        if f.time is not None and f.t is not None and a <= f.t < b and (f.stage, f.phase == "sync", f.index) in ypos
+        if f.time is not None
+        and f.t is not None
+        and f.stage is not None
+        and f.index is not None
+        and a <= f.t < b
+        and (f.stage, f.phase == "sync", f.index) in ypos
     ]
     if crosses:
         ax.scatter(
@@ -106,11 +114,12 @@ def plot_gantt(
     ax.set_ylim(len(rows) - 0.5, -1.0)
     ax.set_xlabel("seconds")
     ax.set_title(f"tasks per stage, iterations {a}-{b - 1} (hatched: waiting for other workers' objects)", fontsize=10)
+    # matplotlib is the optional `plot` extra, heavy: imported on use
+    from matplotlib.artist import Artist
     from matplotlib.lines import Line2D
 
-    handles = [Patch(color=c, label=p) for p, c in _COLOURS.items()] + [
-        Patch(facecolor="#dd8452", hatch="///", edgecolor="white", label="waiting")
-    ]
+    handles: list[Artist] = [Patch(color=c, label=p) for p, c in _COLOURS.items()]
+    handles.append(Patch(facecolor="#dd8452", hatch="///", edgecolor="white", label="waiting"))
     if crosses:
         handles.append(Line2D([], [], marker="X", color="#d62728", linestyle="none", markersize=8, label="failed attempt"))
     ax.legend(
@@ -129,6 +138,7 @@ def plot_gantt(
 
 def plot_breakdown(breakdown: list[dict[str, float]], path: str) -> str:
     """Stacked bars per iteration: compute, S3 transfer, waiting, orchestration (they add up to it)."""
+    # matplotlib is the optional `plot` extra, heavy: imported on use
     from matplotlib.ticker import MaxNLocator
 
     plt = _pyplot()
@@ -159,6 +169,7 @@ def plot_breakdown(breakdown: list[dict[str, float]], path: str) -> str:
 
 def plot_loss(losses: list[float], path: str) -> str:
     """The loss curve: the global-batch mean loss per iteration."""
+    # matplotlib is the optional `plot` extra, heavy: imported on use
     from matplotlib.ticker import MaxNLocator
 
     plt = _pyplot()

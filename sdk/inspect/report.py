@@ -55,8 +55,23 @@ class InspectError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------ reading
+@dataclass(frozen=True)
+class OpenedRun:
+    """An existing job execution as read once: the Run, and what was read to build it."""
+
+    run: Run
+    description: dict[str, Any]  # DescribeExecution of the job execution
+    spec: dict[str, Any]  # the job's spec object
+    execution_input: dict[str, Any]  # the job execution's input
+
+
 def open_run(backend: Backend, execution_arn: str) -> Run:
     """A :class:`stagecoach.run.Run` for an existing job execution (no Job object needed)."""
+    return read_run(backend, execution_arn).run
+
+
+def read_run(backend: Backend, execution_arn: str) -> OpenedRun:
+    """:func:`open_run`, keeping the execution's description, input and spec for the caller."""
     backend.check_arn(execution_arn)
     sfn = backend.clients.sfn
     try:
@@ -84,10 +99,7 @@ def open_run(backend: Backend, execution_arn: str) -> Run:
             f"{r.console.format(region=r.region, arn=execution_arn)}"
         ) from None
     run.plan = Plan.from_dict(spec["plan"])
-    run._spec_cache = spec  # type: ignore[attr-defined]
-    run._execution_input = inp  # type: ignore[attr-defined]
-    run._description = d  # type: ignore[attr-defined]
-    return run
+    return OpenedRun(run=run, description=d, spec=spec, execution_input=inp)
 
 
 # ------------------------------------------------------------------------------------ inspect
@@ -110,10 +122,8 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
     Failed tasks come from the histories of the window executions that did not succeed, and of
     the latest one (a running window's retried tasks); a long run's succeeded windows are not read.
     """
-    run = open_run(backend, execution_arn)
-    d = run._description
-    spec = run._spec_cache
-    inp = run._execution_input
+    opened = read_run(backend, execution_arn)
+    run, d, spec, inp = opened.run, opened.description, opened.spec, opened.execution_input
     metrics = run.metrics()
     done = run.iterations_done()
     windows = inp.get("windows", [])

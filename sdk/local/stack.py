@@ -5,6 +5,9 @@ invocation (which would need Docker) is routed into the local Lambda runtime. Th
 when its parent closes stdin, taking its worker processes with it.
 
 Run as ``python -m stagecoach.local.stack``; it prints ``READY <port>`` once it serves.
+
+Every moto import here is inside the function that patches it: moto is the optional, heavy `local`
+extra, imported on use and only in the stack's own process.
 """
 
 from __future__ import annotations
