@@ -26,6 +26,7 @@ from stagecoach.lambdas.jobctx import job_context
 from stagecoach.lambdas.optim_state import warm_up
 from stagecoach.lambdas.phases import PHASES
 from stagecoach.lambdas.profiling import profile_phase
+from stagecoach.lambdas.records import TaskMetrics
 from stagecoach.lambdas.remediate import remediate
 from stagecoach.lambdas.training import build_model
 from stagecoach.lambdas.watchdog import MemoryWatch
@@ -109,24 +110,25 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     end = time.time()
     st = ch.stats
     index = ev.shard if ev.phase == "sync" else ev.replica
-    m = {
-        "phase": ev.phase,
-        "t": ev.t,
-        "stage": ev.stage,
-        "index": index,
-        "start": t0,
-        "end": end,
-        "duration_s": end - t0,
-        **(stats := st.as_dict()),
-        "compute_s": max(0.0, end - t0 - stats["transfer_s"] - stats["wait_s"]),
-        "container": container,
-        "container_started": started,
-        "invocation": _invocations,
-        "cold": _invocations == 1,
-        "memory_mb": context.memory_limit_in_mb,
-        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+    stats = st.as_dict()
+    m = TaskMetrics(
+        phase=ev.phase,
+        t=ev.t,
+        stage=ev.stage,
+        index=index,
+        start=t0,
+        end=end,
+        duration_s=end - t0,
+        **stats,
+        compute_s=max(0.0, end - t0 - stats["transfer_s"] - stats["wait_s"]),
+        container=container,
+        container_started=started,
+        invocation=_invocations,
+        cold=_invocations == 1,
+        memory_mb=int(context.memory_limit_in_mb),
+        max_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         **result,
-    }
-    ch.put_bytes(keys.metrics(ev.job, ev.t, ev.phase, ev.stage, index), json.dumps(m).encode())
-    logger.info("task done", extra={"duration_s": m["duration_s"], "cold": m["cold"]})
+    )
+    ch.put_bytes(keys.metrics(ev.job, ev.t, ev.phase, ev.stage, index), m.model_dump_json(exclude_none=True).encode())
+    logger.info("task done", extra={"duration_s": m.duration_s, "cold": m.cold})
     return {"phase": ev.phase, "t": ev.t, "stage": ev.stage, "index": index, **result}

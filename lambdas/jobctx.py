@@ -6,10 +6,9 @@ stage's parameters are downloaded once per version, not once per phase.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 import cloudpickle
 import torch
@@ -19,6 +18,7 @@ from torch import nn
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.collectives import Layout, SyncSpec, gather
+from stagecoach.lambdas.records import JobSpec
 from stagecoach.lambdas.training import DTYPES, assign_flat, build_model, flat_params, stage_layout
 from stagecoach.planner.plan import Plan
 
@@ -27,7 +27,7 @@ from stagecoach.planner.plan import Plan
 class JobContext:
     job: str
     bucket: str
-    spec: dict[str, Any]
+    spec: JobSpec
     plan: Plan
     model_factory: Callable[[], nn.Module]
     loss_fn: Callable[..., torch.Tensor]
@@ -38,11 +38,11 @@ class JobContext:
 
     @property
     def dtype(self) -> torch.dtype:
-        return DTYPES[self.spec["dtype"]]
+        return DTYPES[self.spec.dtype]
 
     @property
     def seed(self) -> int:
-        return int(self.spec["seed"])
+        return self.spec.seed
 
     def stage_module(self, stage: int) -> nn.ModuleList:
         if stage not in self.stages:
@@ -84,9 +84,10 @@ class JobContext:
 
     def dataset(self, channel: Channel, split: str = "train") -> dict[str, torch.Tensor]:
         if split not in self.data:
-            body = channel.get_bytes(keys.dataset(self.spec["dataset"]["id"], split))
+            key = keys.dataset(self.spec.dataset.id, split)
+            body = channel.get_bytes(key)
             if body is None:
-                raise FileNotFoundError(f"data set object {keys.dataset(self.spec['dataset']['id'], split)} is missing")
+                raise FileNotFoundError(f"data set object {key} is missing")
             tensors = st_load(body)
             tensors["x"] = tensors["x"].to(self.dtype) if tensors["x"].is_floating_point() else tensors["x"]
             self.data[split] = tensors
@@ -104,14 +105,14 @@ def job_context(channel: Channel, job: str) -> JobContext:
         code_body = channel.get_bytes(keys.job_code(job))
         if spec_body is None or code_body is None:
             raise FileNotFoundError(f"job {job!r} has no spec or code in s3://{channel.bucket}/{keys.job_prefix(job)}")
-        spec = json.loads(spec_body)
+        spec = JobSpec.model_validate_json(spec_body)
         code = cloudpickle.loads(code_body)  # the user's own code, from the job's own bucket
         _CACHE.clear()  # one job per function: drop any other job's state
         _CACHE[key] = JobContext(
             job=job,
             bucket=channel.bucket,
             spec=spec,
-            plan=Plan.from_dict(spec["plan"]),
+            plan=spec.to_plan(),
             model_factory=code["model"],
             loss_fn=code["loss"],
             make_optimizer=code["optimizer"],

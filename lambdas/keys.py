@@ -60,8 +60,12 @@ def memory_pressure(job: str, stage: int) -> str:
     return f"jobs/{job}/evidence/memory-s{stage}.json"
 
 
+def remediations_prefix(job: str) -> str:
+    return f"jobs/{job}/remediations/"
+
+
 def remediation(job: str, time_ms: int, stage: int) -> str:
-    return f"jobs/{job}/remediations/{time_ms}-s{stage}.json"
+    return f"{remediations_prefix(job)}{time_ms}-s{stage}.json"
 
 
 def learnt_memory(name: str) -> str:

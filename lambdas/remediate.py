@@ -14,7 +14,6 @@ Reads only the job's spec, never its code: the control function runs no user cod
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Literal
 
@@ -23,8 +22,9 @@ import boto3
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.events import RemediateEvent
+from stagecoach.lambdas.records import JobSpec, LearntMemory, MemoryPressure, Remediation, plan_shape
 from stagecoach.planner.limits import LAMBDA_MAX_MB
-from stagecoach.planner.plan import Plan, next_memory_tier
+from stagecoach.planner.plan import next_memory_tier
 
 Kind = Literal["out_of_memory", "timeout", "crash"]
 
@@ -53,16 +53,23 @@ def classify(error: str, cause: str, memory_pressure: bool) -> Kind:
 def remediate(ev: RemediateEvent, ch: Channel) -> dict[str, Any]:
     pressure = ch.get_bytes(keys.memory_pressure(ev.job, ev.stage))
     kind = classify(ev.error, ev.cause, pressure is not None)
-    record: dict[str, Any] = {"time": time.time(), "stage": ev.stage, "function": ev.function, "kind": kind, "error": ev.error}
-    record["cause"] = ev.cause[:500]
-    if pressure is not None:
-        record["evidence"] = json.loads(pressure)
+    raised: dict[str, int] = {}
     if kind == "out_of_memory":
-        record.update(_raise_memory(ev))
-        _learn(ch, ev, record["to_mb"])
+        raised = _raise_memory(ev)
+        _learn(ch, ev, raised["to_mb"])
         ch.delete([keys.memory_pressure(ev.job, ev.stage)])  # the new tier starts without pressure
-    ch.put_bytes(keys.remediation(ev.job, int(record["time"] * 1000), ev.stage), json.dumps(record).encode())
-    return record
+    record = Remediation(
+        time=time.time(),
+        stage=ev.stage,
+        function=ev.function,
+        kind=kind,
+        error=ev.error,
+        cause=ev.cause[:500],
+        evidence=MemoryPressure.model_validate_json(pressure) if pressure is not None else None,
+        **raised,
+    )
+    ch.put_bytes(keys.remediation(ev.job, int(record.time * 1000), ev.stage), record.model_dump_json().encode())
+    return record.model_dump()
 
 
 def _raise_memory(ev: RemediateEvent) -> dict[str, int]:
@@ -84,13 +91,11 @@ def _learn(ch: Channel, ev: RemediateEvent, new_mb: int) -> None:
     body = ch.get_bytes(keys.job_spec(ev.job))
     if body is None:
         raise FileNotFoundError(f"job {ev.job!r} has no spec in s3://{ch.bucket}/{keys.job_spec(ev.job)}")
-    spec = json.loads(body)
-    plan = Plan.from_dict(spec["plan"])
-    key = keys.learnt_memory(spec["name"])
-    shape = [list(plan.balance), plan.replicas, plan.micro_batches]
+    spec = JobSpec.model_validate_json(body)
+    plan = spec.to_plan()
+    key = keys.learnt_memory(spec.name)
     old = ch.get_bytes(key)
-    memory = json.loads(old) if old else {}
-    if memory.get("shape") != shape:
-        memory = {"shape": shape, "memory_mb": {}}
-    memory["memory_mb"][str(ev.stage)] = max(new_mb, memory["memory_mb"].get(str(ev.stage), 0))
-    ch.put_bytes(key, json.dumps(memory).encode())
+    memory = LearntMemory.model_validate_json(old) if old else None
+    learnt = dict(memory.memory_mb) if memory is not None and memory.fits(plan) else {}
+    learnt[str(ev.stage)] = max(new_mb, learnt.get(str(ev.stage), 0))
+    ch.put_bytes(key, LearntMemory(shape=plan_shape(plan), memory_mb=learnt).model_dump_json().encode())

@@ -9,13 +9,13 @@ container killed later for memory has then said so first (lambdas/remediate.py c
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from types import TracebackType
 from typing import Any
 
 from stagecoach.lambdas import keys
+from stagecoach.lambdas.records import MemoryPressure
 from stagecoach.lambdas.remediate import PRESSURE_SHARE
 
 SAMPLE_S = 0.02
@@ -58,7 +58,7 @@ class MemoryWatch:
             rss = rss_mb()
             if rss >= threshold:
                 _reported.add((self.job, self.stage))
-                body = {"stage": self.stage, "rss_mb": round(rss, 1), "memory_mb": self.limit_mb, "time": time.time()}
-                self.s3.put_object(Bucket=self.bucket, Key=keys.memory_pressure(self.job, self.stage), Body=json.dumps(body).encode())
+                body = MemoryPressure(stage=self.stage, rss_mb=round(rss, 1), memory_mb=self.limit_mb, time=time.time())
+                self.s3.put_object(Bucket=self.bucket, Key=keys.memory_pressure(self.job, self.stage), Body=body.model_dump_json().encode())
                 return
             self._stop.wait(SAMPLE_S)

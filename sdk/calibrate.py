@@ -18,7 +18,6 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -26,6 +25,7 @@ from torch import nn
 from stagecoach.job import Job
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.netem import Network
+from stagecoach.lambdas.records import TaskMetrics
 from stagecoach.local.backend import LocalBackend
 
 
@@ -75,23 +75,23 @@ def measure_overheads(backend: LocalBackend, iterations: int = 16, replicas: int
     job = _calibration_job(iterations)
     run = job.run(stages=2, replicas=replicas, micro_batches=1, timeout_s=120, backend=backend)
     run.wait(progress=False, poll_s=1.0, timeout_s=900)
-    by_t: dict[int, list[dict[str, Any]]] = {}
+    by_t: dict[int, list[TaskMetrics]] = {}
     for m in run.metrics():
-        by_t.setdefault(m["t"], []).append(m)
+        by_t.setdefault(m.t, []).append(m)
     phase_gaps, iteration_gaps, dispatch = [], [], []
     for t in range(2, iterations - 1):  # warm containers only
         ms, nxt = by_t[t], by_t[t + 1]
 
-        def of(phase: str, stage: int | None = None, pool: list = ms) -> list[dict[str, Any]]:
-            return [m for m in pool if m["phase"] == phase and (stage is None or m["stage"] == stage)]
+        def of(phase: str, stage: int | None = None, pool: list[TaskMetrics] = ms) -> list[TaskMetrics]:
+            return [m for m in pool if m.phase == phase and (stage is None or m.stage == stage)]
 
         fw, bw = of("forward"), of("backward")
-        phase_gaps.append(min(m["start"] for m in bw) - max(m["end"] for m in fw))
+        phase_gaps.append(min(m.start for m in bw) - max(m.end for m in fw))
         for s in range(2):
-            phase_gaps.append(min(m["start"] for m in of("sync", s)) - max(m["end"] for m in of("backward", s)))
-        iteration_gaps.append(min(m["start"] for m in of("forward", pool=nxt)) - max(m["end"] for m in of("sync")))
+            phase_gaps.append(min(m.start for m in of("sync", s)) - max(m.end for m in of("backward", s)))
+        iteration_gaps.append(min(m.start for m in of("forward", pool=nxt)) - max(m.end for m in of("sync")))
         for group in (fw, of("backward", 0), of("backward", 1), of("sync", 0), of("sync", 1)):
-            starts = sorted(m["start"] for m in group)
+            starts = sorted(m.start for m in group)
             dispatch += [b - a for a, b in zip(starts, starts[1:])]
     invoke = statistics.median(phase_gaps)
     return LocalOverheads(

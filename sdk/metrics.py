@@ -8,38 +8,30 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
 
+from stagecoach.lambdas.records import TaskMetrics
 from stagecoach.planner.plan import PHASES
 
 
 # ------------------------------------------------------------------------------------ metrics
-def _transfer(m: dict[str, Any]) -> float:
-    """Seconds the task had an S3 transfer in flight: ``transfer_s`` (the union of concurrent
-    uploads and downloads) where the worker records it, else upload + download (sequential)."""
-    if "transfer_s" in m:
-        return float(m["transfer_s"])
-    return float(m.get("upload_s", 0.0)) + float(m.get("download_s", 0.0))
-
-
-def _by_iteration(metrics: Iterable[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
-    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+def _by_iteration(metrics: Iterable[TaskMetrics]) -> dict[int, list[TaskMetrics]]:
+    out: dict[int, list[TaskMetrics]] = defaultdict(list)
     for m in metrics:
-        out[int(m["t"])].append(m)
+        out[int(m.t)].append(m)
     return out
 
 
-def _span(ms: list[dict[str, Any]]) -> float:
-    return max(m["end"] for m in ms) - min(m["start"] for m in ms) if ms else 0.0
+def _span(ms: list[TaskMetrics]) -> float:
+    return max(m.end for m in ms) - min(m.start for m in ms) if ms else 0.0
 
 
-def _busy(ms: list[dict[str, Any]]) -> float:
+def _busy(ms: list[TaskMetrics]) -> float:
     """Seconds during which at least one of the tasks ran (the union of their intervals).
 
     Not the sum of the phases' spans: in BackwardSync the stages run in parallel branches, so one
     stage's sync overlaps another's backward."""
     total, end = 0.0, float("-inf")
-    for a, b in sorted((float(m["start"]), float(m["end"])) for m in ms):
+    for a, b in sorted((m.start, m.end) for m in ms):
         if b <= end:
             continue
         total += b - max(a, end)
@@ -47,7 +39,7 @@ def _busy(ms: list[dict[str, Any]]) -> float:
     return total
 
 
-def phase_timings(metrics: list[dict[str, Any]], skip_first: int = 1) -> dict[str, dict[str, float]]:
+def phase_timings(metrics: list[TaskMetrics], skip_first: int = 1) -> dict[str, dict[str, float]]:
     """Per phase: mean span per iteration (first start to last end), mean task duration and its
     compute / transfer / wait parts, and the slowest task. The first ``skip_first`` iterations
     (cold starts) are left out when later ones exist."""
@@ -57,7 +49,7 @@ def phase_timings(metrics: list[dict[str, Any]], skip_first: int = 1) -> dict[st
     for phase in PHASES:
         spans, tasks = [], []
         for t in its:
-            pm = [m for m in by_it[t] if m["phase"] == phase]
+            pm = [m for m in by_it[t] if m.phase == phase]
             if pm:
                 spans.append(_span(pm))
                 tasks += pm
@@ -66,18 +58,18 @@ def phase_timings(metrics: list[dict[str, Any]], skip_first: int = 1) -> dict[st
         n = len(tasks)
         out[phase] = {
             "span_s": sum(spans) / len(spans),
-            "task_s": sum(m["duration_s"] for m in tasks) / n,
-            "max_task_s": max(m["duration_s"] for m in tasks),
-            "compute_s": sum(m["compute_s"] for m in tasks) / n,
-            "transfer_s": sum(_transfer(m) for m in tasks) / n,
-            "wait_s": sum(m["wait_s"] for m in tasks) / n,
+            "task_s": sum(m.duration_s for m in tasks) / n,
+            "max_task_s": max(m.duration_s for m in tasks),
+            "compute_s": sum(m.compute_s for m in tasks) / n,
+            "transfer_s": sum(m.transfer_s for m in tasks) / n,
+            "wait_s": sum(m.wait_s for m in tasks) / n,
             "tasks": float(n),
-            "cold": float(sum(1 for m in tasks if m.get("cold"))),
+            "cold": float(sum(1 for m in tasks if m.cold)),
         }
     return out
 
 
-def iteration_breakdown(metrics: list[dict[str, Any]], complete: int | None = None) -> list[dict[str, float]]:
+def iteration_breakdown(metrics: list[TaskMetrics], complete: int | None = None) -> list[dict[str, float]]:
     """Per iteration: wall time and its split into orchestration, compute, transfer and waiting.
 
     Wall time runs from the iteration's first task start to the next iteration's (so it includes
@@ -98,11 +90,11 @@ def iteration_breakdown(metrics: list[dict[str, Any]], complete: int | None = No
         if t + 1 not in by_it:
             continue
         ms = by_it[t]
-        wall = min(m["start"] for m in by_it[t + 1]) - min(m["start"] for m in ms)
+        wall = min(m.start for m in by_it[t + 1]) - min(m.start for m in ms)
         busy = min(_busy(ms), wall)
-        comp = sum(float(m["compute_s"]) for m in ms)
-        xfer = sum(_transfer(m) for m in ms)
-        wait = sum(float(m["wait_s"]) for m in ms)
+        comp = sum(m.compute_s for m in ms)
+        xfer = sum(m.transfer_s for m in ms)
+        wait = sum(m.wait_s for m in ms)
         parts = comp + xfer + wait
         if parts <= 0:  # nothing accounted: call it compute
             comp, parts = 1.0, 1.0
@@ -114,16 +106,16 @@ def iteration_breakdown(metrics: list[dict[str, Any]], complete: int | None = No
                 "compute_s": busy * comp / parts,
                 "transfer_s": busy * xfer / parts,
                 "wait_s": busy * wait / parts,
-                "cold": float(sum(1 for m in ms if m.get("cold"))),
+                "cold": float(sum(1 for m in ms if m.cold)),
             }
         )
     return out
 
 
-def _losses(metrics: list[dict[str, Any]], complete: int) -> list[float]:
+def _losses(metrics: list[TaskMetrics], complete: int) -> list[float]:
     by_it = _by_iteration(metrics)
     out = []
     for t in range(complete):
-        ls = [m["loss"] for m in by_it.get(t, []) if "loss" in m]
+        ls = [m.loss for m in by_it.get(t, []) if m.loss is not None]
         out.append(sum(ls) / len(ls) if ls else float("nan"))
     return out

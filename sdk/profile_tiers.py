@@ -45,8 +45,8 @@ def profile_tiers(
     job_id = new_job_id(job.name) + "-prof"
     created: list[str] = []
     try:
-        spec = upload_job(job, job.manual_plan(), res, c, job_id)
-        c.s3.put_object(Bucket=res.bucket, Key=keys.job_spec(job_id), Body=json.dumps(spec).encode())
+        spec = upload_job(job, job.manual_plan(), res, c, job_id, window_length=None, window_state_machine=None)
+        c.s3.put_object(Bucket=res.bucket, Key=keys.job_spec(job_id), Body=spec.model_dump_json().encode())
         names = []
         for i, tier in enumerate(tiers):
             name = function_name(res, job_id, i)

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from stagecoach import history as learnt
 from stagecoach.lambdas import keys
+from stagecoach.lambdas.records import JobSpec, TaskMetrics
 from stagecoach.lambdas.training import assign_flat, stage_layout
 from stagecoach.metrics import iteration_breakdown
 
@@ -33,7 +34,7 @@ class Run:
         self.plan = plan
         self.job_id = job_id
         self.execution_arn = execution_arn
-        self._metrics: list[dict[str, Any]] = []
+        self._metrics: list[TaskMetrics] = []
         self._seen: set[str] = set()
 
     @property
@@ -84,7 +85,8 @@ class Run:
             bar.close()
         if status != "SUCCEEDED":
             raise RunFailed(f"run {self.job_id} {status}: {self.failure()}")
-        learnt.record(self)  # the next run of this job sets its task timeouts from this one
+        # the next run of this job sets its task timeouts from this one
+        learnt.record(self._c.s3, self.bucket, self.job.name, self.job_id, self.plan, self.metrics())
         return status
 
     def failure(self) -> str:
@@ -103,10 +105,12 @@ class Run:
 
     # -- history ---------------------------------------------------------------------------------
     def window_executions(self) -> list[str]:
-        spec = self.spec()
-        arns = []
+        arns: list[str] = []
+        window = self.spec().window_state_machine
+        if window is None:  # a profiling job: no windows
+            return arns
         paginator = self._c.sfn.get_paginator("list_executions")
-        for page in paginator.paginate(stateMachineArn=spec["window_state_machine"]):
+        for page in paginator.paginate(stateMachineArn=window):
             arns += [e["executionArn"] for e in page["executions"]]
         return arns
 
@@ -123,8 +127,9 @@ class Run:
         return events
 
     # -- metrics ---------------------------------------------------------------------------------
-    def spec(self) -> dict[str, Any]:
-        return json.loads(self._c.s3.get_object(Bucket=self.bucket, Key=keys.job_spec(self.job_id))["Body"].read())
+    def spec(self) -> JobSpec:
+        """What was deployed (``jobs/{job}/job.json``)."""
+        return JobSpec.model_validate_json(self._c.s3.get_object(Bucket=self.bucket, Key=keys.job_spec(self.job_id))["Body"].read())
 
     def _fetch_metrics(self) -> None:
         """Read metrics objects not yet seen, listing from the first unfinished iteration on."""
@@ -139,18 +144,18 @@ class Run:
                 if o["Key"] in self._seen:
                     continue
                 body = self._c.s3.get_object(Bucket=self.bucket, Key=o["Key"])["Body"].read()
-                self._metrics.append(json.loads(body))
+                self._metrics.append(TaskMetrics.model_validate_json(body))
                 self._seen.add(o["Key"])
 
-    def metrics(self) -> list[dict[str, Any]]:
+    def metrics(self) -> list[TaskMetrics]:
         """Every task's metrics (phase, stage, index, timings, bytes, container, loss)."""
         self._fetch_metrics()
         return list(self._metrics)
 
-    def _by_iteration(self) -> dict[int, list[dict[str, Any]]]:
-        out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    def _by_iteration(self) -> dict[int, list[TaskMetrics]]:
+        out: dict[int, list[TaskMetrics]] = defaultdict(list)
         for m in self._metrics:
-            out[m["t"]].append(m)
+            out[m.t].append(m)
         return out
 
     def iterations_done(self) -> int:
@@ -161,7 +166,7 @@ class Run:
         done = 0
         by_it = self._by_iteration()
         while by_it.get(done) and all(
-            sum(1 for m in by_it[done] if m["stage"] == s and m["phase"] == phase) >= need for s, (phase, need) in enumerate(last)
+            sum(1 for m in by_it[done] if m.stage == s and m.phase == phase) >= need for s, (phase, need) in enumerate(last)
         ):
             done += 1
         return done
@@ -170,15 +175,15 @@ class Run:
         """Loss (global-batch mean) and each phase's span (first start to last end) at iteration t."""
         ms = self._by_iteration().get(t, [])
         out: dict[str, float] = {}
-        losses = [m["loss"] for m in ms if "loss" in m]
+        losses = [m.loss for m in ms if m.loss is not None]
         if losses:
             out["loss"] = sum(losses) / len(losses)
         for phase in ("forward", "backward", "sync"):
-            pm = [m for m in ms if m["phase"] == phase]
+            pm = [m for m in ms if m.phase == phase]
             if pm:
-                out[phase + "_s"] = max(m["end"] for m in pm) - min(m["start"] for m in pm)
+                out[phase + "_s"] = max(m.end for m in pm) - min(m.start for m in pm)
         if ms:
-            out["span_s"] = max(m["end"] for m in ms) - min(m["start"] for m in ms)
+            out["span_s"] = max(m.end for m in ms) - min(m.start for m in ms)
         return out
 
     def time_breakdown(self, skip_first: int = 1) -> dict[str, float]:
@@ -233,7 +238,7 @@ class Run:
             f.write(self.plan.to_json())
         with open(os.path.join(directory, "metrics.jsonl"), "w") as f:
             for m in self.metrics():
-                f.write(json.dumps(m) + "\n")
+                f.write(m.model_dump_json(exclude_none=True) + "\n")
         with open(os.path.join(directory, "losses.json"), "w") as f:
             json.dump(self.losses(), f)
         return directory

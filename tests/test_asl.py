@@ -52,6 +52,8 @@ def test_asl_validator_accepts_every_definition(asl_validator, tmp_path):
     paths += ["--json-path", os.path.join(ROOT, "statemachines", "job.asl.json")]
     r = subprocess.run([asl_validator, *paths], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+    verdicts = [line for line in (r.stdout + r.stderr).splitlines() if "State machine definition" in line]
+    assert len(verdicts) == len(paths) // 2 and all(line.endswith("is valid") for line in verdicts), r.stdout + r.stderr
 
 
 def test_asl_validator_rejects_a_broken_definition(asl_validator, tmp_path):
@@ -60,12 +62,14 @@ def test_asl_validator_rejects_a_broken_definition(asl_validator, tmp_path):
     p = tmp_path / "bad.json"
     p.write_text(json.dumps(d))
     r = subprocess.run([asl_validator, "--json-path", str(p)], capture_output=True, text=True)
-    assert r.returncode != 0
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "is invalid" in out
+    assert "MISSING_TRANSITION_TARGET" in out and "target: Missing" in out, out
 
 
 def test_statemachines_job_file_is_the_emitted_definition():
     with open(os.path.join(ROOT, "statemachines", "job.asl.json")) as f:
-        assert json.load(f) == asl.job_definition(), "regenerate with: python -m stagecoach.planner.emit_job"
+        assert json.load(f) == asl.job_definition(), "regenerate with: python -m stagecoach.planner.emit"
 
 
 def test_every_task_retries_lambda_service_errors_and_has_a_timeout():
@@ -107,3 +111,34 @@ def test_window_runs_on_motos_interpreter_with_the_history_the_emitter_predicts(
     d, events = run_state_machine(backend, asl.window_definition(plan, [fn] * 2), {"job": "j", "bucket": "b", "start": 0, "end": 3})
     assert d["status"] == "SUCCEEDED", d
     assert len(events) == asl.EV_WINDOW_FIXED + 3 * asl.events_per_iteration(plan)
+
+
+def _input_paths(value, out):
+    """JSONPaths (``$.x...``) a definition fragment reads, from its ``*.$`` fields and ``*Path`` fields."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(v, str) and (k.endswith(".$") or k.endswith("Path")) and v.startswith("$."):
+                out.add(v[2:].split(".")[0].split("[")[0])
+            _input_paths(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _input_paths(v, out)
+    return out
+
+
+def test_the_job_definition_reads_from_its_input_only_fields_of_job_input():
+    """The job execution's input is written as a JobInput (sdk/deploy/start.py); the states that
+    read it are the ones before any Parameters/ItemSelector reshaped it: the Windows Map's
+    ItemsPath and ItemSelector, and each window item's fields through $$.Map.Item.Value."""
+    from stagecoach.planner.emit.job_input import JobInput, Window
+
+    windows = asl.job_definition()["States"]["Windows"]
+    read = _input_paths({"ItemsPath": windows["ItemsPath"], "ItemSelector": windows["ItemSelector"]}, set())
+    assert read and read <= set(JobInput.model_fields), read - set(JobInput.model_fields)
+    assert read == set(JobInput.model_fields), "a JobInput field no state reads"
+    item_fields = {
+        v.removeprefix("$$.Map.Item.Value.")
+        for v in windows["ItemSelector"].values()
+        if isinstance(v, str) and v.startswith("$$.Map.Item.Value.")
+    }
+    assert item_fields == set(Window.model_fields)

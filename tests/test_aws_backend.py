@@ -117,6 +117,7 @@ def fake_metrics(backend, job_id, plan, iterations, loss0=2.0, t0=1000.0):
     +0 s, backward at +2 s, sync at +5 s, each task 1.5 s; sync tasks as the plan has them (K per
     stage, none for a fused sync)."""
     from stagecoach.lambdas import keys
+    from stagecoach.lambdas.records import TaskMetrics
 
     s3, bucket = backend.clients.s3, backend.resources.bucket
     for t in range(iterations):
@@ -128,25 +129,32 @@ def fake_metrics(backend, job_id, plan, iterations, loss0=2.0, t0=1000.0):
         ):
             for s in stages:
                 for i in range(count(s)):
-                    m = {
-                        "phase": phase,
-                        "t": t,
-                        "stage": s,
-                        "index": i,
-                        "start": base + off,
-                        "end": base + off + 1.5,
-                        "duration_s": 1.5,
-                        "compute_s": 0.9,
-                        "upload_s": 0.2,
-                        "download_s": 0.1,
-                        "wait_s": 0.3,
-                        "container": f"c{s}{i}",
-                        "cold": t == 0,
-                        "memory_mb": 1024,
-                    }
-                    if phase == "backward" and s == plan.stages - 1:
-                        m["loss"] = loss0 / (t + 1)
-                    s3.put_object(Bucket=bucket, Key=keys.metrics(job_id, t, phase, s, i), Body=json.dumps(m).encode())
+                    m = TaskMetrics(
+                        phase=phase,
+                        t=t,
+                        stage=s,
+                        index=i,
+                        start=base + off,
+                        end=base + off + 1.5,
+                        duration_s=1.5,
+                        upload_s=0.2,
+                        download_s=0.1,
+                        transfer_s=0.3,
+                        wait_s=0.3,
+                        bytes_up=1000,
+                        bytes_down=2000,
+                        puts=2,
+                        gets=3,
+                        compute_s=0.9,
+                        container=f"c{s}{i}",
+                        container_started=base,
+                        invocation=t + 1,
+                        cold=t == 0,
+                        memory_mb=1024,
+                        max_rss_mb=300.0,
+                        loss=loss0 / (t + 1) if phase == "backward" and s == plan.stages - 1 else None,
+                    )
+                    s3.put_object(Bucket=bucket, Key=keys.metrics(job_id, t, phase, s, i), Body=m.model_dump_json().encode())
 
 
 def test_finds_the_stack_from_its_outputs(aws):
@@ -471,7 +479,7 @@ def test_deployer_policy_grants_every_call_of_a_job_s_life(aws, enforced_iam):
     with enforced_iam():
         ins = inspect_execution(b, run.execution_arn)
         assert ins.iterations_done == 2
-        history.record(run)  # what Run.wait does after a success
+        history.record(b.clients.s3, b.resources.bucket, job.name, run.job_id, run.plan, run.metrics())  # as Run.wait does
         removed = b.cleanup(run.job_id, stop_running=True)
     assert len(removed.functions) == 2 and removed.state_machines and removed.objects
     assert admin.clients.s3.get_object(Bucket=admin.resources.bucket, Key=history.history_key(job.name))

@@ -1,13 +1,12 @@
 """Reliability: killed workers, throttling, hung tasks and lost objects are recovered by Step Functions
 retries and window restarts, and the trained parameters are bit-identical to a fault-free run."""
 
-import json
-
 import pytest
 import torch
 from torch import nn
 
 from stagecoach import Job
+from stagecoach.lambdas.records import LearntMemory, Remediation
 from stagecoach.local.backend import LocalBackend
 
 TIMEOUT_S = 20
@@ -123,18 +122,19 @@ def test_a_stage_planned_with_too_little_memory_is_raised_a_tier_and_completes(b
     r = job.run(plan=plan, backend=backend)
     r.wait(progress=False, poll_s=1.0, timeout_s=900)
     c = backend.clients
-    fn = r.spec()["window_state_machine"].split(":")[-1].replace("-window", "-s1")
+    fn = r.spec().window_state_machine.split(":")[-1].replace("-window", "-s1")
     assert c.lambda_.get_function_configuration(FunctionName=fn)["MemorySize"] == 512
     steps = [e["stateEnteredEventDetails"]["name"] for e in r.history() if e["type"].endswith("StateEntered")]
     assert "Remediate" in steps and steps.count("RunWindow") == 2
     records = c.s3.list_objects_v2(Bucket=r.bucket, Prefix=f"jobs/{r.job_id}/remediations/")["Contents"]
     assert len(records) == 1
-    record = json.loads(c.s3.get_object(Bucket=r.bucket, Key=records[0]["Key"])["Body"].read())
-    assert record["kind"] == "out_of_memory" and (record["from_mb"], record["to_mb"]) == (256, 512)
+    record = Remediation.model_validate_json(c.s3.get_object(Bucket=r.bucket, Key=records[0]["Key"])["Body"].read())
+    assert record.kind == "out_of_memory" and (record.from_mb, record.to_mb) == (256, 512)
+    assert record.evidence is not None and record.evidence.stage == 1  # the watchdog's memory-pressure record
     assert same_parameters(r.trained_model(), clean.trained_model())
     # the next run of the job starts stage 1 at the memory that worked
-    learnt = c.s3.get_object(Bucket=r.bucket, Key=memory_key("oom"))["Body"].read()
-    assert b'"1": 512' in learnt
+    learnt = LearntMemory.model_validate_json(c.s3.get_object(Bucket=r.bucket, Key=memory_key("oom"))["Body"].read())
+    assert learnt.memory_mb == {"1": 512} and learnt.fits(plan)
     from stagecoach.history import refine
 
     assert refine(plan, "oom", c.s3, r.bucket).memory_mb == (1024, 512)

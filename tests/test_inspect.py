@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from stagecoach.inspect.events import failed_tasks
 from stagecoach.inspect.plots import gantt_rows, plot_breakdown, plot_gantt, plot_loss
+from stagecoach.lambdas.records import TaskMetrics
 from stagecoach.metrics import iteration_breakdown, phase_timings
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -62,6 +63,35 @@ def test_failed_tasks_are_traced_to_their_worker():
     assert got[1].cause.startswith("Runtime.OutOfMemory: RequestId: x")
 
 
+def task_metrics(phase, t, stage, index, start, dur, compute, transfer, wait, loss=None, cold=False):
+    """A task's metrics record as the handler writes it (lambdas/records.py TaskMetrics)."""
+    return TaskMetrics(
+        phase=phase,
+        t=t,
+        stage=stage,
+        index=index,
+        start=start,
+        end=start + dur,
+        duration_s=dur,
+        upload_s=transfer,
+        download_s=transfer,
+        transfer_s=transfer,
+        wait_s=wait,
+        bytes_up=1024,
+        bytes_down=2048,
+        puts=1,
+        gets=2,
+        compute_s=compute,
+        container=f"c{stage}-{index}",
+        container_started=100.0,
+        invocation=t + 1,
+        cold=cold,
+        memory_mb=1024,
+        max_rss_mb=300.0,
+        loss=loss,
+    )
+
+
 def _metrics(iterations=4, gap=0.7):
     out = []
     for t in range(iterations):
@@ -70,22 +100,8 @@ def _metrics(iterations=4, gap=0.7):
             for s in range(2):
                 for i in range(2):
                     d = dur + 0.1 * i
-                    m = {
-                        "phase": phase,
-                        "t": t,
-                        "stage": s,
-                        "index": i,
-                        "start": base + off,
-                        "end": base + off + d,
-                        "duration_s": d,
-                        "compute_s": 0.5 * d,
-                        "upload_s": 0.1 * d,
-                        "download_s": 0.1 * d,
-                        "wait_s": 0.3 * d,
-                    }
-                    if phase == "backward" and s == 1:
-                        m["loss"] = 1.0 / (t + 1)
-                    out.append(m)
+                    loss = 1.0 / (t + 1) if phase == "backward" and s == 1 else None
+                    out.append(task_metrics(phase, t, s, i, base + off, d, 0.5 * d, 0.2 * d, 0.3 * d, loss=loss, cold=t == 0))
     return out
 
 
@@ -101,26 +117,14 @@ def test_time_breakdown_adds_up_to_the_iteration():
     assert iteration_breakdown(_metrics(), complete=2) == b[:2]
 
 
-def test_breakdown_counts_parallel_stages_once_and_prefers_the_union_transfer_time():
+def test_breakdown_counts_parallel_stages_once_and_uses_the_union_transfer_time():
     """BackwardSync runs the stages' branches in parallel: one stage's sync overlaps another's
     backward. Time in tasks is the union of the task intervals, not the sum of the phase spans."""
 
-    def task(phase, t, stage, start, dur, **kw):
-        m = {
-            "phase": phase,
-            "t": t,
-            "stage": stage,
-            "index": 0,
-            "start": start,
-            "end": start + dur,
-            "duration_s": dur,
-            "compute_s": dur / 2,
-            "upload_s": dur / 2,
-            "download_s": dur / 2,
-            "wait_s": 0.0,
-        }
-        m.update(kw)
-        return m
+    def task(phase, t, stage, start, dur):
+        # uploads and downloads overlap: each is dur / 2 long, their union (transfer_s) dur / 4
+        m = task_metrics(phase, t, stage, 0, start, dur, compute=dur * 3 / 4, transfer=dur / 4, wait=0.0)
+        return m.model_copy(update={"upload_s": dur / 2, "download_s": dur / 2})
 
     ms = []
     for t in range(2):
@@ -134,22 +138,14 @@ def test_breakdown_counts_parallel_stages_once_and_prefers_the_union_transfer_ti
     (x,) = iteration_breakdown(ms)
     # busy 5 s (not backward span 4 + sync span 4 = 8); 5 s of the 10 s iteration is orchestration
     assert x["orchestration_s"] == pytest.approx(5.0)
-    # old metrics (upload + download, overlapping): the shares are normalised, so the parts add up
-    assert x["compute_s"] + x["transfer_s"] + x["wait_s"] == pytest.approx(5.0)
-    assert x["transfer_s"] == pytest.approx(2 * x["compute_s"])
-    # new metrics carry transfer_s, the union of concurrent uploads and downloads: used as it is
-    for m in ms:
-        m["transfer_s"], m["compute_s"] = m["duration_s"] / 4, m["duration_s"] * 3 / 4
-    (x,) = iteration_breakdown(ms)
+    # transfer is the union of concurrent uploads and downloads (transfer_s), not their sum
     assert x["compute_s"] == pytest.approx(3 * x["transfer_s"]) and x["compute_s"] + x["transfer_s"] == pytest.approx(5.0)
     assert phase_timings(ms, skip_first=0)["sync"]["transfer_s"] == pytest.approx(0.25)
 
 
 def test_phase_timings_skip_cold_iteration():
-    ms = _metrics()
-    for m in ms:
-        if m["t"] == 0:
-            m["duration_s"] = m["compute_s"] = 50.0  # a cold start must not skew the means
+    # a cold start must not skew the means
+    ms = [m.model_copy(update={"duration_s": 50.0, "compute_s": 50.0}) if m.t == 0 else m for m in _metrics()]
     pt = phase_timings(ms)
     assert pt["forward"]["span_s"] == pytest.approx(1.1)
     assert pt["backward"]["max_task_s"] == pytest.approx(1.6)
@@ -172,7 +168,7 @@ def test_plots_are_pngs(tmp_path):
 
 def test_gantt_rows_follow_the_sync_tasks_that_ran():
     """K aggregators per stage (k_reduce), not one sync row per replica; no sync rows for a fused sync."""
-    ms = [m for m in _metrics(iterations=2) if not (m["phase"] == "sync" and (m["stage"] == 1 or m["index"] == 1))]
+    ms = [m for m in _metrics(iterations=2) if not (m.phase == "sync" and (m.stage == 1 or m.index == 1))]
     assert gantt_rows(ms) == [(0, False, 0), (0, False, 1), (0, True, 0), (1, False, 0), (1, False, 1)]
 
 

@@ -44,6 +44,6 @@ def test_the_second_run_of_a_job_takes_its_timeouts_from_the_first(backend):
     observed = observed_task_seconds(first.metrics(), stages=2)
     assert observed[1]["backward"] > 0
     assert second.plan.timeouts_s == timeouts_from(observed)
-    window = json.loads(backend.clients.sfn.describe_state_machine(stateMachineArn=second.spec()["window_state_machine"])["definition"])
+    window = json.loads(backend.clients.sfn.describe_state_machine(stateMachineArn=second.spec().window_state_machine)["definition"])
     task = window["States"]["BackwardSync"]["Branches"][1]["States"]["Backward1"]["ItemProcessor"]["States"]["Backward1Task"]
     assert task["TimeoutSeconds"] == second.plan.timeouts_s[1]["backward"] < 300

@@ -128,8 +128,8 @@ def test_window_history_matches_the_emitters_count(runs):
 
 def test_warm_containers_are_reused_and_cold_starts_counted(runs):
     ms = runs[("adam", (3, 2, 4))].metrics()
-    containers = {m["container"] for m in ms}
-    cold = [m for m in ms if m["cold"]]
+    containers = {m.container for m in ms}
+    cold = [m for m in ms if m.cold]
     assert len(cold) == len(containers), "exactly one cold start per container"
     assert len(containers) < len(ms) / 4, "most tasks run in warm containers"
-    assert max(m["invocation"] for m in ms) >= ITERATIONS
+    assert max(m.invocation for m in ms) >= ITERATIONS

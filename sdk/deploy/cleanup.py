@@ -22,6 +22,7 @@ from stagecoach.deploy.resources import (
     window_state_machine_name,
 )
 from stagecoach.lambdas import keys
+from stagecoach.lambdas.records import JobSpec
 
 Log = Callable[[str], None]
 
@@ -113,13 +114,15 @@ def cleanup_job(
         status = c.sfn.describe_execution(executionArn=execution)["status"]
     except c.sfn.exceptions.ExecutionDoesNotExist:
         status = None
-    spec = None
+    spec: JobSpec | None = None
     try:
-        spec = read_json(c.s3, res.bucket, keys.job_spec(job_id))
+        spec = JobSpec.model_validate(read_json(c.s3, res.bucket, keys.job_spec(job_id)))
     except c.s3.exceptions.NoSuchKey:
         pass
-    sm_arn = (spec or {}).get("window_state_machine") or res.job_state_machine_arn.replace(
-        job_sm_name, window_state_machine_name(res, job_id)
+    sm_arn = (
+        spec.window_state_machine
+        if spec is not None and spec.window_state_machine
+        else res.job_state_machine_arn.replace(job_sm_name, window_state_machine_name(res, job_id))
     )
     if status == "RUNNING":
         if not stop_running:
@@ -136,7 +139,7 @@ def cleanup_job(
     except c.sfn.exceptions.StateMachineDoesNotExist:
         pass
     if spec is not None:
-        functions = [function_name(res, job_id, s) for s in range(len(spec["plan"]["balance"]))]
+        functions = [function_name(res, job_id, s) for s in range(spec.to_plan().stages)]
     else:  # the launch failed before job.json: find its functions by name
         prefix = function_name(res, job_id, 0)[:-1]
         functions = [

@@ -14,6 +14,7 @@ from stagecoach.deploy.resources import HANDLER, Clients, DeployError, StackReso
 from stagecoach.deploy.upload import upload_job
 from stagecoach.lambdas import keys
 from stagecoach.planner.emit import asl
+from stagecoach.planner.emit.job_input import JobInput, Window
 from stagecoach.planner.plan import Plan
 
 if TYPE_CHECKING:
@@ -85,7 +86,6 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients) -> t
     created_functions: list[str] = []
     created_sm: list[str] = []
     try:
-        spec = upload_job(job, plan, res, c, job_id)
         functions = []
         for s in range(plan.stages):
             name = function_name(res, job_id, s)
@@ -101,26 +101,22 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients) -> t
         )["stateMachineArn"]
         created_sm.append(window)
         length = asl.window_length(plan)
-        spec["window_length"] = length
-        spec["window_state_machine"] = window
-        c.s3.put_object(Bucket=res.bucket, Key=keys.job_spec(job_id), Body=json.dumps(spec, indent=2).encode())
-        wins = asl.windows(job.iterations, length)
-        for w in wins:
-            w["timeout"] = window_timeout_s(plan, w["end"] - w["start"])
-        execution = c.sfn.start_execution(
-            stateMachineArn=res.job_state_machine_arn,
-            name=job_id,
-            input=json.dumps(
-                {
-                    "job": job_id,
-                    "bucket": res.bucket,
-                    "windowStateMachineArn": window,
-                    "windows": wins,
-                    "functionPrefix": function_name(res, job_id, 0)[:-1],
-                    "controlFunction": res.control_function,
-                }
-            ),
-        )["executionArn"]
+        spec = upload_job(job, plan, res, c, job_id, length, window)
+        c.s3.put_object(Bucket=res.bucket, Key=keys.job_spec(job_id), Body=spec.model_dump_json(indent=2).encode())
+        job_input = JobInput(
+            job=job_id,
+            bucket=res.bucket,
+            windowStateMachineArn=window,
+            windows=[
+                Window(start=w["start"], end=w["end"], timeout=window_timeout_s(plan, w["end"] - w["start"]))
+                for w in asl.windows(job.iterations, length)
+            ],
+            functionPrefix=function_name(res, job_id, 0)[:-1],
+            controlFunction=res.control_function,
+        )
+        execution = c.sfn.start_execution(stateMachineArn=res.job_state_machine_arn, name=job_id, input=job_input.model_dump_json())[
+            "executionArn"
+        ]
         return job_id, execution
     except BaseException:
         rollback(job_id, res, c, created_functions, created_sm)

@@ -13,6 +13,7 @@ from safetensors.torch import save as st_save
 
 from stagecoach.deploy.resources import Clients, StackResources
 from stagecoach.lambdas import keys
+from stagecoach.lambdas.records import DatasetRef, JobSpec
 from stagecoach.lambdas.training import DTYPE_NAMES, flat_params, stage_layout
 from stagecoach.planner.plan import Plan
 
@@ -72,23 +73,28 @@ def pickle_job_code(job: Job) -> bytes:
             cloudpickle.unregister_pickle_by_value(m)
 
 
-def upload_job(job: Job, plan: Plan, res: StackResources, c: Clients, job_id: str) -> dict[str, Any]:
+def upload_job(
+    job: Job, plan: Plan, res: StackResources, c: Clients, job_id: str, window_length: int | None, window_state_machine: str | None
+) -> JobSpec:
     """Upload what the workers read: the data set, the model code, the plan and the initial
-    parameters (version 0, in the plan's shard and chunk layout). Returns the job's spec."""
+    parameters (version 0, in the plan's shard and chunk layout). Returns the job's spec (the
+    caller writes it last: its presence means the job is complete)."""
     x, y = job.train
     ds_id = upload_dataset(c.s3, res.bucket, x, y, "train")
-    spec = {
-        "job": job_id,
-        "name": job.name,
-        "seed": job.seed,
-        "iterations": job.iterations,
-        "global_batch": job.global_batch,
-        "dtype": DTYPE_NAMES[job.dtype],
-        "layers": job.layers,
-        "dataset": {"id": ds_id, "n_train": int(x.shape[0])},
-        "plan": plan.to_dict(),
-        "created": time.time(),
-    }
+    spec = JobSpec(
+        job=job_id,
+        name=job.name,
+        seed=job.seed,
+        iterations=job.iterations,
+        global_batch=job.global_batch,
+        dtype=DTYPE_NAMES[job.dtype],
+        layers=job.layers,
+        dataset=DatasetRef(id=ds_id, n_train=int(x.shape[0])),
+        plan=plan.to_dict(),
+        created=time.time(),
+        window_length=window_length,
+        window_state_machine=window_state_machine,
+    )
     code = pickle_job_code(job)
     c.s3.put_object(Bucket=res.bucket, Key=keys.job_code(job_id), Body=code)
     c.s3.put_object(Bucket=res.bucket, Key=keys.plan(job_id), Body=plan.to_json().encode())

@@ -7,6 +7,7 @@ from typing import Any
 
 from stagecoach.inspect.events import FailedTask
 from stagecoach.inspect.report import InspectError, Inspection
+from stagecoach.lambdas.records import TaskMetrics
 
 # ------------------------------------------------------------------------------------ plots
 _COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "sync": "#55a868"}
@@ -33,15 +34,15 @@ def _pyplot() -> Any:
     return plt
 
 
-def gantt_rows(metrics: list[dict[str, Any]]) -> list[tuple[int, bool, int]]:
+def gantt_rows(metrics: list[TaskMetrics]) -> list[tuple[int, bool, int]]:
     """The Gantt chart's rows, top to bottom: per stage, its replicas (forward and backward tasks
     share a row), then its sync tasks, as (stage, is_sync, index). Taken from the tasks that ran,
     so a stage has as many sync rows as its aggregators (K), and none for a fused sync."""
-    return sorted({(int(m["stage"]), m["phase"] == "sync", int(m["index"])) for m in metrics})
+    return sorted({(int(m.stage), m.phase == "sync", int(m.index)) for m in metrics})
 
 
 def plot_gantt(
-    metrics: list[dict[str, Any]], path: str, iterations: tuple[int, int] | None = None, failures: list[FailedTask] | None = None
+    metrics: list[TaskMetrics], path: str, iterations: tuple[int, int] | None = None, failures: list[FailedTask] | None = None
 ) -> str:
     """Tasks as bars on a row per (stage, worker), coloured by phase; the waiting part hatched;
     failed task attempts (``failures``, from the histories) as red crosses where they failed.
@@ -57,27 +58,27 @@ def plot_gantt(
     plt = _pyplot()
     if not metrics:
         raise ValueError("no task metrics yet: nothing to plot")
-    ts = sorted({int(m["t"]) for m in metrics})
+    ts = sorted({int(m.t) for m in metrics})
     a, b = iterations if iterations else (max(ts[0], ts[-1] - 4), ts[-1] + 1)
-    ms = [m for m in metrics if a <= m["t"] < b]
+    ms = [m for m in metrics if a <= m.t < b]
     if not ms:
         raise ValueError(f"no task metrics in iterations [{a}, {b})")
-    t0 = min(m["start"] for m in ms)
+    t0 = min(m.start for m in ms)
     rows = gantt_rows(ms)
     ypos = {r: i for i, r in enumerate(rows)}
     fig, ax = plt.subplots(figsize=(12, 0.42 * len(rows) + 2.2))
     for m in ms:
-        y = ypos[(int(m["stage"]), m["phase"] == "sync", int(m["index"]))]
+        y = ypos[(int(m.stage), m.phase == "sync", int(m.index))]
         ax.broken_barh(
-            [(m["start"] - t0, m["duration_s"])],
+            [(m.start - t0, m.duration_s)],
             (y - 0.4, 0.8),
-            facecolors=_COLOURS.get(m["phase"], "#999999"),
+            facecolors=_COLOURS.get(m.phase, "#999999"),
             edgecolor="black",
             linewidth=0.3,
         )
-        if m.get("wait_s", 0) > 0:
+        if m.wait_s > 0:
             ax.broken_barh(
-                [(m["end"] - t0 - m["wait_s"], m["wait_s"])], (y - 0.4, 0.8), facecolors="none", hatch="///", edgecolor="white", linewidth=0
+                [(m.end - t0 - m.wait_s, m.wait_s)], (y - 0.4, 0.8), facecolors="none", hatch="///", edgecolor="white", linewidth=0
             )
     crosses = [
         (f.time - t0, ypos[(f.stage, f.phase == "sync", f.index)])
@@ -104,10 +105,10 @@ def plot_gantt(
         if rows[i][0] != rows[i - 1][0]:
             ax.axhline(i - 0.5, color="black", linewidth=0.6)
     for t in range(a, b):
-        starts = [m["start"] for m in ms if m["t"] == t]
+        starts = [m.start for m in ms if m.t == t]
         if starts:
             ax.axvline(min(starts) - t0, color="grey", linestyle=":", linewidth=0.8)
-            cold = any(m.get("cold") for m in ms if m["t"] == t)
+            cold = any(m.cold for m in ms if m.t == t)
             ax.text(min(starts) - t0, -0.75, f"t={t}" + (" (cold)" if cold else ""), fontsize=7, color="dimgrey")
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"stage {s} {'sync' if sync else 'replica'} {i}" for s, sync, i in rows], fontsize=8)

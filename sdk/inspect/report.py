@@ -16,8 +16,8 @@ from typing import Any
 from stagecoach.backend import Backend
 from stagecoach.inspect.events import FailedTask, failed_tasks
 from stagecoach.lambdas import keys
+from stagecoach.lambdas.records import JobSpec, Remediation, TaskMetrics
 from stagecoach.metrics import _losses, iteration_breakdown, phase_timings
-from stagecoach.planner.plan import Plan
 from stagecoach.run import Run
 
 
@@ -41,12 +41,13 @@ class Inspection:
     losses: list[float]
     breakdown: list[dict[str, float]]
     failed_tasks: list[FailedTask] = field(default_factory=list)
-    remediations: list[dict[str, Any]] = field(default_factory=list)  # out-of-memory: stage raised a tier
-    metrics: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    remediations: list[Remediation] = field(default_factory=list)  # killed workers: what was decided
+    metrics: list[TaskMetrics] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("metrics")
+        d["remediations"] = [r.model_dump() for r in self.remediations]
         return d
 
 
@@ -61,7 +62,7 @@ class OpenedRun:
 
     run: Run
     description: dict[str, Any]  # DescribeExecution of the job execution
-    spec: dict[str, Any]  # the job's spec object
+    spec: JobSpec  # the job's spec object
     execution_input: dict[str, Any]  # the job execution's input
 
 
@@ -98,22 +99,22 @@ def read_run(backend: Backend, execution_arn: str) -> OpenedRun:
             f"up (`stagecoach cleanup`)? Its Step Functions history stays for 90 days after it ended: "
             f"{r.console.format(region=r.region, arn=execution_arn)}"
         ) from None
-    run.plan = Plan.from_dict(spec["plan"])
+    run.plan = spec.to_plan()
     return OpenedRun(run=run, description=d, spec=spec, execution_input=inp)
 
 
 # ------------------------------------------------------------------------------------ inspect
-def _remediations(backend: Backend, job_id: str) -> list[dict[str, Any]]:
-    """The job's out-of-memory remediations (jobs/{job}/remediations/, lambdas/remediate.py)."""
+def _remediations(backend: Backend, job_id: str) -> list[Remediation]:
+    """What the remediation step decided about the job's killed workers (lambdas/remediate.py)."""
     s3, bucket = backend.clients.s3, backend.resources.bucket
     out = []
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{keys.job_prefix(job_id)}remediations/"):
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=keys.remediations_prefix(job_id)):
         for o in page.get("Contents", []):
             try:
-                out.append(json.loads(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()))
-            except (ValueError, s3.exceptions.NoSuchKey):
+                out.append(Remediation.model_validate_json(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()))
+            except s3.exceptions.NoSuchKey:
                 continue
-    return sorted(out, key=lambda r: r.get("time", 0))
+    return sorted(out, key=lambda r: r.time)
 
 
 def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 50) -> Inspection:
@@ -132,7 +133,7 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
     failures: list[FailedTask] = []
     try:
         execs = []
-        for page in sfn.get_paginator("list_executions").paginate(stateMachineArn=spec["window_state_machine"]):
+        for page in sfn.get_paginator("list_executions").paginate(stateMachineArn=spec.window_state_machine):
             execs += page["executions"]
     except sfn.exceptions.StateMachineDoesNotExist:
         execs = []  # cleaned up
@@ -167,8 +168,8 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
         started=str(d.get("startDate", "")),
         stopped=str(d["stopDate"]) if d.get("stopDate") else None,
         error=f"{d.get('error', '')}: {d.get('cause', '')[:500]}" if d.get("error") or d.get("cause") else None,
-        plan=spec["plan"],
-        iterations=int(spec.get("iterations", windows[-1]["end"] if windows else 0)),
+        plan=spec.plan,
+        iterations=spec.iterations,
         iterations_done=done,
         windows=len(windows),
         window=window,
@@ -234,9 +235,10 @@ def format_report(ins: Inspection) -> str:
         lines.append(f"loss: first {ls[0]:.4f}, last {ls[-1]:.4f}, min {min(ls):.4f}")
         lines.append("  " + " ".join(f"[{t}] {ls[t]:.4f}" for t in range(0, len(ls), step)))
     for rm in ins.remediations:
-        lines.append(
-            f"out of memory: stage {rm.get('stage')} raised from {rm.get('from_mb')} MB to {rm.get('to_mb')} MB ({rm.get('function')})"
-        )
+        if rm.kind == "out_of_memory":
+            lines.append(f"out of memory: stage {rm.stage} raised from {rm.from_mb} MB to {rm.to_mb} MB ({rm.function})")
+        else:
+            lines.append(f"worker killed ({rm.kind}, {rm.error}): stage {rm.stage}, window restarted at the same memory")
     if ins.failed_tasks:
         lines.append(f"failed tasks ({len(ins.failed_tasks)}):")
         for f in ins.failed_tasks:

@@ -1,0 +1,130 @@
+"""The records that cross a process boundary through S3, as pydantic models: writers build them,
+readers parse them, and test fixtures build the same types, so a schema change breaks a test
+instead of drifting. (Handler events are in events.py; the job execution's input, read by the job
+state machine, is planner/emit/job_input.py.)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from stagecoach.planner.plan import Plan
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetRef(_Record):
+    id: str
+    n_train: int
+
+
+class JobSpec(_Record):
+    """``jobs/{job}/job.json``: what the SDK deployed, read by every worker and by `inspect`."""
+
+    job: str
+    name: str
+    seed: int
+    iterations: int
+    global_batch: int
+    dtype: str
+    layers: int
+    dataset: DatasetRef
+    plan: dict[str, Any]  # Plan.to_dict(): Plan validates itself (to_plan)
+    created: float
+    # the job's window state machine and iterations per window; None for a profiling job, which
+    # runs no windows (sdk/profile_tiers.py)
+    window_length: int | None = None
+    window_state_machine: str | None = None
+
+    def to_plan(self) -> Plan:
+        return Plan.from_dict(self.plan)
+
+
+class TaskMetrics(_Record):
+    """``jobs/{job}/metrics/...``: one per finished task (docs/runtime.md "Metrics")."""
+
+    phase: Literal["forward", "backward", "sync"]
+    t: int
+    stage: int
+    index: int  # the replica (forward, backward) or the shard (sync)
+    start: float
+    end: float
+    duration_s: float
+    # the channel's counters (lambdas/channel.py ChannelStats)
+    upload_s: float
+    download_s: float
+    transfer_s: float  # seconds with an upload or a download in flight (their union)
+    wait_s: float  # seconds waiting for another worker's object, nothing in flight
+    bytes_up: int
+    bytes_down: int
+    puts: int
+    gets: int
+    compute_s: float  # the rest of the task
+    container: str
+    container_started: float
+    invocation: int
+    cold: bool
+    memory_mb: int
+    max_rss_mb: float
+    loss: float | None = None  # the last stage's backward: mean loss over its micro-batches
+
+
+class MemoryPressure(_Record):
+    """``jobs/{job}/evidence/memory-s{stage}.json``: a container's memory passed the threshold."""
+
+    stage: int
+    rss_mb: float
+    memory_mb: int
+    time: float
+
+
+class Remediation(_Record):
+    """``jobs/{job}/remediations/...``: what the remediation step decided about a killed worker."""
+
+    time: float
+    stage: int
+    function: str
+    kind: Literal["out_of_memory", "timeout", "crash"]
+    error: str
+    cause: str
+    evidence: MemoryPressure | None = None  # the stage's memory-pressure record, if any
+    from_mb: int | None = None
+    to_mb: int | None = None
+
+
+class LearntMemory(_Record):
+    """``history/{name}/memory.json``: the memory each stage needed, for the next run of this shape."""
+
+    shape: tuple[list[int], int, int]  # (balance, replicas, micro-batches)
+    memory_mb: dict[str, int]  # stage (a JSON key) -> MB
+
+    def fits(self, plan: Plan) -> bool:
+        return self.shape == plan_shape(plan)
+
+
+class LearntTaskSeconds(_Record):
+    """``history/{name}/task_seconds.json``: the slowest warm task per stage and phase of the last
+    successful run, from which the next run of the same shape and sync sets its timeouts."""
+
+    stages: int
+    balance: list[int]
+    replicas: int
+    micro_batches: int
+    sync: list[str]
+    aggregators: list[int]
+    task_seconds: list[dict[str, float]]
+    job: str
+
+    def fits(self, plan: Plan) -> bool:
+        # task times depend on the sync algorithm too (a fused sync lengthens backward)
+        same_sync = self.sync == list(plan.sync) and self.aggregators == list(plan.aggregators)
+        return same_sync and (self.balance, self.replicas, self.micro_batches) == plan_shape(plan)
+
+
+def plan_shape(plan: Plan) -> tuple[list[int], int, int]:
+    """What learnt memory and timeouts are specific to: the partition, d and the micro-batches."""
+    return (list(plan.balance), plan.replicas, plan.micro_batches)
