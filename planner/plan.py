@@ -44,6 +44,38 @@ class PlanError(ValueError):
 
 
 @dataclass(frozen=True)
+class Prediction:
+    """What the planner's performance model predicts for a plan (docs/performance-model.md): the
+    runtime's timeout manager starts from ``task_s``; the rest is reported to the user."""
+
+    task_s: tuple[Mapping[str, float], ...]  # per stage, per phase: seconds of one task
+    s_per_iteration: float
+    usd_per_iteration: float
+    phase_s: Mapping[str, float] = field(default_factory=dict)  # "forward", "backward_sync" spans
+    sync_algorithms: tuple[str, ...] = ()  # per stage, as the planner labels them
+    platform: str = ""
+    planner_method: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "task_s", tuple(dict(t) for t in self.task_s))
+        object.__setattr__(self, "phase_s", dict(self.phase_s))
+        object.__setattr__(self, "sync_algorithms", tuple(self.sync_algorithms))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["task_s"] = [dict(t) for t in self.task_s]
+        d["sync_algorithms"] = list(self.sync_algorithms)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Prediction:
+        try:
+            return cls(**dict(data))
+        except TypeError as e:
+            raise PlanError(f"malformed plan.prediction: {e}") from None
+
+
+@dataclass(frozen=True)
 class Plan:
     """How one training job runs.
 
@@ -56,6 +88,7 @@ class Plan:
                     reduce them (d for scatter-reduce, 1 for all-reduce, 1..d for K-reduce).
     memory_mb:      Lambda memory per stage.
     timeouts_s:     per stage, per phase, the Task's TimeoutSeconds.
+    prediction:     what the planner predicted for it (None for a plan written by hand).
     """
 
     balance: tuple[int, ...]
@@ -66,7 +99,7 @@ class Plan:
     aggregators: tuple[int, ...] = ()
     memory_mb: tuple[int, ...] = ()
     timeouts_s: tuple[Mapping[str, int], ...] = ()
-    extras: Mapping[str, Any] = field(default_factory=dict)
+    prediction: Prediction | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "balance", _int_tuple("balance", self.balance))
@@ -93,7 +126,8 @@ class Plan:
             object.__setattr__(self, "timeouts_s", tuple({p: 300 for p in PHASES} for _ in range(n)))
         else:
             object.__setattr__(self, "timeouts_s", tuple(dict(t) for t in self.timeouts_s))
-        object.__setattr__(self, "extras", dict(self.extras))
+        if isinstance(self.prediction, Mapping):  # from JSON
+            object.__setattr__(self, "prediction", Prediction.from_dict(self.prediction))
         self.validate()
 
     # -- derived -------------------------------------------------------------------------------
@@ -186,9 +220,8 @@ class Plan:
         for s, mb in enumerate(self.memory_mb):
             if not LAMBDA_MIN_MB <= mb <= LAMBDA_MAX_MB:
                 raise PlanError(f"plan.memory_mb[{s}]={mb}: Lambda memory must be {LAMBDA_MIN_MB}-{LAMBDA_MAX_MB} MB")
-        predicted = self.extras.get("predicted_task_s")
-        if predicted is not None:
-            for s, per_phase in enumerate(predicted):
+        if self.prediction is not None:
+            for s, per_phase in enumerate(self.prediction.task_s):
                 for p, secs in per_phase.items():
                     if not fits_lambda_timeout(secs, TIMEOUT_SAFETY):
                         raise PlanError(timeout_refusal(s, p, secs, TIMEOUT_SAFETY, predicted=True))
@@ -213,6 +246,7 @@ class Plan:
         d["aggregators"] = list(self.aggregators)
         d["memory_mb"] = list(self.memory_mb)
         d["timeouts_s"] = [dict(t) for t in self.timeouts_s]
+        d["prediction"] = None if self.prediction is None else self.prediction.to_dict()
         return d
 
     def to_json(self) -> str:
@@ -222,7 +256,8 @@ class Plan:
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         if not isinstance(data, Mapping):
             raise PlanError(f"a plan must be a JSON object, got {type(data).__name__}")
-        known = {"balance", "replicas", "micro_batches", "global_batch", "sync", "aggregators", "memory_mb", "timeouts_s", "extras"}
+        data = _upgrade(data)
+        known = {"balance", "replicas", "micro_batches", "global_batch", "sync", "aggregators", "memory_mb", "timeouts_s", "prediction"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise PlanError(f"plan has unknown fields {unknown}: known fields are {sorted(known)}")
@@ -240,6 +275,26 @@ class Plan:
         except json.JSONDecodeError as e:
             raise PlanError(f"plan is not valid JSON: {e}") from None
         return cls.from_dict(data)
+
+
+def _upgrade(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A plan saved before predictions were typed kept them in a free-form ``extras`` object: read
+    its predictions into a Prediction (they never changed what the runtime does)."""
+    if "extras" not in data:
+        return data
+    out = {k: v for k, v in data.items() if k != "extras"}
+    ex = data["extras"] or {}
+    if isinstance(ex, Mapping) and "predicted_task_s" in ex:
+        out["prediction"] = {
+            "task_s": ex["predicted_task_s"],
+            "s_per_iteration": ex.get("predicted_s_per_iteration", float("nan")),
+            "usd_per_iteration": ex.get("predicted_usd_per_iteration", float("nan")),
+            "phase_s": ex.get("predicted_phase_s", {}),
+            "sync_algorithms": ex.get("sync_algorithms", []),
+            "platform": ex.get("platform", ""),
+            "planner_method": ex.get("planner_method", ""),
+        }
+    return out
 
 
 def timeouts_from(task_s: Sequence[Mapping[str, float]], minimum: int = 60) -> tuple[dict[str, int], ...]:

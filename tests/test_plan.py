@@ -59,3 +59,23 @@ def test_even_balance():
     assert even_balance(7, 3) == (3, 2, 2)
     with pytest.raises(PlanError):
         even_balance(2, 3)
+
+
+def test_a_plan_saved_with_free_form_extras_loads_its_predictions_typed():
+    """Plans saved before Prediction existed kept the predictions in ``extras``."""
+    from stagecoach.planner.plan import Plan, Prediction
+
+    old = {
+        "balance": [1, 1],
+        "extras": {
+            "predicted_task_s": [{"forward": 1.0, "backward": 2.0, "sync": 0.5}, {"backward": 3.0, "sync": 0.5}],
+            "predicted_s_per_iteration": 4.2,
+            "predicted_usd_per_iteration": 1e-5,
+            "platform": "aws",
+        },
+    }
+    p = Plan.from_dict(old)
+    assert isinstance(p.prediction, Prediction) and p.prediction.task_s[1] == {"backward": 3.0, "sync": 0.5}
+    assert p.prediction.s_per_iteration == 4.2 and p.prediction.platform == "aws"
+    assert Plan.from_json(p.to_json()) == p
+    assert Plan.from_dict({"balance": [2], "extras": {}}).prediction is None

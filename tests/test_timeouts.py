@@ -8,14 +8,16 @@ from torch import nn
 
 from stagecoach import Job, Plan, PlanError
 from stagecoach.history import observed_task_seconds
-from stagecoach.planner.plan import TIMEOUT_SAFETY, timeouts_from
+from stagecoach.planner.plan import TIMEOUT_SAFETY, Prediction, timeouts_from
 
 
 def test_a_phase_predicted_past_15_minutes_is_refused_with_what_to_change():
     with pytest.raises(
         PlanError, match="stage 1's backward task is predicted to take 500 s.*more stages.*more replicas.*smaller micro-batches"
     ):
-        Plan(balance=[1, 1], extras={"predicted_task_s": [{"backward": 10}, {"backward": 500}]})
+        Plan(
+            balance=[1, 1], prediction=Prediction(task_s=({"backward": 10}, {"backward": 500}), s_per_iteration=510, usd_per_iteration=0.0)
+        )
     with pytest.raises(PlanError, match="stage 0's sync task takes 460 s"):
         timeouts_from([{"forward": 1, "backward": 2, "sync": 460}])
 

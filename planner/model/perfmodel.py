@@ -94,7 +94,7 @@ class Estimate:
         return (self.cost_transitions + self.cost_lambda_requests + self.cost_s3) / self.cost if self.cost else 0.0
 
     def task_seconds(self) -> list[dict[str, float]]:
-        """Per stage, per phase predicted task seconds (Plan.extras["predicted_task_s"])."""
+        """Per stage, per phase predicted task seconds (Plan.prediction.task_s)."""
         return [{"forward": f, "backward": b, "sync": s} for f, b, s in zip(self.stage_forward_s, self.stage_backward_s, self.stage_sync_s)]
 
 

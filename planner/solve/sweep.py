@@ -20,7 +20,7 @@ from stagecoach.planner.model.fits import check_fits
 from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate, timeouts
 from stagecoach.planner.model.platforms import Platform, aws_platform
 from stagecoach.planner.model.syncmodel import ALL_SYNC
-from stagecoach.planner.plan import Plan
+from stagecoach.planner.plan import Plan, Prediction
 from stagecoach.planner.profile.layers import ModelProfile
 from stagecoach.planner.solve.candidates import candidate_groups
 from stagecoach.planner.solve.objective import max_stages_for, objective_value
@@ -64,7 +64,7 @@ class PlannedConfig:
     def to_plan(self) -> Any:
         """The runtime contract (stagecoach.planner.plan.Plan): per stage the sync algorithm and K
         (Plan.sync, Plan.aggregators), the model's predicted task seconds per phase
-        (extras["predicted_task_s"], what the runtime's timeout manager starts from) and
+        (Plan.prediction.task_s, what the runtime's timeout manager starts from) and
         TimeoutSeconds by plan.timeouts_from. Raises PlanError if a phase is predicted not to fit
         Lambda's 15 minutes."""
 
@@ -80,15 +80,15 @@ class PlannedConfig:
             aggregators=tuple(f[1] for f in fields),
             memory_mb=tuple(c.tiers_mb),
             timeouts_s=timeouts(e),  # plan.timeouts_from: refuses a phase that cannot fit 15 minutes
-            extras={
-                "predicted_task_s": task_s,
-                "sync_algorithms": [s.label() for s in c.sync],
-                "predicted_s_per_iteration": round(e.time_s, 4),
-                "predicted_usd_per_iteration": e.cost,
-                "predicted_phase_s": {"forward": round(e.forward_s, 4), "backward_sync": round(e.backward_sync_s, 4)},
-                "platform": self.platform.name,
-                "planner_method": self.method,
-            },
+            prediction=Prediction(
+                task_s=tuple(task_s),
+                s_per_iteration=round(e.time_s, 4),
+                usd_per_iteration=e.cost,
+                phase_s={"forward": round(e.forward_s, 4), "backward_sync": round(e.backward_sync_s, 4)},
+                sync_algorithms=tuple(s.label() for s in c.sync),
+                platform=self.platform.name,
+                planner_method=self.method,
+            ),
         )
 
 

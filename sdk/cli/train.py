@@ -89,7 +89,7 @@ def train_command(
             plan = result.recommended.to_plan()
             click.echo(
                 f"planner: recommended plan of {len(result.pareto)} on the Pareto front "
-                f"(predicted {plan.extras.get('predicted_s_per_iteration', float('nan')):.2f} s/iteration on AWS)"
+                f"(predicted {plan.prediction.s_per_iteration if plan.prediction else float('nan'):.2f} s/iteration on AWS)"
             )
         if sync or aggregators:
             plan = _with_sync(plan, sync, aggregators)

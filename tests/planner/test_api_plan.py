@@ -61,7 +61,8 @@ def test_to_plan_emits_each_stages_sync_algorithm_and_aggregators():
     assert plan.aggregators == (4, 2, 1)
     assert [plan.sync_tasks(s) for s in range(3)] == [0, 2, 1]  # the fused algorithm has no sync Map
     assert Plan.from_json(plan.to_json()) == plan
-    assert len(plan.extras["predicted_task_s"]) == 3 and plan.memory_mb == (4096, 10240, 4096)
+    assert plan.prediction is not None and len(plan.prediction.task_s) == 3 and plan.memory_mb == (4096, 10240, 4096)
+    assert Plan.from_json(plan.to_json()) == plan  # the prediction survives the round trip
 
 
 def test_the_planner_chooses_among_all_sync_algorithms_by_default():
