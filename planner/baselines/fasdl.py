@@ -30,6 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from stagecoach.planner.model.perfmodel import Config, evaluate, stage_memory_bytes
 from stagecoach.planner.model.syncmodel import SyncChoice
 from stagecoach.planner.solve.objective import objective_weights, weighted_objective
@@ -205,7 +207,6 @@ def fit_train_coefficients(samples: Sequence[tuple[float, float, float]]) -> tup
 
     For fixed m the model is linear in (a, a b); m is found by a golden-section search on the
     residual, bracketed by the smallest memory (M + m > 0) and 4x the largest."""
-    import numpy as np
 
     B = np.array([s[0] for s in samples], dtype=float)
     M = np.array([s[1] for s in samples], dtype=float)

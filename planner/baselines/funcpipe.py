@@ -288,7 +288,6 @@ def funcpipe_search(
 ) -> FuncPipeSearch:
     """Minimise a1*cost + a2*time (objective and cost unit as milp.objective_value) under
     FuncPipe's model over partition x tier per stage x d, micro-batch size fixed."""
-    import numpy as np
 
     c = consts
     speed_full = fit_speed_model(profile, plat, c.micro_batch)
@@ -366,7 +365,6 @@ def _reconstruct(
     G: int,
 ) -> FuncPipeEstimate:
     """Recover the tiers of a DP optimum by running the DP once more with back-pointers."""
-    import numpy as np
 
     S = len(part)
     edges = [0, *itertools.accumulate(part)]

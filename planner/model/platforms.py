@@ -15,6 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
 from stagecoach.planner.limits import LAMBDA_MAX_TIMEOUT_S
 from stagecoach.planner.plan import TIMEOUT_SAFETY
 
@@ -140,8 +143,6 @@ def measure_flop_rate(seconds: float = 0.6) -> float:
     Runs a conv and a GEMM forward+backward (the two kernels that dominate the zoo), counts their
     FLOPs with torch.utils.flop_counter and divides by wall time. One thread = one vCPU.
     """
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

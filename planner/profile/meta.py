@@ -7,7 +7,12 @@ torch.utils.flop_counter, and times come from the platform's calibrated FLOP rat
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 from stagecoach.planner.profile.tensors import (
@@ -26,10 +31,6 @@ def _size_layer(layer: Any, x: Any, flops: bool = True) -> tuple[Any, int, float
 
     FLOP counting on meta goes through decompositions and is slow, so callers count it once.
     """
-    import contextlib
-
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     x = requires_grad_(x)
     fwd = bwd = 0.0
@@ -61,13 +62,10 @@ def profile_meta(
     Per-sample quantities come from batch sizes 1 and 2 (difference), so batch-independent saved
     tensors (weights) are excluded.
     """
-    import torch
 
     with torch.device("meta"):
         m = model() if callable(model) and not isinstance(model, torch.nn.Module) else model
     if any(p.device.type != "meta" for p in m.parameters()):
-        import copy
-
         m = copy.deepcopy(m).to("meta")  # never move the caller's model
     if not isinstance(m, torch.nn.Sequential):
         raise TypeError(f"{name}: the planner partitions an nn.Sequential of blocks, got {type(m).__name__}")
@@ -99,7 +97,6 @@ def profile_meta(
 
 
 def _to_meta(obj: Any) -> Any:
-    import torch
 
     if isinstance(obj, torch.Tensor):
         return torch.empty(obj.shape, dtype=obj.dtype, device="meta")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 
 def tensor_bytes(obj: Any) -> int:
     """Bytes of every tensor in a (nested) tensor/tuple/list/dict output."""
-    import torch
 
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
@@ -20,7 +21,6 @@ def tensor_bytes(obj: Any) -> int:
 
 def batch_like(sample: Any, b: int, device: Any = None) -> Any:
     """A batch of ``b`` copies of one sample (tensor or nested), on ``device``."""
-    import torch
 
     if isinstance(sample, torch.Tensor):
         x = sample.unsqueeze(0).expand(b, *sample.shape)
@@ -32,7 +32,6 @@ def batch_like(sample: Any, b: int, device: Any = None) -> Any:
 
 
 def requires_grad_(obj: Any) -> Any:
-    import torch
 
     if isinstance(obj, torch.Tensor):
         if obj.is_floating_point():
@@ -44,7 +43,6 @@ def requires_grad_(obj: Any) -> Any:
 
 
 def any_requires_grad(obj: Any) -> bool:
-    import torch
 
     if isinstance(obj, torch.Tensor):
         return obj.is_floating_point()
@@ -55,7 +53,6 @@ def any_requires_grad(obj: Any) -> bool:
 
 def grad_seed(out: Any) -> tuple[list[Any], list[Any]]:
     """Tensors of an output needing grad and matching ones-like seeds for backward."""
-    import torch
 
     outs, seeds = [], []
     items = out if isinstance(out, (tuple, list)) else (out,)
@@ -94,7 +91,6 @@ class SavedBytes:
         return t
 
     def __enter__(self) -> SavedBytes:
-        import torch
 
         self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._ctx.__enter__()
@@ -106,7 +102,6 @@ class SavedBytes:
 
 
 def detach_all(obj: Any) -> Any:
-    import torch
 
     if isinstance(obj, torch.Tensor):
         return obj.detach()

@@ -12,8 +12,12 @@ them; the S3 runtime currently moves one tensor per boundary, so AmoebaNet is fo
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -297,9 +301,6 @@ _PROFILE_CACHE: dict[str, Any] = {}
 
 
 def _cache_path(key: str) -> Any:
-    import hashlib
-    import os
-    from pathlib import Path
 
     src = b"".join(Path(__file__).with_name(f).read_bytes() for f in ("zoo.py", "layers.py", "tensors.py", "meta.py"))
     tag = hashlib.sha256(src + torch.__version__.encode()).hexdigest()[:12]
@@ -313,7 +314,6 @@ def zoo_profile(name: str, use_disk_cache: bool = True) -> Any:
     FLOP counting on meta takes seconds per model, so profiles are cached per process and on disk
     (keyed by the source of the profile package's modules and the torch version; STAGECOACH_CACHE moves it).
     """
-    import json
 
     key = name.removeprefix("zoo:").lower().replace("-", "_")
     if key in _PROFILE_CACHE:

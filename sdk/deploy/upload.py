@@ -4,6 +4,9 @@ the initial parameters in the plan's shard and chunk layout."""
 from __future__ import annotations
 
 import hashlib
+import inspect
+import sys
+import sysconfig
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -45,9 +48,6 @@ def upload_dataset(s3: Any, bucket: str, x: torch.Tensor, y: torch.Tensor, split
 
 def _user_modules(*objs: Any) -> list[Any]:
     """Modules of the user's callables that workers cannot import (scripts, tests, notebooks)."""
-    import inspect
-    import sys
-    import sysconfig
 
     site = sysconfig.get_paths()["purelib"]
     out = []
