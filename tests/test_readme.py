@@ -73,3 +73,20 @@ def test_readme_python_example_trains_on_the_local_stack(workdir, monkeypatch):
     losses = scope["run"].losses()
     assert len(losses) == scope["job"].iterations and all(loss == loss for loss in losses)  # no NaN: every iteration ran
     assert scope["model"] is not None
+
+
+def test_every_module_path_the_docs_name_exists():
+    """README.md and docs/*.md name files of this repository (sdk/..., planner/..., lambdas/...,
+    tests/...); each must exist, so a move or rename cannot leave the docs pointing nowhere."""
+    pages = [os.path.join(ROOT, "README.md")] + [
+        os.path.join(ROOT, "docs", f) for f in sorted(os.listdir(os.path.join(ROOT, "docs"))) if f.endswith(".md")
+    ]
+    missing = []
+    for page in pages:
+        with open(page) as f:
+            text = f.read()
+        for path in set(re.findall(r"(?<![\w/.-])((?:sdk|planner|lambdas|tests|benchmarks|examples)/[\w/]*\w(?:\.py)?)", text)):
+            full = os.path.join(ROOT, path)
+            if not (os.path.exists(full) or os.path.exists(full + ".py")):  # `lambdas/training.build_model`
+                missing.append(f"{os.path.relpath(page, ROOT)}: {path}")
+    assert not missing, "\n".join(sorted(missing))
