@@ -15,6 +15,7 @@ from torch import nn
 from tqdm import tqdm
 
 from stagecoach import history as learnt
+from stagecoach.deploy.chain import follow
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.records import JobSpec, TaskMetrics
 from stagecoach.lambdas.training import assign_flat, stage_layout
@@ -33,7 +34,8 @@ class Run:
         self.job = job
         self.plan = plan
         self.job_id = job_id
-        self.execution_arn = execution_arn
+        self.execution_arn = execution_arn  # the job's first execution; it may continue as new ones
+        self._links = [execution_arn]
         self._metrics: list[TaskMetrics] = []
         self._seen: set[str] = set()
 
@@ -52,7 +54,15 @@ class Run:
 
     # -- status ----------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
-        return self._c.sfn.describe_execution(executionArn=self.execution_arn)
+        """DescribeExecution of the job's latest execution (following its continuations)."""
+        links, d = follow(self._c.sfn, self._links[-1])
+        self._links += links[1:]
+        return d
+
+    def executions(self) -> list[str]:
+        """The job's executions so far: the first, then each it continued as (deploy/chain.py)."""
+        self.describe()
+        return list(self._links)
 
     def status(self) -> str:
         return self.describe()["status"]
@@ -116,7 +126,7 @@ class Run:
 
     def history(self, windows: bool = False, execution_arn: str | None = None) -> list[dict[str, Any]]:
         """Events of the job execution (paged); with ``windows``, of every window execution too."""
-        arns = [execution_arn] if execution_arn else [self.execution_arn]
+        arns = [execution_arn] if execution_arn else self.executions()
         if windows and not execution_arn:
             arns += self.window_executions()
         events: list[dict[str, Any]] = []

@@ -99,7 +99,53 @@ def test_window_length_keeps_history_under_the_limit():
         n = asl.window_length(p)
         assert asl.EV_WINDOW_FIXED + n * asl.events_per_iteration(p) <= asl.HISTORY_LIMIT * asl.HISTORY_BUDGET
         assert asl.EV_WINDOW_FIXED + (n + 1) * asl.events_per_iteration(p) > asl.HISTORY_LIMIT * asl.HISTORY_BUDGET
-    assert asl.windows(10, 4) == [{"start": 0, "end": 4}, {"start": 4, "end": 8}, {"start": 8, "end": 10}]
+
+
+def _chain(iterations: int, length: int, per_execution: int) -> list[list[tuple[int, int]]]:
+    """The windows each job execution runs, by the job definition's own rules (Next?, Bounds,
+    Clamp, Advance, NextLink): a pure replay, so a million iterations can be counted."""
+    links, start = [], 0
+    while start < iterations:
+        here = []
+        while start < iterations and len(here) < per_execution:
+            end = min(start + length, iterations)
+            here.append((start, end))
+            start = end
+        links.append(here)
+    return links
+
+
+@pytest.mark.parametrize("plan", [*PLANS, Plan(balance=[1, 1], replicas=40, micro_batches=1, global_batch=40)])
+def test_a_million_iterations_fit_every_limit_of_every_execution(plan):
+    """Counted, not run: the window executions, each job execution of the chain, and the job's
+    input stay within Step Functions' limits however long the job (the issue's 2 x 40 plan at
+    50,000 iterations needed ~28,600 job events and 348 KiB of input before)."""
+    from stagecoach.planner.emit.job_input import JobInput
+    from stagecoach.planner.limits import EXECUTION_INPUT_MAX_BYTES, HISTORY_MAX_EVENTS
+
+    iterations, length, per = 1_000_000, asl.window_length(plan), asl.windows_per_execution()
+    links = _chain(iterations, length, per)
+    windows = [w for link in links for w in link]
+    assert windows[0][0] == 0 and windows[-1][1] == iterations
+    assert all(a == b for (_, a), (b, _) in zip(windows, windows[1:])) and all(0 < e - s <= length for s, e in windows)
+    worst_link = asl.EV_JOB_FIXED + per * (asl.EV_JOB_WINDOW + 3 * asl.EV_JOB_RESTART)  # every window restarted 3 times
+    assert max(len(link) for link in links) == per and worst_link <= HISTORY_MAX_EVENTS
+    assert asl.EV_WINDOW_FIXED + length * asl.events_per_iteration(plan) <= HISTORY_MAX_EVENTS
+    last = JobInput(
+        job="a-thirty-character-job-name-x-0123abcd",
+        bucket="stagecoach-123456789012-eu-central-1-artifacts",
+        windowStateMachineArn="arn:aws:states:eu-central-1:123456789012:stateMachine:" + "s" * 80,
+        iterations=iterations,
+        windowLength=length,
+        windowTimeout=365 * 24 * 3600,
+        windowsPerExecution=per,
+        functionPrefix="f" * 62,
+        controlFunction="f" * 64,
+        link=len(links) - 1,
+        start=windows[-1][0],
+        windowsHere=per - 1,
+    )
+    assert len(last.model_dump_json().encode()) < EXECUTION_INPUT_MAX_BYTES // 100
 
 
 def test_window_runs_on_motos_interpreter_with_the_history_the_emitter_predicts(backend):
@@ -117,6 +163,8 @@ def _input_paths(value, out):
     """JSONPaths (``$.x...``) a definition fragment reads, from its ``*.$`` fields and ``*Path`` fields."""
     if isinstance(value, dict):
         for k, v in value.items():
+            if k in ("ResultPath", "ResultSelector"):  # where a result goes, and what is read from it
+                continue
             if isinstance(v, str) and (k.endswith(".$") or k.endswith("Path")) and v.startswith("$."):
                 out.add(v[2:].split(".")[0].split("[")[0])
             _input_paths(v, out)
@@ -127,18 +175,18 @@ def _input_paths(value, out):
 
 
 def test_the_job_definition_reads_from_its_input_only_fields_of_job_input():
-    """The job execution's input is written as a JobInput (sdk/deploy/start.py); the states that
-    read it are the ones before any Parameters/ItemSelector reshaped it: the Windows Map's
-    ItemsPath and ItemSelector, and each window item's fields through $$.Map.Item.Value."""
-    from stagecoach.planner.emit.job_input import JobInput, Window
+    """The job execution's input is written as a JobInput (sdk/deploy/start.py) and carried from
+    state to state; every path a state reads is a JobInput field or one a state added."""
+    from stagecoach.planner.emit.job_input import JobInput
 
-    windows = asl.job_definition()["States"]["Windows"]
-    read = _input_paths({"ItemsPath": windows["ItemsPath"], "ItemSelector": windows["ItemSelector"]}, set())
-    assert read and read <= set(JobInput.model_fields), read - set(JobInput.model_fields)
-    assert read == set(JobInput.model_fields), "a JobInput field no state reads"
-    item_fields = {
-        v.removeprefix("$$.Map.Item.Value.")
-        for v in windows["ItemSelector"].values()
-        if isinstance(v, str) and v.startswith("$$.Map.Item.Value.")
-    }
-    assert item_fields == set(Window.model_fields)
+    states = asl.job_definition()["States"]
+    read = _input_paths(states, set())
+    fields = set(JobInput.model_fields)
+    # what the states add along the way (Bounds: end, attempt; the Catch path: failure, child, ...)
+    added = {"end", "attempt", "failure", "child", "killed", "next"}
+    assert read - added <= fields, read - added - fields
+    assert fields <= read, f"JobInput fields no state reads: {fields - read}"
+    # every state that reshapes the input carries every JobInput field on
+    for name in ("Bounds", "Advance", "NextLink", "FullWindow", "ReadFailure", "NextAttempt"):
+        carried = {k.removesuffix(".$") for k in states[name]["Parameters"]}
+        assert fields <= carried, (name, fields - carried)

@@ -107,11 +107,6 @@ def window_length(plan: Plan, limit: int = HISTORY_LIMIT) -> int:
     return n
 
 
-def windows(iterations: int, length: int, start: int = 0) -> list[dict[str, int]]:
-    """[{start, end}) ranges covering [start, iterations)."""
-    return [{"start": a, "end": min(a + length, iterations)} for a in range(start, iterations, length)]
-
-
 def _task(phase: str, function: str | None, timeout: int, index_field: str) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "phase": phase,
@@ -259,144 +254,196 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def job_definition(window_attempts: int = 4, backoff_s: int = 2) -> dict[str, Any]:
-    """The job state machine: run each window with startExecution.sync:2, restarting a failed window.
+# Events the job state machine adds to its own history (counted on moto's recorded histories by
+# tests/test_asl.py): a window that succeeds first time, and each restart of a failed window.
+EV_JOB_WINDOW = 3 * EV_PASS + 2 * EV_PASS + 6  # Next?/Clamp Choices, Bounds/Full-or-Last/Advance Passes, the .sync:2 Task
+EV_JOB_RESTART = 4 * EV_PASS + EV_PASS + EV_PASS + 6 + EV_TASK  # the Catch path's states, the remediation, the Task again
+# started, the last Next?, NextLink, ContinueAsNew, Continued, succeeded (the last link: Done instead, fewer)
+EV_JOB_FIXED = 1 + EV_PASS + EV_PASS + EV_TASK + EV_PASS + 1
 
-    A restarted window starts again from the parameters checkpointed at its first iteration (the
-    workers keep that version until the window has finished); its tasks are idempotent, so what a
-    failed attempt left behind is rewritten with the same bytes. The restart is an explicit
-    Catch -> Choice -> Wait loop rather than a Retry, so every attempt is a visible state in the
-    job's history (and a place where a remediation step can act before the next attempt).
+
+def windows_per_execution(window_attempts: int = 4, limit: int = HISTORY_LIMIT) -> int:
+    """Windows one job execution runs before it continues as a new execution: enough that even if
+    every window needed all its attempts, the execution's history stays within the budget."""
+    worst = EV_JOB_WINDOW + (window_attempts - 1) * EV_JOB_RESTART
+    return max(1, (int(limit * HISTORY_BUDGET) - EV_JOB_FIXED) // worst)
+
+
+def job_definition(window_attempts: int = 4, backoff_s: int = 2) -> dict[str, Any]:
+    """The job state machine: run the job's windows one after the other with startExecution.sync:2,
+    restarting a failed window, and continue as a new execution before its own history fills.
+
+    The windows are computed by the state machine itself from (start, iterations, windowLength),
+    so the execution's input has the same small size for any number of iterations (JobInput), and
+    after ``windowsPerExecution`` windows the execution starts its successor (named
+    ``{job}-c{link}``) with the next start and ends; ``Run`` follows the chain. A restarted window
+    starts again from the parameters checkpointed at its first iteration (the workers keep that
+    version until the window has finished); its tasks are idempotent, so what a failed attempt left
+    behind is rewritten with the same bytes. The restart is an explicit Catch -> Choice -> Wait
+    loop rather than a Retry, so every attempt is a visible state in the job's history (and a place
+    where the remediation step acts before the next attempt).
     """
     carry = {
         "job.$": "$.job",
         "bucket.$": "$.bucket",
-        "arn.$": "$.arn",
-        "start.$": "$.start",
-        "end.$": "$.end",
-        "timeout.$": "$.timeout",
+        "windowStateMachineArn.$": "$.windowStateMachineArn",
+        "iterations.$": "$.iterations",
+        "windowLength.$": "$.windowLength",
+        "windowTimeout.$": "$.windowTimeout",
+        "windowsPerExecution.$": "$.windowsPerExecution",
         "functionPrefix.$": "$.functionPrefix",
         "controlFunction.$": "$.controlFunction",
-        "attempt.$": "$.attempt",
+        "link.$": "$.link",
+        "start.$": "$.start",
+        "windowsHere.$": "$.windowsHere",
     }
+    window = {**carry, "end.$": "$.end", "attempt.$": "$.attempt"}
     return {
-        "Comment": "Stagecoach job: runs the job's windows one after the other",
-        "StartAt": "Windows",
+        "Comment": "Stagecoach job: runs the job's windows one after the other, continuing as a new execution",
+        "StartAt": "Next?",
         "States": {
-            "Windows": {
-                "Type": "Map",
-                "ItemsPath": "$.windows",
-                "ItemSelector": {
-                    "job.$": "$.job",
-                    "bucket.$": "$.bucket",
-                    "arn.$": "$.windowStateMachineArn",
-                    "start.$": "$$.Map.Item.Value.start",
-                    "end.$": "$$.Map.Item.Value.end",
-                    "timeout.$": "$$.Map.Item.Value.timeout",
-                    "functionPrefix.$": "$.functionPrefix",
-                    "controlFunction.$": "$.controlFunction",
-                    "attempt": 1,
-                },
-                "MaxConcurrency": 1,
-                "ItemProcessor": {
-                    "ProcessorConfig": {"Mode": "INLINE"},
-                    "StartAt": "RunWindow",
-                    "States": {
-                        "RunWindow": {
-                            "Type": "Task",
-                            "Resource": "arn:aws:states:::states:startExecution.sync:2",
-                            "Parameters": {
-                                "StateMachineArn.$": "$.arn",
-                                # unique per attempt: a restarted window is a new execution
-                                "Name.$": "States.Format('w{}-{}', $.start, States.UUID())",
-                                "Input": {
-                                    "job.$": "$.job",
-                                    "bucket.$": "$.bucket",
-                                    "start.$": "$.start",
-                                    "end.$": "$.end",
-                                    "AWS_STEP_FUNCTIONS_STARTED_BY_EXECUTION_ID.$": "$$.Execution.Id",
-                                },
-                            },
-                            "TimeoutSecondsPath": "$.timeout",
-                            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.failure", "Next": "HowDidItFail"}],
-                            "ResultPath": None,
-                            "End": True,
-                        },
-                        # a failed child execution's Cause is its DescribeExecution output as JSON,
-                        # in Step Functions' casing (Error, Cause, ExecutionArn, ...)
-                        "HowDidItFail": {
-                            "Type": "Choice",
-                            "Choices": [{"Variable": "$.failure.Error", "StringEquals": "States.TaskFailed", "Next": "ReadFailure"}],
-                            "Default": "CanRestart",
-                        },
-                        "ReadFailure": {
-                            "Type": "Pass",
-                            "Parameters": {**carry, "child.$": "States.StringToJson($.failure.Cause)"},
-                            "Next": "Killed?",
-                        },
-                        "Killed?": {
-                            "Type": "Choice",
-                            "Choices": [
-                                {
-                                    "And": [
-                                        {"Variable": "$.child.Error", "IsPresent": True},
-                                        {"Variable": "$.child.Error", "StringEquals": KILLED_ERROR},
-                                    ],
-                                    "Next": "ReadStage",
-                                }
-                            ],
-                            "Default": "CanRestart",
-                        },
-                        "ReadStage": {
-                            "Type": "Pass",
-                            "Parameters": {**carry, "killed.$": "States.StringToJson($.child.Cause)"},
-                            "Next": "Remediate",
-                        },
-                        # DiSDeL's failure manager, on the stack's control function (not on the
-                        # killed stage's own, which may be the one short of memory): if the kill was
-                        # for memory, the stage's function goes one memory tier up
-                        "Remediate": {
-                            "Type": "Task",
-                            "Resource": "arn:aws:states:::lambda:invoke",
-                            "Parameters": {
-                                "FunctionName.$": "$.controlFunction",
-                                "Payload": {
-                                    "phase": "remediate",
-                                    "job.$": "$.job",
-                                    "bucket.$": "$.bucket",
-                                    "function.$": "States.Format('{}{}', $.functionPrefix, $.killed.stage)",
-                                    "stage.$": "$.killed.stage",
-                                    "error.$": "$.killed.error",
-                                    "cause.$": "$.killed.cause",
-                                },
-                            },
-                            "TimeoutSeconds": 120,
-                            "Retry": [dict(LAMBDA_RETRY)],
-                            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.remediation", "Next": "WindowFailed"}],
-                            "ResultPath": None,
-                            "Next": "CanRestart",
-                        },
-                        "CanRestart": {
-                            "Type": "Choice",
-                            "Choices": [{"Variable": "$.attempt", "NumericLessThan": window_attempts, "Next": "Backoff"}],
-                            "Default": "WindowFailed",
-                        },
-                        "Backoff": {"Type": "Wait", "Seconds": backoff_s, "Next": "NextAttempt"},
-                        "NextAttempt": {
-                            "Type": "Pass",
-                            "Parameters": {**carry, "attempt.$": "States.MathAdd($.attempt, 1)"},
-                            "Next": "RunWindow",
-                        },
-                        "WindowFailed": {
-                            "Type": "Fail",
-                            "Error": "Stagecoach.WindowFailed",
-                            "Cause": "a window failed on every attempt; its last error is in the job's history",
-                        },
+            "Next?": {
+                "Type": "Choice",
+                "Choices": [
+                    {"Variable": "$.start", "NumericGreaterThanEqualsPath": "$.iterations", "Next": "Done"},
+                    {"Variable": "$.windowsHere", "NumericGreaterThanEqualsPath": "$.windowsPerExecution", "Next": "NextLink"},
+                ],
+                "Default": "Bounds",
+            },
+            "Bounds": {
+                "Type": "Pass",
+                "Parameters": {**carry, "end.$": "States.MathAdd($.start, $.windowLength)", "attempt": 1},
+                "Next": "Clamp",
+            },
+            "Clamp": {
+                "Type": "Choice",
+                "Choices": [{"Variable": "$.end", "NumericGreaterThanPath": "$.iterations", "Next": "LastWindow"}],
+                "Default": "FullWindow",
+            },
+            "LastWindow": {"Type": "Pass", "Parameters": {**window, "end.$": "$.iterations"}, "Next": "RunWindow"},
+            "FullWindow": {"Type": "Pass", "Parameters": window, "Next": "RunWindow"},
+            "RunWindow": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::states:startExecution.sync:2",
+                "Parameters": {
+                    "StateMachineArn.$": "$.windowStateMachineArn",
+                    # unique per attempt: a restarted window is a new execution
+                    "Name.$": "States.Format('w{}-{}', $.start, States.UUID())",
+                    "Input": {
+                        "job.$": "$.job",
+                        "bucket.$": "$.bucket",
+                        "start.$": "$.start",
+                        "end.$": "$.end",
+                        "AWS_STEP_FUNCTIONS_STARTED_BY_EXECUTION_ID.$": "$$.Execution.Id",
                     },
                 },
+                "TimeoutSecondsPath": "$.windowTimeout",
+                "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.failure", "Next": "HowDidItFail"}],
                 "ResultPath": None,
-                "Next": "Done",
+                "Next": "Advance",
             },
-            "Done": {"Type": "Succeed"},
+            "Advance": {
+                "Type": "Pass",
+                "Parameters": {**carry, "start.$": "$.end", "windowsHere.$": "States.MathAdd($.windowsHere, 1)"},
+                "Next": "Next?",
+            },
+            # a failed child execution's Cause is its DescribeExecution output as JSON, in Step
+            # Functions' casing (Error, Cause, ExecutionArn, ...)
+            "HowDidItFail": {
+                "Type": "Choice",
+                "Choices": [{"Variable": "$.failure.Error", "StringEquals": "States.TaskFailed", "Next": "ReadFailure"}],
+                "Default": "CanRestart",
+            },
+            "ReadFailure": {
+                "Type": "Pass",
+                "Parameters": {**window, "child.$": "States.StringToJson($.failure.Cause)"},
+                "Next": "Killed?",
+            },
+            "Killed?": {
+                "Type": "Choice",
+                "Choices": [
+                    {
+                        "And": [
+                            {"Variable": "$.child.Error", "IsPresent": True},
+                            {"Variable": "$.child.Error", "StringEquals": KILLED_ERROR},
+                        ],
+                        "Next": "ReadStage",
+                    }
+                ],
+                "Default": "CanRestart",
+            },
+            "ReadStage": {
+                "Type": "Pass",
+                "Parameters": {**window, "killed.$": "States.StringToJson($.child.Cause)"},
+                "Next": "Remediate",
+            },
+            # DiSDeL's failure manager, on the stack's control function (not on the killed stage's
+            # own, which may be the one short of memory): if the kill was for memory, the stage's
+            # function goes one memory tier up
+            "Remediate": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::lambda:invoke",
+                "Parameters": {
+                    "FunctionName.$": "$.controlFunction",
+                    "Payload": {
+                        "phase": "remediate",
+                        "job.$": "$.job",
+                        "bucket.$": "$.bucket",
+                        "function.$": "States.Format('{}{}', $.functionPrefix, $.killed.stage)",
+                        "stage.$": "$.killed.stage",
+                        "error.$": "$.killed.error",
+                        "cause.$": "$.killed.cause",
+                    },
+                },
+                "TimeoutSeconds": 120,
+                "Retry": [dict(LAMBDA_RETRY)],
+                "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.remediation", "Next": "WindowFailed"}],
+                "ResultPath": None,
+                "Next": "CanRestart",
+            },
+            "CanRestart": {
+                "Type": "Choice",
+                "Choices": [{"Variable": "$.attempt", "NumericLessThan": window_attempts, "Next": "Backoff"}],
+                "Default": "WindowFailed",
+            },
+            "Backoff": {"Type": "Wait", "Seconds": backoff_s, "Next": "NextAttempt"},
+            "NextAttempt": {
+                "Type": "Pass",
+                "Parameters": {**window, "attempt.$": "States.MathAdd($.attempt, 1)"},
+                "Next": "RunWindow",
+            },
+            "WindowFailed": {
+                "Type": "Fail",
+                "Error": "Stagecoach.WindowFailed",
+                "Cause": "a window failed on every attempt; its last error is in the job's history",
+            },
+            # continue as a new execution: the same input, from the next window, named {job}-c{link}
+            "NextLink": {
+                "Type": "Pass",
+                "Parameters": {
+                    **{k: v for k, v in carry.items() if k != "windowsHere.$"},
+                    "link.$": "States.MathAdd($.link, 1)",
+                    "windowsHere": 0,
+                },
+                "Next": "ContinueAsNew",
+            },
+            "ContinueAsNew": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::states:startExecution",
+                "Parameters": {
+                    "StateMachineArn.$": "$$.StateMachine.Id",
+                    "Name.$": "States.Format('{}-c{}', $.job, $.link)",
+                    "Input": carry,
+                },
+                "TimeoutSeconds": 60,
+                "Retry": [
+                    {"ErrorEquals": ["States.ALL"], "IntervalSeconds": 2, "MaxAttempts": 5, "BackoffRate": 2.0, "JitterStrategy": "FULL"}
+                ],
+                "ResultSelector": {"continuedAs.$": "$.ExecutionArn"},
+                "ResultPath": "$.next",
+                "Next": "Continued",
+            },
+            "Continued": {"Type": "Pass", "Parameters": {"continuedAs.$": "$.next.continuedAs"}, "End": True},
+            "Done": {"Type": "Pass", "Parameters": {"done.$": "$.start"}, "End": True},
         },
     }

@@ -1,21 +1,14 @@
 """The job state machine's execution input: written by the SDK (sdk/deploy/start.py), read by the
 job definition's JSONPaths (asl.job_definition; tests/test_asl.py checks that every path it reads
-is a field here). Field names are the ASL's, hence camelCase.
+is a field here, and every field is read). Field names are the ASL's, hence camelCase.
+
+Its size does not grow with the number of iterations: the state machine computes the windows
+itself, and continues as a new execution (``link`` + 1) every ``windowsPerExecution`` windows.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
-
-
-class Window(BaseModel):
-    """Iterations [start, end) run by one window execution, and that execution's timeout."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    start: int = Field(ge=0)
-    end: int = Field(gt=0)
-    timeout: int = Field(gt=0)
 
 
 class JobInput(BaseModel):
@@ -24,6 +17,17 @@ class JobInput(BaseModel):
     job: str
     bucket: str
     windowStateMachineArn: str
-    windows: list[Window]
+    iterations: int = Field(gt=0)
+    windowLength: int = Field(gt=0)  # iterations per window execution (asl.window_length)
+    windowTimeout: int = Field(gt=0)  # seconds a window execution may take
+    windowsPerExecution: int = Field(gt=0)  # before continuing as a new execution (asl.windows_per_execution)
     functionPrefix: str  # a stage's function is functionPrefix + its index
     controlFunction: str  # where the remediation step runs (the stack's own worker)
+    link: int = Field(default=0, ge=0)  # this execution's place in the chain: {job}, {job}-c1, ...
+    start: int = Field(default=0, ge=0)  # the first iteration this execution runs
+    windowsHere: int = Field(default=0, ge=0)  # windows run by this execution so far
+
+
+def link_name(job: str, link: int) -> str:
+    """The job execution's name: the job id, then ``{job}-c{link}`` for each continuation."""
+    return job if link == 0 else f"{job}-c{link}"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from botocore.exceptions import ClientError
 
+from stagecoach.deploy.chain import follow
 from stagecoach.deploy.resources import (
     Clients,
     DeployError,
@@ -111,7 +112,8 @@ def cleanup_job(
     execution = res.job_state_machine_arn.replace(":stateMachine:", ":execution:") + f":{job_id}"
     removed = Removed()
     try:
-        status = c.sfn.describe_execution(executionArn=execution)["status"]
+        links, latest = follow(c.sfn, execution)  # the job's latest execution (it continues as new ones)
+        execution, status = links[-1], latest["status"]
     except c.sfn.exceptions.ExecutionDoesNotExist:
         status = None
     spec: JobSpec | None = None

@@ -14,7 +14,7 @@ from stagecoach.deploy.resources import HANDLER, Clients, DeployError, StackReso
 from stagecoach.deploy.upload import upload_job
 from stagecoach.lambdas import keys
 from stagecoach.planner.emit import asl
-from stagecoach.planner.emit.job_input import JobInput, Window
+from stagecoach.planner.emit.job_input import JobInput
 from stagecoach.planner.plan import Plan
 
 if TYPE_CHECKING:
@@ -107,10 +107,10 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients) -> t
             job=job_id,
             bucket=res.bucket,
             windowStateMachineArn=window,
-            windows=[
-                Window(start=w["start"], end=w["end"], timeout=window_timeout_s(plan, w["end"] - w["start"]))
-                for w in asl.windows(job.iterations, length)
-            ],
+            iterations=job.iterations,
+            windowLength=length,
+            windowTimeout=window_timeout_s(plan, length),
+            windowsPerExecution=asl.windows_per_execution(),
             functionPrefix=function_name(res, job_id, 0)[:-1],
             controlFunction=res.control_function,
         )

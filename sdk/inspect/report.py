@@ -127,7 +127,9 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
     run, d, spec, inp = opened.run, opened.description, opened.spec, opened.execution_input
     metrics = run.metrics()
     done = run.iterations_done()
-    windows = inp.get("windows", [])
+    length = int(inp.get("windowLength") or spec.window_length or 1)
+    n_windows = -(-spec.iterations // length)
+    d = run.describe()  # the chain's latest execution: the job's status
     sfn = backend.clients.sfn
     window = None
     failures: list[FailedTask] = []
@@ -142,7 +144,7 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
         last = execs[-1]
         wd = sfn.describe_execution(executionArn=last["executionArn"])
         wi = json.loads(wd.get("input") or "{}")
-        idx = next((i for i, w in enumerate(windows) if w.get("start") == wi.get("start")), None)
+        idx = int(wi["start"]) // length if isinstance(wi.get("start"), int) else None
         window = {
             "index": idx,
             "start": wi.get("start"),
@@ -171,7 +173,7 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
         plan=spec.plan,
         iterations=spec.iterations,
         iterations_done=done,
-        windows=len(windows),
+        windows=n_windows,
         window=window,
         phase_timings=phase_timings(metrics),
         losses=_losses(metrics, done),
