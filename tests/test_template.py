@@ -258,7 +258,8 @@ def test_role_patterns_match_exactly_the_names_the_sdk_gives(template):
         assert not grants(sts, "lambda:UpdateFunctionConfiguration", fn(res.control_function))
     assert grants(job_role, "states:StartExecution", sm(window))
     assert grants(job_role, "states:DescribeExecution", ex(window)) and grants(job_role, "states:StopExecution", ex(window))
-    for other in (f"{STACK}-job", f"other-{job}-window"):
+    assert grants(job_role, "states:StartExecution", sm(f"{STACK}-job"))  # continue-as-new
+    for other in ("other-job", f"other-{job}-window", f"{STACK}-jobs"):
         assert not grants(job_role, "states:StartExecution", sm(other))
 
 
@@ -270,6 +271,8 @@ def test_roles_grant_what_the_state_machines_call(template):
 
     needs = {
         "arn:aws:states:::lambda:invoke": {"lambda:InvokeFunction"},
+        # startExecution (no wait): the job continuing as a new execution of itself
+        "arn:aws:states:::states:startExecution": {"states:StartExecution"},
         # startExecution.sync:2: start the child, watch it, and the EventBridge rule it is watched through
         "arn:aws:states:::states:startExecution.sync:2": {
             "states:StartExecution",
@@ -329,7 +332,9 @@ def test_job_role_runs_only_stack_windows_the_sync_rule_and_remediation(template
         "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-worker"
     }
     assert by_action["states:StartExecution"] == {
-        "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}:stateMachine:${AWS::StackName}-*-window"
+        "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}:stateMachine:${AWS::StackName}-*-window",
+        # continue-as-new: a job execution starts the next link of its chain
+        "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}:stateMachine:${AWS::StackName}-job",
     }
     for a in ("states:DescribeExecution", "states:StopExecution"):
         assert by_action[a] == {"arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}:execution:${AWS::StackName}-*-window:*"}
