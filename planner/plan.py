@@ -164,6 +164,14 @@ class Plan:
             return 0
         return self.aggregators[stage]
 
+    def peak_invocations(self) -> int:
+        """The most Lambda invocations one iteration runs at once: the forward Map, or BackwardSync,
+        whose stages run in parallel branches, each at most max(d, K) tasks at a time (a stage's
+        sync Map starts after its backward Map)."""
+        forward = (self.stages - 1) * self.replicas
+        backward_sync = sum(max(self.replicas, self.sync_tasks(s)) for s in range(self.stages))
+        return max(forward, backward_sync)
+
     def function_timeout_s(self, stage: int) -> int:
         """The Lambda function's own timeout: the longest phase it runs, within Lambda's limit."""
         return min(LAMBDA_MAX_TIMEOUT_S, max(self.timeouts_s[stage].values()) + 5)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from stagecoach.deploy.cleanup import Removed, cleanup_job
 from stagecoach.deploy.resources import Clients, StackResources, check_name_lengths
-from stagecoach.deploy.start import deploy_and_start, preflight
+from stagecoach.deploy.start import check_concurrency, deploy_and_start, preflight
 from stagecoach.run import Run
 
 if TYPE_CHECKING:
@@ -36,6 +36,10 @@ class Backend(ABC):
         """The clients deployment creates resources with (AWS: idempotent, Active-waiting ones)."""
         return self.clients
 
+    def available_concurrency(self) -> tuple[int | None, str]:
+        """How many Lambda invocations may run at once for a job here (None: unknown), and where."""
+        return None, "this backend"
+
     def check_arn(self, arn: str) -> None:  # noqa: B027 - an optional hook: the local stack reads every ARN it made
         """Raise if ``arn`` cannot be read through this backend (another region or account)."""
 
@@ -43,6 +47,7 @@ class Backend(ABC):
         """Deploy the job's functions and window state machine, start its job execution; a Run."""
         check_name_lengths(self.resources.prefix, job.name, plan.stages)
         preflight(self.resources, self.clients)
+        check_concurrency(plan, *self.available_concurrency())
         job_id, arn = deploy_and_start(job, plan, self.resources, self.deploy_clients())
         return Run(self, job, plan, job_id, arn)
 

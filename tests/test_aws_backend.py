@@ -20,6 +20,7 @@ from stagecoach.deploy.resources import DeployError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REGION = "us-east-1"
+ACCOUNT = "123456789012"
 STACK = "sc"
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/sc-worker:py311"
 
@@ -90,6 +91,11 @@ def aws(monkeypatch, tmp_path):
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     monkeypatch.chdir(tmp_path)  # no samconfig.toml unless a test writes one
+    # moto answers GetAccountSettings with 404 (not implemented): the account's concurrency is
+    # checked against a stubbed Lambda in test_the_account_concurrency_is_read_and_its_denial_explained
+    from stagecoach.aws.backend import AwsBackend
+
+    monkeypatch.setattr(AwsBackend, "available_concurrency", lambda self: (1000, "moto's account"))
     with mock_aws():
         yield make_stack()
 
@@ -694,3 +700,25 @@ def test_a_denied_bucket_check_is_not_reported_as_a_missing_stack(aws, enforced_
             job.run(plan=job.manual_plan(stages=1, replicas=1, timeout_s=60), backend=b)
     assert e.value.action == "s3:ListBucket" and e.value.statement["Sid"] == "ListJobObjects"
     assert [f["FunctionName"] for f in admin.clients.lambda_.list_functions()["Functions"]] == [f"{STACK}-worker"]
+
+
+def test_the_account_concurrency_is_read_and_its_denial_explained():
+    """lambda:GetAccountSettings' UnreservedConcurrentExecutions is what a job may use; a denied
+    call names the permission and the deployer-policy statement that grants it."""
+    from botocore.stub import Stubber
+
+    from stagecoach.aws.backend import AwsBackend
+    from stagecoach.deploy.resources import DeployError
+
+    b = object.__new__(AwsBackend)  # only the Lambda client and the names are used
+    lam = boto3.client("lambda", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    b.clients, b.account, b.region = type("C", (), {"lambda_": lam})(), ACCOUNT, REGION
+    with Stubber(lam) as st:
+        st.add_response(
+            "get_account_settings",
+            {"AccountLimit": {"ConcurrentExecutions": 10, "UnreservedConcurrentExecutions": 10}, "AccountUsage": {}},
+        )
+        assert b.available_concurrency() == (10, f"account {ACCOUNT} in {REGION}")
+        st.add_client_error("get_account_settings", service_error_code="AccessDeniedException", http_status_code=403)
+        with pytest.raises(DeployError, match="lambda:GetAccountSettings.*ListFunctionsAndStateMachines"):
+            b.available_concurrency()

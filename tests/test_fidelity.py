@@ -209,3 +209,30 @@ def test_reserved_concurrency_throttles_the_function_with_its_own_reason(backend
     assert e.value.response.get("Reason") == "ReservedFunctionConcurrentInvocationLimitExceeded"
     for t in busy:
         t.join()
+
+
+def test_a_plan_the_account_cannot_run_at_once_is_refused_before_anything_is_created():
+    """A new account may have 10 concurrent executions: a 2 x 3 plan runs 6 workers at once and a
+    restarted window briefly doubles that, so it is refused with what to do, and nothing is left."""
+    import torch
+    from torch import nn
+
+    from stagecoach import Job
+    from stagecoach.deploy.resources import DeployError
+
+    small = LocalBackend(fidelity=Fidelity(account_concurrency=10))
+    job = Job(
+        model=lambda: nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)),
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        train=(torch.randn(24, 4), torch.randint(0, 2, (24,))),
+        global_batch=6,
+        iterations=2,
+        name="toomany",
+    )
+    functions = {f["FunctionName"] for f in small.clients.lambda_.list_functions()["Functions"]}
+    with pytest.raises(DeployError, match=r"up to 6 Lambda invocations at once.*\(13 with the remediation step\).*allows 10.*quota"):
+        job.run(stages=2, replicas=3, backend=small)
+    assert {f["FunctionName"] for f in small.clients.lambda_.list_functions()["Functions"]} == functions
+    run = job.run(stages=2, replicas=2, backend=small)  # 4 at once, 9 with headroom: fits
+    assert run.wait(progress=False, timeout_s=300) == "SUCCEEDED"

@@ -477,7 +477,7 @@ def test_deployer_policy_document_is_the_generated_one():
     from stagecoach.aws.policy import deployer_policy
 
     with open(os.path.join(ROOT, "docs", "deployer-policy.json")) as f:
-        assert json.load(f) == deployer_policy(), "regenerate docs/deployer-policy.json from stagecoach.aws_backend.deployer_policy()"
+        assert json.load(f) == deployer_policy(), "regenerate docs/deployer-policy.json from stagecoach.aws.policy.deployer_policy()"
 
 
 def test_deployer_policy_is_scoped_to_the_stack():
@@ -486,7 +486,7 @@ def test_deployer_policy_is_scoped_to_the_stack():
     pol = deployer_policy(STACK, REGION, ACCOUNT, bucket=BUCKET)
     sids = [st["Sid"] for st in pol["Statement"]]
     assert len(sids) == len(set(sids))
-    list_actions = {"lambda:ListFunctions", "states:ListStateMachines"}  # no resource-level permissions
+    list_actions = {"lambda:ListFunctions", "states:ListStateMachines", "lambda:GetAccountSettings"}  # no resource-level permissions
     for st in pol["Statement"]:
         for a in st["Action"]:
             assert "*" not in a

@@ -16,13 +16,14 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
 from stagecoach.aws.access import explain_access_denied
 from stagecoach.aws.idempotent import IdempotentLambda, IdempotentStepFunctions
 from stagecoach.aws.policy import deployer_policy
 from stagecoach.aws.stack import RegionMismatch, StackError, _arn_account, _arn_part, _arn_region, python_version, stack_outputs
 from stagecoach.backend import Backend
-from stagecoach.deploy.resources import Clients, StackResources
+from stagecoach.deploy.resources import Clients, DeployError, StackResources
 
 CONSOLE = "https://{region}.console.aws.amazon.com/states/home?region={region}#/v2/executions/details/{arn}"
 
@@ -67,6 +68,19 @@ class AwsBackend(Backend):
             architecture=self.outputs.get("Architecture", "x86_64"),
             console=CONSOLE,
         )
+
+    def available_concurrency(self) -> tuple[int | None, str]:
+        """The account's unreserved concurrency in the stack's region (lambda:GetAccountSettings)."""
+        try:
+            limit = self.clients.lambda_.get_account_settings()["AccountLimit"]
+        except ClientError as e:
+            if e.response["Error"]["Code"] in ("AccessDenied", "AccessDeniedException"):
+                raise DeployError(
+                    "checking the account's Lambda concurrency before starting needs lambda:GetAccountSettings: grant "
+                    "your identity the deployer policy (docs/deployer-policy.json, statement ListFunctionsAndStateMachines)"
+                ) from None
+            raise
+        return int(limit["UnreservedConcurrentExecutions"]), f"account {self.account} in {self.region}"
 
     def long_call_client(self, service: str) -> Any:
         """A client whose calls may wait up to Lambda's 15 minutes (a synchronous profile invocation)."""

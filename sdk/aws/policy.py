@@ -21,8 +21,8 @@ def deployer_policy(
     gives per-job resources ("<stack>-*", the naming contract of sdk/deploy/). The placeholders
     render docs/deployer-policy.json; AccessDenied messages and ``python -m stagecoach.aws
     deployer-policy`` render it for the actual stack (``roles``: the stack's role ARNs, instead of
-    "role/<stack>-*"). One wildcard resource is unavoidable: lambda:ListFunctions and
-    states:ListStateMachines support no resource-level permissions.
+    "role/<stack>-*"). One wildcard resource is unavoidable: lambda:ListFunctions,
+    states:ListStateMachines and lambda:GetAccountSettings support no resource-level permissions.
 
     No ECR permission: the stack's creation of the default worker from the same repository made
     Lambda add its pull permission to the repository policy (docs/aws.md).
@@ -92,12 +92,13 @@ def deployer_policy(
                 "Action": ["states:DescribeExecution", "states:GetExecutionHistory", "states:StopExecution"],
                 "Resource": ex,
             },
-            # List actions support no resource-level permissions (IAM's service authorization reference);
-            # used to find a half-created job's functions and an existing window state machine.
+            # These support no resource-level permissions (IAM's service authorization reference):
+            # the lists find a half-created job's functions and an existing window state machine;
+            # GetAccountSettings is the account's Lambda concurrency, checked before a job starts.
             {
                 "Sid": "ListFunctionsAndStateMachines",
                 "Effect": "Allow",
-                "Action": ["lambda:ListFunctions", "states:ListStateMachines"],
+                "Action": ["lambda:ListFunctions", "states:ListStateMachines", "lambda:GetAccountSettings"],
                 "Resource": "*",
             },
         ],

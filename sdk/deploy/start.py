@@ -27,6 +27,23 @@ def window_timeout_s(plan: Plan, length: int) -> int:
     return min(365 * 24 * 3600, length * per_iter + 300)
 
 
+def check_concurrency(plan: Plan, available: int | None, where: str) -> None:
+    """Refuse a plan the account cannot run: every worker of a phase must run at once (they wait
+    for each other), and while a failed window's tasks wind down its restart starts new ones, so
+    twice the plan's peak, plus the remediation step, must fit in the account's unreserved
+    concurrency. ``available`` None: unknown (not checked)."""
+    if available is None:
+        return
+    peak = plan.peak_invocations()
+    need = 2 * peak + 1
+    if need > available:
+        raise DeployError(
+            f"this plan runs up to {peak} Lambda invocations at once, and a restarted window briefly doubles that "
+            f"({need} with the remediation step), but {where} allows {available} concurrent executions: "
+            "request a higher 'Concurrent executions' quota (Service Quotas > AWS Lambda), or plan fewer replicas or stages"
+        )
+
+
 def preflight(res: StackResources, c: Clients) -> None:
     """Check the stack's bucket and job state machine exist before creating anything.
 

@@ -50,6 +50,7 @@ class LocalBackend(Backend):
         the default is AWS's behaviour, and any other setting gets a stack of its own."""
         if isinstance(network, Platform):
             network = network_of(network)
+        self.fidelity = fidelity or Fidelity()
         provision = True
         if faults or network or (fidelity is not None and fidelity != Fidelity()):
             self.stack: StackProcess = OwnedStack(faults=faults, network=network, fidelity=fidelity)
@@ -96,6 +97,10 @@ class LocalBackend(Backend):
         self.clients.sfn.create_state_machine(
             name=f"{PREFIX}-job", definition=json.dumps(asl.job_definition()), roleArn=self.resources.states_role_arn
         )
+
+    def available_concurrency(self) -> tuple[int | None, str]:
+        """The emulated account's limit (moto implements no GetAccountSettings)."""
+        return self.fidelity.account_concurrency, "the local stack's account (Fidelity.account_concurrency)"
 
     def long_call_client(self, service: str) -> Any:
         return self.stack.client(service, read_timeout=905)
