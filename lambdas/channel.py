@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import struct
 import threading
 import time
@@ -35,12 +36,22 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from stagecoach.lambdas.netem import Network, network
+from stagecoach.planner.limits import JOB_POLL_BUDGET_PER_S
 
 # Iteration objects carry this tag; the bucket's lifecycle rule expires tagged objects as a safety net
 # (S3 lifecycle filters cannot match jobs/*/iter/ by prefix).
 TRANSIENT_TAG = "stagecoach%3Atransient=true"
 WAIT_FIRST_S = 0.005
 WAIT_MAX_S = 0.02
+
+
+def poll_cap_s(waiters: int) -> float:
+    """The longest pause between a waiting worker's GETs: 20 ms, or longer when so many workers may
+    wait at once that they would together poll faster than the job's budget (planner/limits.py
+    JOB_POLL_BUDGET_PER_S; each pause is jittered between 3/4 and 5/4 of it). At 1,000 waiters: 1 s."""
+    return max(WAIT_MAX_S, waiters / JOB_POLL_BUDGET_PER_S)
+
+
 # Requests in flight per direction: enough to keep a ~78 MB/s link busy through S3's first-byte
 # latency with chunks of a few MB, few enough that objects arrive in the order they are needed.
 UPLOADS_IN_FLIGHT = 4
@@ -178,6 +189,7 @@ class Channel:
     stats: ChannelStats = field(default_factory=ChannelStats)
     net: Network = field(default_factory=network)
     pools: Pools = field(default_factory=process_pools)
+    poll_cap: float = WAIT_MAX_S  # poll_cap_s(the plan's peak invocations): set by the handler
     _pending: list[Future[Any]] = field(default_factory=list, repr=False)
     _aborted: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -217,7 +229,8 @@ class Channel:
         return body
 
     def wait_bytes(self, key: str, deadline: float) -> bytes:
-        """GET until the object exists; back off exponentially; give up at ``deadline`` (epoch s)."""
+        """GET until the object exists; back off exponentially up to ``poll_cap`` with jitter (so
+        a job's waiters together stay within its GET budget); give up at ``deadline`` (epoch s)."""
         delay = WAIT_FIRST_S
         while True:
             body = self.get_bytes(key)
@@ -225,11 +238,12 @@ class Channel:
                 return body
             if self._aborted.is_set():
                 raise ObjectWaitTimeout(f"s3://{self.bucket}/{key}: the task failed elsewhere, stopped waiting")
-            if time.time() + delay > deadline:
+            pause = delay * random.uniform(0.75, 1.25)
+            if time.time() + pause > deadline:
                 raise ObjectWaitTimeout(f"s3://{self.bucket}/{key} did not appear before the task's deadline")
             with self.stats.activity("wait"):
-                time.sleep(delay)
-            delay = min(WAIT_MAX_S, delay * 1.6)
+                time.sleep(pause)
+            delay = min(max(WAIT_MAX_S, self.poll_cap), delay * 1.6)
 
     def wait_tensors(self, key: str, deadline: float) -> dict[str, torch.Tensor]:
         return load_tensors(self.wait_bytes(key, deadline))

@@ -20,7 +20,7 @@ from botocore.config import Config
 from pydantic import TypeAdapter
 
 from stagecoach.lambdas import keys
-from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.channel import Channel, poll_cap_s
 from stagecoach.lambdas.events import BackwardEvent, ForwardEvent, ProfileEvent, RemediateEvent, SyncEvent, TaskEvent
 from stagecoach.lambdas.jobctx import job_context
 from stagecoach.lambdas.optim_state import warm_up
@@ -97,6 +97,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     logger.append_keys(job=ev.job, phase=ev.phase, t=ev.t, stage=ev.stage)
     ch = Channel(_client(), ev.bucket)
     ctx = job_context(ch, ev.job)
+    ch.poll_cap = poll_cap_s(ctx.plan.peak_invocations())
     # Give up waiting for another worker's object just before the Task's own timeout: a lost object
     # is then reported as ObjectWaitTimeout (the window restarts) rather than retried as a timeout.
     deadline = t0 + min(context.get_remaining_time_in_millis() / 1000.0 - 0.5, ctx.plan.timeouts_s[ev.stage][ev.phase] - 1.0)

@@ -22,6 +22,13 @@ INLINE_MAP_MAX_CONCURRENCY = 40
 # events in one execution's history, and the bytes of an execution's input (StartExecution)
 HISTORY_MAX_EVENTS = 25_000
 EXECUTION_INPUT_MAX_BYTES = 262_144
+# S3 request rates per partitioned prefix, beyond which S3 answers 503 SlowDown
+# (https://docs.aws.amazon.com/AmazonS3/latest/userguide/optimizing-performance.html)
+S3_GET_PER_PREFIX_PER_S = 5_500
+S3_PUT_PER_PREFIX_PER_S = 3_500
+# The GETs per second one job's waiting workers may make between them, whatever its size: well under
+# the per-prefix rate (a new bucket's keys of one job may share a partition until S3 splits it).
+JOB_POLL_BUDGET_PER_S = 1_000
 
 
 def fits_lambda_timeout(seconds: float, safety: float) -> bool:

@@ -179,12 +179,15 @@ def stage_terms(
     shard_gets = 0 if cached else sy.shards
     act = b * (saved_ps + 2 * in_ps + 2 * out_ps)
     mem = max(param_copies(d, plat) * p_bytes + act + sy.backward_extra_bytes, sy.task_bytes)
-    poll = plat.s3_polls_per_wait
+    # while a micro-batch's input (or its output's gradient) is on its way from the neighbour, the
+    # waiter polls for it: the neighbour's PUT latency and bytes, and the poll that notices it
+    poll_in = plat.polls_while_waiting(lat + in_b / w + poll)
+    poll_back = plat.polls_while_waiting(lat + out_b / w + poll)
     gets = puts = 0.0
     if not last:  # forward task per replica: parameter shards, m inputs (+ waits), m outputs
-        gets += d * (shard_gets + m + (0 if first else m * poll))
+        gets += d * (shard_gets + m + (0 if first else m * poll_in))
         puts += d * m
-    gets += d * (2 * m + (0 if last else m * poll) + (shard_gets if last else 0) + sy.tail_gets)
+    gets += d * (2 * m + (0 if last else m * poll_back) + (shard_gets if last else 0) + sy.tail_gets)
     puts += d * ((0 if first else m) + sy.tail_puts)
     gets += sy.tasks * sy.task_gets
     puts += sy.tasks * sy.task_puts

@@ -70,7 +70,10 @@ class Platform:
     timeout_margin: float = TIMEOUT_SAFETY
     optimizer_state_ratio: float = 2.0  # optimizer state bytes / parameter bytes (Adam: m and v)
     optimizer_flops_per_param: float = 12.0  # Adam update arithmetic per parameter
-    s3_polls_per_wait: float = 1.0  # extra GETs (404s) while waiting for an object, per wait
+    # A waiting worker's polling (lambdas/channel.py wait_bytes): the first pause, and the longest
+    # (for plans of at most 20 concurrent workers; larger ones poll slower, so fewer GETs).
+    poll_first_s: float = 0.005
+    poll_max_s: float = 0.02
     # Prices (USD)
     price_gb_s: float = 0.0000166667  # Lambda x86; arm64 is 0.0000133334
     price_request: float = 0.20 / 1e6  # Lambda invocations
@@ -93,6 +96,18 @@ class Platform:
         """
         v = self.vcpu(memory_mb)
         return v if v <= 1.0 else 1.0 + (v - 1.0) * self.parallel_efficiency
+
+    def polls_while_waiting(self, wait_s: float) -> float:
+        """The extra GETs (404s) a worker makes while it waits ``wait_s`` for an object, by the
+        channel's back-off (x1.6 from poll_first_s to poll_max_s; its jitter averages out)."""
+        if wait_s <= 0:
+            return 0.0
+        n, t, delay = 1, 0.0, self.poll_first_s  # the first GET misses, then one per pause that ends too soon
+        while t + delay < wait_s:
+            t += delay
+            n += 1
+            delay = min(self.poll_max_s, delay * 1.6)
+        return float(n)
 
     def usable_bytes(self, memory_mb: float) -> float:
         """Bytes a stage may plan to use at this tier, after headroom and the runtime's base."""

@@ -202,7 +202,7 @@ class PipelinedScatterReduce(SyncAlgorithm):
         own_end = own_start + (1 + rho) * p_bytes / (d * w)
         gather_end = max(x + e, own_end + lat + chunk)  # the others' updated chunks, a chunk behind theirs
         tail = max(own_end, gather_end) + lat + opt_s / (d * c)
-        polls = plat.s3_polls_per_wait
+        polls = plat.polls_while_waiting(lat + chunk)  # a peer's chunk: its PUT latency and bytes
         return StageSync(
             self.name,
             d,

@@ -1,0 +1,107 @@
+"""Workers wait for each other's objects by polling S3; a job's waiters together stay within its GET
+budget (planner/limits.py JOB_POLL_BUDGET_PER_S), far under S3's 5,500 GET/s per prefix, even at
+1,000 waiting workers. Checked on the channel's real wait loop with a simulated clock."""
+
+import pytest
+
+from stagecoach.lambdas import channel as channel_module
+from stagecoach.lambdas.channel import WAIT_MAX_S, Channel, ObjectWaitTimeout, poll_cap_s
+from stagecoach.lambdas.netem import Network
+from stagecoach.planner.limits import JOB_POLL_BUDGET_PER_S, S3_GET_PER_PREFIX_PER_S
+from stagecoach.planner.plan import Plan
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+class NeverThere:
+    """S3 where the awaited object never appears: every GET is a 404 (counted)."""
+
+    class exceptions:  # noqa: N801 - botocore's attribute name
+        class NoSuchKey(Exception):
+            pass
+
+    def __init__(self) -> None:
+        self.gets = 0
+
+    def get_object(self, **_: object) -> dict:
+        self.gets += 1
+        raise self.exceptions.NoSuchKey()
+
+
+def gets_while_waiting(waiters: int, seconds: float, monkeypatch) -> int:
+    clock = Clock()
+    monkeypatch.setattr(channel_module.time, "time", clock.time)
+    monkeypatch.setattr(channel_module.time, "sleep", clock.sleep)
+    s3 = NeverThere()
+    ch = Channel(s3, "b", net=Network(None), poll_cap=poll_cap_s(waiters))
+    with pytest.raises(ObjectWaitTimeout):
+        ch.wait_bytes("k", deadline=clock.now + seconds)
+    return s3.gets
+
+
+@pytest.mark.parametrize("waiters", [2, 80, 1_000])
+def test_a_job_s_waiters_together_poll_within_its_budget(waiters, monkeypatch):
+    seconds = 60.0
+    per_waiter = gets_while_waiting(waiters, seconds, monkeypatch) / seconds
+    job_rate = waiters * per_waiter
+    assert job_rate <= max(JOB_POLL_BUDGET_PER_S / 0.75, waiters / (0.75 * WAIT_MAX_S)) * 1.02
+    if waiters >= 80:  # the bound bites: far below S3's per-prefix limit
+        assert job_rate < S3_GET_PER_PREFIX_PER_S / 3
+
+
+def test_small_jobs_keep_the_fast_20_ms_poll_and_the_largest_plan_slows_to_80_ms():
+    assert poll_cap_s(Plan(balance=[1, 1], replicas=4, global_batch=4).peak_invocations()) == WAIT_MAX_S
+    # the inline Map's 40 tasks bound a plan's peak: 2 stages x 40 replicas back-propagate at once
+    largest = Plan(balance=[1, 1], replicas=40, global_batch=40)
+    assert largest.peak_invocations() == 80 and poll_cap_s(80) == pytest.approx(0.08)
+
+
+class AppearsAt:
+    """S3 where the awaited object lands at a given time of the simulated clock."""
+
+    exceptions = NeverThere.exceptions
+
+    def __init__(self, clock: Clock, at: float) -> None:
+        self.clock, self.at, self.misses = clock, at, 0
+
+    def get_object(self, **_: object) -> dict:
+        if self.clock.now < self.at:
+            self.misses += 1
+            raise self.exceptions.NoSuchKey()
+
+        class Body:
+            @staticmethod
+            def read() -> bytes:
+                return b"x"
+
+        return {"Body": Body()}
+
+
+@pytest.mark.parametrize("wait_s", [0.01, 0.05, 0.2, 1.0])
+def test_the_performance_model_counts_the_polls_the_channel_makes(wait_s, monkeypatch):
+    """The model's GETs per wait (Platform.polls_while_waiting) are what the channel's back-off
+    makes while an object is on its way (the channel jitters each pause; the mean over 200 waits)."""
+    import random
+
+    from stagecoach.planner.model.platforms import aws_platform
+
+    random.seed(5)
+    clock = Clock()
+    monkeypatch.setattr(channel_module.time, "time", clock.time)
+    monkeypatch.setattr(channel_module.time, "sleep", clock.sleep)
+    misses = []
+    for _ in range(200):
+        s3 = AppearsAt(clock, clock.now + wait_s)
+        Channel(s3, "b", net=Network(None)).wait_bytes("k", deadline=clock.now + 60)
+        misses.append(s3.misses)
+    predicted = aws_platform().polls_while_waiting(wait_s)
+    assert sum(misses) / len(misses) == pytest.approx(predicted, rel=0.15, abs=1.0)
