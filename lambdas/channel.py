@@ -105,6 +105,13 @@ class ObjectWaitTimeout(Exception):
     """An object another worker should have written did not appear in time."""
 
 
+class WindowAborted(Exception):
+    """The window this task belongs to has failed (its abort marker exists): stop waiting."""
+
+
+ABORT_CHECK_S = 1.0  # how often a waiting task looks for its window's abort marker
+
+
 @dataclass
 class ChannelStats:
     upload_s: float = 0.0
@@ -190,6 +197,7 @@ class Channel:
     net: Network = field(default_factory=network)
     pools: Pools = field(default_factory=process_pools)
     poll_cap: float = WAIT_MAX_S  # poll_cap_s(the plan's peak invocations): set by the handler
+    abort_key: str | None = None  # keys.window_abort of the task's window attempt: set by the handler
     _pending: list[Future[Any]] = field(default_factory=list, repr=False)
     _aborted: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -232,12 +240,17 @@ class Channel:
         """GET until the object exists; back off exponentially up to ``poll_cap`` with jitter (so
         a job's waiters together stay within its GET budget); give up at ``deadline`` (epoch s)."""
         delay = WAIT_FIRST_S
+        next_abort_check = time.time() + ABORT_CHECK_S
         while True:
             body = self.get_bytes(key)
             if body is not None:
                 return body
             if self._aborted.is_set():
                 raise ObjectWaitTimeout(f"s3://{self.bucket}/{key}: the task failed elsewhere, stopped waiting")
+            if self.abort_key is not None and time.time() >= next_abort_check:
+                next_abort_check = time.time() + ABORT_CHECK_S
+                if self.get_bytes(self.abort_key) is not None:
+                    raise WindowAborted(f"stopped waiting for s3://{self.bucket}/{key}: another task of this window failed")
             pause = delay * random.uniform(0.75, 1.25)
             if time.time() + pause > deadline:
                 raise ObjectWaitTimeout(f"s3://{self.bucket}/{key} did not appear before the task's deadline")

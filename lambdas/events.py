@@ -22,6 +22,7 @@ class _Task(BaseModel):
     t: int = Field(ge=0)
     stage: int = Field(ge=0)
     window_start: int = Field(ge=0, default=0)
+    attempt: str = Field(default="", pattern=r"^[A-Za-z0-9_-]{0,80}$")  # the window execution's name
 
 
 class ForwardEvent(_Task):

@@ -98,14 +98,16 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     ch = Channel(_client(), ev.bucket)
     ctx = job_context(ch, ev.job)
     ch.poll_cap = poll_cap_s(ctx.plan.peak_invocations())
+    ch.abort_key = keys.window_abort(ev.job, ev.attempt) if ev.attempt else None
     # Give up waiting for another worker's object just before the Task's own timeout: a lost object
     # is then reported as ObjectWaitTimeout (the window restarts) rather than retried as a timeout.
     deadline = t0 + min(context.get_remaining_time_in_millis() / 1000.0 - 0.5, ctx.plan.timeouts_s[ev.stage][ev.phase] - 1.0)
     try:
         with MemoryWatch(_client(), ev.bucket, ev.job, ev.stage, int(context.memory_limit_in_mb)):
             result = PHASES[ev.phase](ctx, ch, ev, deadline)
-    except BaseException:
+    except BaseException as e:
         ch.settle(failed=True)
+        logger.warning("task failed", extra={"error": type(e).__name__, "detail": str(e)[:300]})
         raise
     ch.settle()  # every upload of the task has landed before it reports success
     end = time.time()

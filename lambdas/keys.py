@@ -76,3 +76,9 @@ def learnt_memory(name: str) -> str:
 def learnt_task_seconds(name: str) -> str:
     """Per job name: the task seconds a run observed, for the next run's timeouts (sdk/history.py)."""
     return f"history/{name}/task_seconds.json"
+
+
+def window_abort(job: str, attempt: str) -> str:
+    """Written by a window execution whose phase failed (planner/emit/asl.py ABORT_KEY): that
+    attempt's tasks still waiting for objects stop (lambdas/channel.py)."""
+    return f"jobs/{job}/abort/{attempt}"

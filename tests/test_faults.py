@@ -1,6 +1,9 @@
 """Reliability: killed workers, throttling, hung tasks and lost objects are recovered by Step Functions
 retries and window restarts, and the trained parameters are bit-identical to a fault-free run."""
 
+import json
+from datetime import datetime
+
 import pytest
 import torch
 from torch import nn
@@ -8,6 +11,7 @@ from torch import nn
 from stagecoach import Job
 from stagecoach.lambdas.records import LearntMemory, Remediation
 from stagecoach.local.backend import LocalBackend
+from stagecoach.reference import train_reference
 
 TIMEOUT_S = 20
 
@@ -138,3 +142,28 @@ def test_a_stage_planned_with_too_little_memory_is_raised_a_tier_and_completes(b
     from stagecoach.history import refine
 
     assert refine(plan, "oom", c.s3, r.bucket).memory_mb == (1024, 512)
+
+
+def test_when_a_window_fails_its_waiting_tasks_stop_within_seconds():
+    """Stage 0's forward task for replica 1 fails outright at t = 1: the forward Map fails, and the
+    stage-1 forward task waiting for that activation would wait out its Task timeout (TIMEOUT_S).
+    The window's Abort state writes the abort marker instead, the waiter stops within seconds
+    (WindowAborted), and the restarted window trains exactly what the fault-free run trained."""
+    faulty = LocalBackend(faults={"once": [{"kind": "fail", "phase": "forward", "t": 1, "stage": 0, "replica": 1}]})
+    try:
+        r = make_job("aborted").run(stages=3, replicas=2, micro_batches=2, timeout_s=TIMEOUT_S, backend=faulty)
+        r.wait(progress=False, poll_s=1.0, timeout_s=900)
+        assert "Stagecoach.InjectedFailure" in task_errors(r)
+        c = faulty.clients
+        markers = c.s3.list_objects_v2(Bucket=r.bucket, Prefix=f"jobs/{r.job_id}/abort/")["Contents"]
+        assert len(markers) == 1
+        marked = markers[0]["LastModified"].timestamp()
+        with open(faulty.stack.log_path) as f:
+            aborted = [json.loads(line) for line in f if '"WindowAborted"' in line]
+        assert aborted, "no waiting task stopped on the abort marker"
+        stopped = datetime.fromisoformat(aborted[0]["timestamp"].replace(",", ".")).timestamp()
+        assert stopped - marked < 5.0 < TIMEOUT_S  # within seconds, not at the Task's timeout
+        expected = train_reference(r.job, replicas=2, micro_batches=2)
+        assert max(float((p - q).detach().abs().max()) for p, q in zip(r.trained_model().parameters(), expected.parameters())) < 1e-5
+    finally:
+        faulty.stack.close()

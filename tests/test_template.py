@@ -2,6 +2,7 @@
 asl-validator, the SAM transform, sam when installed) and the IAM, bucket and naming rules the
 design depends on, checked against the names and keys the SDK and the workers really use."""
 
+import fnmatch
 import glob
 import json
 import os
@@ -158,9 +159,12 @@ def test_no_wildcard_actions_or_resources_beyond_the_design(template):
                     assert set(_strings(st["Action"])) <= justified_star, f"{logical}: Resource * for {st['Action']}"
                 elif "*" in r:
                     # wildcards only after the stack's own prefix or inside the bucket's own key prefixes
-                    assert "${AWS::StackName}-*" in r or r in {"${Bucket.Arn}/jobs/*", "${Bucket.Arn}/data/*", "${Bucket.Arn}/history/*"}, (
-                        f"{logical}: {r}"
-                    )
+                    assert "${AWS::StackName}-*" in r or r in {
+                        "${Bucket.Arn}/jobs/*",
+                        "${Bucket.Arn}/data/*",
+                        "${Bucket.Arn}/history/*",
+                        "${Bucket.Arn}/jobs/*/abort/*",
+                    }, f"{logical}: {r}"
 
 
 def test_worker_role_reaches_only_the_stack_bucket_logs_xray_and_stack_function_memory(template):
@@ -273,6 +277,8 @@ def test_roles_grant_what_the_state_machines_call(template):
         "arn:aws:states:::lambda:invoke": {"lambda:InvokeFunction"},
         # startExecution (no wait): the job continuing as a new execution of itself
         "arn:aws:states:::states:startExecution": {"states:StartExecution"},
+        # a window's abort marker (aws-sdk integration: the S3 action itself)
+        "arn:aws:states:::aws-sdk:s3:putObject": {"s3:PutObject"},
         # startExecution.sync:2: start the child, watch it, and the EventBridge rule it is watched through
         "arn:aws:states:::states:startExecution.sync:2": {
             "states:StartExecution",
@@ -304,13 +310,17 @@ def test_roles_grant_what_the_state_machines_call(template):
             assert needs[r] <= granted, (role, r, needs[r] - granted)
 
 
-def test_window_role_invokes_only_stack_functions(template):
+def test_window_role_invokes_only_stack_functions_and_writes_only_abort_markers(template):
     got = allowed(role_statements(template, "WindowStatesRole"))
-    assert {a for a, _ in got} == {"lambda:InvokeFunction"}
-    assert {r for _, r in got} == {
+    assert {a for a, _ in got} == {"lambda:InvokeFunction", "s3:PutObject"}
+    assert {r for a, r in got if a == "lambda:InvokeFunction"} == {
         "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*",
         "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*:*",
     }
+    from stagecoach.lambdas import keys
+
+    assert {r for a, r in got if a == "s3:PutObject"} == {"${Bucket.Arn}/jobs/*/abort/*"}
+    assert fnmatch.fnmatchcase(keys.window_abort("j-1a2b3c4d", "w0-uuid"), "jobs/*/abort/*")
 
 
 def test_job_role_runs_only_stack_windows_the_sync_rule_and_remediation(template):

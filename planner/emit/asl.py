@@ -70,6 +70,10 @@ KILLED_RETRY = {
 
 KILLED_ERROR = "Stagecoach.WorkerKilled"
 
+# A failed phase's Catch: write the abort marker, then fail the window with the phase's own error.
+ABORT_CATCH = {"ErrorEquals": ["States.ALL"], "ResultPath": "$.caught", "Next": "Abort"}
+ABORT_KEY = "jobs/{}/abort/{}"  # job, window execution name: lambdas/keys.py window_abort
+
 # Events one state adds to the history (the same on AWS and moto's interpreter).
 EV_TASK = 5  # TaskStateEntered, TaskScheduled, TaskStarted, TaskSucceeded, TaskStateExited
 EV_MAP_ITEM = 2  # MapIterationStarted, MapIterationSucceeded
@@ -114,6 +118,7 @@ def _task(phase: str, function: str | None, timeout: int, index_field: str) -> d
         "bucket.$": "$.bucket",
         "t.$": "$.t",
         "window_start.$": "$.window_start",
+        "attempt.$": "$.attempt",
         "stage.$": "$.stage",
         f"{index_field}.$": f"$.{index_field}",
     }
@@ -142,6 +147,7 @@ def _map(name: str, items_path: str, selector: dict[str, Any], task: dict[str, A
             "bucket.$": "$.bucket",
             "t.$": "$.t",
             "window_start.$": "$.window_start",
+            "attempt.$": "$.attempt",
             **selector,
         },
         "MaxConcurrency": 0,  # every worker of a phase runs at once (they wait on each other)
@@ -184,6 +190,7 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
         "bucket.$": "$.bucket",
         "end.$": "$.end",
         "window_start.$": "$.window_start",
+        "attempt.$": "$.attempt",
         "ranks.$": "$.ranks",
         "shards.$": "$.shards",
         "fw.$": "$.fw",
@@ -198,6 +205,8 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
                 "t.$": "$.start",
                 "end.$": "$.end",
                 "window_start.$": "$.start",
+                # this attempt's execution name: the key of its abort marker (restarts get their own)
+                "attempt.$": "$$.Execution.Name",
                 "ranks": ranks,
                 "shards": {f"s{st}": list(range(plan.sync_tasks(st))) for st in range(s_count)},
                 "fw": fw_items,
@@ -223,6 +232,7 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
             _task("forward", None, fw_timeout, "replica"),
             "BackwardSync",
         )
+        states["Forward"]["Catch"] = [dict(ABORT_CATCH)]
     branches = []
     for s in range(s_count):
         has_sync = plan.sync_tasks(s) > 0  # d = 1 and the fused pipelined sync have no sync Map
@@ -243,7 +253,21 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
                 None,
             )
         branches.append({"StartAt": f"Backward{s}", "States": stage_states})
-    states["BackwardSync"] = {"Type": "Parallel", "Branches": branches, "ResultPath": None, "Next": "Advance"}
+    states["BackwardSync"] = {"Type": "Parallel", "Branches": branches, "ResultPath": None, "Catch": [dict(ABORT_CATCH)], "Next": "Advance"}
+    # A failed phase leaves its other tasks running (Step Functions cannot stop a Lambda invocation),
+    # waiting for objects the failed one will never write: the abort marker tells them to stop
+    # (lambdas/channel.py checks it while waiting), then the window fails with the phase's error.
+    states["Abort"] = {
+        "Type": "Task",
+        "Resource": "arn:aws:states:::aws-sdk:s3:putObject",
+        "Parameters": {"Bucket.$": "$.bucket", "Key.$": f"States.Format('{ABORT_KEY}', $.job, $.attempt)", "Body": "{}"},
+        "TimeoutSeconds": 30,
+        "Retry": [{"ErrorEquals": ["States.ALL"], "IntervalSeconds": 1, "MaxAttempts": 2, "JitterStrategy": "FULL"}],
+        "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.abortFailed", "Next": "Failed"}],
+        "ResultPath": None,
+        "Next": "Failed",
+    }
+    states["Failed"] = {"Type": "Fail", "ErrorPath": "$.caught.Error", "CausePath": "$.caught.Cause"}
     states["Advance"] = {"Type": "Pass", "Parameters": {**carry, "t.$": "States.MathAdd($.t, 1)"}, "Next": "Loop"}
     states["Done"] = {"Type": "Succeed"}
     return {

@@ -12,6 +12,8 @@ object of probabilities per training-task invocation, e.g.
             Task's own timeout fires first (``States.Timeout``).
 - delete:   after a forward task succeeds, one activation it wrote is deleted, so its consumer waits
             in vain and the window must be restarted from its checkpoint.
+- fail:     the task fails at once with an error no Retry matches (``Stagecoach.InjectedFailure``):
+            its phase, and the window, fail while the phase's other tasks are still running.
 
 ``once`` scripts faults for tests: a list of {"kind", and event fields to match such as "phase",
 "t", "stage", "replica", "shard"}; each fires on the first invocation that matches it.
@@ -26,7 +28,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("kill", "throttle", "hang", "delete")
+KINDS = ("kill", "throttle", "hang", "delete", "fail")
 
 
 @dataclass
@@ -42,6 +44,7 @@ class FaultInjector:
     throttle: float = 0.0
     hang: float = 0.0
     delete: float = 0.0
+    fail: float = 0.0
     kill_within_s: float = 0.5
     once: list[dict[str, Any]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})

@@ -259,6 +259,8 @@ class LocalLambdaRuntime:
         fault = self.faults.draw(event) if self.faults else None
         if fault is not None and fault.kind == "throttle":
             raise Throttled()
+        if fault is not None and fault.kind == "fail":
+            return _error("Stagecoach.InjectedFailure", "injected: this task failed (sdk/local/faults.py)"), True, ""
         self._admit(spec)
         try:
             result = self._invoke(spec, event, fault)
