@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from stagecoach.backend import Backend
 from stagecoach.deploy.cleanup import rollback
-from stagecoach.deploy.resources import DeployError, function_name, new_job_id
+from stagecoach.deploy.resources import DeployError, check_name_lengths, function_name, new_job_id
 from stagecoach.deploy.start import create_stage_function, preflight
 from stagecoach.deploy.upload import upload_job
 from stagecoach.lambdas import keys
@@ -26,6 +26,9 @@ from stagecoach.planner.profile.layers import ModelProfile
 
 if TYPE_CHECKING:
     from stagecoach.job import Job
+
+
+PROFILE_SUFFIX = "-prof"
 
 
 def profile_tiers(
@@ -40,9 +43,11 @@ def profile_tiers(
     if not tiers or bad:
         raise ValueError(f"tiers={list(tiers)}: give Lambda memory sizes of {LAMBDA_MIN_MB}-{LAMBDA_MAX_MB} MB")
     job.validate()
-    res, c = backend.resources, backend.clients
-    preflight(res, c)
-    job_id = new_job_id(job.name) + "-prof"
+    res, c = backend.resources, backend.deploy_clients()  # on AWS: idempotent, logging to the stack's log group
+    # the profile functions are "<stack>-<name>-xxxxxxxx-prof-s<i>": within Lambda's 64 characters too
+    check_name_lengths(res.prefix, job.name + PROFILE_SUFFIX, len(tiers))
+    preflight(res, backend.clients)
+    job_id = new_job_id(job.name) + PROFILE_SUFFIX
     created: list[str] = []
     try:
         spec = upload_job(job, job.manual_plan(), res, c, job_id, window_length=None, window_state_machine=None)
@@ -53,7 +58,7 @@ def profile_tiers(
             create_stage_function(res, c, name, job_id, int(tier), LAMBDA_MAX_TIMEOUT_S)
             created.append(name)
             names.append(name)
-        lam = backend.long_call_client("lambda")
+        lam = backend.long_call_client("lambda")  # lambda:InvokeFunction (deployer policy, ProfileFunctions)
         results = []
         for name in names:  # one after another: on the local stack they would share the cores
             lam.get_waiter("function_active_v2").wait(FunctionName=name, WaiterConfig={"Delay": 2, "MaxAttempts": 150})

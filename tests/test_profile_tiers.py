@@ -43,3 +43,26 @@ def test_each_tier_is_measured_inside_a_function_of_that_memory_and_nothing_is_l
 def test_a_tier_lambda_cannot_have_is_refused_before_anything_is_created(backend):
     with pytest.raises(ValueError, match="128-10240 MB"):
         profile_tiers(make_job(), backend, tiers=(64,))
+
+
+def test_profile_function_names_are_checked_against_lambda_s_64_characters_before_anything_is_made(backend):
+    """A 20-character stack and a 30-character job name make "-prof-s<i>" names of 68 characters."""
+    from stagecoach.backend import Backend
+    from stagecoach.deploy.resources import DeployError, StackResources
+
+    class LongStack(Backend):
+        name = "local"
+
+        def __init__(self, real):
+            self.real, self.clients = real, real.clients
+            self.resources = StackResources(**{**real.resources.__dict__, "prefix": "s" * 20})
+
+        def long_call_client(self, service):
+            return self.real.long_call_client(service)
+
+    job = make_job()
+    job.name = "j" * 30
+    before = {f["FunctionName"] for f in backend.clients.lambda_.list_functions()["Functions"]}
+    with pytest.raises(DeployError, match=r"would be 6\d characters \(Lambda allows 64\)"):
+        profile_tiers(job, LongStack(backend), tiers=(512,))
+    assert {f["FunctionName"] for f in backend.clients.lambda_.list_functions()["Functions"]} == before

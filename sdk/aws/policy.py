@@ -65,6 +65,14 @@ def deployer_policy(
                 ],
                 "Resource": fn,
             },
+            # profiling at memory tiers (Job.plan(profile_on=...)): the SDK invokes its own
+            # "<stack>-<job>-prof-s<i>" functions synchronously, and no other function
+            {
+                "Sid": "ProfileFunctions",
+                "Effect": "Allow",
+                "Action": ["lambda:InvokeFunction"],
+                "Resource": f"{fn}-prof-s*",
+            },
             {
                 "Sid": "PassStackRoles",
                 "Effect": "Allow",
