@@ -91,8 +91,12 @@ def test_every_task_retries_lambda_service_errors_and_has_a_timeout():
     assert len(tasks) == 1 + 3 * 2  # forward, and backward + sync per stage
     for t in tasks:
         assert t["TimeoutSeconds"] == 300
-        assert "Lambda.TooManyRequestsException" in t["Retry"][0]["ErrorEquals"]
+        # the retrier AWS's Step Functions guide recommends ("Handle Lambda service exceptions")
+        assert {"Lambda.TooManyRequestsException", "Lambda.ClientExecutionTimeoutException"} <= set(t["Retry"][0]["ErrorEquals"])
         assert t["Retry"][0]["JitterStrategy"] == "FULL"
+        # every name AWS reports a killed worker under is caught for the remediation step
+        caught = {e for c in t.get("Catch", []) for e in c["ErrorEquals"]}
+        assert caught == {"Runtime.OutOfMemory", "Runtime.ExitError", "Lambda.Unknown"}
 
 
 def test_window_length_keeps_history_under_the_limit():
