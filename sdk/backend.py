@@ -43,12 +43,12 @@ class Backend(ABC):
     def check_arn(self, arn: str) -> None:  # noqa: B027 - an optional hook: the local stack reads every ARN it made
         """Raise if ``arn`` cannot be read through this backend (another region or account)."""
 
-    def launch(self, job: Job, plan: Plan) -> Run:
+    def launch(self, job: Job, plan: Plan, reserve_concurrency: bool = False) -> Run:
         """Deploy the job's functions and window state machine, start its job execution; a Run."""
         check_name_lengths(self.resources.prefix, job.name, plan.stages)
         preflight(self.resources, self.clients)
         check_concurrency(plan, *self.available_concurrency())
-        job_id, arn = deploy_and_start(job, plan, self.resources, self.deploy_clients())
+        job_id, arn = deploy_and_start(job, plan, self.resources, self.deploy_clients(), reserve_concurrency=reserve_concurrency)
         return Run(self, job, plan, job_id, arn)
 
     def cleanup(

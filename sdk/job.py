@@ -153,12 +153,14 @@ class Job:
         return self.facts.blocks
 
     # -- running ---------------------------------------------------------------------------------
-    def run(self, plan: Plan | None = None, backend: Backend | str | None = None, **manual: Any) -> Run:
+    def run(self, plan: Plan | None = None, backend: Backend | str | None = None, reserve_concurrency: bool = False, **manual: Any) -> Run:
         """Deploy and start the job; returns a Run to wait on and inspect.
 
         ``plan``: a Plan; else a manual one from ``stages``, ``replicas``, ``micro_batches``,
         ``memory_mb``, ``sync`` and ``aggregators`` (defaults: one stage, one replica, one
-        micro-batch, scatter-reduce; see ``manual_plan``).
+        micro-batch, scatter-reduce; see ``manual_plan``). ``reserve_concurrency``: reserve each
+        stage function the concurrency its tasks need (twice its most tasks at once, for a window
+        restart), so other functions of the account cannot starve a phase of its workers.
         """
         self.validate()
         plan = plan if plan is not None else self.manual_plan(**manual)
@@ -168,7 +170,7 @@ class Job:
         self.check_plan(plan)
         backend = get_backend(backend)
         plan = learnt.refine(plan, self.name, backend.clients.s3, backend.resources.bucket)
-        return backend.launch(self, plan)
+        return backend.launch(self, plan, reserve_concurrency=reserve_concurrency)
 
     def plan(
         self, platform: Platform | None = None, profile_on: Backend | str | None = None, tiers: Sequence[int] | None = None, **options: Any

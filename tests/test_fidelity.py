@@ -236,3 +236,28 @@ def test_a_plan_the_account_cannot_run_at_once_is_refused_before_anything_is_cre
     assert {f["FunctionName"] for f in small.clients.lambda_.list_functions()["Functions"]} == functions
     run = job.run(stages=2, replicas=2, backend=small)  # 4 at once, 9 with headroom: fits
     assert run.wait(progress=False, timeout_s=300) == "SUCCEEDED"
+
+
+def test_a_job_can_reserve_the_concurrency_its_stages_need(backend):
+    """Job.run(reserve_concurrency=True): each stage function gets twice its most tasks at once
+    reserved, and the job still runs (the local stack throttles beyond a reservation, as Lambda does)."""
+    import torch
+    from torch import nn
+
+    from stagecoach import Job
+
+    job = Job(
+        model=lambda: nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)),
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        train=(torch.randn(24, 4), torch.randint(0, 2, (24,))),
+        global_batch=6,
+        iterations=2,
+        name="reserved",
+    )
+    run = job.run(stages=2, replicas=3, sync="k_reduce", aggregators=2, backend=backend, reserve_concurrency=True)
+    assert run.wait(progress=False, timeout_s=300) == "SUCCEEDED"
+    lam = backend.clients.lambda_
+    for s in range(2):
+        got = lam.get_function_concurrency(FunctionName=f"{backend.resources.prefix}-{run.job_id}-s{s}")
+        assert got["ReservedConcurrentExecutions"] == 2 * 3  # twice max(d = 3, K = 2)

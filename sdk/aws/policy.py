@@ -62,6 +62,8 @@ def deployer_policy(
                     "lambda:GetFunctionConfiguration",
                     "lambda:DeleteFunction",
                     "lambda:TagResource",
+                    # Job.run(reserve_concurrency=True)
+                    "lambda:PutFunctionConcurrency",
                 ],
                 "Resource": fn,
             },

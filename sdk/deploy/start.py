@@ -96,7 +96,14 @@ def create_stage_function(res: StackResources, c: Clients, name: str, job_id: st
     )
 
 
-def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients) -> tuple[str, str]:
+def reserved_concurrency(plan: Plan, stage: int) -> int:
+    """What ``reserve_concurrency`` reserves for a stage's function: its most tasks at once (the
+    replicas, or the sync Map's K), twice, for the tasks of a failed window winding down while its
+    restart runs."""
+    return 2 * max(plan.replicas, plan.sync_tasks(stage))
+
+
+def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients, reserve_concurrency: bool = False) -> tuple[str, str]:
     """Create the job's resources and start it; returns (job id, job execution ARN). The caller
     has checked the stack (:func:`preflight`)."""
     job_id = new_job_id(job.name)
@@ -108,6 +115,8 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients) -> t
             name = function_name(res, job_id, s)
             create_stage_function(res, c, name, job_id, plan.memory_mb[s], plan.function_timeout_s(s))
             created_functions.append(name)
+            if reserve_concurrency:
+                c.lambda_.put_function_concurrency(FunctionName=name, ReservedConcurrentExecutions=reserved_concurrency(plan, s))
             functions.append(name)
         window = c.sfn.create_state_machine(
             name=window_state_machine_name(res, job_id),
