@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from stagecoach.backend import Backend
 from stagecoach.deploy.cleanup import rollback
 from stagecoach.deploy.resources import DeployError, check_name_lengths, function_name, new_job_id
+from stagecoach.deploy.roles import create_job_role
 from stagecoach.deploy.start import create_stage_function, preflight
 from stagecoach.deploy.upload import upload_job
 from stagecoach.lambdas import keys
@@ -52,10 +53,11 @@ def profile_tiers(
     try:
         spec = upload_job(job, job.manual_plan(), res, c, job_id, window_length=None, window_state_machine=None)
         c.s3.put_object(Bucket=res.bucket, Key=keys.job_spec(job_id), Body=spec.model_dump_json().encode())
+        role = create_job_role(res, c, job_id)  # the profile runs the user's code: a role of its own
         names = []
         for i, tier in enumerate(tiers):
             name = function_name(res, job_id, i)
-            create_stage_function(res, c, name, job_id, int(tier), LAMBDA_MAX_TIMEOUT_S)
+            create_stage_function(res, c, name, job_id, int(tier), LAMBDA_MAX_TIMEOUT_S, role)
             created.append(name)
             names.append(name)
         lam = backend.long_call_client("lambda")  # lambda:InvokeFunction (deployer policy, ProfileFunctions)

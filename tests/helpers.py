@@ -14,7 +14,7 @@ def create_function(backend, handler: str, memory_mb: int = 512, timeout_s: int 
     name = f"test-{handler.split('.')[0]}-{uuid.uuid4().hex[:6]}"
     c.lambda_.create_function(
         FunctionName=name,
-        Role=res.worker_role_arn,
+        Role=res.control_role_arn,
         PackageType="Image",
         Code={"ImageUri": res.image_uri},
         ImageConfig={"Command": [handler]},

@@ -33,21 +33,31 @@ def _trust(service):
 
 def make_stack(name=STACK, region=REGION, python=None):
     """What `sam deploy` of template.yaml leaves behind (names as CloudFormation generates them)."""
+    from stagecoach.deploy.roles import job_boundary_policy, role_path
+
     iam = boto3.client("iam", region_name=region)
     roles = {}
     for logical, svc in (
-        ("WorkerRole", "lambda.amazonaws.com"),
+        ("ControlRole", "lambda.amazonaws.com"),
         ("WindowStatesRole", "states.amazonaws.com"),
         ("JobStatesRole", "states.amazonaws.com"),
     ):
-        roles[logical] = iam.create_role(RoleName=f"{name}-{logical}-ABC123", AssumeRolePolicyDocument=_trust(svc))["Role"]["Arn"]
+        roles[logical] = iam.create_role(RoleName=f"{name}-{logical}-ABC123", Path=role_path(name), AssumeRolePolicyDocument=_trust(svc))[
+            "Role"
+        ]["Arn"]
+    log_group = f"arn:aws:logs:{region}:{ACCOUNT}:log-group:/aws/lambda/{name}-workers:*"
+    boundary = iam.create_policy(
+        PolicyName=f"{name}-JobRoleBoundary-ABC123",
+        Path=role_path(name),
+        PolicyDocument=json.dumps(job_boundary_policy(f"arn:aws:s3:::{name}-bucket", log_group)),
+    )["Policy"]["Arn"]
     sfn = boto3.client("stepfunctions", region_name=region)
     with open(os.path.join(ROOT, "statemachines", "job.asl.json")) as f:
         job_sm = sfn.create_state_machine(name=f"{name}-job", definition=f.read(), roleArn=roles["JobStatesRole"])["stateMachineArn"]
     lam = boto3.client("lambda", region_name=region)
     lam.create_function(
         FunctionName=f"{name}-worker",
-        Role=roles["WorkerRole"],
+        Role=roles["ControlRole"],
         PackageType="Image",
         Code={"ImageUri": IMAGE},
         ImageConfig={"Command": ["stagecoach.lambdas.handler.handler"]},
@@ -70,7 +80,8 @@ def make_stack(name=STACK, region=REGION, python=None):
             "BucketName": {"Value": {"Ref": "Bucket"}},
             "WorkerFunctionName": {"Value": f"{name}-worker"},
             "WorkerLogGroupName": {"Value": f"/aws/lambda/{name}-workers"},
-            "WorkerRoleArn": {"Value": roles["WorkerRole"]},
+            "ControlRoleArn": {"Value": roles["ControlRole"]},
+            "JobRoleBoundaryArn": {"Value": boundary},
             "StatesRoleArn": {"Value": roles["WindowStatesRole"]},
             "JobStateMachineArn": {"Value": job_sm},
             "Region": {"Value": region},
@@ -170,7 +181,7 @@ def test_finds_the_stack_from_its_outputs(aws):
     b = AwsBackend(STACK, REGION)
     r = b.resources
     assert (r.prefix, r.region, r.architecture) == (STACK, REGION, "arm64")
-    assert r.worker_role_arn == roles["WorkerRole"] and r.states_role_arn == roles["WindowStatesRole"]
+    assert r.control_role_arn == roles["ControlRole"] and r.states_role_arn == roles["WindowStatesRole"]
     assert r.job_state_machine_arn == job_sm
     assert r.bucket.startswith(f"{STACK}-bucket-")
     # the image comes from the default worker, pinned by digest
@@ -237,15 +248,16 @@ def test_access_denied_names_action_resource_and_statement(aws):
             list(s3.get_paginator("list_objects_v2").paginate(Bucket=b.resources.bucket, Prefix="jobs/"))
     # when AWS names the action (iam:PassRole inside CreateFunction), that is what is reported
     lam = b.clients.lambda_
-    msg = f"User: arn:aws:iam::123456789012:user/dev is not authorized to perform: iam:PassRole on resource: {b.resources.worker_role_arn}"
+    msg = f"User: arn:aws:iam::123456789012:user/dev is not authorized to perform: iam:PassRole on resource: {b.resources.control_role_arn}"
     with Stubber(lam) as stub:
         stub.add_client_error("create_function", service_error_code="AccessDeniedException", service_message=msg, http_status_code=403)
         with pytest.raises(AccessDenied) as e:
-            lam.create_function(FunctionName="sc-x-s0", Role=b.resources.worker_role_arn, Code={"ImageUri": IMAGE}, PackageType="Image")
-    assert (e.value.action, e.value.resource) == ("iam:PassRole", b.resources.worker_role_arn)
+            lam.create_function(FunctionName="sc-x-s0", Role=b.resources.control_role_arn, Code={"ImageUri": IMAGE}, PackageType="Image")
+    assert (e.value.action, e.value.resource) == ("iam:PassRole", b.resources.control_role_arn)
     assert e.value.statement["Sid"] == "PassStackRoles" and e.value.covered
-    # rendered for this stack: its own two roles, its bucket
-    assert e.value.statement["Resource"] == sorted([roles["WorkerRole"], roles["WindowStatesRole"]])
+    # rendered for this stack: the roles under its IAM path (its own and its jobs'), its bucket
+    assert e.value.statement["Resource"] == f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/*"
+    assert all(r.startswith(f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/") for r in roles.values())
     assert f"arn:aws:s3:::{b.resources.bucket}/jobs/*" in b.deployer_policy()["Statement"][1]["Resource"]
     # S3's newer messages quote the resource
     quoted = (
@@ -263,7 +275,7 @@ def test_access_denied_names_action_resource_and_statement(aws):
     with Stubber(lam) as stub:
         stub.add_client_error("create_function", service_error_code="AccessDeniedException", service_message=deny, http_status_code=403)
         with pytest.raises(AccessDenied, match="explicit Deny .* cannot override") as e:
-            lam.create_function(FunctionName="sc-x-s0", Role=b.resources.worker_role_arn, Code={"ImageUri": IMAGE}, PackageType="Image")
+            lam.create_function(FunctionName="sc-x-s0", Role=b.resources.control_role_arn, Code={"ImageUri": IMAGE}, PackageType="Image")
     assert e.value.explicit_deny
     # a resource that is not the stack's: the statement exists but does not cover it
     with Stubber(s3) as stub:
@@ -301,7 +313,7 @@ def test_idempotent_function_and_state_machine(aws):
     lam, sfn = b.clients.lambda_, b.clients.sfn
     spec = dict(
         FunctionName="sc-j-s0",
-        Role=roles["WorkerRole"],
+        Role=roles["ControlRole"],
         PackageType="Image",
         Code={"ImageUri": IMAGE},
         ImageConfig={"Command": ["stagecoach.lambdas.handler.handler"]},
@@ -343,7 +355,9 @@ def test_deploy_start_inspect_cleanup(aws, tmp_path):
         conf = c.lambda_.get_function(FunctionName=f"{STACK}-{run.job_id}-s{s}")
         assert conf["Configuration"]["MemorySize"] == 1536
         assert conf["Configuration"]["Timeout"] == plan.function_timeout_s(s)
-        assert conf["Configuration"]["Role"] == roles["WorkerRole"]
+        # the job's own role, under the stack's path, bounded by the stack's boundary
+        assert conf["Configuration"]["Role"] == f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/{STACK}-{run.job_id}"
+        assert conf["Tags"]["stagecoach:stack"] == STACK
         assert conf["Configuration"]["Architectures"] == ["arm64"]
         assert conf["Code"]["ImageUri"] == b.resources.image_uri
     window = f"arn:aws:states:{REGION}:123456789012:stateMachine:{STACK}-{run.job_id}-window"
@@ -383,7 +397,7 @@ def test_deploy_start_inspect_cleanup(aws, tmp_path):
         b.cleanup(run.job_id)
     out = CliRunner().invoke(cleanup_command, [run.execution_arn, "--stack", STACK, "--region", REGION, "--force"])
     assert out.exit_code == 0, out.output
-    assert "removed 2 functions, 1 state machines" in out.output
+    assert "removed 2 functions, 1 state machines" in out.output and "the job's role" in out.output
     assert c.sfn.describe_execution(executionArn=run.execution_arn)["status"] == "ABORTED"
     names = [f["FunctionName"] for f in c.lambda_.list_functions()["Functions"]]
     assert names == [f"{STACK}-worker"]
@@ -391,6 +405,9 @@ def test_deploy_start_inspect_cleanup(aws, tmp_path):
         c.sfn.describe_state_machine(stateMachineArn=window)
     assert c.s3.list_objects_v2(Bucket=b.resources.bucket, Prefix=f"jobs/{run.job_id}/")["KeyCount"] == 0
     assert c.s3.list_objects_v2(Bucket=b.resources.bucket, Prefix="data/")["KeyCount"] == 1  # shared data stays
+    # the job's role went with it; the stack's own roles stay
+    left = [r["RoleName"] for r in boto3.client("iam").list_roles(PathPrefix=f"/stagecoach/{STACK}/")["Roles"]]
+    assert sorted(left) == sorted(arn.rsplit("/", 1)[1] for arn in roles.values())
     again = b.cleanup(run.job_id)  # idempotent
     assert again == Removed()
 
@@ -568,7 +585,9 @@ def test_deployer_policy_rendered_for_a_deployed_stack(aws, capsys):
     bucket = boto3.client("s3", region_name=REGION).list_buckets()["Buckets"][0]["Name"]
     sts = {st["Sid"]: st for st in pol["Statement"]}
     assert sts["ListJobObjects"]["Resource"] == f"arn:aws:s3:::{bucket}"
-    assert sts["PassStackRoles"]["Resource"] == sorted([roles["WorkerRole"], roles["WindowStatesRole"]])
+    assert sts["PassStackRoles"]["Resource"] == f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/*"
+    boundary = boto3.client("iam").list_policies(Scope="Local", PathPrefix=f"/stagecoach/{STACK}/")["Policies"][0]["Arn"]
+    assert sts["JobRoles"]["Condition"] == {"ArnLike": {"iam:PermissionsBoundary": boundary}}
     assert sts["StageFunctions"]["Resource"] == f"arn:aws:lambda:{REGION}:123456789012:function:{STACK}-*"
     assert _main(["deployer-policy", "--stack", "nope", "--region", REGION]) == 1
     assert "no CloudFormation stack 'nope'" in capsys.readouterr().err

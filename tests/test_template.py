@@ -49,6 +49,8 @@ def _strings(x):
 
 def role_statements(template, logical):
     props = template["Resources"][logical]["Properties"]
+    if template["Resources"][logical]["Type"] == "AWS::IAM::ManagedPolicy":
+        return props["PolicyDocument"]["Statement"]
     assert "ManagedPolicyArns" not in props, f"{logical}: managed policies are broader than the design needs"
     return [st for p in props["Policies"] for st in p["PolicyDocument"]["Statement"]]
 
@@ -135,20 +137,36 @@ def render(pattern):
     )
 
 
-def grants(statements, action, arn):
-    """Whether an Allow statement grants ``action`` on ``arn`` (IAM wildcard matching)."""
-    from stagecoach.aws.access import arn_matches
+def rendered(x):
+    """Template values with the stack's values substituted: Fn::Sub, Fn::GetAtt and Ref resolved."""
+    if isinstance(x, list):
+        return [rendered(v) for v in x]
+    if isinstance(x, dict):
+        if SUB in x:
+            return render(x[SUB] if isinstance(x[SUB], str) else x[SUB][0])
+        if "Fn::GetAtt" in x:
+            return render("GetAtt:" + ".".join(x["Fn::GetAtt"]))
+        if x.keys() == {"Ref"}:
+            return {"AWS::StackName": STACK}[x["Ref"]]
+        return {k: rendered(v) for k, v in x.items()}
+    return x
 
-    return any(
-        st["Effect"] == "Allow" and action in _strings(st["Action"]) and any(arn_matches(render(r), arn) for r in _strings(st["Resource"]))
-        for st in statements
-    )
+
+TAGGED = {"aws:ResourceTag/stagecoach:stack": STACK}  # what the SDK tags its functions with
+
+
+def grants(statements, action, arn, context=TAGGED):
+    """Whether the statements allow ``action`` on ``arn`` as IAM decides it (conditions included);
+    by default for a function the SDK created (tagged with the stack)."""
+    from stagecoach.deploy.iam_policy import evaluate
+
+    return evaluate(action, arn, [{"Statement": rendered(statements)}], context=context).allowed
 
 
 def test_no_wildcard_actions_or_resources_beyond_the_design(template):
     justified_star = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}  # no resource-level permissions
     for logical, res in template["Resources"].items():
-        if res["Type"] != "AWS::IAM::Role":
+        if res["Type"] not in ("AWS::IAM::Role", "AWS::IAM::ManagedPolicy"):
             continue
         for st in role_statements(template, logical):
             assert st["Effect"] == "Allow"
@@ -160,64 +178,110 @@ def test_no_wildcard_actions_or_resources_beyond_the_design(template):
                 elif "*" in r:
                     # wildcards only after the stack's own prefix or inside the bucket's own key prefixes
                     assert "${AWS::StackName}-*" in r or r in {
-                        "${Bucket.Arn}/jobs/*",
+                        "${Bucket.Arn}/jobs/*/*",
                         "${Bucket.Arn}/data/*",
                         "${Bucket.Arn}/history/*",
                         "${Bucket.Arn}/jobs/*/abort/*",
+                        "${Bucket.Arn}/jobs/*/job.json",
+                        "${Bucket.Arn}/jobs/*/evidence/*",
+                        "${Bucket.Arn}/jobs/*/remediations/*",
                     }, f"{logical}: {r}"
 
 
-def test_worker_role_reaches_only_the_stack_bucket_logs_xray_and_stack_function_memory(template):
-    got = allowed(role_statements(template, "WorkerRole"))
-    services = {a.split(":")[0] for a, _ in got}
-    assert services == {"s3", "logs", "xray", "lambda"}
-    lam = {(a, r) for a, r in got if a.startswith("lambda:")}
-    assert lam == {
-        (a, "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*")
-        # the remediation's function_updated_v2 waiter polls GetFunction
-        for a in ("lambda:GetFunction", "lambda:GetFunctionConfiguration", "lambda:UpdateFunctionConfiguration")
-    }
-    s3 = {(a, r) for a, r in got if a.startswith("s3:")}
-    assert {r for _, r in s3} == {"${Bucket.Arn}/jobs/*", "${Bucket.Arn}/data/*", "${Bucket.Arn}/history/*", "GetAtt:Bucket.Arn"}
-    assert {a for a, r in s3 if r == "GetAtt:Bucket.Arn"} == {"s3:ListBucket"}
-    assert {a for a, _ in s3} == {"s3:GetObject", "s3:PutObject", "s3:PutObjectTagging", "s3:DeleteObject", "s3:ListBucket"}
-    (listing,) = [st for st in role_statements(template, "WorkerRole") if "s3:ListBucket" in _strings(st["Action"])]
-    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["jobs/*", "data/*", "history/*"]}}
-    assert {(a, r) for a, r in got if a.startswith("logs:")} == {
-        ("logs:CreateLogStream", "GetAtt:WorkerLogGroup.Arn"),
-        ("logs:PutLogEvents", "GetAtt:WorkerLogGroup.Arn"),
-    }
-    assert not any(a == "logs:CreateLogGroup" for a, _ in got)  # the stack creates the log group
+def test_the_template_states_the_sdks_role_policies(template):
+    """deploy/roles.py writes the control role and the job roles' boundary once: the local stack
+    provisions them from there, and the template must say the same for AWS."""
+    from stagecoach.deploy.roles import control_policy, job_boundary_policy
+
+    b, logs = f"arn:aws:s3:::{BUCKET}", render("GetAtt:WorkerLogGroup.Arn")
+    assert rendered(role_statements(template, "ControlRole")) == control_policy(b, logs, STACK, "aws", REGION, ACCOUNT)["Statement"]
+    assert rendered(role_statements(template, "JobRoleBoundary")) == job_boundary_policy(b, logs)["Statement"]
+    for logical in ("ControlRole", "WindowStatesRole", "JobStatesRole"):
+        assert template["Resources"][logical]["Properties"]["Path"] == {SUB: "/stagecoach/${AWS::StackName}/"}
+    assert template["Resources"]["JobRoleBoundary"]["Properties"]["Path"] == {SUB: "/stagecoach/${AWS::StackName}/"}
 
 
-def test_worker_role_covers_every_key_the_workers_use_and_nothing_else(template):
-    """The keys come from the code (lambdas.keys, the remediation's history and record keys), so a
-    new key tree the workers start to write fails here before it fails on AWS with AccessDenied."""
+def test_control_role_covers_the_remediation_and_nothing_a_job_runs(template):
+    """The default worker runs no user code: it reads a job's spec and evidence, records the
+    remediation and what the job's name learnt, and raises a stage function's memory."""
     from stagecoach import history
     from stagecoach.lambdas import keys
 
-    sts = role_statements(template, "WorkerRole")
+    sts = role_statements(template, "ControlRole")
+    job = "digits-1a2b3c4d"
+    b = f"arn:aws:s3:::{BUCKET}"
+    assert grants(sts, "s3:GetObject", f"{b}/{keys.job_spec(job)}") and grants(sts, "s3:GetObject", f"{b}/{keys.memory_pressure(job, 1)}")
+    assert grants(sts, "s3:DeleteObject", f"{b}/{keys.memory_pressure(job, 1)}")
+    assert grants(sts, "s3:PutObject", f"{b}/{keys.remediation(job, 1700000000000, 1)}")
+    assert grants(sts, "s3:GetObject", f"{b}/{history.memory_key('digits')}") and grants(
+        sts, "s3:PutObject", f"{b}/{history.memory_key('digits')}"
+    )
+    for key in (keys.job_code(job), keys.act(job, 3, 1, 0, 1), keys.params(job, 0, 0, 0, 0), keys.dataset("d", "train")):
+        for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
+            assert not grants(sts, action, f"{b}/{key}"), (action, key)
+    fn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{STACK}-{job}-s1"
+    for action in ("lambda:GetFunction", "lambda:GetFunctionConfiguration", "lambda:UpdateFunctionConfiguration", "lambda:ListTags"):
+        assert grants(sts, action, fn)
+        # a function the stack did not create, even one whose name fits the pattern
+        assert not grants(sts, action, f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{STACK}-prod-stripe-webhook", context={})
+    assert not grants(sts, "lambda:UpdateFunctionCode", fn) and not grants(sts, "lambda:InvokeFunction", fn)
+    assert {a for st in sts for a in _strings(st["Action"])} >= {"logs:CreateLogStream", "logs:PutLogEvents"}
+
+
+def test_job_roles_cover_every_key_the_workers_use_and_nothing_else(template):
+    """The keys come from the code (lambdas.keys), so a new key tree the workers start to write
+    fails here before it fails on AWS with AccessDenied. Checked on the boundary (every job) and on
+    one job's own role, which must not reach another job's keys."""
+    from stagecoach.deploy import resources as deploy
+    from stagecoach.deploy.roles import job_worker_policy
+
     job = "digits-1a2b3c4d"
     used = [
-        keys.job_spec(job),
-        keys.job_code(job),
-        keys.plan(job),
+        keys_.format(job=job)
+        for keys_ in (
+            "jobs/{job}/job.json",
+            "jobs/{job}/model/job.pkl",
+            "jobs/{job}/plan.json",
+        )
+    ]
+    from stagecoach.lambdas import keys
+
+    used += [
         keys.act(job, 3, 1, 0, 1),
         keys.grad(job, 3, 1, 0, 1),
+        keys.params(job, 2, 1, 0, 0),
+        keys.optim(job, 2, 1, 0, 0),
+        keys.gshard(job, 3, 1, 0, 0, 0),
         keys.metrics(job, 3, "sync", 1, 0),
-        keys.dataset("abcdef0123456789", "train"),
-        keys.remediation(job, 1700000000000, 1),
         keys.memory_pressure(job, 1),
-        history.memory_key("digits"),
     ]
-    for key in used:
-        for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
-            assert grants(sts, action, f"arn:aws:s3:::{BUCKET}/{key}"), (action, key)
-    for key in ("other/x", "jobsx/y"):
-        assert not grants(sts, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/{key}"), key
-    assert not grants(sts, "s3:GetObject", f"arn:aws:s3:::another-bucket/{keys.job_spec(job)}")
-    # the iteration objects are tagged (the lifecycle rule's filter), which needs PutObjectTagging
-    assert grants(sts, "s3:PutObjectTagging", f"arn:aws:s3:::{BUCKET}/{keys.act(job, 3, 1, 0, 1)}")
+    res = deploy.StackResources(
+        prefix=STACK,
+        region=REGION,
+        bucket=BUCKET,
+        image_uri="i",
+        control_role_arn=f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/c",
+        states_role_arn="s",
+        job_state_machine_arn="j",
+        control_function=f"{STACK}-worker",
+        job_boundary_arn="b",
+        log_group_arn=render("GetAtt:WorkerLogGroup.Arn"),
+    )
+    boundary = role_statements(template, "JobRoleBoundary")
+    own = job_worker_policy(res, job)["Statement"]
+    for sts in (boundary, own):
+        for key in used:
+            for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
+                assert grants(sts, action, f"arn:aws:s3:::{BUCKET}/{key}"), (action, key)
+        assert grants(sts, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/{keys.dataset('abcdef0123456789', 'train')}")
+        assert not grants(sts, "s3:PutObject", f"arn:aws:s3:::{BUCKET}/{keys.dataset('abcdef0123456789', 'train')}")
+        for key in ("other/x", "jobsx/y", "history/digits/memory.json"):
+            assert not grants(sts, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/{key}"), key
+        assert not grants(sts, "s3:GetObject", f"arn:aws:s3:::another-bucket/{keys.job_spec(job)}")
+        # the iteration objects are tagged (the lifecycle rule's filter), which needs PutObjectTagging
+        assert grants(sts, "s3:PutObjectTagging", f"arn:aws:s3:::{BUCKET}/{keys.act(job, 3, 1, 0, 1)}")
+        assert not any(a.startswith(("lambda:", "iam:", "states:")) for st in sts for a in _strings(st["Action"]))
+    assert not grants(own, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/{keys.job_code('other-1a2b3c4d')}")
 
 
 def test_role_patterns_match_exactly_the_names_the_sdk_gives(template):
@@ -230,10 +294,12 @@ def test_role_patterns_match_exactly_the_names_the_sdk_gives(template):
         region=REGION,
         bucket=BUCKET,
         image_uri="i",
-        worker_role_arn="w",
+        control_role_arn=f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/c",
         states_role_arn="s",
         job_state_machine_arn=f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{STACK}-job",
         control_function=f"{STACK}-worker",
+        job_boundary_arn=f"arn:aws:iam::{ACCOUNT}:policy/stagecoach/{STACK}/b",
+        log_group_arn=f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/lambda/{STACK}-workers:*",
     )
 
     def fn(name):
@@ -248,12 +314,17 @@ def test_role_patterns_match_exactly_the_names_the_sdk_gives(template):
     job = "my-job-1a2b3c4d"
     stage_fns = [deploy.function_name(res, job, s) for s in (0, 1, 12)]
     window = deploy.window_state_machine_name(res, job)
-    window_role, job_role, worker = (role_statements(template, r) for r in ("WindowStatesRole", "JobStatesRole", "WorkerRole"))
+    window_role, job_role, worker = (role_statements(template, r) for r in ("WindowStatesRole", "JobStatesRole", "ControlRole"))
     for name in stage_fns:
         assert grants(window_role, "lambda:InvokeFunction", fn(name))
         assert not grants(job_role, "lambda:InvokeFunction", fn(name))  # remediation runs elsewhere...
         assert grants(worker, "lambda:UpdateFunctionConfiguration", fn(name))
     assert grants(job_role, "lambda:InvokeFunction", fn(res.control_function))  # ...on the stack's worker
+    # a function of another application whose name happens to fit "<stack>-*-s*": not tagged by the SDK
+    for sts in (window_role, worker):
+        assert grants(sts, "lambda:InvokeFunction", fn(stage_fns[0])) or sts is worker
+        assert not grants(sts, "lambda:InvokeFunction", fn(f"{STACK}-prod-stripe-webhook"), context={})
+        assert not grants(sts, "lambda:UpdateFunctionConfiguration", fn(f"{STACK}-prod-stripe-webhook"), context={})
     for other in (f"other-{job}-s0", "unrelated"):
         for sts in (window_role, job_role, worker):
             assert not grants(sts, "lambda:InvokeFunction", fn(other)) and not grants(sts, "lambda:UpdateFunctionConfiguration", fn(other))
@@ -356,7 +427,7 @@ def test_job_role_runs_only_stack_windows_the_sync_rule_and_remediation(template
 
 def test_roles_trust_only_their_service(template):
     for logical, svc in (
-        ("WorkerRole", "lambda.amazonaws.com"),
+        ("ControlRole", "lambda.amazonaws.com"),
         ("WindowStatesRole", "states.amazonaws.com"),
         ("JobStatesRole", "states.amazonaws.com"),
     ):
@@ -366,7 +437,7 @@ def test_roles_trust_only_their_service(template):
 
 def test_functions_and_machines_use_the_scoped_roles(template):
     r = template["Resources"]
-    assert r["DefaultWorker"]["Properties"]["Role"] == {"Fn::GetAtt": ["WorkerRole", "Arn"]}
+    assert r["DefaultWorker"]["Properties"]["Role"] == {"Fn::GetAtt": ["ControlRole", "Arn"]}
     assert r["JobStateMachine"]["Properties"]["Role"] == {"Fn::GetAtt": ["JobStatesRole", "Arn"]}
     assert "Policies" not in r["DefaultWorker"]["Properties"] and "Policies" not in r["JobStateMachine"]["Properties"]
 
@@ -413,7 +484,9 @@ def test_parameters_outputs_and_names(template):
     assert "LogRetentionDays" in p
     assert template["Resources"]["WorkerLogGroup"]["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
     outputs = set(template["Outputs"])
-    assert {"BucketName", "WorkerRoleArn", "StatesRoleArn", "JobStateMachineArn", "Region", "Architecture", "WorkerPython"} <= outputs
+    from stagecoach.aws.stack import REQUIRED_OUTPUTS
+
+    assert set(REQUIRED_OUTPUTS) | {"Region", "Architecture", "WorkerPython"} <= outputs
     assert "WorkerImageUri" in outputs or "WorkerFunctionName" in outputs
     assert template["Outputs"]["StatesRoleArn"]["Value"] == {"Fn::GetAtt": ["WindowStatesRole", "Arn"]}
     sm = template["Resources"]["JobStateMachine"]["Properties"]
@@ -508,9 +581,51 @@ def test_deployer_policy_is_scoped_to_the_stack():
     assert not any(a.startswith("ecr:") for st in pol["Statement"] for a in st["Action"])
     pass_role = next(st for st in pol["Statement"] if "iam:PassRole" in st["Action"])
     assert pass_role["Condition"]["StringEquals"]["iam:PassedToService"] == ["lambda.amazonaws.com", "states.amazonaws.com"]
-    roles = [f"arn:aws:iam::{ACCOUNT}:role/{STACK}-WorkerRole-X", f"arn:aws:iam::{ACCOUNT}:role/{STACK}-WindowStatesRole-Y"]
-    exact = deployer_policy(STACK, REGION, ACCOUNT, bucket=BUCKET, roles=roles)
-    assert next(st for st in exact["Statement"] if st["Sid"] == "PassStackRoles")["Resource"] == sorted(roles)
+    # roles live under the stack's IAM path (template.yaml Path, deploy/roles.py): nothing else is there
+    assert pass_role["Resource"] == f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/*"
+
+
+def test_deployer_policy_has_no_privilege_escalation():
+    """What parliament flags as escalation: creating or changing a role's policies without a bound,
+    passing roles the stack did not create, and changing code of functions the stack did not create."""
+    from stagecoach.aws.policy import deployer_policy
+    from stagecoach.deploy.iam_policy import evaluate
+
+    boundary = f"arn:aws:iam::{ACCOUNT}:policy/stagecoach/{STACK}/{STACK}-JobRoleBoundary-X"
+    pol = deployer_policy(STACK, REGION, ACCOUNT, bucket=BUCKET, boundary=boundary)
+
+    def can(action, resource, **context):
+        return evaluate(action, resource, [pol], context=context).allowed
+
+    job_role = f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/{STACK}-digits-1a2b3c4d"
+    for action in ("iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy"):
+        assert can(action, job_role, **{"iam:PermissionsBoundary": boundary})
+        assert not can(action, job_role)  # without the stack's boundary
+        assert not can(action, job_role, **{"iam:PermissionsBoundary": "arn:aws:iam::aws:policy/AdministratorAccess"})
+        assert not can(action, f"arn:aws:iam::{ACCOUNT}:role/{STACK}-admin", **{"iam:PermissionsBoundary": boundary})
+    for action in (
+        "iam:PutRolePermissionsBoundary",
+        "iam:DeleteRolePermissionsBoundary",
+        "iam:AttachRolePolicy",
+        "iam:UpdateAssumeRolePolicy",
+    ):
+        assert not can(action, job_role, **{"iam:PermissionsBoundary": boundary})
+    assert can("iam:PassRole", job_role, **{"iam:PassedToService": "lambda.amazonaws.com"})
+    assert not can("iam:PassRole", job_role, **{"iam:PassedToService": "ec2.amazonaws.com"})
+    assert not can("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/{STACK}-prod-admin", **{"iam:PassedToService": "lambda.amazonaws.com"})
+    ours = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{STACK}-digits-1a2b3c4d-s0"
+    foreign = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{STACK}-prod-stripe-webhook"  # fits "<stack>-*"
+    tagged = {"aws:ResourceTag/stagecoach:stack": STACK}
+    for action in (
+        "lambda:UpdateFunctionCode",
+        "lambda:UpdateFunctionConfiguration",
+        "lambda:DeleteFunction",
+        "lambda:PutFunctionConcurrency",
+    ):
+        assert can(action, ours, **tagged) and not can(action, foreign)
+    assert can("lambda:CreateFunction", ours, **{"aws:RequestTag/stagecoach:stack": STACK}) and not can("lambda:CreateFunction", ours)
+    assert not can("lambda:InvokeFunction", foreign) and not can("lambda:InvokeFunction", ours, **tagged)  # only profile functions
+    assert can("lambda:InvokeFunction", ours.replace("-s0", "-prof-s0"), **tagged)
 
 
 def test_deployer_policy_covers_the_keys_the_sdk_uses():

@@ -34,9 +34,14 @@ def _main(argv: list[str] | None = None) -> int:
     except (StackError, ClientError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    role = out["WorkerRoleArn"]
+    role = out["ControlRoleArn"]
     pol = deployer_policy(
-        args.stack, region, _arn_account(role), _arn_part(role, 1) or "aws", out["BucketName"], roles=[role, out["StatesRoleArn"]]
+        args.stack,
+        region,
+        _arn_account(role),
+        _arn_part(role, 1) or "aws",
+        out["BucketName"],
+        boundary=out["JobRoleBoundaryArn"],
     )
     print(json.dumps(pol, indent=2))
     return 0

@@ -10,6 +10,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from stagecoach.aws.policy import deployer_policy
+from stagecoach.deploy.iam_policy import arn_matches
 from stagecoach.deploy.resources import DeployError
 
 DENIED_CODES = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "AuthorizationError", "UnauthorizedAccess", "403"}
@@ -127,12 +128,6 @@ def _resource_of(service: str, params: dict[str, Any], region: str, account: str
     if service == "cloudformation" and "StackName" in params:
         return f"{arn}:cloudformation:{region}:{account}:stack/{params['StackName']}/*"
     return "*"
-
-
-def arn_matches(pattern: str, arn: str) -> bool:
-    """IAM's ARN matching: ``*`` any run of characters (``/`` and ``:`` included), ``?`` one."""
-    rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    return re.fullmatch(rx, arn, flags=re.DOTALL) is not None
 
 
 def statement_for(

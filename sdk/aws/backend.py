@@ -45,8 +45,8 @@ class AwsBackend(Backend):
         cfn = self.session.client("cloudformation", region_name=self.region)
         explain_access_denied(cfn, stack, self.region, "*")
         self.outputs = stack_outputs(cfn, stack, self.region)
-        self.account = _arn_account(self.outputs["WorkerRoleArn"])
-        self.partition = _arn_part(self.outputs["WorkerRoleArn"], 1) or "aws"
+        self.account = _arn_account(self.outputs["ControlRoleArn"])
+        self.partition = _arn_part(self.outputs["ControlRoleArn"], 1) or "aws"
         image_python = self.outputs.get("WorkerPython")
         if image_python and image_python != python_version():
             raise StackError(
@@ -55,16 +55,20 @@ class AwsBackend(Backend):
                 f"Run the SDK with Python {image_python}, or rebuild the image for {python_version()} "
                 "(template.yaml: DefaultWorker DockerBuildArgs PYTHON_VERSION and the WorkerPython output; then sam build && sam deploy)"
             )
-        self.clients = Clients(s3=self._client("s3"), lambda_=self._client("lambda"), sfn=self._client("stepfunctions"))
+        self.clients = Clients(
+            s3=self._client("s3"), lambda_=self._client("lambda"), sfn=self._client("stepfunctions"), iam=self._client("iam")
+        )
         self.resources = StackResources(
             prefix=stack,
             region=self.region,
             bucket=self.outputs["BucketName"],
             image_uri=self._image_uri(),
-            worker_role_arn=self.outputs["WorkerRoleArn"],
+            control_role_arn=self.outputs["ControlRoleArn"],
             states_role_arn=self.outputs["StatesRoleArn"],
             job_state_machine_arn=self.outputs["JobStateMachineArn"],
             control_function=self.outputs["WorkerFunctionName"],
+            job_boundary_arn=self.outputs["JobRoleBoundaryArn"],
+            log_group_arn=f"arn:{self.partition}:logs:{self.region}:{self.account}:log-group:{self.outputs['WorkerLogGroupName']}:*",
             architecture=self.outputs.get("Architecture", "x86_64"),
             console=CONSOLE,
         )
@@ -94,7 +98,7 @@ class AwsBackend(Backend):
             self.account,
             self.partition,
             self.outputs["BucketName"],
-            roles=[self.outputs["WorkerRoleArn"], self.outputs["StatesRoleArn"]],
+            boundary=self.outputs["JobRoleBoundaryArn"],
         )
 
     def _client(self, service: str, read_timeout: int = 60) -> Any:
@@ -136,4 +140,5 @@ class AwsBackend(Backend):
             s3=self.clients.s3,
             lambda_=IdempotentLambda(self.clients.lambda_, log_group=self.outputs.get("WorkerLogGroupName"), pending=pending),
             sfn=IdempotentStepFunctions(self.clients.sfn, self.clients.lambda_, pending=pending),
+            iam=self.clients.iam,
         )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from stagecoach.deploy.roles import STACK_TAG
+
 
 # ----------------------------------------------------------------------------- deployer policy
 def deployer_policy(
@@ -12,7 +14,7 @@ def deployer_policy(
     account: str = "${AccountId}",
     partition: str = "aws",
     bucket: str = "${BucketName}",
-    roles: list[str] | None = None,
+    boundary: str | None = None,
 ) -> dict[str, Any]:
     """The least-privilege policy of the identity running the SDK against one stack.
 
@@ -32,6 +34,8 @@ def deployer_policy(
     sm = f"{arn}:states:{region}:{account}:stateMachine:{stack}-*"
     ex = f"{arn}:states:{region}:{account}:execution:{stack}-*:*"
     b = f"{arn}:s3:::{bucket}"
+    path = f"{arn}:iam::{account}:role/stagecoach/{stack}/"
+    bound = boundary or f"{arn}:iam::{account}:policy/stagecoach/{stack}/*"
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -51,20 +55,35 @@ def deployer_policy(
             },
             # no s3:prefix condition: HeadBucket (the SDK's check that the bucket exists) has no prefix
             {"Sid": "ListJobObjects", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": b},
+            # The SDK tags every function it creates with its stack; changing one requires that tag,
+            # so the name pattern cannot reach another application's "<stack>-..." function.
+            {
+                "Sid": "CreateStageFunctions",
+                "Effect": "Allow",
+                "Action": ["lambda:CreateFunction", "lambda:TagResource"],
+                "Resource": fn,
+                "Condition": {"StringEquals": {f"aws:RequestTag/{STACK_TAG}": stack}},
+            },
             {
                 "Sid": "StageFunctions",
                 "Effect": "Allow",
                 "Action": [
-                    "lambda:CreateFunction",
                     "lambda:UpdateFunctionCode",
                     "lambda:UpdateFunctionConfiguration",
-                    "lambda:GetFunction",
-                    "lambda:GetFunctionConfiguration",
                     "lambda:DeleteFunction",
-                    "lambda:TagResource",
                     # Job.run(reserve_concurrency=True)
                     "lambda:PutFunctionConcurrency",
                 ],
+                "Resource": fn,
+                "Condition": {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": stack}},
+            },
+            # reads: also of functions that do not exist (yet, or any more), which a tag condition
+            # would answer with AccessDenied instead of ResourceNotFound; GetFunction of a tagged
+            # function needs ListTags too
+            {
+                "Sid": "ReadStageFunctions",
+                "Effect": "Allow",
+                "Action": ["lambda:GetFunction", "lambda:GetFunctionConfiguration", "lambda:ListTags"],
                 "Resource": fn,
             },
             # profiling at memory tiers (Job.plan(profile_on=...)): the SDK invokes its own
@@ -74,12 +93,23 @@ def deployer_policy(
                 "Effect": "Allow",
                 "Action": ["lambda:InvokeFunction"],
                 "Resource": f"{fn}-prof-s*",
+                "Condition": {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": stack}},
             },
+            # each job's worker role (deploy/roles.py), created only with the stack's boundary
+            {
+                "Sid": "JobRoles",
+                "Effect": "Allow",
+                "Action": ["iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy"],
+                "Resource": f"{path}*",
+                "Condition": {"ArnLike": {"iam:PermissionsBoundary": bound}},
+            },
+            {"Sid": "RemoveJobRoles", "Effect": "Allow", "Action": ["iam:DeleteRole"], "Resource": f"{path}*"},
             {
                 "Sid": "PassStackRoles",
                 "Effect": "Allow",
                 "Action": ["iam:PassRole"],
-                "Resource": sorted(roles) if roles else f"{arn}:iam::{account}:role/{stack}-*",
+                # the stack's roles and its jobs': all under the stack's path
+                "Resource": f"{path}*",
                 "Condition": {"StringEquals": {"iam:PassedToService": ["lambda.amazonaws.com", "states.amazonaws.com"]}},
             },
             {

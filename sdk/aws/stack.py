@@ -11,7 +11,7 @@ from botocore.exceptions import ClientError
 from stagecoach.aws.access import AccessDenied
 from stagecoach.deploy.resources import DeployError
 
-REQUIRED_OUTPUTS = ("BucketName", "WorkerRoleArn", "StatesRoleArn", "JobStateMachineArn")
+REQUIRED_OUTPUTS = ("BucketName", "ControlRoleArn", "StatesRoleArn", "JobStateMachineArn", "JobRoleBoundaryArn", "WorkerLogGroupName")
 USABLE_STATUSES = {"CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE", "IMPORT_COMPLETE", "IMPORT_ROLLBACK_COMPLETE"}
 
 
@@ -104,7 +104,10 @@ def stack_outputs(cfn: Any, stack: str, region: str) -> dict[str, str]:
     if "WorkerImageUri" not in outputs and "WorkerFunctionName" not in outputs:
         missing.append("WorkerImageUri or WorkerFunctionName")
     if missing:
-        raise StackError(f"stack {stack!r} lacks the outputs {missing}: is it deployed from Stagecoach's template.yaml?")
+        raise StackError(
+            f"stack {stack!r} lacks the outputs {missing}: is it deployed from Stagecoach's template.yaml? "
+            "A stack deployed by an older Stagecoach lacks the per-job role outputs: `sam build && sam deploy` it again"
+        )
     stack_region = outputs.get("Region") or _arn_region(outputs["JobStateMachineArn"])
     if stack_region and stack_region != region:
         raise RegionMismatch(f"stack {stack!r} reports region {stack_region} but the SDK uses {region}: pass --region {stack_region}")

@@ -30,5 +30,7 @@ def cleanup_command(job: str, backend: str | None, stack: str | None, region: st
         raise click.ClickException(str(e)) from None
     click.echo(
         f"removed {len(removed.functions)} functions, {len(removed.state_machines)} state machines, "
-        f"{len(removed.objects)} objects" + (f"; stopped {removed.stopped[0]}" if removed.stopped else "")
+        f"{len(removed.objects)} objects"
+        + (", the job's role" if removed.roles else "")
+        + (f"; stopped {removed.stopped[0]}" if removed.stopped else "")
     )

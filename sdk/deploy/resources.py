@@ -32,12 +32,16 @@ class StackResources:
     region: str
     bucket: str
     image_uri: str
-    worker_role_arn: str
+    # the stack's default worker's role (remediation); each job's functions get a role of their own
+    # (deploy/roles.py), created under role_path with the job_boundary_arn permissions boundary
+    control_role_arn: str
     states_role_arn: str
     job_state_machine_arn: str
     # the stack's own worker function: the job state machine's remediation step runs there (never on
     # a job's stage function, which may be the one short of memory)
     control_function: str
+    job_boundary_arn: str
+    log_group_arn: str
     architecture: str = "x86_64"
     console: str = "https://{region}.console.aws.amazon.com/states/home?region={region}#/v2/executions/details/{arn}"
 
@@ -47,6 +51,7 @@ class Clients:
     s3: Any
     lambda_: Any
     sfn: Any
+    iam: Any
 
 
 def function_name(res: StackResources, job: str, stage: int) -> str:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from stagecoach.deploy.cleanup import rollback
 from stagecoach.deploy.resources import HANDLER, Clients, DeployError, StackResources, function_name, new_job_id, window_state_machine_name
+from stagecoach.deploy.roles import JOB_TAG, STACK_TAG, create_function_when_role_ready, create_job_role
 from stagecoach.deploy.upload import upload_job
 from stagecoach.lambdas import keys
 from stagecoach.planner.emit import asl
@@ -80,19 +81,23 @@ def preflight(res: StackResources, c: Clients) -> None:
         ) from None
 
 
-def create_stage_function(res: StackResources, c: Clients, name: str, job_id: str, memory_mb: int, timeout_s: int) -> None:
-    """One Lambda function of the worker image (a stage's, or a profiling tier's)."""
-    c.lambda_.create_function(
-        FunctionName=name,
-        Role=res.worker_role_arn,
-        PackageType="Image",
-        Code={"ImageUri": res.image_uri},
-        ImageConfig={"Command": [HANDLER]},
-        MemorySize=memory_mb,
-        Timeout=timeout_s,
-        Architectures=[res.architecture],
-        Environment={"Variables": {"STAGECOACH_BUCKET": res.bucket, "POWERTOOLS_SERVICE_NAME": "stagecoach-worker"}},
-        Tags={"stagecoach:job": job_id},
+def create_stage_function(res: StackResources, c: Clients, name: str, job_id: str, memory_mb: int, timeout_s: int, role_arn: str) -> None:
+    """One Lambda function of the worker image (a stage's, a profiling tier's, or the stack's own
+    control function). Tagged with its stack, which the roles' tag conditions require, and its job."""
+    create_function_when_role_ready(
+        c,
+        dict(
+            FunctionName=name,
+            Role=role_arn,
+            PackageType="Image",
+            Code={"ImageUri": res.image_uri},
+            ImageConfig={"Command": [HANDLER]},
+            MemorySize=memory_mb,
+            Timeout=timeout_s,
+            Architectures=[res.architecture],
+            Environment={"Variables": {"STAGECOACH_BUCKET": res.bucket, "POWERTOOLS_SERVICE_NAME": "stagecoach-worker"}},
+            Tags={STACK_TAG: res.prefix, JOB_TAG: job_id},
+        ),
     )
 
 
@@ -110,10 +115,11 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients, rese
     created_functions: list[str] = []
     created_sm: list[str] = []
     try:
+        role = create_job_role(res, c, job_id)  # the job's own: its objects only (deploy/roles.py)
         functions = []
         for s in range(plan.stages):
             name = function_name(res, job_id, s)
-            create_stage_function(res, c, name, job_id, plan.memory_mb[s], plan.function_timeout_s(s))
+            create_stage_function(res, c, name, job_id, plan.memory_mb[s], plan.function_timeout_s(s), role)
             created_functions.append(name)
             if reserve_concurrency:
                 c.lambda_.put_function_concurrency(FunctionName=name, ReservedConcurrentExecutions=reserved_concurrency(plan, s))
@@ -123,7 +129,7 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients, rese
             definition=json.dumps(asl.window_definition(plan, functions)),
             roleArn=res.states_role_arn,
             type="STANDARD",
-            tags=[{"key": "stagecoach:job", "value": job_id}],
+            tags=[{"key": STACK_TAG, "value": res.prefix}, {"key": JOB_TAG, "value": job_id}],
         )["stateMachineArn"]
         created_sm.append(window)
         length = asl.window_length(plan)

@@ -13,6 +13,7 @@ from typing import Any
 
 from stagecoach.backend import Backend
 from stagecoach.deploy.resources import Clients, StackResources
+from stagecoach.deploy.roles import control_policy, job_boundary_policy, role_path
 from stagecoach.deploy.start import create_stage_function
 from stagecoach.lambdas.netem import NetworkSpec
 from stagecoach.local.daemon_state import running_stack
@@ -26,10 +27,16 @@ BUCKET = "stagecoach-local"
 IMAGE = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/stagecoach-worker:local"
 JOB_STATE_MACHINE = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{PREFIX}-job"
 
-_TRUST = {
-    "Version": "2012-10-17",
-    "Statement": [{"Effect": "Allow", "Principal": {"Service": "{svc}"}, "Action": "sts:AssumeRole"}],
-}
+ROLE_PATH = role_path(PREFIX)
+LOG_GROUP = f"/aws/lambda/{PREFIX}-workers"
+LOG_GROUP_ARN = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{LOG_GROUP}:*"
+BUCKET_ARN = f"arn:aws:s3:::{BUCKET}"
+
+
+def _trust(service: str) -> str:
+    return json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]}
+    )
 
 
 class LocalBackend(Backend):
@@ -65,27 +72,41 @@ class LocalBackend(Backend):
                 else:
                     provision = False
                 self.stack = shared
-        self.clients = Clients(s3=self.stack.client("s3"), lambda_=self.stack.client("lambda"), sfn=self.stack.client("stepfunctions"))
+        self.clients = Clients(
+            s3=self.stack.client("s3"),
+            lambda_=self.stack.client("lambda"),
+            sfn=self.stack.client("stepfunctions"),
+            iam=self.stack.client("iam"),
+        )
         self.resources = StackResources(
             prefix=PREFIX,
             region=REGION,
             bucket=BUCKET,
             image_uri=IMAGE,
-            worker_role_arn=f"arn:aws:iam::{ACCOUNT}:role/{PREFIX}-worker",
-            states_role_arn=f"arn:aws:iam::{ACCOUNT}:role/{PREFIX}-states",
+            control_role_arn=f"arn:aws:iam::{ACCOUNT}:role{ROLE_PATH}{PREFIX}-control",
+            states_role_arn=f"arn:aws:iam::{ACCOUNT}:role{ROLE_PATH}{PREFIX}-states",
             job_state_machine_arn=JOB_STATE_MACHINE,
             control_function=f"{PREFIX}-worker",
+            job_boundary_arn=f"arn:aws:iam::{ACCOUNT}:policy{ROLE_PATH}{PREFIX}-job-boundary",
+            log_group_arn=LOG_GROUP_ARN,
             console=self.stack.endpoint_url + " (local stack; execution {arn})",
         )
         if provision:
             self._provision()
 
     def _provision(self) -> None:
-        """What template.yaml provisions on AWS, created on the embedded stack."""
-        iam = self.stack.client("iam")
-        for role, svc in (("worker", "lambda.amazonaws.com"), ("states", "states.amazonaws.com")):
-            trust = json.loads(json.dumps(_TRUST).replace("{svc}", svc))
-            iam.create_role(RoleName=f"{PREFIX}-{role}", AssumeRolePolicyDocument=json.dumps(trust))
+        """What template.yaml provisions on AWS, created on the embedded stack: the roles carry the
+        same policies (deploy/roles.py), which the local stack enforces on the workers' calls."""
+        iam = self.clients.iam
+        control = control_policy(BUCKET_ARN, LOG_GROUP_ARN, PREFIX, "aws", REGION, ACCOUNT)
+        iam.create_role(RoleName=f"{PREFIX}-control", Path=ROLE_PATH, AssumeRolePolicyDocument=_trust("lambda.amazonaws.com"))
+        iam.put_role_policy(RoleName=f"{PREFIX}-control", PolicyName="control", PolicyDocument=json.dumps(control))
+        # the window and job state machines' roles: the Step Functions interpreter's own calls are
+        # not checked locally (docs/local-stack.md), so they carry no policy here
+        iam.create_role(RoleName=f"{PREFIX}-states", Path=ROLE_PATH, AssumeRolePolicyDocument=_trust("states.amazonaws.com"))
+        iam.create_policy(
+            PolicyName=f"{PREFIX}-job-boundary", Path=ROLE_PATH, PolicyDocument=json.dumps(job_boundary_policy(BUCKET_ARN, LOG_GROUP_ARN))
+        )
         s3 = self.clients.s3
         s3.create_bucket(Bucket=BUCKET)
         s3.put_bucket_encryption(
@@ -93,9 +114,10 @@ class LocalBackend(Backend):
             ServerSideEncryptionConfiguration={"Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]},
         )
         # template.yaml's DefaultWorker: the image's function at 2048 MB, where remediation runs
-        create_stage_function(self.resources, self.clients, self.resources.control_function, "stack", 2048, 900)
+        res = self.resources
+        create_stage_function(res, self.clients, res.control_function, "stack", 2048, 900, res.control_role_arn)
         self.clients.sfn.create_state_machine(
-            name=f"{PREFIX}-job", definition=json.dumps(asl.job_definition()), roleArn=self.resources.states_role_arn
+            name=f"{PREFIX}-job", definition=json.dumps(asl.job_definition()), roleArn=res.states_role_arn
         )
 
     def available_concurrency(self) -> tuple[int | None, str]:

@@ -17,6 +17,10 @@ emulates (docs/local-stack.md has the table with sources):
   ``States.Runtime`` instead (the Step Functions quota; moto records without bound).
 - ``input_limit``: StartExecution refuses an input over 262,144 bytes with a ValidationException
   (the API's length constraint; moto accepts any size).
+- ``enforce_iam``: the calls a local function makes are decided by its role's policies and
+  permissions boundary (local/access.py); moto checks neither Resource nor Condition.
+- ``role_propagation_s``: for this long after CreateRole, Lambda's CreateFunction refuses the role
+  ("The role defined for the function cannot be assumed by Lambda."), as while IAM propagates it.
 - ``account_concurrency``: at most this many invocations run at once in the "account"; one more is
   throttled as Lambda throttles it (HTTP 429 TooManyRequestsException, Reason
   ConcurrentInvocationLimitExceeded). AWS's default quota is 1,000; new accounts may have 10.
@@ -49,6 +53,8 @@ class Fidelity:
     history_limit: int = HISTORY_LIMIT
     input_limit: int = INPUT_LIMIT
     account_concurrency: int = ACCOUNT_CONCURRENCY
+    enforce_iam: bool = True
+    role_propagation_s: float = 1.0
 
     def __post_init__(self) -> None:
         allowed = ("seeded", *OOM_SHAPES, *TIMEOUT_SHAPES)

@@ -36,6 +36,7 @@ from typing import Any
 import boto3
 
 from stagecoach.lambdas import keys
+from stagecoach.local.access import credentials_for
 from stagecoach.local.faults import Fault, FaultInjector
 from stagecoach.local.fidelity import ErrorShapes, Fidelity
 from stagecoach.local.worker import recv_msg, send_msg
@@ -54,6 +55,7 @@ class FunctionSpec:
     environment: tuple[tuple[str, str], ...] = ()
     version_key: str = ""
     reserved_concurrency: int | None = None
+    role: str = ""
 
 
 class _Worker:
@@ -163,7 +165,15 @@ class LocalLambdaRuntime:
 
     # Variables that differ per function; everything else in a function's environment (PYTHONPATH
     # above all, which decides what the handler import finds) is part of its zygote's identity.
-    PER_FUNCTION = ("AWS_LAMBDA_FUNCTION_NAME", "AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "AWS_LAMBDA_FUNCTION_TIMEOUT")
+    # The role's credentials too: a job's functions share one zygote whatever their roles.
+    PER_FUNCTION = (
+        "AWS_LAMBDA_FUNCTION_NAME",
+        "AWS_LAMBDA_FUNCTION_MEMORY_SIZE",
+        "AWS_LAMBDA_FUNCTION_TIMEOUT",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+    )
 
     def __init__(
         self, endpoint_url: str, log_path: str | None = None, faults: FaultInjector | None = None, fidelity: Fidelity | None = None
@@ -187,8 +197,8 @@ class LocalLambdaRuntime:
         env.update(
             {
                 "AWS_ENDPOINT_URL": self.endpoint_url,
-                "AWS_ACCESS_KEY_ID": "local",
-                "AWS_SECRET_ACCESS_KEY": "local",
+                # the function's execution role, as Lambda hands it over (local/access.py enforces it)
+                **credentials_for(spec.role, spec.name),
                 "AWS_DEFAULT_REGION": region,
                 "AWS_REGION": region,
                 "AWS_LAMBDA_FUNCTION_NAME": spec.name,

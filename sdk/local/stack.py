@@ -20,8 +20,10 @@ import logging
 import os
 import socket
 import sys
+import threading
 from typing import Any
 
+from stagecoach.local.access import AccessControl, moto_lookups
 from stagecoach.local.faults import FaultInjector
 from stagecoach.local.fidelity import Fidelity
 from stagecoach.local.runtime import FunctionSpec, LocalLambdaRuntime, Throttled
@@ -48,6 +50,7 @@ def _function_spec(fn: Any) -> FunctionSpec:
         environment=env,
         version_key=f"{fn.code_sha_256}:{fn.last_modified}",
         reserved_concurrency=None if fn.reserved_concurrency is None else int(fn.reserved_concurrency),
+        role=fn.role,
     )
 
 
@@ -289,13 +292,28 @@ def install_moto_fixes(runtime: LocalLambdaRuntime, fidelity: Fidelity) -> None:
     install_input_limit(fidelity.input_limit)
 
 
+def serve(port: int, fidelity: Fidelity) -> None:
+    """moto's server (as its ThreadedMotoServer runs it) behind the stack roles' access control."""
+    # moto and its werkzeug are the `local` extra, heavy and optional: imported on use
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import make_server
+
+    app = AccessControl(
+        DomainDispatcherApplication(create_backend_app),
+        enforce=fidelity.enforce_iam,
+        role_propagation_s=fidelity.role_propagation_s,
+        **moto_lookups(),
+    )
+    server = make_server("127.0.0.1", port, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+
 def main() -> None:
     port = (int(sys.argv[1]) if len(sys.argv) > 1 else 0) or free_port()
     log_path = sys.argv[2] if len(sys.argv) > 2 else None
     # The Step Functions interpreter calls Lambda and Step Functions at localhost:MOTO_PORT.
     os.environ["MOTO_PORT"] = str(port)
     from moto.core.config import default_user_config
-    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
     default_user_config["stepfunctions"] = {"execute_state_machine": True}
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no access log line per S3 request
@@ -303,8 +321,7 @@ def main() -> None:
     fidelity = Fidelity.from_env()
     runtime = LocalLambdaRuntime(f"http://127.0.0.1:{port}", log_path=log_path, faults=FaultInjector.from_env(), fidelity=fidelity)
     install_moto_fixes(runtime, fidelity)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    serve(port, fidelity)
     print(f"READY {port}", flush=True)
     try:
         sys.stdin.read()  # until the parent closes the pipe (or dies)

@@ -1,0 +1,293 @@
+"""The local stack enforces the stack's own IAM roles on what its functions call, as AWS does.
+
+On AWS a function calls S3 and Lambda with its execution role's credentials, and IAM decides each
+call from the role's policies and permissions boundary. moto checks neither a statement's Resource
+nor its Condition, so locally every call would succeed. Here each local function gets credentials
+that name its role (:func:`credentials_for`), and a WSGI layer in front of moto decides every call
+made with them by the role's policies as moto's IAM holds them (stagecoach.deploy.iam_policy),
+answering a denial in the service's own shape (S3: 403 AccessDenied; Lambda: 403
+AccessDeniedException), with AWS's message ("... is not authorized to perform: <action> on resource:
+<arn> because no identity-based policy allows the <action> action").
+
+Calls with any other credentials (the SDK's, the Step Functions interpreter's) pass unchecked: those
+are the deployer's, whose policy the AWS tests check with moto. A call a role makes that this layer
+cannot map to an IAM action and resource is denied, never waved through: the gap shows in a test
+instead of on AWS.
+
+Also here: Lambda refuses a role IAM has not yet propagated (CreateFunction right after CreateRole:
+"The role defined for the function cannot be assumed by Lambda."), for ``role_propagation_s``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import io
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, unquote
+from xml.etree import ElementTree
+
+from stagecoach.deploy.iam_policy import Decision, evaluate
+
+ACCOUNT = "123456789012"
+REGION = "us-east-1"
+_SECRET = "local-role-secret"
+
+
+@dataclass(frozen=True)
+class Session:
+    role_arn: str
+    session_name: str  # the function's name, as Lambda names the role session
+
+    @property
+    def principal(self) -> str:
+        return f"arn:aws:sts::{ACCOUNT}:assumed-role/{self.role_arn.rsplit('/', 1)[-1]}/{self.session_name}"
+
+
+_sessions: dict[str, Session] = {}
+_lock = threading.Lock()
+
+
+def credentials_for(role_arn: str, function_name: str) -> dict[str, str]:
+    """A function's environment credentials: an access key id that names its role session here."""
+    key = "ASIA" + hashlib.sha256(f"{role_arn}|{function_name}".encode()).hexdigest()[:16].upper()
+    with _lock:
+        _sessions[key] = Session(role_arn, function_name)
+    return {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": _SECRET, "AWS_SESSION_TOKEN": f"local-session-{key}"}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One API call as IAM sees it: the actions it needs, each on a resource, with condition keys."""
+
+    service: str
+    checks: list[tuple[str, str, dict[str, Any]]]  # (action, resource ARN, context)
+
+
+_CREDENTIAL = re.compile(r"Credential=([^/]+)/[^/]+/([^/]+)/([^/]+)/")
+
+
+def _s3_request(method: str, path: str, query: dict[str, list[str]], environ: dict[str, Any], body: Callable[[], bytes]) -> Request:
+    host = environ.get("HTTP_HOST", "")
+    parts = unquote(path).lstrip("/").split("/", 1)
+    if re.match(r"^[a-z0-9.-]+\.s3[.-]", host) or (host.count(".") >= 1 and not re.match(r"^[0-9.:]+$|^localhost", host)):
+        bucket, key = host.split(".", 1)[0], unquote(path).lstrip("/")
+    else:
+        bucket, key = parts[0], parts[1] if len(parts) > 1 else ""
+    b = f"arn:aws:s3:::{bucket}"
+    if not key:
+        if method in ("GET", "HEAD") and not (
+            set(query)
+            - {"list-type", "prefix", "delimiter", "continuation-token", "max-keys", "start-after", "encoding-type", "fetch-owner"}
+        ):
+            return Request("s3", [("s3:ListBucket", b, {"s3:prefix": query.get("prefix", [""])[0]})])
+        if method == "POST" and "delete" in query:
+            root = ElementTree.fromstring(body())
+            keys = [e.text or "" for e in root.iter() if e.tag.endswith("Key")]
+            return Request("s3", [("s3:DeleteObject", f"{b}/{k}", {}) for k in keys])
+        return Request("s3", [(f"s3:?{method}-bucket?{'&'.join(sorted(query))}", b, {})])
+    obj = f"{b}/{key}"
+    if "tagging" in query:
+        action = {"GET": "s3:GetObjectTagging", "PUT": "s3:PutObjectTagging", "DELETE": "s3:DeleteObjectTagging"}.get(method, "s3:?")
+        return Request("s3", [(action, obj, {})])
+    if method in ("GET", "HEAD"):
+        return Request("s3", [("s3:GetObject", obj, {})])
+    if method in ("PUT", "POST"):  # PutObject, and the parts of a multipart upload
+        checks: list[tuple[str, str, dict[str, Any]]] = [("s3:PutObject", obj, {})]
+        if environ.get("HTTP_X_AMZ_TAGGING"):
+            checks.append(("s3:PutObjectTagging", obj, {}))
+        return Request("s3", checks)
+    if method == "DELETE":
+        return Request("s3", [("s3:DeleteObject", obj, {})])
+    return Request("s3", [(f"s3:?{method}", obj, {})])
+
+
+_LAMBDA_ROUTES: list[tuple[str, str, str]] = [
+    ("POST", r"/2015-03-31/functions/(?P<fn>[^/]+)/invocations", "lambda:InvokeFunction"),
+    ("GET", r"/2015-03-31/functions/(?P<fn>[^/]+)/configuration", "lambda:GetFunctionConfiguration"),
+    ("PUT", r"/2015-03-31/functions/(?P<fn>[^/]+)/configuration", "lambda:UpdateFunctionConfiguration"),
+    ("PUT", r"/2015-03-31/functions/(?P<fn>[^/]+)/code", "lambda:UpdateFunctionCode"),
+    ("GET", r"/2015-03-31/functions/(?P<fn>[^/]+)", "lambda:GetFunction"),
+    ("DELETE", r"/2015-03-31/functions/(?P<fn>[^/]+)", "lambda:DeleteFunction"),
+    ("PUT", r"/2017-10-31/functions/(?P<fn>[^/]+)/concurrency", "lambda:PutFunctionConcurrency"),
+    ("GET", r"/2017-03-31/tags/(?P<fn>.+)", "lambda:ListTags"),
+    ("POST", r"/2017-03-31/tags/(?P<fn>.+)", "lambda:TagResource"),
+]
+
+
+def _function_arn(name_or_arn: str) -> str:
+    if name_or_arn.startswith("arn:"):
+        return ":".join(name_or_arn.split(":")[:7])  # without a version or alias qualifier
+    return f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name_or_arn.split(':')[0]}"
+
+
+def _lambda_request(method: str, path: str, tags_of: Callable[[str], dict[str, str]]) -> Request:
+    for m, rx, action in _LAMBDA_ROUTES:
+        found = re.fullmatch(rx, unquote(path))
+        if m == method and found:
+            arn = _function_arn(found["fn"])
+            context = {f"aws:ResourceTag/{k}": v for k, v in tags_of(arn).items()}
+            return Request("lambda", [(action, arn, context)])
+    return Request("lambda", [(f"lambda:?{method} {path}", "*", {})])
+
+
+def _json_request(service: str, environ: dict[str, Any]) -> Request:
+    """JSON-protocol services (Step Functions, CloudWatch Logs, ...): the action from X-Amz-Target;
+    the resource is not modelled, so only a statement for every resource could allow it."""
+    target = environ.get("HTTP_X_AMZ_TARGET", "")
+    return Request(service, [(f"{service}:{target.rsplit('.', 1)[-1]}", "*", {})])
+
+
+class AccessControl:
+    """WSGI middleware: decides every call made with a local function's credentials."""
+
+    def __init__(
+        self,
+        app: Any,
+        policies_of: Callable[[str], tuple[list[str], str | None]],
+        tags_of: Callable[[str], dict[str, str]],
+        role_age_s: Callable[[str], float | None],
+        enforce: bool = True,
+        role_propagation_s: float = 0.0,
+    ) -> None:
+        """``policies_of(role_arn)``: its identity policies and permissions boundary (JSON);
+        ``tags_of(function_arn)``: a function's tags; ``role_age_s(role_arn)``: seconds since it was
+        created (None if it does not exist)."""
+        self.app = app
+        self.policies_of = policies_of
+        self.tags_of = tags_of
+        self.role_age_s = role_age_s
+        self.enforce = enforce
+        self.role_propagation_s = role_propagation_s
+        self.denials: list[str] = []
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        found = _CREDENTIAL.search(environ.get("HTTP_AUTHORIZATION", ""))
+        body_cache: list[bytes] = []
+
+        def body() -> bytes:
+            if not body_cache:
+                n = int(environ.get("CONTENT_LENGTH") or 0)
+                data = environ["wsgi.input"].read(n) if n else b""
+                environ["wsgi.input"] = io.BytesIO(data)
+                body_cache.append(data)
+            return body_cache[0]
+
+        service = found.group(3) if found else ""
+        method, path = environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/")
+        if service == "lambda" and method == "POST" and re.fullmatch(r"/2015-03-31/functions/?", path) and self.role_propagation_s > 0:
+            refused = self._unpropagated_role(body())
+            if refused:
+                return self._error(start_response, "lambda", 400, "InvalidParameterValueException", refused, method)
+        session = _sessions.get(found.group(1)) if found else None
+        if session is None or not self.enforce:
+            return self.app(environ, start_response)
+        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        if service == "s3":
+            request = _s3_request(method, path, query, environ, body)
+        elif service == "lambda":
+            request = _lambda_request(method, path, self.tags_of)
+        else:
+            request = _json_request(service, environ)
+        policies, boundary = self.policies_of(session.role_arn)
+        for action, resource, context in request.checks:
+            decision = self._decide(action, resource, context, policies, boundary)
+            if not decision.allowed:
+                message = (
+                    f"User: {session.principal} is not authorized to perform: {action} on resource: {resource} because {decision.reason}"
+                )
+                self.denials.append(message)
+                code = "AccessDenied" if request.service == "s3" else "AccessDeniedException"
+                return self._error(
+                    start_response, request.service, 403 if request.service in ("s3", "lambda") else 400, code, message, method
+                )
+        return self.app(environ, start_response)
+
+    @staticmethod
+    def _decide(action: str, resource: str, context: dict[str, Any], policies: list[str], boundary: str | None) -> Decision:
+        if "?" in action.split(":", 1)[1]:
+            return Decision(False, f"the local stack cannot tell which IAM action {action!r} is (stagecoach.local.access)")
+        return evaluate(action, resource, policies, boundary, context)
+
+    def _unpropagated_role(self, body: bytes) -> str | None:
+        try:
+            role = json.loads(body or b"{}").get("Role", "")
+        except ValueError:
+            return None
+        age = self.role_age_s(role) if role else None
+        if age is not None and age < self.role_propagation_s:
+            return "The role defined for the function cannot be assumed by Lambda."
+        return None
+
+    @staticmethod
+    def _error(start_response: Callable[..., Any], service: str, status: int, code: str, message: str, method: str) -> list[bytes]:
+        request_id = str(uuid.uuid4())
+        reason = {400: "Bad Request", 403: "Forbidden"}[status]
+        if service == "s3":
+            body = (
+                f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{_xml(message)}</Message>'
+                f"<RequestId>{request_id}</RequestId></Error>"
+            ).encode()
+            headers = [("Content-Type", "application/xml"), ("x-amz-request-id", request_id)]
+        elif service == "lambda":  # rest-json: the error type in a header, the message in the body
+            body = json.dumps({"Type": "User", "Message": message}).encode()
+            headers = [("Content-Type", "application/json"), ("x-amzn-ErrorType", code), ("x-amzn-RequestId", request_id)]
+        else:
+            body = json.dumps({"__type": code, "message": message}).encode()
+            headers = [("Content-Type", "application/x-amz-json-1.0"), ("x-amzn-RequestId", request_id)]
+        if method == "HEAD":
+            body = b""
+        start_response(f"{status} {reason}", [*headers, ("Content-Length", str(len(body)))])
+        return [body]
+
+
+def _xml(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def moto_lookups(account: str = ACCOUNT) -> dict[str, Callable[..., Any]]:
+    """The role policies, function tags and role ages as moto (in this process) holds them."""
+    # moto is the `local` extra, heavy and optional: imported on use, in the stack process only
+    from moto.awslambda.models import lambda_backends
+    from moto.iam.models import iam_backends
+
+    def iam() -> Any:
+        return iam_backends[account]["aws"]
+
+    def policies_of(role_arn: str) -> tuple[list[str], str | None]:
+        try:
+            role = iam().get_role_by_arn(role_arn)
+        except Exception:
+            return [], None  # a role that does not exist grants nothing
+        docs = [*role.policies.values()]
+        for p in role.managed_policies.values():
+            docs.extend(v.document for v in p.versions if v.is_default)
+        boundary = None
+        if role.permissions_boundary_arn:
+            bp = iam().get_policy(role.permissions_boundary_arn)
+            boundary = next(v.document for v in bp.versions if v.is_default)
+        return docs, boundary
+
+    def tags_of(function_arn: str) -> dict[str, str]:
+        try:
+            return dict(lambda_backends[account][REGION].get_function(function_arn).tags or {})
+        except Exception:
+            return {}
+
+    def role_age_s(role_arn: str) -> float | None:
+        try:
+            created = iam().get_role_by_arn(role_arn).create_date
+        except Exception:
+            return None
+        if created.tzinfo is None:  # moto keeps naive UTC
+            created = created.replace(tzinfo=datetime.UTC)
+        return time.time() - created.timestamp()
+
+    return {"policies_of": policies_of, "tags_of": tags_of, "role_age_s": role_age_s}

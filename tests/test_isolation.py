@@ -1,0 +1,219 @@
+"""Jobs sharing a stack cannot touch each other: each job's functions run with a role of its own
+(deploy/roles.py), which the local stack enforces as IAM would (local/access.py). The probe is user
+code — the model factory, which workers run — trying another job's objects and function."""
+
+import json
+import time
+import uuid
+
+import pytest
+import torch
+from botocore.exceptions import ClientError
+from torch import nn
+
+from stagecoach import Job
+from stagecoach.deploy.iam_policy import evaluate
+from stagecoach.deploy.resources import function_name
+from stagecoach.deploy.roles import job_boundary_policy, job_role_arn, job_role_name, job_worker_policy
+from stagecoach.lambdas import keys
+
+
+def _data(seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(24, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (24,), generator=g)
+
+
+def _job(name, model):
+    return Job(
+        model=model,
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        train=_data(1),
+        global_batch=8,
+        iterations=2,
+        seed=0,
+        dtype=torch.float64,
+        name=name,
+    )
+
+
+def _plain():
+    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+
+
+def _probing(victim_job, victim_function, bucket):
+    """A model factory that, inside a worker (not in the SDK, which builds the model too), tries
+    the victim's objects and function and records what AWS answered in its own job's prefix."""
+
+    def factory():
+        import os
+
+        import boto3
+
+        fn = os.environ.get("AWS_LAMBDA_FUNCTION_NAME", "")
+        if fn.endswith("-s0"):
+            own = fn[: -len("-s0")].split("-", 1)[1]  # "<stack>-<job>-s0"
+            s3, lam = boto3.client("s3"), boto3.client("lambda")
+
+            def attempt(call):
+                try:
+                    call()
+                    return "ok"
+                except Exception as e:  # what AWS answers: the error code
+                    return getattr(e, "response", {}).get("Error", {}).get("Code", type(e).__name__)
+
+            seen = {
+                "read_victim_code": attempt(lambda: s3.get_object(Bucket=bucket, Key=f"jobs/{victim_job}/model/job.pkl")),
+                "overwrite_victim_spec": attempt(lambda: s3.put_object(Bucket=bucket, Key=f"jobs/{victim_job}/job.json", Body=b"{}")),
+                "delete_victim_code": attempt(lambda: s3.delete_object(Bucket=bucket, Key=f"jobs/{victim_job}/model/job.pkl")),
+                "list_victim": attempt(lambda: s3.list_objects_v2(Bucket=bucket, Prefix=f"jobs/{victim_job}/")),
+                "update_victim_function": attempt(lambda: lam.update_function_configuration(FunctionName=victim_function, MemorySize=128)),
+                "read_history": attempt(lambda: s3.get_object(Bucket=bucket, Key="history/victim/memory.json")),
+                "read_own_spec": attempt(lambda: s3.get_object(Bucket=bucket, Key=f"jobs/{own}/job.json")),
+            }
+            s3.put_object(Bucket=bucket, Key=f"jobs/{own}/probe.json", Body=json.dumps(seen).encode())
+        return _plain()
+
+    return factory
+
+
+def test_a_jobs_workers_cannot_touch_another_jobs_objects_or_function(backend):
+    victim = _job("victim", _plain).run(backend=backend)
+    assert victim.wait(progress=False, poll_s=0.5, timeout_s=300) == "SUCCEEDED"
+    bucket = backend.resources.bucket
+    victim_fn = function_name(backend.resources, victim.job_id, 0)
+    before = backend.clients.s3.get_object(Bucket=bucket, Key=keys.job_code(victim.job_id))["Body"].read()
+
+    prober = _job("prober", _probing(victim.job_id, victim_fn, bucket)).run(backend=backend, stages=2)
+    assert prober.wait(progress=False, poll_s=0.5, timeout_s=300) == "SUCCEEDED"  # it trains: its own objects and the data set
+    seen = json.loads(backend.clients.s3.get_object(Bucket=bucket, Key=f"jobs/{prober.job_id}/probe.json")["Body"].read())
+    assert seen == {
+        "read_victim_code": "AccessDenied",
+        "overwrite_victim_spec": "AccessDenied",
+        "delete_victim_code": "AccessDenied",
+        "list_victim": "AccessDenied",
+        "update_victim_function": "AccessDeniedException",
+        "read_history": "AccessDenied",
+        "read_own_spec": "ok",
+    }
+    # nothing of the victim changed
+    assert backend.clients.s3.get_object(Bucket=bucket, Key=keys.job_code(victim.job_id))["Body"].read() == before
+    assert backend.clients.lambda_.get_function_configuration(FunctionName=victim_fn)["MemorySize"] != 128
+    # each job ran with its own role, under the stack's path and boundary
+    for run in (victim, prober):
+        conf = backend.clients.lambda_.get_function_configuration(FunctionName=function_name(backend.resources, run.job_id, 0))
+        assert conf["Role"] == job_role_arn(backend.resources, run.job_id)
+        role = backend.clients.iam.get_role(RoleName=job_role_name(backend.resources, run.job_id))["Role"]
+        assert role["PermissionsBoundary"]["PermissionsBoundaryArn"] == backend.resources.job_boundary_arn
+
+
+def test_cleanup_removes_the_jobs_role(backend):
+    run = _job("gone", _plain).run(backend=backend)
+    assert run.wait(progress=False, poll_s=0.5, timeout_s=300) == "SUCCEEDED"
+    removed = backend.cleanup(run.job_id)
+    assert removed.roles == [run.job_id]
+    with pytest.raises(ClientError, match="NoSuchEntity"):
+        backend.clients.iam.get_role(RoleName=job_role_name(backend.resources, run.job_id))
+
+
+def test_the_job_role_grants_its_own_objects_and_the_data_sets_only(backend):
+    res = backend.resources
+    policy, boundary = job_worker_policy(res, "a-1a2b3c4d"), job_boundary_policy("arn:aws:s3:::" + res.bucket, res.log_group_arn)
+    b = f"arn:aws:s3:::{res.bucket}"
+
+    def can(action, resource, **ctx):
+        return evaluate(action, resource, [policy], boundary, ctx).allowed
+
+    for key in (keys.job_code("a-1a2b3c4d"), keys.act("a-1a2b3c4d", 3, 1, 0, 0), keys.memory_pressure("a-1a2b3c4d", 0)):
+        assert can("s3:GetObject", f"{b}/{key}") and can("s3:PutObject", f"{b}/{key}") and can("s3:DeleteObject", f"{b}/{key}")
+    assert can("s3:GetObject", f"{b}/{keys.dataset('abc', 'train')}")
+    assert not can("s3:PutObject", f"{b}/{keys.dataset('abc', 'train')}")  # data sets are shared: read only
+    for key in (keys.job_code("a-1a2b3c4d0"), keys.job_code("b-1a2b3c4d"), "history/a/memory.json", "jobs/a-1a2b3c4d"):
+        assert not can("s3:GetObject", f"{b}/{key}"), key
+    assert can("s3:ListBucket", b, **{"s3:prefix": "jobs/a-1a2b3c4d/iter/3/act/s1/r0/m0"})
+    assert not can("s3:ListBucket", b, **{"s3:prefix": "jobs/b-1a2b3c4d/"}) and not can("s3:ListBucket", b)
+    assert not can("s3:GetObject", f"arn:aws:s3:::other-bucket/{keys.job_code('a-1a2b3c4d')}")
+    for action in ("lambda:UpdateFunctionConfiguration", "lambda:InvokeFunction", "iam:PassRole", "states:StartExecution"):
+        assert not can(action, "*")
+    # a policy beyond the boundary grants nothing more (what the deployer cannot escalate to)
+    wide = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+    assert not evaluate("s3:GetObject", f"{b}/history/x", [wide], boundary).allowed
+    assert evaluate("s3:GetObject", f"{b}/history/x", [wide], boundary).reason.startswith("no permissions boundary allows")
+    assert not evaluate("lambda:UpdateFunctionCode", "arn:aws:lambda:us-east-1:1:function:x", [wide], boundary).allowed
+
+
+def _call_as(backend, role_arn, service, method, **kwargs):
+    """Invoke a function running with ``role_arn`` that makes one call; AWS's answer (code, message)."""
+    from helpers import HANDLERS
+
+    from stagecoach.deploy.roles import create_function_when_role_ready
+
+    c, res = backend.clients, backend.resources
+    name = f"probe-{uuid.uuid4().hex[:8]}"
+    create_function_when_role_ready(
+        c,
+        dict(
+            FunctionName=name,
+            Role=role_arn,
+            PackageType="Image",
+            Code={"ImageUri": res.image_uri},
+            ImageConfig={"Command": ["aws_call.handler"]},
+            Timeout=30,
+            MemorySize=512,
+            Environment={"Variables": {"PYTHONPATH": HANDLERS}},
+            Tags={"stagecoach:stack": res.prefix},
+        ),
+    )
+    out = c.lambda_.invoke(FunctionName=name, Payload=json.dumps({"service": service, "method": method, "kwargs": kwargs}).encode())
+    return json.loads(out["Payload"].read())
+
+
+def test_the_stack_roles_are_enforced_with_aws_answers(backend):
+    from stagecoach.deploy.roles import create_job_role
+
+    res = backend.resources
+    job = f"probe-{uuid.uuid4().hex[:8]}"
+    role = create_job_role(res, backend.clients, job)
+    own = f"jobs/{job}/x"
+    assert _call_as(backend, role, "s3", "put_object", Bucket=res.bucket, Key=own, Body="1")["code"] == "ok"
+    # a missing key of its own job: 404 (the role may list its prefix), not 403
+    assert _call_as(backend, role, "s3", "get_object", Bucket=res.bucket, Key=f"jobs/{job}/missing")["code"] == "NoSuchKey"
+    denied = _call_as(backend, role, "s3", "get_object", Bucket=res.bucket, Key="jobs/other-1a2b3c4d/job.json")
+    assert denied["code"] == "AccessDenied"
+    assert denied["message"].startswith(f"User: arn:aws:sts::123456789012:assumed-role/{res.prefix}-{job}/probe-")
+    assert denied["message"].endswith(
+        f"is not authorized to perform: s3:GetObject on resource: arn:aws:s3:::{res.bucket}/jobs/other-1a2b3c4d/job.json "
+        "because no identity-based policy allows the s3:GetObject action"
+    )
+    # a call the local stack cannot map to IAM is denied, not waved through; Lambda's and Step
+    # Functions' denials in their own shapes
+    assert _call_as(backend, role, "stepfunctions", "list_state_machines")["code"] == "AccessDeniedException"
+    assert _call_as(backend, role, "lambda", "get_function", FunctionName=res.control_function)["code"] == "AccessDeniedException"
+    # the control role: the remediation's calls, on tagged stage functions only
+    control = res.control_role_arn
+    assert _call_as(backend, control, "s3", "get_object", Bucket=res.bucket, Key=own)["code"] == "AccessDenied"
+    assert _call_as(backend, control, "lambda", "get_function_configuration", FunctionName=res.control_function)["code"] == (
+        "AccessDeniedException"
+    )
+
+
+def test_a_new_role_is_refused_until_iam_propagates_it(backend):
+    """Lambda's CreateFunction right after CreateRole (Fidelity.role_propagation_s); the SDK waits it out."""
+    from stagecoach.deploy.roles import create_function_when_role_ready, create_job_role
+
+    c, res = backend.clients, backend.resources
+    role = create_job_role(res, c, f"fresh-{uuid.uuid4().hex[:8]}")
+    spec = dict(
+        FunctionName=f"fresh-{uuid.uuid4().hex[:8]}",
+        Role=role,
+        PackageType="Image",
+        Code={"ImageUri": res.image_uri},
+        ImageConfig={"Command": ["noop.handler"]},
+    )
+    with pytest.raises(ClientError, match="The role defined for the function cannot be assumed by Lambda") as e:
+        c.lambda_.create_function(**spec)
+    assert e.value.response["Error"]["Code"] == "InvalidParameterValueException"
+    started = time.monotonic()
+    create_function_when_role_ready(c, spec)
+    assert time.monotonic() - started < 10
+    assert c.lambda_.get_function_configuration(FunctionName=spec["FunctionName"])["Role"] == role
