@@ -10,6 +10,9 @@ $(STAMP): pyproject.toml package.json package-lock.json
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev]"
 	npm ci --no-audit --no-fund --loglevel=error
+	# checkov (template.yaml's security checks in `make lint`) in a venv of its own: its pins clash with ours
+	python3 -m venv $(VENV)-checkov
+	$(VENV)-checkov/bin/pip install -q checkov==3.3.30
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -30,4 +33,4 @@ test-all: $(STAMP)
 	$(PY) -m pytest
 
 clean:
-	rm -rf $(VENV) node_modules stagecoach-runs
+	rm -rf $(VENV) $(VENV)-checkov node_modules stagecoach-runs
