@@ -33,7 +33,7 @@ from torch import nn
 
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.optim_state import apply_update
+from stagecoach.lambdas.optim_state import apply_update, chunk_segments
 
 Layout = Sequence[Sequence[tuple[int, int]]]  # per shard, its chunks' [start, end) in the flat vector
 MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -51,6 +51,10 @@ class SyncSpec:
     make_optimizer: MakeOptimizer
     window_start: int
     deadline: float
+    # parameter groups: the stage's flat vector as (start, end, group) runs, and each group's
+    # hyperparameters; empty for an optimizer of one group (optim_state.chunk_segments)
+    groups: tuple[tuple[int, int, int], ...] = ()
+    group_hparams: tuple[dict[str, Any], ...] = ()
 
     @property
     def shards(self) -> int:
@@ -108,7 +112,8 @@ def update_chunk(
         body = state[c].result()
         if body is None:
             raise FileNotFoundError(f"optimizer state {keys.optim(spec.job, spec.t, spec.stage, shard, c)} is missing")
-    new_p, new_state = apply_update(spec.make_optimizer, param, grad, body)
+    a, b = spec.layout[shard][c]
+    new_p, new_state = apply_update(spec.make_optimizer, param, grad, body, chunk_segments(spec.groups, spec.group_hparams, a, b))
     ch.submit_put(keys.params(spec.job, spec.t + 1, spec.stage, shard, c), {"p": new_p})
     if stateful(spec.make_optimizer):
         ch.submit_put_bytes(keys.optim(spec.job, spec.t + 1, spec.stage, shard, c), new_state)

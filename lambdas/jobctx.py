@@ -35,6 +35,7 @@ class JobContext:
     stages: dict[int, nn.ModuleList] = field(default_factory=dict)
     loaded_version: dict[int, int] = field(default_factory=dict)
     data: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    runs: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -59,8 +60,40 @@ class JobContext:
         numel = sum(p.numel() for p in self.stage_params(stage))
         return stage_layout(numel, torch.empty(0, dtype=self.dtype).element_size(), self.plan.grad_shards(stage), self.plan.replicas)
 
+    def group_runs(self, stage: int) -> tuple[tuple[int, int, int], ...]:
+        """The stage's flat vector as (start, end, parameter group) runs; () for one group."""
+        if not self.spec.param_groups:
+            return ()
+        model = build_model(self.model_factory, self.seed, self.dtype)
+        index = {id(p): i for i, p in enumerate(model.parameters())}
+        layers = list(cast(nn.Sequential, model))
+        runs: list[tuple[int, int, int]] = []
+        at = 0
+        for i in self.plan.stage_layers(stage):
+            for p in layers[i].parameters():
+                g = self.spec.param_groups[index[id(p)]]
+                if runs and runs[-1][2] == g:
+                    runs[-1] = (runs[-1][0], at + p.numel(), g)
+                else:
+                    runs.append((at, at + p.numel(), g))
+                at += p.numel()
+        return tuple(runs)
+
     def sync_spec(self, stage: int, t: int, window_start: int, deadline: float) -> SyncSpec:
-        return SyncSpec(self.job, stage, t, self.plan.replicas, self.layout(stage), self.make_optimizer, window_start, deadline)
+        if stage not in self.runs:
+            self.runs[stage] = self.group_runs(stage)
+        return SyncSpec(
+            self.job,
+            stage,
+            t,
+            self.plan.replicas,
+            self.layout(stage),
+            self.make_optimizer,
+            window_start,
+            deadline,
+            groups=self.runs[stage],
+            group_hparams=tuple(self.spec.optimizer_groups or ()),
+        )
 
     def ensure_params(self, channel: Channel, stage: int, version: int, deadline: float) -> nn.ModuleList:
         """Load the stage's parameters at ``version`` (every chunk of every shard) unless this

@@ -39,6 +39,11 @@ class JobSpec(_Record):
     # runs no windows (sdk/profile_tiers.py)
     window_length: int | None = None
     window_state_machine: str | None = None
+    # parameter groups of the optimizer over the whole model, when it has more than one: each
+    # group's hyperparameters (all but "params"), and the group of each parameter in the order of
+    # model.parameters() (sdk/exactness.py optimizer_groups)
+    optimizer_groups: list[dict[str, Any]] | None = None
+    param_groups: list[int] | None = None
 
     def to_plan(self) -> Plan:
         return Plan.from_dict(self.plan)

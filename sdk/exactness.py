@@ -15,6 +15,7 @@ checked against the plan by :func:`check_plan`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from stagecoach.lambdas.optim_state import apply_update
+from stagecoach.lambdas.optim_state import apply_update, chunk_segments
 from stagecoach.lambdas.training import run_layers
 
 MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -43,6 +44,8 @@ class ModelFacts:
     batch_coupling: str | None
     # why the loss of a batch is not the mean of its samples' losses (None: it is)
     loss_not_mean: str | None
+    # the optimizer's parameter groups (None: one group)
+    optimizer_groups: OptimizerGroups | None = None
 
 
 def _tol(dtype: torch.dtype) -> float:
@@ -223,13 +226,77 @@ def loss_not_mean(loss: Callable[..., torch.Tensor], out: torch.Tensor, y: torch
 
 
 # -- the optimizer ------------------------------------------------------------------------------------------
-def check_optimizer(make_optimizer: MakeOptimizer, params: list[nn.Parameter], dtype: torch.dtype) -> None:
-    """One parameter group over exactly the given parameters, and an update that is elementwise.
+@dataclass(frozen=True)
+class OptimizerGroups:
+    """The parameter groups of the optimizer over the whole model, as the workers apply them:
+    each group's hyperparameters (JSON values) and the group of each parameter, in model order."""
 
-    The sync tasks apply the optimizer to flat shards of a stage's parameters (cut across tensor
-    boundaries), each with its own optimizer instance whose state travels through S3. That equals
-    one optimizer over the model only if every element is updated on its own: tested by running
-    the optimizer both ways on the same gradients.
+    hparams: tuple[dict[str, Any], ...]
+    of_param: tuple[int, ...]
+
+
+def optimizer_groups(opt: torch.optim.Optimizer, params: Sequence[nn.Parameter]) -> OptimizerGroups | None:
+    """The groups of ``opt`` over ``params`` (None for one group, which the workers rebuild from
+    the factory itself); refuses groups that do not cover exactly ``params`` or whose
+    hyperparameters cannot travel as JSON."""
+    index = {id(p): i for i, p in enumerate(params)}
+    of = [-1] * len(params)
+    for g, group in enumerate(opt.param_groups):
+        for p in group["params"]:
+            if id(p) not in index:
+                of = []
+                break
+            of[index[id(p)]] = g
+    if not of or -1 in of or sum(len(g["params"]) for g in opt.param_groups) != len(params):
+        raise NotExact(
+            "job.optimizer(params) does not optimise exactly the parameters it is given: it must build the "
+            "optimizer over `params` (e.g. lambda params: torch.optim.SGD(params, lr=0.1)), not over other tensors"
+        )
+    if len(opt.param_groups) == 1:
+        return None
+    hparams = []
+    for g, group in enumerate(opt.param_groups):
+        hp = {k: v for k, v in group.items() if k != "params"}
+        try:
+            hparams.append(json.loads(json.dumps(hp)))
+        except (TypeError, ValueError):
+            bad = next(k for k, v in hp.items() if not _jsonable(v))
+            raise NotExact(
+                f"parameter group {g}'s {bad!r} is a {type(hp[bad]).__name__}: the workers rebuild each group from its "
+                "hyperparameters, which must be numbers, booleans, strings or lists of them"
+            ) from None
+    return OptimizerGroups(tuple(hparams), tuple(of))
+
+
+def _jsonable(v: Any) -> bool:
+    try:
+        json.dumps(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _runs(groups: OptimizerGroups | None, sizes: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
+    """The flat vector of parameters of ``sizes`` as (start, end, group) runs (jobctx.group_runs)."""
+    if groups is None:
+        return ()
+    out: list[tuple[int, int, int]] = []
+    at = 0
+    for g, n in zip(groups.of_param, sizes):
+        if out and out[-1][2] == g:
+            out[-1] = (out[-1][0], at + n, g)
+        else:
+            out.append((at, at + n, g))
+        at += n
+    return tuple(out)
+
+
+def check_optimizer(make_optimizer: MakeOptimizer, params: list[nn.Parameter], dtype: torch.dtype) -> OptimizerGroups | None:
+    """Every element updated on its own, within its parameter group: the sync tasks apply the
+    optimizer to flat shards of a stage's parameters (cut across tensor boundaries), each with its
+    own optimizer instance whose state travels through S3, with one group per run of elements of
+    the same group. That equals one optimizer over the model only if the update is elementwise:
+    tested by running the optimizer both ways on the same gradients. Returns the groups.
     """
     try:
         opt = make_optimizer(params)
@@ -237,43 +304,41 @@ def check_optimizer(make_optimizer: MakeOptimizer, params: list[nn.Parameter], d
         raise NotExact(f"job.optimizer(params) fails: {e}") from None
     if not isinstance(opt, torch.optim.Optimizer):
         raise NotExact(f"job.optimizer(params) returned {type(opt).__name__}, not a torch.optim.Optimizer")
-    if len(opt.param_groups) != 1:
-        raise NotExact(
-            f"job.optimizer(params) made {len(opt.param_groups)} parameter groups: the runtime updates flat shards "
-            "that mix parameters of every group, so per-group settings (e.g. no weight decay on biases) would "
-            "collapse into one. Give one group over all the parameters, e.g. optimizer=lambda p: torch.optim.AdamW(p, ...)"
-        )
-    given = {id(p) for p in params}
-    grouped = {id(p) for p in opt.param_groups[0]["params"]}
-    if given != grouped:
-        raise NotExact(
-            "job.optimizer(params) does not optimise exactly the parameters it is given: it must build the "
-            "optimizer over `params` (e.g. lambda params: torch.optim.SGD(params, lr=0.1)), not over other tensors"
-        )
+    groups = optimizer_groups(opt, params)
     name = type(opt).__name__
     g = torch.Generator().manual_seed(0)
-    shapes = [(3, 4), (5,), (2, 3, 2), (4, 4)]
+    # the model's parameters in order (so a factory that groups by position or by dimensions groups
+    # them as it does the model's), each shrunk to a few elements; one group: four fixed shapes
+    shapes = [tuple(min(d, 3) for d in p.shape) for p in params] if groups is not None else [(3, 4), (5,), (2, 3, 2), (4, 4)]
     init = [torch.randn(s, generator=g, dtype=dtype) for s in shapes]
     steps = [[torch.randn(s, generator=g, dtype=dtype) for s in shapes] for _ in range(3)]
     try:
         whole_params = [nn.Parameter(t.clone()) for t in init]
         whole_opt = make_optimizer(whole_params)
+        sim_groups = optimizer_groups(whole_opt, whole_params)
         for grads in steps:
             for p, gr in zip(whole_params, grads):
                 p.grad = gr.clone()
             whole_opt.step()
+    except NotExact:
+        raise
     except Exception as e:
         raise NotExact(f"job.optimizer ({name}) cannot take a plain step on its parameters: {e}") from None
     whole = torch.cat([p.detach().reshape(-1) for p in whole_params])
     flat = torch.cat([t.reshape(-1) for t in init])
-    bounds = [(0, 7), (7, 16), (16, 41), (41, flat.numel())]  # shards that cut across tensors, as the runtime's do
+    n = flat.numel()
+    cuts = sorted({0, *(min(n, max(1, n * k // 7 + 1)) for k in (2, 3, 5)), n})
+    bounds = list(zip(cuts[:-1], cuts[1:]))  # shards that cut across tensors, as the runtime's do
+    runs = _runs(sim_groups, [t.numel() for t in init])
+    hparams = sim_groups.hparams if sim_groups is not None else ()
     states: list[bytes | None] = [None] * len(bounds)
     try:
         for grads in steps:
             gflat = torch.cat([gr.reshape(-1) for gr in grads])
             parts = []
             for k, (a, b) in enumerate(bounds):
-                new, states[k] = apply_update(make_optimizer, flat[a:b], gflat[a:b], states[k])
+                segments = chunk_segments(runs, hparams, a, b)
+                new, states[k] = apply_update(make_optimizer, flat[a:b], gflat[a:b], states[k], segments)
                 parts.append(new)
             flat = torch.cat(parts)
     except Exception as e:
@@ -289,6 +354,7 @@ def check_optimizer(make_optimizer: MakeOptimizer, params: list[nn.Parameter], d
             "orthogonalisation or LAMB's per-tensor trust ratio. The sync tasks shard the optimizer across "
             "tensors: use an elementwise optimizer (SGD, Adam, AdamW, RMSprop, Adagrad, ...)"
         )
+    return groups
 
 
 # -- everything, in order ----------------------------------------------------------------------------------
@@ -320,8 +386,10 @@ def examine(
         check_gradients(blocks)
     coupling = batch_coupling(blocks, x, seed)
     not_mean = loss_not_mean(loss, out.detach(), y) if coupling is None else None
-    check_optimizer(make_optimizer, [p for p in build().parameters()], dtype)
-    return ModelFacts(blocks=len(blocks), boundary_dtypes=tuple(boundary), batch_coupling=coupling, loss_not_mean=not_mean)
+    groups = check_optimizer(make_optimizer, [p for p in build().parameters()], dtype)
+    return ModelFacts(
+        blocks=len(blocks), boundary_dtypes=tuple(boundary), batch_coupling=coupling, loss_not_mean=not_mean, optimizer_groups=groups
+    )
 
 
 def check_plan(facts: ModelFacts, balance: Sequence[int], replicas: int, micro_batches: int) -> None:

@@ -39,8 +39,9 @@ class Job:
                   tensor in, one tensor out); a block is the unit the planner places on a stage.
     loss:         ``loss(output, target) -> scalar``, a mean over the batch (e.g. nn.CrossEntropyLoss()).
     optimizer:    ``optimizer(params) -> torch.optim.Optimizer`` with an elementwise update
-                  (SGD, Adam, AdamW, RMSprop, ...) and one parameter group: its state is sharded
-                  across sync tasks. What the runtime cannot train exactly is refused by
+                  (SGD, Adam, AdamW, RMSprop, ...): its state is sharded across sync tasks.
+                  Parameter groups (built over ``params``, e.g. by ``p.ndim``) keep their own
+                  hyperparameters. What the runtime cannot train exactly is refused by
                   ``validate`` (docs/exactness.md).
     train:        (inputs, labels) tensors; ``test`` likewise, optional, for evaluation.
     global_batch: samples per iteration over all replicas.

@@ -7,6 +7,8 @@ so dropout draws the same masks). A model without dropout is also compared with 
 full-batch training, which knows nothing of replicas or micro-batches.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -29,6 +31,25 @@ OPTIMIZERS = {
     "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
     "adam": lambda p: torch.optim.Adam(p, lr=0.01),
 }
+
+
+def adamw_no_decay_on_biases(p):
+    """The usual recipe: weight decay on matrices only."""
+    return torch.optim.AdamW(
+        [{"params": [q for q in p if q.ndim > 1], "weight_decay": 0.5}, {"params": [q for q in p if q.ndim <= 1], "weight_decay": 0.0}],
+        lr=0.01,
+    )
+
+
+def sgd_frozen_biases(p):
+    """A group with its own learning rate (0: the biases must end exactly where they started)."""
+    return torch.optim.SGD(
+        [{"params": [q for q in p if q.ndim > 1]}, {"params": [q for q in p if q.ndim <= 1], "lr": 0.0}], lr=0.05, momentum=0.9
+    )
+
+
+# parameter groups (once refused: they collapsed into one on a flat shard); shards cut across groups
+GROUP_CONFIGS = [("adamw-groups", adamw_no_decay_on_biases, (2, 3, 2)), ("sgd-groups", sgd_frozen_biases, (4, 2, 3))]
 
 
 def model_with_dropout() -> nn.Sequential:
@@ -72,6 +93,10 @@ def runs(backend):
     for i, (s, d, m, sync, k) in enumerate(SYNC_CONFIGS):
         job = make_job(f"tr-sync-{i}", model_with_dropout, OPTIMIZERS["adam"])
         started[("sync", i)] = job.run(stages=s, replicas=d, micro_batches=m, sync=sync, aggregators=k, backend=backend)
+    for name, opt, (s, d, m) in GROUP_CONFIGS:
+        started[(name, (s, d, m))] = make_job(f"tr-{name}", model_with_dropout, opt).run(
+            stages=s, replicas=d, micro_batches=m, backend=backend
+        )
     job = make_job("tr-nodrop", model_without_dropout, OPTIMIZERS["adam"])
     started[("nodrop", (3, 2, 4))] = job.run(stages=3, replicas=2, micro_batches=4, backend=backend)
     for run in started.values():
@@ -98,6 +123,21 @@ def test_every_sync_algorithm_gives_the_parameters_of_single_process_pytorch(run
     expected = train_reference(run.job, replicas=d, micro_batches=m)
     assert max_diff(run.trained_model(), run.job.build_model()) > 1e-3
     assert max_diff(run.trained_model(), expected) < 1e-5
+
+
+@pytest.mark.parametrize("i", range(len(GROUP_CONFIGS)), ids=lambda i: GROUP_CONFIGS[i][0])
+def test_parameter_groups_keep_their_own_hyperparameters(runs, i):
+    name, _, cfg = GROUP_CONFIGS[i]
+    run = runs[(name, cfg)]
+    expected = train_reference(run.job, replicas=cfg[1], micro_batches=cfg[2])
+    trained, initial = run.trained_model(), run.job.build_model()
+    assert max_diff(trained, initial) > 1e-3
+    assert max_diff(trained, expected) < 1e-5
+    if name == "sgd-groups":  # lr 0 on the biases: untouched, to the bit
+        assert all(torch.equal(p, q) for p, q in zip(trained.parameters(), initial.parameters()) if p.ndim == 1)
+    else:  # one group collapsed into the other would give other parameters
+        collapsed = dataclasses.replace(run.job, optimizer=lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.5))
+        assert max_diff(trained, train_reference(collapsed, replicas=cfg[1], micro_batches=cfg[2])) > 1e-4
 
 
 def test_sync_algorithms_agree_bit_for_bit(runs):

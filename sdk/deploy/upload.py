@@ -81,6 +81,7 @@ def upload_job(
     caller writes it last: its presence means the job is complete)."""
     x, y = job.train
     ds_id = upload_dataset(c.s3, res.bucket, x, y, "train")
+    groups = job.facts.optimizer_groups  # the workers apply each parameter group's own hyperparameters
     spec = JobSpec(
         job=job_id,
         name=job.name,
@@ -94,6 +95,8 @@ def upload_job(
         created=time.time(),
         window_length=window_length,
         window_state_machine=window_state_machine,
+        optimizer_groups=list(groups.hparams) if groups is not None else None,
+        param_groups=list(groups.of_param) if groups is not None else None,
     )
     code = pickle_job_code(job)
     c.s3.put_object(Bucket=res.bucket, Key=keys.job_code(job_id), Body=code)
