@@ -21,6 +21,8 @@ emulates (docs/local-stack.md has the table with sources):
   permissions boundary (local/access.py); moto checks neither Resource nor Condition.
 - ``role_propagation_s``: for this long after CreateRole, Lambda's CreateFunction refuses the role
   ("The role defined for the function cannot be assumed by Lambda."), as while IAM propagates it.
+- ``idle_reclaim_s``: an execution environment idle this long is shut down (Lambda reclaims idle
+  ones after minutes, and promises no time; the next invocation is a cold start).
 - ``account_concurrency``: at most this many invocations run at once in the "account"; one more is
   throttled as Lambda throttles it (HTTP 429 TooManyRequestsException, Reason
   ConcurrentInvocationLimitExceeded). AWS's default quota is 1,000; new accounts may have 10.
@@ -55,12 +57,13 @@ class Fidelity:
     account_concurrency: int = ACCOUNT_CONCURRENCY
     enforce_iam: bool = True
     role_propagation_s: float = 1.0
+    idle_reclaim_s: float = 120.0
 
     def __post_init__(self) -> None:
         allowed = ("seeded", *OOM_SHAPES, *TIMEOUT_SHAPES)
         if self.error_shapes not in allowed:
             raise ValueError(f"error_shapes must be one of {sorted(set(allowed))}, got {self.error_shapes!r}")
-        for name in ("history_limit", "input_limit", "account_concurrency"):
+        for name in ("history_limit", "input_limit", "account_concurrency", "idle_reclaim_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 

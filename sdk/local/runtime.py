@@ -65,6 +65,7 @@ class _Worker:
         self.pid = pid
         self.sock = sock
         self.invocations = 0
+        self.idle_since = time.monotonic()
 
     def alive(self) -> bool:
         try:
@@ -188,6 +189,8 @@ class LocalLambdaRuntime:
         self._lock = threading.Lock()
         self._all: list[_Worker] = []
         self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        self._stopping = threading.Event()
+        threading.Thread(target=self._reclaim_idle, daemon=True).start()
 
     # -- pool ------------------------------------------------------------------------------------
     def _env(self, spec: FunctionSpec) -> dict[str, str]:
@@ -237,8 +240,22 @@ class LocalLambdaRuntime:
         return self._start(spec), True
 
     def _give_back(self, spec: FunctionSpec, w: _Worker) -> None:
+        w.idle_since = time.monotonic()
         with self._lock:
             self._idle.setdefault(spec, []).append(w)
+
+    def _reclaim_idle(self) -> None:
+        """Shut down execution environments idle for ``Fidelity.idle_reclaim_s``, as Lambda does
+        with idle ones (after minutes; it promises no time): a warm container is never guaranteed,
+        and the processes of finished jobs' functions do not pile up in a long session."""
+        while not self._stopping.wait(min(10.0, self.fidelity.idle_reclaim_s / 2)):
+            cutoff = time.monotonic() - self.fidelity.idle_reclaim_s
+            with self._lock:
+                old = [w for ws in self._idle.values() for w in ws if w.idle_since < cutoff]
+                for ws in self._idle.values():
+                    ws[:] = [w for w in ws if w.idle_since >= cutoff]
+            for w in old:
+                self._kill(w)
 
     def _kill(self, w: _Worker) -> None:
         w.kill()
@@ -253,6 +270,7 @@ class LocalLambdaRuntime:
             self._log.flush()
 
     def shutdown(self) -> None:
+        self._stopping.set()
         with self._lock:
             workers, zygotes = list(self._all), list(self._zygotes.values())
         for w in workers:
