@@ -19,7 +19,7 @@ from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.collectives import Layout, SyncSpec, gather
 from stagecoach.lambdas.records import JobSpec
-from stagecoach.lambdas.training import DTYPES, assign_flat, build_model, flat_params, stage_layout
+from stagecoach.lambdas.training import DTYPES, assign_flat, build_model, flat_params, load_running_stats, running_stats, stage_layout
 from stagecoach.planner.plan import Plan
 
 
@@ -36,6 +36,7 @@ class JobContext:
     loaded_version: dict[int, int] = field(default_factory=dict)
     data: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     runs: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
+    stats_version: dict[int, int] = field(default_factory=dict)  # the running statistics' version held
 
     @property
     def dtype(self) -> torch.dtype:
@@ -50,7 +51,33 @@ class JobContext:
             model = build_model(self.model_factory, self.seed, self.dtype)
             layers = list(cast(nn.Sequential, model))  # Job.validate accepted only an nn.Sequential
             self.stages[stage] = nn.ModuleList([layers[i] for i in self.plan.stage_layers(stage)]).train()
+            self.stats_version[stage] = 0  # a freshly built model holds the initial statistics, as every container's does
         return self.stages[stage]
+
+    def running_stats(self, stage: int) -> dict[str, torch.Tensor]:
+        return running_stats(self.stage_module(stage), self.plan.stage_layers(stage).start)
+
+    def ensure_running_stats(self, channel: Channel, stage: int, version: int) -> None:
+        """Hold the stage's running statistics after ``version`` iterations (from S3 unless held)."""
+        if not self.running_stats(stage) or self.stats_version.get(stage) == version:
+            return
+        values = channel.get_tensors(keys.buffers(self.job, version, stage))
+        if values is None:
+            raise FileNotFoundError(f"running statistics {keys.buffers(self.job, version, stage)} are missing")
+        load_running_stats(self.stage_module(stage), self.plan.stage_layers(stage).start, values)
+        self.stats_version[stage] = version
+
+    def save_running_stats(self, channel: Channel, stage: int, version: int, window_start: int) -> None:
+        """Store the statistics this task's forward pass updated as ``version``; drop the version
+        before the previous one unless it is the window's checkpoint (a restart starts there)."""
+        stats = self.running_stats(stage)
+        if not stats:
+            return
+        channel.put_tensors(keys.buffers(self.job, version, stage), {k: v.detach().clone() for k, v in stats.items()})
+        self.stats_version[stage] = version
+        old = version - 2
+        if old >= 0 and old != window_start:
+            channel.delete([keys.buffers(self.job, old, stage)])
 
     def stage_params(self, stage: int) -> list[nn.Parameter]:
         return list(self.stage_module(stage).parameters())

@@ -29,6 +29,11 @@ def optim(job: str, version: int, stage: int, shard: int, chunk: int) -> str:
     return f"jobs/{job}/optim/v{version}/s{stage}/k{shard}/c{chunk}"
 
 
+def buffers(job: str, version: int, stage: int) -> str:
+    """A stage's running statistics (BatchNorm) after ``version`` iterations (training.running_stats)."""
+    return f"jobs/{job}/buffers/v{version}/s{stage}"
+
+
 def act(job: str, t: int, stage: int, replica: int, mb: int) -> str:
     return f"jobs/{job}/iter/{t}/act/s{stage}/r{replica}/m{mb}"
 

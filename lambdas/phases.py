@@ -41,6 +41,7 @@ def forward(ctx: JobContext, ch: Channel, ev: ForwardEvent, deadline: float) -> 
     if ev.stage >= ctx.plan.stages - 1:
         raise ValueError(f"stage {ev.stage} has no forward task: the last stage's forward runs in its backward")
     layers = ctx.ensure_params(ch, ev.stage, ev.t, deadline)
+    ctx.ensure_running_stats(ch, ev.stage, ev.t)  # this forward pass updates them (BatchNorm)
     first = ctx.plan.stage_layers(ev.stage).start
     for j in range(ctx.plan.micro_batches):
         x = _stage_input(ctx, ch, ev.t, ev.stage, ev.replica, j, deadline)
@@ -48,6 +49,7 @@ def forward(ctx: JobContext, ch: Channel, ev: ForwardEvent, deadline: float) -> 
             # a copy: the downloaded tensor views read-only bytes, and a first layer may work in place
             y = run_layers(layers, first, x.clone() if ev.stage > 0 else x, ctx.seed, ev.t, ev.replica, j)
         ch.submit_handoff(keys.act(ctx.job, ev.t, ev.stage, ev.replica, j), {"x": y})  # while j+1 computes
+    ctx.save_running_stats(ch, ev.stage, ev.t + 1, ev.window_start)
     return {}
 
 
@@ -75,6 +77,11 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     first = plan.stage_layers(s).start
     scale = 1.0 / (plan.micro_batches * plan.replicas)
     losses = []
+    # Running statistics (BatchNorm): the last stage's only forward pass is the one below, which
+    # updates them; any other stage's forward task did, and the recompute below must not again.
+    if last:
+        ctx.ensure_running_stats(ch, s, t)
+    held = {k: v.clone() for k, v in ctx.running_stats(s).items()} if not last else {}
     for j in reversed(range(plan.micro_batches)):
         x = _stage_input(ctx, ch, t, s, r, j, deadline)
         if s > 0:  # the input gradient is x.grad; the layers get a copy, which a first layer may change in place
@@ -99,6 +106,12 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
             assert x.grad is not None, "a stage input that needs a gradient got none"
             ch.submit_handoff(keys.grad(ctx.job, t, s, r, j), {"g": x.grad})
     stream.finish()
+    if last:
+        ctx.save_running_stats(ch, s, t + 1, ev.window_start)
+    elif held:
+        with torch.no_grad():
+            for k, v in ctx.running_stats(s).items():
+                v.copy_(held[k])
     if plan.replicas == 1:
         flat = torch.cat([grads[0, c] for c in spec.chunks(0)])
         new = collectives.update_alone(ch, spec, flat_params(params), flat, state)

@@ -70,6 +70,34 @@ def run_layers(layers: Iterable[nn.Module], first_layer: int, x: torch.Tensor, s
     return x
 
 
+RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def running_stats(layers: Iterable[nn.Module], first_layer: int) -> dict[str, torch.Tensor]:
+    """The buffers a forward pass in train mode updates — BatchNorm's running statistics — of
+    consecutive layers, keyed "<layer>.<module path>.<buffer>" by the layer's index in the model,
+    so a stage's and the whole model's keys agree."""
+    out: dict[str, torch.Tensor] = {}
+    for i, layer in enumerate(layers):
+        for path, m in layer.named_modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+                for name in RUNNING_STATS:
+                    buf = getattr(m, name, None)
+                    if isinstance(buf, torch.Tensor):
+                        out[".".join(x for x in (str(first_layer + i), path, name) if x)] = buf
+    return out
+
+
+def load_running_stats(layers: Iterable[nn.Module], first_layer: int, values: dict[str, torch.Tensor]) -> None:
+    """Install running statistics saved by :func:`running_stats` (every one of them)."""
+    mine = running_stats(layers, first_layer)
+    if set(mine) != set(values):
+        raise ValueError(f"running statistics {sorted(values)} do not fit the stage's {sorted(mine)}")
+    with torch.no_grad():
+        for k, buf in mine.items():
+            buf.copy_(values[k])
+
+
 def flat_params(params: Iterable[nn.Parameter]) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in params]) if params else torch.zeros(0)
 

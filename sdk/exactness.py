@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from stagecoach.lambdas.optim_state import apply_update, chunk_segments
-from stagecoach.lambdas.training import run_layers
+from stagecoach.lambdas.training import run_layers, running_stats
 
 MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
@@ -139,21 +139,20 @@ def _buffers(blocks: Sequence[nn.Module]) -> list[tuple[int, str, torch.Tensor]]
 
 
 def check_buffers_unchanged(blocks: Sequence[nn.Module], before: list[tuple[int, str, torch.Tensor]]) -> None:
-    """Buffers the forward pass changes (running statistics, counters) are not carried between tasks."""
+    """Buffers the forward pass changes are not carried between tasks — except BatchNorm's running
+    statistics, which the runtime updates in the forward pass only and keeps per stage
+    (training.running_stats; exact on plans that keep the global batch together, which
+    :func:`batch_coupling` enforces for any model that normalises over the batch)."""
+    tracked = {(i, name) for i, block in enumerate(blocks) for name in running_stats([block], 0).keys()}
     for i, name, old in before:
         new = blocks[i].get_buffer(name)
-        if not torch.equal(old, new):
+        if not torch.equal(old, new) and (i, f"0.{name}") not in tracked:
             owner = blocks[i].get_submodule(name.rpartition(".")[0]) if "." in name else blocks[i]
-            hint = (
-                " (BatchNorm's running statistics: use GroupNorm or LayerNorm, or BatchNorm with "
-                "track_running_stats=False on a plan of one replica and one micro-batch)"
-                if isinstance(owner, nn.modules.batchnorm._BatchNorm)
-                else ""
-            )
             raise NotExact(
-                f"block {i}'s buffer {name!r} ({type(owner).__name__}) changes in the forward pass{hint}: the "
-                "runtime neither keeps buffer updates across tasks nor avoids repeating them in the backward "
-                "phase's recompute, so the trained model's buffers would differ from PyTorch's"
+                f"block {i}'s buffer {name!r} ({type(owner).__name__}) changes in the forward pass: the runtime keeps "
+                "only BatchNorm's running statistics across tasks (and does not repeat their update in the backward "
+                "phase's recompute), so the trained model's buffers would differ from PyTorch's. Make it a "
+                "BatchNorm, or keep it constant in the forward pass"
             )
 
 

@@ -18,7 +18,7 @@ from stagecoach import history as learnt
 from stagecoach.deploy.chain import follow
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.records import JobSpec, TaskMetrics
-from stagecoach.lambdas.training import assign_flat, stage_layout
+from stagecoach.lambdas.training import assign_flat, load_running_stats, running_stats, stage_layout
 from stagecoach.metrics import iteration_breakdown
 
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
@@ -232,12 +232,17 @@ class Run:
         return torch.cat(parts)
 
     def trained_model(self) -> nn.Sequential:
-        """The model with the parameters after the last iteration."""
+        """The model with the parameters, and the running statistics (BatchNorm), after the last iteration."""
         model = self.job.build_model()
         layers = list(model)
         for s in range(self.plan.stages):
             params = [p for i in self.plan.stage_layers(s) for p in layers[i].parameters()]
             assign_flat(params, self.stage_vector(s))
+            stage = [layers[i] for i in self.plan.stage_layers(s)]
+            first = self.plan.stage_layers(s).start
+            if running_stats(stage, first):
+                body = self._c.s3.get_object(Bucket=self.bucket, Key=keys.buffers(self.job_id, self.job.iterations, s))["Body"].read()
+                load_running_stats(stage, first, st_load(body))
         return model
 
     def save(self, directory: str) -> str:

@@ -41,7 +41,6 @@ JOB_CASES = [
     (dict(model=lambda: 1 / 0), "job.model\\(\\) fails"),
     (dict(model=lambda: nn.Sequential(nn.Linear(4, 4), TupleBlock())), "returns tuple, not a tensor"),
     (dict(model=lambda: nn.Sequential()), "empty nn.Sequential"),
-    (dict(model=lambda: nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))), "BatchNorm"),
     (dict(model=lambda: nn.Sequential(nn.Linear(5, 2))), "block 0 \\(Linear\\) fails on a sample batch"),
     (dict(iterations=0), "job.iterations=0"),
     (dict(seed=-1), "job.seed=-1"),

@@ -120,11 +120,6 @@ REFUSED = [
         dict(optimizer=lambda p: torch.optim.SGD(p[:1], lr=0.1)),
         "does not optimise exactly the parameters it is given",
     ),
-    (
-        "BatchNorm's running statistics",
-        dict(model=lambda: nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), nn.Linear(6, 3))),
-        "buffer 'running_mean' \\(BatchNorm1d\\) changes in the forward pass",
-    ),
     ("a buffer updated in forward", dict(model=lambda: nn.Sequential(Counter(), nn.Linear(6, 3))), "buffer 'seen'"),
     ("a frozen parameter", dict(model=frozen_bias), "'bias' is frozen"),
     ("an unused parameter", dict(model=lambda: nn.Sequential(WithUnused(), nn.Linear(6, 3))), "'spare.weight' gets no gradient"),
@@ -215,6 +210,12 @@ def ids_then_embedding():
 
 PLAN_DEPENDENT = [
     ("batch statistics", dict(model=bn_batch_stats), "its BatchNorm1d normalise over the batch"),
+    # running statistics are kept by the runtime (updated in the forward pass only): exact wherever the batch stays whole
+    (
+        "running statistics",
+        dict(model=lambda: nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), nn.Linear(6, 3))),
+        "its BatchNorm1d normalise over the batch",
+    ),
     ("a sum loss", dict(loss=nn.CrossEntropyLoss(reduction="sum")), "the mean of their own losses"),
     (
         "class weights",

@@ -52,6 +52,24 @@ def sgd_frozen_biases(p):
 GROUP_CONFIGS = [("adamw-groups", adamw_no_decay_on_biases, (2, 3, 2)), ("sgd-groups", sgd_frozen_biases, (4, 2, 3))]
 
 
+def model_with_batchnorm() -> nn.Sequential:
+    """BatchNorm with exponential (default) and cumulative (momentum=None) running statistics."""
+    return nn.Sequential(
+        nn.Linear(10, 32),
+        nn.BatchNorm1d(32),
+        nn.Tanh(),
+        nn.Dropout(0.1),
+        nn.Linear(32, 32),
+        nn.BatchNorm1d(32, momentum=None),
+        nn.Tanh(),
+        nn.Linear(32, 4),
+    )
+
+
+# BatchNorm keeps the global batch together (batch statistics couple its samples): stages only
+BN_CONFIGS = [("sgd-momentum", (1, 1, 1)), ("adam", (3, 1, 1)), ("adam", (4, 1, 1))]
+
+
 def model_with_dropout() -> nn.Sequential:
     return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Dropout(0.2), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
 
@@ -97,6 +115,9 @@ def runs(backend):
         started[(name, (s, d, m))] = make_job(f"tr-{name}", model_with_dropout, opt).run(
             stages=s, replicas=d, micro_batches=m, backend=backend
         )
+    for opt_name, (s, d, m) in BN_CONFIGS:
+        job = make_job(f"tr-bn-{opt_name[:4]}-{s}{d}{m}", model_with_batchnorm, OPTIMIZERS[opt_name])
+        started[(f"bn-{opt_name}", (s, d, m))] = job.run(stages=s, replicas=d, micro_batches=m, backend=backend)
     job = make_job("tr-nodrop", model_without_dropout, OPTIMIZERS["adam"])
     started[("nodrop", (3, 2, 4))] = job.run(stages=3, replicas=2, micro_batches=4, backend=backend)
     for run in started.values():
@@ -138,6 +159,24 @@ def test_parameter_groups_keep_their_own_hyperparameters(runs, i):
     else:  # one group collapsed into the other would give other parameters
         collapsed = dataclasses.replace(run.job, optimizer=lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.5))
         assert max_diff(trained, train_reference(collapsed, replicas=cfg[1], micro_batches=cfg[2])) > 1e-4
+
+
+@pytest.mark.parametrize("i", range(len(BN_CONFIGS)), ids=lambda i: "{}-{}x{}x{}".format(BN_CONFIGS[i][0], *BN_CONFIGS[i][1]))
+def test_batchnorm_parameters_and_running_statistics_equal_pytorch_in_train_mode(runs, i):
+    """Running statistics are updated in the forward pass only — never again by the backward
+    phase's recompute — and kept per stage across iterations and containers."""
+    opt_name, cfg = BN_CONFIGS[i]
+    run = runs[(f"bn-{opt_name}", cfg)]
+    expected = train_reference(run.job)
+    trained = run.trained_model()
+    assert max_diff(trained, run.job.build_model()) > 1e-3
+    assert max_diff(trained, expected) < 1e-5
+    got, want = dict(trained.named_buffers()), dict(expected.named_buffers())
+    assert set(got) == set(want) and len(got) == 6
+    assert all(int(got[k]) == ITERATIONS for k in got if k.endswith("num_batches_tracked"))  # once per iteration
+    assert max(float((got[k].double() - want[k].double()).abs().max()) for k in got) < 1e-5
+    initial = dict(run.job.build_model().named_buffers())
+    assert float((got["1.running_var"] - initial["1.running_var"]).abs().max()) > 1e-3  # they did move
 
 
 def test_sync_algorithms_agree_bit_for_bit(runs):
