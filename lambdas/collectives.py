@@ -146,6 +146,17 @@ def gather(ch: Channel, spec: SyncSpec, version: int, have: dict[tuple[int, int]
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
+def read_range(ch: Channel, job: str, stage: int, layout: Layout, version: int, lo: int, hi: int, deadline: float) -> torch.Tensor:
+    """Elements [lo, hi) of a stage's flat parameters at ``version``: only the chunks that hold them."""
+    parts = []
+    for k, chunks in enumerate(layout):
+        for c, (a, b) in enumerate(chunks):
+            if a < hi and lo < b:
+                p = ch.wait_tensors(keys.params(job, version, stage, k, c), deadline)["p"]
+                parts.append(p[max(lo, a) - a : min(hi, b) - a])
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
 # -- streaming the gradient out of the last backward pass -----------------------------------------------
 class GradStream:
     """Emits chunks of a stage's flat gradient as soon as the final backward pass has produced them.

@@ -17,9 +17,20 @@ from torch import nn
 
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.collectives import Layout, SyncSpec, gather
+from stagecoach.lambdas.collectives import Layout, SyncSpec, gather, read_range
 from stagecoach.lambdas.records import JobSpec
-from stagecoach.lambdas.training import DTYPES, assign_flat, build_model, flat_params, load_running_stats, running_stats, stage_layout
+from stagecoach.lambdas.training import (
+    DTYPES,
+    Ownership,
+    Tied,
+    assign_flat,
+    build_model,
+    flat_params,
+    load_running_stats,
+    ownership,
+    running_stats,
+    stage_layout,
+)
 from stagecoach.planner.plan import Plan
 
 
@@ -37,6 +48,9 @@ class JobContext:
     data: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     runs: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
     stats_version: dict[int, int] = field(default_factory=dict)  # the running statistics' version held
+    own: dict[int, Ownership] = field(default_factory=dict)
+    param_index: dict[int, dict[int, int]] = field(default_factory=dict)  # id -> position in model.parameters()
+    tied_version: dict[int, int] = field(default_factory=dict)  # the owners' version of the tied parameters held
 
     @property
     def dtype(self) -> torch.dtype:
@@ -50,9 +64,34 @@ class JobContext:
         if stage not in self.stages:
             model = build_model(self.model_factory, self.seed, self.dtype)
             layers = list(cast(nn.Sequential, model))  # Job.validate accepted only an nn.Sequential
+            self.own[stage] = ownership(layers, [self.plan.stage_layers(s) for s in range(self.plan.stages)]).for_stage(stage)
+            mine = {id(p) for p in self.own[stage].owned[stage]}
+            self.param_index[stage] = {id(p): i for i, p in enumerate(model.parameters()) if id(p) in mine}
             self.stages[stage] = nn.ModuleList([layers[i] for i in self.plan.stage_layers(stage)]).train()
             self.stats_version[stage] = 0  # a freshly built model holds the initial statistics, as every container's does
         return self.stages[stage]
+
+    def ownership(self, stage: int) -> Ownership:
+        """Who owns which parameter, as seen from this container's instance of ``stage``'s model."""
+        self.stage_module(stage)
+        return self.own[stage]
+
+    def tied(self, stage: int) -> list[Tied]:
+        """The parameters ``stage`` uses that an earlier stage owns (tied weights)."""
+        return self.ownership(stage).tied[stage]
+
+    def ensure_tied(self, channel: Channel, stage: int, version: int, deadline: float) -> None:
+        """Hold the owners' ``version`` of the parameters this stage shares with earlier stages."""
+        tied = self.tied(stage)
+        if not tied or self.tied_version.get(stage) == version:
+            return
+        with torch.no_grad():
+            for t in tied:
+                values = read_range(
+                    channel, self.job, t.owner, self.layout(t.owner), version, t.offset, t.offset + t.param.numel(), deadline
+                )
+                t.param.copy_(values.view_as(t.param))
+        self.tied_version[stage] = version
 
     def running_stats(self, stage: int) -> dict[str, torch.Tensor]:
         return running_stats(self.stage_module(stage), self.plan.stage_layers(stage).start)
@@ -80,30 +119,32 @@ class JobContext:
             channel.delete([keys.buffers(self.job, old, stage)])
 
     def stage_params(self, stage: int) -> list[nn.Parameter]:
-        return list(self.stage_module(stage).parameters())
+        """The parameters ``stage`` owns (its flat vector), each once."""
+        return self.ownership(stage).owned[stage]
 
     def layout(self, stage: int) -> Layout:
         """How stage ``stage``'s flat vector is cut into K shards of chunks (training.stage_layout)."""
-        numel = sum(p.numel() for p in self.stage_params(stage))
+        own = next(iter(self.own.values())) if self.own else self.ownership(stage)
+        numel = own.numel(stage)
         return stage_layout(numel, torch.empty(0, dtype=self.dtype).element_size(), self.plan.grad_shards(stage), self.plan.replicas)
 
     def group_runs(self, stage: int) -> tuple[tuple[int, int, int], ...]:
         """The stage's flat vector as (start, end, parameter group) runs; () for one group."""
         if not self.spec.param_groups:
             return ()
-        model = build_model(self.model_factory, self.seed, self.dtype)
-        index = {id(p): i for i, p in enumerate(model.parameters())}
-        layers = list(cast(nn.Sequential, model))
+        index = self.param_index[stage] if stage in self.param_index else {}
+        if not index:
+            self.stage_module(stage)
+            index = self.param_index[stage]
         runs: list[tuple[int, int, int]] = []
         at = 0
-        for i in self.plan.stage_layers(stage):
-            for p in layers[i].parameters():
-                g = self.spec.param_groups[index[id(p)]]
-                if runs and runs[-1][2] == g:
-                    runs[-1] = (runs[-1][0], at + p.numel(), g)
-                else:
-                    runs.append((at, at + p.numel(), g))
-                at += p.numel()
+        for p in self.stage_params(stage):
+            g = self.spec.param_groups[index[id(p)]]
+            if runs and runs[-1][2] == g:
+                runs[-1] = (runs[-1][0], at + p.numel(), g)
+            else:
+                runs.append((at, at + p.numel(), g))
+            at += p.numel()
         return tuple(runs)
 
     def sync_spec(self, stage: int, t: int, window_start: int, deadline: float) -> SyncSpec:
@@ -129,6 +170,7 @@ class JobContext:
         if self.loaded_version.get(stage) != version:
             flat = gather(channel, self.sync_spec(stage, version, 0, deadline), version)
             self.set_params(stage, version, flat)
+        self.ensure_tied(channel, stage, version, deadline)
         return module
 
     def set_params(self, stage: int, version: int, flat: torch.Tensor) -> None:

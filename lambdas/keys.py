@@ -42,6 +42,12 @@ def grad(job: str, t: int, stage: int, replica: int, mb: int) -> str:
     return f"jobs/{job}/iter/{t}/grad/s{stage}/r{replica}/m{mb}"
 
 
+def tied_grad(job: str, t: int, owner: int, user: int, replica: int) -> str:
+    """Stage ``user``'s gradient of the parameters it shares with stage ``owner`` (tied weights),
+    which the owner adds to its own before the update."""
+    return f"jobs/{job}/iter/{t}/tied/s{owner}/from{user}/r{replica}"
+
+
 def gshard(job: str, t: int, stage: int, replica: int, shard: int, chunk: int) -> str:
     return f"jobs/{job}/iter/{t}/gshard/s{stage}/r{replica}/k{shard}/c{chunk}"
 

@@ -59,7 +59,7 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     last = s == plan.stages - 1
     layers = ctx.ensure_params(ch, s, t, deadline)
     params = ctx.stage_params(s)
-    for p in params:
+    for p in layers.parameters():  # the stage's own and those it shares with an earlier stage
         p.grad = None
     spec = ctx.sync_spec(s, t, ev.window_start, deadline)
     algo = plan.sync[s]
@@ -93,12 +93,14 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
             if loss.dim() != 0:
                 raise ValueError("the loss must reduce to a scalar (a mean over the micro-batch)")
             if j == 0:
+                _add_tied_grads(ctx, ch, s, t, r, deadline)
                 stream.arm()
             torch.autograd.backward(loss * scale)
             losses.append(float(loss.detach()))
         else:
             g = ch.wait_tensors(keys.grad(ctx.job, t, s + 1, r, j), deadline)["g"]
             if j == 0:
+                _add_tied_grads(ctx, ch, s, t, r, deadline)
                 stream.arm()
             if y.requires_grad:  # else a first stage without parameters: nothing upstream needs a gradient
                 torch.autograd.backward(y, g)
@@ -106,6 +108,7 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
             assert x.grad is not None, "a stage input that needs a gradient got none"
             ch.submit_handoff(keys.grad(ctx.job, t, s, r, j), {"g": x.grad})
     stream.finish()
+    _send_tied_grads(ctx, ch, s, t, r)
     if last:
         ctx.save_running_stats(ch, s, t + 1, ev.window_start)
     elif held:
@@ -123,6 +126,29 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     if last:
         out["loss"] = sum(losses) / len(losses)
     return out
+
+
+def _add_tied_grads(ctx: JobContext, ch: Channel, s: int, t: int, r: int, deadline: float) -> None:
+    """Before the last backward pass: add the later stages' gradients of the parameters this stage
+    owns and they share (tied weights), so the update sees the sum over every use, as in PyTorch."""
+    params = ctx.stage_params(s)
+    for b in ctx.ownership(s).users(s):
+        for name, g in ch.wait_tensors(keys.tied_grad(ctx.job, t, s, b, r), deadline).items():
+            p = params[int(name)]
+            if p.grad is None:
+                p.grad = g.to(p.dtype).clone()
+            else:
+                p.grad.add_(g)
+
+
+def _send_tied_grads(ctx: JobContext, ch: Channel, s: int, t: int, r: int) -> None:
+    """This stage's gradients of the parameters it shares with earlier stages, to their owners."""
+    by_owner: dict[int, dict[str, torch.Tensor]] = {}
+    for tied in ctx.tied(s):
+        g = tied.param.grad if tied.param.grad is not None else torch.zeros_like(tied.param)
+        by_owner.setdefault(tied.owner, {})[str(tied.index)] = g.detach().contiguous()
+    for owner, grads in by_owner.items():
+        ch.put_tensors(keys.tied_grad(ctx.job, t, owner, s, r), grads)
 
 
 def sync(ctx: JobContext, ch: Channel, ev: SyncEvent, deadline: float) -> dict[str, Any]:
@@ -145,6 +171,7 @@ def _forget_iteration(ctx: JobContext, ch: Channel, t: int, stage: int, replica:
     plan, job = ctx.plan, ctx.job
     ks = [keys.act(job, t, stage, replica, j) for j in range(plan.micro_batches)]
     ks += [keys.grad(job, t, stage, replica, j) for j in range(plan.micro_batches)]
+    ks += [keys.tied_grad(job, t, owner, stage, replica) for owner in {tied.owner for tied in ctx.tied(stage)}]
     layout = ctx.layout(stage)
     ks += [keys.gshard(job, t, stage, replica, k, c) for k in range(len(layout)) for c in range(len(layout[k]))]
     ch.delete(ks)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -68,6 +69,73 @@ def run_layers(layers: Iterable[nn.Module], first_layer: int, x: torch.Tensor, s
                 "every block of the nn.Sequential must map one tensor to one tensor"
             )
     return x
+
+
+@dataclass(frozen=True)
+class Tied:
+    """A parameter a stage uses that an earlier stage owns (tied weights, a module used twice)."""
+
+    param: nn.Parameter  # this model instance's tensor
+    owner: int  # the stage that owns and updates it
+    index: int  # its position in the owner's parameter list
+    offset: int  # where it starts in the owner's flat vector
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Which stage owns which parameter: the first stage that uses it, once each, in order of
+    use. A stage's flat vector holds only what it owns; the parameters it shares with an earlier
+    stage are that stage's, read from its version and updated with both stages' gradients summed."""
+
+    owned: list[list[nn.Parameter]]
+    tied: list[list[Tied]]
+    numels: list[int]  # of each stage's flat vector
+    users_of: list[list[int]]  # per stage, the later stages that use parameters it owns
+
+    def numel(self, stage: int) -> int:
+        return self.numels[stage]
+
+    def users(self, stage: int) -> list[int]:
+        return self.users_of[stage]
+
+    def for_stage(self, stage: int) -> Ownership:
+        """Only ``stage``'s tensors kept (a container must not hold the other stages' parameters)."""
+        keep = range(len(self.owned))
+        return Ownership(
+            [self.owned[s] if s == stage else [] for s in keep],
+            [self.tied[s] if s == stage else [] for s in keep],
+            self.numels,
+            self.users_of,
+        )
+
+
+def ownership(layers: Sequence[nn.Module], stages: Sequence[range]) -> Ownership:
+    """Owned and tied parameters per stage of ``layers`` cut into ``stages`` (index ranges)."""
+    owner: dict[int, tuple[int, int, int]] = {}  # id -> (stage, index, offset)
+    owned: list[list[nn.Parameter]] = []
+    tied: list[list[Tied]] = []
+    for s, rng in enumerate(stages):
+        mine: list[nn.Parameter] = []
+        theirs: list[Tied] = []
+        seen: set[int] = set()
+        offset = 0
+        for i in rng:
+            for p in layers[i].parameters():
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                if id(p) in owner:
+                    o, idx, off = owner[id(p)]
+                    theirs.append(Tied(p, o, idx, off))
+                else:
+                    owner[id(p)] = (s, len(mine), offset)
+                    mine.append(p)
+                    offset += p.numel()
+        owned.append(mine)
+        tied.append(theirs)
+    numels = [sum(p.numel() for p in mine) for mine in owned]
+    users_of = [[b for b in range(len(tied)) if any(t.owner == a for t in tied[b])] for a in range(len(owned))]
+    return Ownership(owned, tied, numels, users_of)
 
 
 RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")

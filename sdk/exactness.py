@@ -63,40 +63,34 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
 
 # -- structure ---------------------------------------------------------------------------------------
 def check_structure(blocks: Sequence[nn.Module]) -> None:
-    """No parameter, buffer or stateful module is shared between blocks.
+    """No buffer is shared between blocks.
 
-    Blocks on different stages live in different containers, each with its own copy: a shared
-    parameter would be trained as independent copies that drift apart, and even on one stage the
-    flat layout counts it once per block. Inside one block sharing is exact (autograd sums the
-    uses), so that is the fix offered.
+    Parameters may be shared (tied weights, a module used twice): the first stage that uses one
+    owns it, later stages read its version and send it their gradient, which the owner adds to its
+    own before the update (training.ownership) — the sum over every use, as autograd makes it in
+    one process. Buffers have no such path: a module with buffers used twice, or a buffer shared by
+    two blocks, would be kept as separate copies on different stages.
     """
     owner: dict[int, int] = {}
     for i, block in enumerate(blocks):
         for j in range(i):
-            if blocks[j] is block and _has_state(block):
+            if blocks[j] is block and any(True for _ in block.buffers()):
                 raise NotExact(
-                    f"blocks {j} and {i} are the same module ({type(block).__name__}): the model uses it twice, "
-                    "and stages in different containers would train two copies of it. Put the uses in one block "
-                    "(a module whose forward calls it at each place), or give each use its own module "
-                    "(a different model)"
+                    f"blocks {j} and {i} are the same module ({type(block).__name__}), which has buffers: stages in "
+                    "different containers would keep two copies of them. Put the uses in one block, or give each "
+                    "use its own module (a different model)"
                 )
         if any(blocks[j] is block for j in range(i)):
-            continue  # a stateless module used twice (an activation): exact, nothing to share
-        for name, t in [*block.named_parameters(), *block.named_buffers()]:
+            continue  # the same module again: its parameters are shared (handled), it has no buffers
+        for name, t in block.named_buffers():
             key = t.untyped_storage().data_ptr() if t.numel() else id(t)
             if key in owner and owner[key] != i:
-                kind = "parameter" if isinstance(t, nn.Parameter) else "buffer"
                 raise NotExact(
-                    f"block {i}'s {kind} {name!r} is shared with block {owner[key]} (tied weights): blocks on "
-                    "different stages would train separate copies that drift apart. Put the blocks that share "
-                    f"it into one block (e.g. nn.Sequential(block{owner[key]}, ..., block{i}) as a single child), "
-                    "or untie them (a different model)"
+                    f"block {i}'s buffer {name!r} is shared with block {owner[key]}: blocks on different stages would "
+                    f"keep separate copies. Put the blocks that share it into one block (e.g. nn.Sequential(block{owner[key]}, "
+                    f"..., block{i}) as a single child)"
                 )
             owner[key] = i
-
-
-def _has_state(module: nn.Module) -> bool:
-    return any(True for _ in module.parameters()) or any(True for _ in module.buffers())
 
 
 def check_factory(first: nn.Module, second: nn.Module) -> None:

@@ -18,7 +18,7 @@ from stagecoach import history as learnt
 from stagecoach.deploy.chain import follow
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.records import JobSpec, TaskMetrics
-from stagecoach.lambdas.training import assign_flat, load_running_stats, running_stats, stage_layout
+from stagecoach.lambdas.training import assign_flat, load_running_stats, ownership, running_stats, stage_layout
 from stagecoach.metrics import iteration_breakdown
 
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
@@ -221,8 +221,7 @@ class Run:
         """Stage ``stage``'s flat parameters after ``version`` updates (default: the last)."""
         v = self.job.iterations if version is None else version
         model = self.job.build_model()
-        layers = list(model)
-        numel = sum(p.numel() for i in self.plan.stage_layers(stage) for p in layers[i].parameters())
+        numel = ownership(list(model), [self.plan.stage_layers(s) for s in range(self.plan.stages)]).numel(stage)
         itemsize = torch.empty(0, dtype=self.job.dtype).element_size()
         parts = []
         for k, chunks in enumerate(stage_layout(numel, itemsize, self.plan.grad_shards(stage), self.plan.replicas)):
@@ -235,9 +234,9 @@ class Run:
         """The model with the parameters, and the running statistics (BatchNorm), after the last iteration."""
         model = self.job.build_model()
         layers = list(model)
+        own = ownership(layers, [self.plan.stage_layers(s) for s in range(self.plan.stages)])
         for s in range(self.plan.stages):
-            params = [p for i in self.plan.stage_layers(s) for p in layers[i].parameters()]
-            assign_flat(params, self.stage_vector(s))
+            assign_flat(own.owned[s], self.stage_vector(s))  # a parameter shared by stages is its owner's
             stage = [layers[i] for i in self.plan.stage_layers(s)]
             first = self.plan.stage_layers(s).start
             if running_stats(stage, first):

@@ -103,9 +103,17 @@ class LearnedLoss(nn.Module):
         return nn.functional.cross_entropy(out / self.temperature, y)
 
 
+def norm_used_twice():
+    bn = nn.BatchNorm1d(6)
+    return nn.Sequential(nn.Linear(6, 6), bn, nn.Tanh(), bn, nn.Linear(6, 3))
+
+
 REFUSED = [
-    ("tied weights across blocks", dict(model=tied_across_blocks), "block 2's parameter 'weight' is shared with block 0"),
-    ("a module used twice", dict(model=module_used_twice), "blocks 0 and 2 are the same module"),
+    (
+        "a module with buffers used twice",
+        dict(model=norm_used_twice),
+        "blocks 1 and 3 are the same module \\(BatchNorm1d\\), which has buffers",
+    ),
     ("Adafactor", dict(optimizer=lambda p: torch.optim.Adafactor(p, lr=0.01)), "does not update each element on its own"),
     ("LBFGS", dict(optimizer=lambda p: torch.optim.LBFGS(p)), "closure"),
     ("SparseAdam", dict(optimizer=lambda p: torch.optim.SparseAdam(p)), "cannot take a plain step"),
@@ -151,10 +159,29 @@ class NoBackend:
         raise AssertionError(f"the backend was used ({name}) for a job that should have been refused")
 
 
-@pytest.mark.parametrize("change", [c[1] for c in REFUSED[:4]], ids=[c[0] for c in REFUSED[:4]])
+@pytest.mark.parametrize("change", [c[1] for c in REFUSED[:3]], ids=[c[0] for c in REFUSED[:3]])
 def test_the_silently_wrong_inputs_are_refused_before_the_backend_is_touched(change):
     with pytest.raises(JobError):
         job(**change).run(stages=2, replicas=2, micro_batches=2, backend=NoBackend())
+
+
+@pytest.mark.parametrize("model", [tied_across_blocks, module_used_twice], ids=["tied weights across blocks", "a module used twice"])
+def test_shared_parameters_are_accepted_and_owned_by_their_first_stage(model):
+    """Once refused (the copies drifted apart, or a 4-block model trained as 3): the first stage
+    that uses a shared parameter owns it; tests/test_transparency.py trains them through the
+    state machines."""
+    from stagecoach.lambdas.training import ownership
+
+    j = job(model=model)
+    j.validate()
+    layers = list(j.build_model())
+    own = ownership(layers, [range(0, 2), range(2, 4)])
+    shared = layers[0].weight
+    assert any(p is shared for p in own.owned[0]) and not any(p is shared for p in own.owned[1])
+    (tied,) = [t for t in own.tied[1] if t.param is shared]
+    assert (tied.owner, tied.offset) == (0, 0) and own.users(0) == [1]
+    everything = {id(p) for p in j.build_model().parameters()}
+    assert sum(len(o) for o in own.owned) == len(everything)  # each parameter in exactly one flat vector
 
 
 def test_parameter_groups_are_accepted_and_recorded_per_parameter():

@@ -70,6 +70,42 @@ def model_with_batchnorm() -> nn.Sequential:
 BN_CONFIGS = [("sgd-momentum", (1, 1, 1)), ("adam", (3, 1, 1)), ("adam", (4, 1, 1))]
 
 
+class TiedHead(nn.Module):
+    """An output layer that reuses the input projection's weight, transposed (BERT's decoder and
+    word embeddings): one tensor on the first and the last stage."""
+
+    def __init__(self, projection: nn.Linear) -> None:
+        super().__init__()
+        self.projection = projection
+        self.bias = nn.Parameter(torch.zeros(projection.in_features))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.projection.weight + self.bias
+
+
+def model_with_tied_weights() -> nn.Sequential:
+    projection = nn.Linear(10, 32)
+    return nn.Sequential(
+        projection, nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Dropout(0.1), nn.Linear(32, 32), nn.Tanh(), TiedHead(projection)
+    )
+
+
+def model_with_a_module_used_twice() -> nn.Sequential:
+    shared = nn.Linear(32, 32)
+    return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), shared, nn.Tanh(), shared, nn.Tanh(), nn.Linear(32, 4))
+
+
+# shared parameters (once refused: the copies drifted apart); the first stage that uses one owns it
+SHARED_CONFIGS = [
+    ("tied", model_with_tied_weights, "sgd-momentum", (1, 1, 1)),
+    ("tied", model_with_tied_weights, "adam", (3, 1, 4)),
+    ("tied", model_with_tied_weights, "adam", (2, 3, 2)),
+    ("tied", model_with_tied_weights, "sgd-momentum", (4, 2, 3)),
+    ("twice", model_with_a_module_used_twice, "adam", (3, 1, 4)),
+    ("twice", model_with_a_module_used_twice, "sgd-momentum", (4, 2, 3)),
+]
+
+
 def model_with_dropout() -> nn.Sequential:
     return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Dropout(0.2), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
 
@@ -118,6 +154,9 @@ def runs(backend):
     for opt_name, (s, d, m) in BN_CONFIGS:
         job = make_job(f"tr-bn-{opt_name[:4]}-{s}{d}{m}", model_with_batchnorm, OPTIMIZERS[opt_name])
         started[(f"bn-{opt_name}", (s, d, m))] = job.run(stages=s, replicas=d, micro_batches=m, backend=backend)
+    for kind, model, opt_name, (s, d, m) in SHARED_CONFIGS:
+        job = make_job(f"tr-{kind}-{opt_name[:4]}-{s}{d}{m}", model, OPTIMIZERS[opt_name])
+        started[(f"{kind}-{opt_name}", (s, d, m))] = job.run(stages=s, replicas=d, micro_batches=m, backend=backend)
     job = make_job("tr-nodrop", model_without_dropout, OPTIMIZERS["adam"])
     started[("nodrop", (3, 2, 4))] = job.run(stages=3, replicas=2, micro_batches=4, backend=backend)
     for run in started.values():
@@ -177,6 +216,23 @@ def test_batchnorm_parameters_and_running_statistics_equal_pytorch_in_train_mode
     assert max(float((got[k].double() - want[k].double()).abs().max()) for k in got) < 1e-5
     initial = dict(run.job.build_model().named_buffers())
     assert float((got["1.running_var"] - initial["1.running_var"]).abs().max()) > 1e-3  # they did move
+
+
+@pytest.mark.parametrize(
+    "i",
+    range(len(SHARED_CONFIGS)),
+    ids=lambda i: "{}-{}-{}x{}x{}".format(*SHARED_CONFIGS[i][0:1], SHARED_CONFIGS[i][2], *SHARED_CONFIGS[i][3]),
+)
+def test_shared_parameters_train_as_one_tensor_like_pytorch(runs, i):
+    kind, _, opt_name, cfg = SHARED_CONFIGS[i]
+    run = runs[(f"{kind}-{opt_name}", cfg)]
+    expected = train_reference(run.job, replicas=cfg[1], micro_batches=cfg[2])
+    trained = run.trained_model()
+    assert max_diff(trained, run.job.build_model()) > 1e-3
+    assert max_diff(trained, expected) < 1e-5
+    # still one tensor in the trained model, used at both places
+    layers = list(trained)
+    assert (layers[-1].projection is layers[0]) if kind == "tied" else (layers[2] is layers[4])
 
 
 def test_sync_algorithms_agree_bit_for_bit(runs):

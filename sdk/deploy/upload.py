@@ -17,7 +17,7 @@ from safetensors.torch import save as st_save
 from stagecoach.deploy.resources import Clients, StackResources
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.records import DatasetRef, JobSpec
-from stagecoach.lambdas.training import DTYPE_NAMES, flat_params, stage_layout
+from stagecoach.lambdas.training import DTYPE_NAMES, flat_params, ownership, stage_layout
 from stagecoach.planner.plan import Plan
 
 if TYPE_CHECKING:
@@ -102,10 +102,9 @@ def upload_job(
     c.s3.put_object(Bucket=res.bucket, Key=keys.job_code(job_id), Body=code)
     c.s3.put_object(Bucket=res.bucket, Key=keys.plan(job_id), Body=plan.to_json().encode())
     model = job.build_model()
-    layers = list(model)
+    own = ownership(list(model), [plan.stage_layers(s) for s in range(plan.stages)])
     for s in range(plan.stages):
-        params = [p for i in plan.stage_layers(s) for p in layers[i].parameters()]
-        flat = flat_params(params)
+        flat = flat_params(own.owned[s])  # what the stage owns: a parameter shared with an earlier stage is that stage's
         for k, chunks in enumerate(stage_layout(flat.numel(), flat.element_size(), plan.grad_shards(s), plan.replicas)):
             for ci, (a, b) in enumerate(chunks):
                 c.s3.put_object(Bucket=res.bucket, Key=keys.params(job_id, 0, s, k, ci), Body=_safetensors({"p": flat[a:b]}))
