@@ -84,7 +84,10 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     held = {k: v.clone() for k, v in ctx.running_stats(s).items()} if not last else {}
     for j in reversed(range(plan.micro_batches)):
         x = _stage_input(ctx, ch, t, s, r, j, deadline)
-        if s > 0:  # the input gradient is x.grad; the layers get a copy, which a first layer may change in place
+        # a floating input's gradient is x.grad, sent back; an integer or boolean one (ids, masks)
+        # travels forward only. The layers get a copy, which a first layer may change in place.
+        sends_grad = s > 0 and x.is_floating_point()
+        if sends_grad:
             x = x.detach().requires_grad_(True)
         y = run_layers(layers, first, x.clone() if s > 0 else x, ctx.seed, t, r, j)
         if last:
@@ -98,15 +101,17 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
             torch.autograd.backward(loss * scale)
             losses.append(float(loss.detach()))
         else:
-            g = ch.wait_tensors(keys.grad(ctx.job, t, s + 1, r, j), deadline)["g"]
+            # an integer output gets no gradient from the next stage (it sends none)
+            g = ch.wait_tensors(keys.grad(ctx.job, t, s + 1, r, j), deadline)["g"] if y.is_floating_point() else None
             if j == 0:
                 _add_tied_grads(ctx, ch, s, t, r, deadline)
                 stream.arm()
-            if y.requires_grad:  # else a first stage without parameters: nothing upstream needs a gradient
+            if g is not None and y.requires_grad:  # else nothing upstream needs a gradient from this output
                 torch.autograd.backward(y, g)
-        if s > 0:
-            assert x.grad is not None, "a stage input that needs a gradient got none"
-            ch.submit_handoff(keys.grad(ctx.job, t, s, r, j), {"g": x.grad})
+        if sends_grad:
+            # zero when no gradient reached the input (an integer output: nothing upstream has
+            # parameters to train through it, which Job.validate checks)
+            ch.submit_handoff(keys.grad(ctx.job, t, s, r, j), {"g": x.grad if x.grad is not None else torch.zeros_like(x)})
     stream.finish()
     _send_tied_grads(ctx, ch, s, t, r)
     if last:

@@ -391,11 +391,11 @@ def check_plan(facts: ModelFacts, balance: Sequence[int], replicas: int, micro_b
     for b in balance[:-1]:
         cut += b
         dtype = facts.boundary_dtypes[cut - 1]
-        if not dtype.is_floating_point:
+        # floating tensors cross with their gradient; integer and boolean ones (ids, masks) forward only
+        if dtype.is_complex:
             raise NotExact(
                 f"the plan cuts after block {cut - 1}, whose output is a {str(dtype).removeprefix('torch.')} tensor: "
-                "only floating tensors can cross a stage boundary today. Choose a balance that keeps that block "
-                "and the next on one stage"
+                "complex tensors cannot cross a stage boundary. Choose a balance that keeps that block and the next on one stage"
             )
     if replicas * micro_batches > 1:
         why = facts.batch_coupling or facts.loss_not_mean

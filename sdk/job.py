@@ -118,7 +118,7 @@ class Job:
 
     def check_plan(self, plan: Plan) -> None:
         """Refuse a plan under which this job would train something other than plain PyTorch
-        (a cut that an integer tensor would cross; a split batch with a batch-coupled model or a
+        (a cut that a complex tensor would cross; a split batch with a batch-coupled model or a
         loss that is not a mean)."""
         plan.validate(layers=self.layers)
         try:

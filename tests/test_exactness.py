@@ -263,12 +263,13 @@ def test_a_split_batch_is_refused_where_the_parts_do_not_add_up_and_one_batch_is
         j.check_plan(j.manual_plan(stages=1, micro_batches=2))
 
 
-def test_a_cut_that_an_integer_tensor_would_cross_is_refused():
+def test_a_cut_that_an_integer_tensor_crosses_is_accepted():
+    """Once refused: integer tensors (ids) now travel forward and get no gradient (EXACT below runs it)."""
     j = job(model=ids_then_embedding)
     j.validate()
-    with pytest.raises(JobError, match="cuts after block 0, whose output is a int64 tensor"):
-        j.check_plan(Plan(balance=[1, 3], global_batch=12))
-    j.check_plan(Plan(balance=[2, 2], global_batch=12))
+    assert j.facts.boundary_dtypes[0] == torch.int64
+    j.check_plan(Plan(balance=[1, 3], global_batch=12))
+    j.check_plan(Plan(balance=[1, 1, 1, 1], replicas=2, micro_batches=2, global_batch=12))
 
 
 # -- the cases made exact, end to end ----------------------------------------------------------------------
@@ -316,6 +317,9 @@ EXACT = [
     ("random buffer from the factory", lambda: nn.Sequential(RandomProjection(), nn.Tanh(), nn.Linear(6, 3)), (1, 2), (2, 2)),
     ("weights tied inside one block", lambda: nn.Sequential(TiedInside(), nn.Linear(6, 3)), (1, 1), (2, 2)),
     ("batch statistics on one batch", bn_batch_stats, (1, 2), (1, 1)),
+    # integer ids cross the cut after block 0 (no gradient back), then every later cut carries floats
+    ("integer ids across a cut", ids_then_embedding, (1, 1, 1, 1), (2, 2)),
+    ("integer ids into the last stage", ids_then_embedding, (1, 3), (1, 1)),
 ]
 
 
