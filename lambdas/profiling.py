@@ -89,13 +89,16 @@ def measure_model(
     was_training = model.training
     model.train()
     try:
-        xs = {b: batch_like(sample_input, b) for b in sorted(set(micro_batch_sizes) | {1, 2})}
-        in1 = tensor_bytes(xs[1])
+        # bytes per sample: the difference between batches of lo and lo + 1 samples (lo = 1 unless
+        # the model cannot run one sample in train mode, e.g. BatchNorm1d: then the smallest size given)
+        lo = min(micro_batch_sizes)
+        xs = {b: batch_like(sample_input, b) for b in sorted(set(micro_batch_sizes) | {lo, lo + 1})}
+        in1 = tensor_bytes(xs[lo + 1]) - tensor_bytes(xs[lo])
         layers = []
         for i, (cname, child) in enumerate(model._modules.items()):  # a block used twice counts twice
-            rg = any_requires_grad(xs[1])
-            y1, s1 = _saved_bytes(child, xs[1])
-            y2, s2 = _saved_bytes(child, xs[2])
+            rg = any_requires_grad(xs[lo])
+            y1, s1 = _saved_bytes(child, xs[lo])
+            y2, s2 = _saved_bytes(child, xs[lo + 1])
             times = {b: _time_layer(child, xs[b], repeats) for b in micro_batch_sizes}
             pbytes = sum(p.numel() * p.element_size() for p in child.parameters())
             f = {b: t[0] for b, t in times.items()}
@@ -106,7 +109,7 @@ def measure_model(
                     param_bytes=float(pbytes),
                     saved_bytes_per_sample=float(max(0, s2 - s1)),
                     out_bytes_per_sample=float(tensor_bytes(y2) - tensor_bytes(y1)),
-                    in_bytes_per_sample=float(tensor_bytes(xs[2]) - tensor_bytes(xs[1])),
+                    in_bytes_per_sample=float(tensor_bytes(xs[lo + 1]) - tensor_bytes(xs[lo])),
                     fwd_s={} if tier_mb else f,
                     bwd_s={} if tier_mb else g,
                     tier_s={tier_mb: {b: (f[b], g[b]) for b in f}} if tier_mb else {},

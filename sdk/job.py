@@ -193,7 +193,13 @@ class Job:
         else:
             x = self.train[0]
             sample = x[0].to(self.dtype) if x.is_floating_point() else x[0]
-            profile = measure_model(self.build_model(), sample, micro_batch_sizes=(1, 2, 4), name=self.name)
+            # a model that normalises over the batch cannot run one sample in train mode (BatchNorm1d)
+            sizes = (2, 4, 8) if self.facts.batch_coupling else (1, 2, 4)
+            profile = measure_model(self.build_model(), sample, micro_batch_sizes=sizes, name=self.name)
+        if self.facts.batch_coupling or self.facts.loss_not_mean:
+            # only plans that keep the global batch together train this job exactly (check_plan)
+            options.setdefault("replicas", (1,))
+            options.setdefault("micro_batch_sizes", (self.global_batch,))
         return plan_model(profile, self.global_batch, platform=platform, **options)
 
     def manual_plan(

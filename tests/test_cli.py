@@ -24,6 +24,9 @@ JOB_FILE = textwrap.dedent(
 )
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def stagecoach(*args, cwd):
     exe = os.path.join(os.path.dirname(sys.executable), "stagecoach")
     return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
@@ -42,6 +45,21 @@ def test_train_prints_loss_accuracy_and_results(tmp_path):
     directory = results[0].split()[1]
     for f in ("model.safetensors", "plan.json", "metrics.jsonl", "losses.json"):
         assert (tmp_path / directory / f).exists(), f
+
+
+def test_the_resnet_example_trains_with_batchnorm_and_plans_whole_batches(tmp_path):
+    """examples/resnet.py: BatchNorm on three stages through the state machines; its plans keep
+    the global batch together (one replica, one micro-batch)."""
+    example = os.path.join(ROOT, "examples", "resnet.py")
+    r = stagecoach("train", example, "--iterations", "6", "--out", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "plan: 3 stages (layers per stage [2, 2, 1]) x 1 replicas, 1 micro-batches of 64" in r.stdout
+    assert "after 6 iterations" in r.stdout and "test accuracy" in r.stdout
+    r = stagecoach("plan", example, "--time-limit", "10", "--plot", "p.png", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "planning one replica and one micro-batch of 64: its BatchNorm2d normalise over the batch" in r.stdout
+    plans = [line for line in r.stdout.splitlines() if line.rstrip().endswith(("milp", "heuristic")) or " milp" in line]
+    assert plans and all(" 1x64 " in line for line in plans)  # one replica, one micro-batch of 64
 
 
 def test_bad_plan_options_are_refused_before_anything_runs(tmp_path):

@@ -263,6 +263,16 @@ def test_a_split_batch_is_refused_where_the_parts_do_not_add_up_and_one_batch_is
         j.check_plan(j.manual_plan(stages=1, micro_batches=2))
 
 
+def test_the_planner_keeps_the_batch_together_for_a_job_that_needs_it():
+    """Job.plan plans only one replica and one micro-batch for a model that normalises over the
+    batch, so its recommendation is one check_plan accepts."""
+    j = job(model=lambda: nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), nn.Linear(6, 3)))
+    result = j.plan(time_limit=5)
+    plans = [p.to_plan() for p in result.pareto]
+    assert plans and all((p.replicas, p.micro_batches) == (1, 1) for p in plans)
+    j.check_plan(result.recommended.to_plan())
+
+
 def test_a_cut_that_an_integer_tensor_crosses_is_accepted():
     """Once refused: integer tensors (ids) now travel forward and get no gradient (EXACT below runs it)."""
     j = job(model=ids_then_embedding)

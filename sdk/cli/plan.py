@@ -20,13 +20,14 @@ from stagecoach.planner.plan import SYNC_ALGORITHMS
 from stagecoach.planner.profile.layers import ModelProfile
 from stagecoach.planner.profile.meta import profile_meta
 from stagecoach.planner.profile.zoo import zoo_profile
-from stagecoach.planner.solve.sweep import plan_model
+from stagecoach.planner.solve.sweep import DEFAULT_REPLICAS, plan_model
 
 
-def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile, int | None]:
+def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile, int | None, str | None]:
+    """The profile, the job's global batch, and why the batch must stay together (None: it need not)."""
     if target.startswith("zoo:"):
         try:
-            return zoo_profile(target), None
+            return zoo_profile(target), None, None
         except KeyError as e:
             raise click.BadParameter(str(e.args[0]), param_hint="TARGET") from None
     if not Path(target).exists():
@@ -38,9 +39,12 @@ def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile
         raise click.ClickException(str(e)) from None
     x = job.train[0]
     sample = x[0].to(job.dtype) if x.is_floating_point() else x[0]
+    whole = job.facts.batch_coupling or job.facts.loss_not_mean
+    if job.facts.batch_coupling:  # it cannot run one sample in train mode (BatchNorm1d)
+        sizes = tuple(b for b in sizes if b > 1) or (2,)
     if meta:
-        return profile_meta(job.build_model(), sample, name=job.name), job.global_batch
-    return measure_model(job.build_model(), sample, sizes, name=job.name), job.global_batch
+        return profile_meta(job.build_model(), sample, name=job.name), job.global_batch, whole
+    return measure_model(job.build_model(), sample, sizes, name=job.name), job.global_batch, whole
 
 
 @click.command("plan")
@@ -89,8 +93,12 @@ def plan_command(
         raise click.BadParameter(
             f"{micro_batch_sizes!r}: give positive integers separated by commas, e.g. 1,2,4,8", param_hint="--micro-batch-sizes"
         )
-    prof, file_batch = _load(target, meta, sizes)
+    prof, file_batch, whole = _load(target, meta, sizes)
     G = global_batch or file_batch or 64
+    replicas: tuple[int, ...] = DEFAULT_REPLICAS
+    if whole:  # only plans that keep the global batch together train this job exactly
+        click.echo(f"planning one replica and one micro-batch of {G}: {whole}")
+        sizes, replicas = (G,), (1,)
     plat = {"aws": aws_platform, "aws-arm64": lambda: aws_platform("arm64"), "local": local_platform}[platform_name]()
     try:
         res = plan_model(
@@ -102,6 +110,7 @@ def plan_command(
             micro_batch_sizes=sizes,
             time_limit=time_limit,
             sync_algos=sync_algos or None,
+            replicas=replicas,
         )
     except ValueError as e:  # too large a layer, no plan fits: the message says what to change
         raise click.ClickException(str(e)) from None
