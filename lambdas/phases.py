@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from stagecoach.lambdas import collectives, keys
+from stagecoach.lambdas import boundary, collectives, keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.events import BackwardEvent, ForwardEvent, SyncEvent
 from stagecoach.lambdas.jobctx import JobContext
@@ -31,10 +31,17 @@ def _rows(ctx: JobContext, ch: Channel, t: int, replica: int, mb: int) -> torch.
     return micro_batch(batch, plan.replicas, plan.micro_batches, replica, mb)
 
 
-def _stage_input(ctx: JobContext, ch: Channel, t: int, stage: int, replica: int, mb: int, deadline: float) -> torch.Tensor:
+def _stage_input(ctx: JobContext, ch: Channel, t: int, stage: int, replica: int, mb: int, deadline: float) -> Any:
+    """The data set's rows for stage 0; else what the previous stage sent (lambdas/boundary.py)."""
     if stage == 0:
         return ctx.dataset(ch)["x"][_rows(ctx, ch, t, replica, mb)]
-    return ch.wait_tensors(keys.act(ctx.job, t, stage - 1, replica, mb), deadline)["x"]
+    return boundary.unpack(ch.wait_tensors(keys.act(ctx.job, t, stage - 1, replica, mb), deadline))
+
+
+def _copy(x: Any) -> Any:
+    """A copy of a stage input: the downloaded tensors view read-only bytes, and a first layer may
+    work in place."""
+    return boundary.map_leaves(torch.clone, x)
 
 
 def forward(ctx: JobContext, ch: Channel, ev: ForwardEvent, deadline: float) -> dict[str, Any]:
@@ -46,9 +53,8 @@ def forward(ctx: JobContext, ch: Channel, ev: ForwardEvent, deadline: float) -> 
     for j in range(ctx.plan.micro_batches):
         x = _stage_input(ctx, ch, ev.t, ev.stage, ev.replica, j, deadline)
         with torch.no_grad():
-            # a copy: the downloaded tensor views read-only bytes, and a first layer may work in place
-            y = run_layers(layers, first, x.clone() if ev.stage > 0 else x, ctx.seed, ev.t, ev.replica, j)
-        ch.submit_handoff(keys.act(ctx.job, ev.t, ev.stage, ev.replica, j), {"x": y})  # while j+1 computes
+            y = run_layers(layers, first, _copy(x) if ev.stage > 0 else x, ctx.seed, ev.t, ev.replica, j)
+        ch.submit_handoff(keys.act(ctx.job, ev.t, ev.stage, ev.replica, j), boundary.pack(y))  # while j+1 computes
     ctx.save_running_stats(ch, ev.stage, ev.t + 1, ev.window_start)
     return {}
 
@@ -84,12 +90,12 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     held = {k: v.clone() for k, v in ctx.running_stats(s).items()} if not last else {}
     for j in reversed(range(plan.micro_batches)):
         x = _stage_input(ctx, ch, t, s, r, j, deadline)
-        # a floating input's gradient is x.grad, sent back; an integer or boolean one (ids, masks)
-        # travels forward only. The layers get a copy, which a first layer may change in place.
-        sends_grad = s > 0 and x.is_floating_point()
+        # a floating input's gradient is sent back; integer and boolean ones (ids, masks) travel
+        # forward only. The layers get a copy, which a first layer may change in place.
+        sends_grad = s > 0 and boundary.floating(x)
         if sends_grad:
-            x = x.detach().requires_grad_(True)
-        y = run_layers(layers, first, x.clone() if s > 0 else x, ctx.seed, t, r, j)
+            x = boundary.with_grad(x)
+        y = run_layers(layers, first, _copy(x) if s > 0 else x, ctx.seed, t, r, j)
         if last:
             labels = ctx.dataset(ch)["y"][_rows(ctx, ch, t, r, j)]
             loss = ctx.loss_fn(y, labels)
@@ -101,17 +107,18 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
             torch.autograd.backward(loss * scale)
             losses.append(float(loss.detach()))
         else:
-            # an integer output gets no gradient from the next stage (it sends none)
-            g = ch.wait_tensors(keys.grad(ctx.job, t, s + 1, r, j), deadline)["g"] if y.is_floating_point() else None
+            # an output without floating leaves gets no gradient from the next stage (it sends none)
+            g = ch.wait_tensors(keys.grad(ctx.job, t, s + 1, r, j), deadline) if boundary.floating(y) else {}
             if j == 0:
                 _add_tied_grads(ctx, ch, s, t, r, deadline)
                 stream.arm()
-            if g is not None and y.requires_grad:  # else nothing upstream needs a gradient from this output
-                torch.autograd.backward(y, g)
+            outs, out_grads = boundary.backward_pairs(y, g)
+            if outs:  # else nothing upstream needs a gradient from this output
+                torch.autograd.backward(outs, out_grads)
         if sends_grad:
-            # zero when no gradient reached the input (an integer output: nothing upstream has
-            # parameters to train through it, which Job.validate checks)
-            ch.submit_handoff(keys.grad(ctx.job, t, s, r, j), {"g": x.grad if x.grad is not None else torch.zeros_like(x)})
+            # zero where no gradient reached a floating input leaf (through an integer output
+            # nothing upstream has parameters to train, which Job.validate checks)
+            ch.submit_handoff(keys.grad(ctx.job, t, s, r, j), boundary.grads_of(x))
     stream.finish()
     _send_tied_grads(ctx, ch, s, t, r)
     if last:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
+from stagecoach.lambdas import boundary
 from stagecoach.planner.plan import chunk_count
 
 # The dtypes a job may train in, by the names its spec carries.
@@ -54,8 +56,9 @@ def micro_batch(batch: torch.Tensor, replicas: int, micro_batches: int, replica:
     return batch[start : start + size]
 
 
-def run_layers(layers: Iterable[nn.Module], first_layer: int, x: torch.Tensor, seed: int, t: int, replica: int, mb: int) -> torch.Tensor:
-    """Run consecutive layers, reseeding the RNG before each one.
+def run_layers(layers: Iterable[nn.Module], first_layer: int, x: Any, seed: int, t: int, replica: int, mb: int) -> Any:
+    """Run consecutive layers, reseeding the RNG before each one; each takes what the previous one
+    returned (a tensor, or a tuple, list or dict of tensors: lambdas/boundary.py).
 
     Seeding per (seed, t, layer, replica, micro-batch) makes dropout masks independent of how the
     layers are split into stages, and lets the backward phase's recompute see the forward's masks.
@@ -64,10 +67,7 @@ def run_layers(layers: Iterable[nn.Module], first_layer: int, x: torch.Tensor, s
         torch.manual_seed(derive_seed(seed, t, first_layer + i, replica, mb))
         x = layer(x)
         if not isinstance(x, torch.Tensor):
-            raise TypeError(
-                f"layer {first_layer + i} ({type(layer).__name__}) returned {type(x).__name__}, not a tensor: "
-                "every block of the nn.Sequential must map one tensor to one tensor"
-            )
+            boundary.check(x, f"layer {first_layer + i} ({type(layer).__name__})")
     return x
 
 

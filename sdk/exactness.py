@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from stagecoach.lambdas import boundary
 from stagecoach.lambdas.optim_state import apply_update, chunk_segments
 from stagecoach.lambdas.training import run_layers, running_stats
 
@@ -38,8 +39,9 @@ class ModelFacts:
     """What the checks learnt about the model that decides which plans are exact."""
 
     blocks: int
-    # per block boundary i (after block i, i < blocks - 1): the dtype of what would cross a cut there
-    boundary_dtypes: tuple[torch.dtype, ...]
+    # per block boundary i (after block i, i < blocks - 1): the dtypes of the tensors that would cross
+    # a cut there (one per leaf of a tuple, list or dict: lambdas/boundary.py)
+    boundary_dtypes: tuple[tuple[torch.dtype, ...], ...]
     # why one sample's output depends on the other samples of its batch (None: it does not)
     batch_coupling: str | None
     # why the loss of a batch is not the mean of its samples' losses (None: it is)
@@ -118,13 +120,13 @@ def check_loss(loss: Any) -> None:
 
 
 # -- running the model ----------------------------------------------------------------------------------
-def _forward(blocks: Sequence[nn.Module], x: torch.Tensor, seed: int) -> tuple[torch.Tensor, list[torch.dtype]]:
+def _forward(blocks: Sequence[nn.Module], x: torch.Tensor, seed: int) -> tuple[Any, list[tuple[torch.dtype, ...]]]:
     """The model as the runtime runs it (per-layer seeding), recording what crosses each boundary."""
     out = x
     dtypes = []
     for i, block in enumerate(blocks):
         out = run_layers([block], i, out, seed, 0, 0, 0)
-        dtypes.append(out.dtype)
+        dtypes.append(boundary.dtypes(out))
     return out, dtypes[:-1]
 
 
@@ -192,25 +194,34 @@ def batch_coupling(blocks: Sequence[nn.Module], x: torch.Tensor, seed: int) -> s
     with torch.no_grad():
         a, _ = _forward(blocks, x, seed)
         b, _ = _forward(blocks, x2, seed)
-    if a.dim() == 0 or a.shape[0] != x.shape[0] or _close(a[1:], b[1:], a.dtype if a.is_floating_point() else torch.float64):
+    if all(
+        u.dim() == 0 or u.shape[0] != x.shape[0] or _close(u[1:], v[1:], u.dtype if u.is_floating_point() else torch.float64)
+        for u, v in zip(boundary.leaves(a), boundary.leaves(b))
+    ):
         return None
     norms = sorted({type(m).__name__ for blk in blocks for m in blk.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)})
     return f"its {', '.join(norms)} normalise over the batch" if norms else "one sample's output depends on the other samples of its batch"
 
 
-def loss_not_mean(loss: Callable[..., torch.Tensor], out: torch.Tensor, y: torch.Tensor) -> str | None:
+def _sample(out: Any, i: int) -> Any:
+    """Sample i of a batch output (every leaf of a tuple, list or dict)."""
+    return boundary.map_leaves(lambda t: t[i : i + 1], out)
+
+
+def loss_not_mean(loss: Callable[..., torch.Tensor], out: Any, y: torch.Tensor) -> str | None:
     """Why the loss of a batch is not the mean of its samples' losses, or None.
 
     The runtime averages the losses of equal micro-batches; that equals the global batch's loss
     only for a mean over samples (not reduction='sum', class weights, or ignore_index).
     """
-    n = out.shape[0] if out.dim() else 0
+    first = boundary.leaves(out)[0]
+    n = first.shape[0] if first.dim() else 0
     if n < 2 or y.shape[0] != n:
         return None
     with torch.no_grad():
         whole = loss(out, y).double()
-        singles = torch.stack([loss(out[i : i + 1], y[i : i + 1]).double() for i in range(n)]).mean()
-    if _close(whole, singles, out.dtype if out.is_floating_point() else torch.float64):
+        singles = torch.stack([loss(_sample(out, i), y[i : i + 1]).double() for i in range(n)]).mean()
+    if _close(whole, singles, first.dtype if first.is_floating_point() else torch.float64):
         return None
     return (
         f"the loss of {n} samples is {float(whole):.6g} but the mean of their own losses is {float(singles):.6g} "
@@ -371,17 +382,17 @@ def examine(
     check_loss(loss)
     model.train()
     before = _buffers(blocks)
-    out, boundary = _forward(blocks, x, seed)
+    out, crossing = _forward(blocks, x, seed)
     check_buffers_unchanged(blocks, before)
     value = loss(out, y)
     if isinstance(value, torch.Tensor) and value.dim() == 0 and value.requires_grad:
         value.backward()
         check_gradients(blocks)
     coupling = batch_coupling(blocks, x, seed)
-    not_mean = loss_not_mean(loss, out.detach(), y) if coupling is None else None
+    not_mean = loss_not_mean(loss, boundary.map_leaves(torch.Tensor.detach, out), y) if coupling is None else None
     groups = check_optimizer(make_optimizer, [p for p in build().parameters()], dtype)
     return ModelFacts(
-        blocks=len(blocks), boundary_dtypes=tuple(boundary), batch_coupling=coupling, loss_not_mean=not_mean, optimizer_groups=groups
+        blocks=len(blocks), boundary_dtypes=tuple(crossing), batch_coupling=coupling, loss_not_mean=not_mean, optimizer_groups=groups
     )
 
 
@@ -390,11 +401,11 @@ def check_plan(facts: ModelFacts, balance: Sequence[int], replicas: int, micro_b
     cut = 0
     for b in balance[:-1]:
         cut += b
-        dtype = facts.boundary_dtypes[cut - 1]
         # floating tensors cross with their gradient; integer and boolean ones (ids, masks) forward only
-        if dtype.is_complex:
+        complex_ = [d for d in facts.boundary_dtypes[cut - 1] if d.is_complex]
+        if complex_:
             raise NotExact(
-                f"the plan cuts after block {cut - 1}, whose output is a {str(dtype).removeprefix('torch.')} tensor: "
+                f"the plan cuts after block {cut - 1}, whose output holds a {str(complex_[0]).removeprefix('torch.')} tensor: "
                 "complex tensors cannot cross a stage boundary. Choose a balance that keeps that block and the next on one stage"
             )
     if replicas * micro_batches > 1:

@@ -18,6 +18,7 @@ from stagecoach import exactness
 from stagecoach import history as learnt
 from stagecoach.backend import Backend
 from stagecoach.backends import get_backend
+from stagecoach.lambdas import boundary
 from stagecoach.lambdas.profiling import measure_model
 from stagecoach.lambdas.training import DTYPE_NAMES, build_model
 from stagecoach.planner.model.platforms import Platform, aws_platform
@@ -35,8 +36,9 @@ class JobError(ValueError):
 class Job:
     """A training job.
 
-    model:        zero-argument factory returning an nn.Sequential of blocks (each block one
-                  tensor in, one tensor out); a block is the unit the planner places on a stage.
+    model:        zero-argument factory returning an nn.Sequential of blocks, each returning a
+                  tensor or a tuple/list/dict of tensors that the next block takes; a block is
+                  the unit the planner places on a stage.
     loss:         ``loss(output, target) -> scalar``, a mean over the batch (e.g. nn.CrossEntropyLoss()).
     optimizer:    ``optimizer(params) -> torch.optim.Optimizer`` with an elementwise update
                   (SGD, Adam, AdamW, RMSprop, ...): its state is sharded across sync tasks.
@@ -99,10 +101,10 @@ class Job:
                 except Exception as e:
                     raise JobError(f"block {i} ({type(block).__name__}) fails on a sample batch: {e}") from None
                 if not isinstance(out, torch.Tensor):
-                    raise JobError(
-                        f"block {i} ({type(block).__name__}) returns {type(out).__name__}, not a tensor: every "
-                        "block of the nn.Sequential must map one tensor to one tensor"
-                    )
+                    try:
+                        boundary.check(out, f"block {i} ({type(block).__name__})")
+                    except TypeError as e:
+                        raise JobError(str(e)) from None
         try:
             loss = self.loss(out, y[:n])
         except Exception as e:

@@ -31,15 +31,15 @@ def good(**change):
     return Job(**kw)
 
 
-class TupleBlock(nn.Module):
+class NotTensorBlock(nn.Module):
     def forward(self, x):
-        return x, x
+        return x, "x"
 
 
 JOB_CASES = [
     (dict(model=lambda: nn.Linear(4, 2)), "not an nn.Sequential"),
     (dict(model=lambda: 1 / 0), "job.model\\(\\) fails"),
-    (dict(model=lambda: nn.Sequential(nn.Linear(4, 4), TupleBlock())), "returns tuple, not a tensor"),
+    (dict(model=lambda: nn.Sequential(nn.Linear(4, 4), NotTensorBlock())), "block 1 \\(NotTensorBlock\\) returned tuple holding str"),
     (dict(model=lambda: nn.Sequential()), "empty nn.Sequential"),
     (dict(model=lambda: nn.Sequential(nn.Linear(5, 2))), "block 0 \\(Linear\\) fails on a sample batch"),
     (dict(iterations=0), "job.iterations=0"),

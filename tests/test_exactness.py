@@ -277,7 +277,7 @@ def test_a_cut_that_an_integer_tensor_crosses_is_accepted():
     """Once refused: integer tensors (ids) now travel forward and get no gradient (EXACT below runs it)."""
     j = job(model=ids_then_embedding)
     j.validate()
-    assert j.facts.boundary_dtypes[0] == torch.int64
+    assert j.facts.boundary_dtypes[0] == (torch.int64,)
     j.check_plan(Plan(balance=[1, 3], global_batch=12))
     j.check_plan(Plan(balance=[1, 1, 1, 1], replicas=2, micro_batches=2, global_batch=12))
 
@@ -320,6 +320,76 @@ class TiedInside(nn.Module):
         return self.b(torch.tanh(self.a(x)))
 
 
+class Stem(nn.Module):
+    """Starts AmoebaNet-D's (state, skip) pairs."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x))
+        return h, h
+
+
+class Cell(nn.Module):
+    """An AmoebaNet-D-like cell: takes (state, skip), returns (new state, state)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 6)
+
+    def forward(self, pair):
+        state, skip = pair
+        return torch.tanh(self.a(state) + self.b(skip)), state
+
+
+class PairHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+
+    def forward(self, pair):
+        return self.lin(pair[0])  # the skip is not used: its gradient is zero
+
+
+def cells_with_pairs():
+    return nn.Sequential(Stem(), Cell(), Cell(), Cell(), PairHead())
+
+
+class Encode(nn.Module):
+    """Hidden states and a boolean mask, in a dict (as an encoder passes attention masks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return {"h": torch.tanh(self.lin(x)), "mask": x > 0}
+
+
+class MaskedLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, d):
+        return {"h": torch.tanh(self.lin(d["h"])) * d["mask"], "mask": d["mask"]}
+
+
+class Pool(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+
+    def forward(self, d):
+        return self.lin(d["h"])
+
+
+def masked_dicts():
+    return nn.Sequential(Encode(), MaskedLayer(), MaskedLayer(), Pool())
+
+
 EXACT = [
     ("stateless module used twice across stages", activation_used_twice, (3, 2), (2, 2)),
     ("in-place first layer of a stage", in_place_first_layer, (1, 2), (2, 2)),
@@ -330,6 +400,10 @@ EXACT = [
     # integer ids cross the cut after block 0 (no gradient back), then every later cut carries floats
     ("integer ids across a cut", ids_then_embedding, (1, 1, 1, 1), (2, 2)),
     ("integer ids into the last stage", ids_then_embedding, (1, 3), (1, 1)),
+    # tuples across every cut (AmoebaNet-D's cells), and dicts holding a boolean mask
+    ("(state, skip) pairs across cuts", cells_with_pairs, (1, 1, 1, 1, 1), (2, 2)),
+    ("(state, skip) pairs, two stages", cells_with_pairs, (2, 3), (1, 1)),
+    ("a dict with a mask across cuts", masked_dicts, (1, 1, 1, 1), (2, 2)),
 ]
 
 
