@@ -62,6 +62,15 @@ def test_the_resnet_example_trains_with_batchnorm_and_plans_whole_batches(tmp_pa
     assert plans and all(" 1x64 " in line for line in plans)  # one replica, one micro-batch of 64
 
 
+def test_the_amoebanet_example_trains_with_pairs_across_cuts(tmp_path):
+    """examples/amoebanet.py: the zoo's AmoebaNet-D cells on three stages, (state, skip) tuples
+    crossing both cuts through the state machines."""
+    r = stagecoach("train", os.path.join(ROOT, "examples", "amoebanet.py"), "--iterations", "4", "--out", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "plan: 3 stages (layers per stage [3, 3, 3]) x 1 replicas, 1 micro-batches of 64" in r.stdout
+    assert "after 4 iterations" in r.stdout and "test accuracy" in r.stdout
+
+
 def test_bad_plan_options_are_refused_before_anything_runs(tmp_path):
     (tmp_path / "tiny.py").write_text(JOB_FILE)
     r = stagecoach("train", "tiny.py", "--replicas", "3", cwd=tmp_path)

@@ -20,6 +20,7 @@ NOT_HERE = {
     "sam ": "needs an AWS account (sam deploy)",
     "stagecoach train examples/digits.py --backend aws": "needs an AWS account",
     "stagecoach train examples/resnet.py": "tests/test_cli.py runs it (fewer iterations)",
+    "stagecoach train examples/amoebanet.py": "tests/test_cli.py runs it (fewer iterations)",
     "stagecoach inspect EXECUTION_ARN": "needs an execution of a real run (tests/test_inspect.py runs inspect on one)",
     "stagecoach cleanup JOB_ID --stack": "needs an AWS account",
 }

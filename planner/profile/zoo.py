@@ -6,8 +6,8 @@ Devlin et al. 2019). A *block* (one child) is the unit the planner may cut betwe
 bottleneck, an AmoebaNet cell, a Transformer encoder layer.
 
 Sizes vs FuncPipe Table 1 (FuncPipe's "MB" is MiB, 2^20 bytes): see ``FUNCPIPE_TABLE1_MIB`` and
-docs/planner.md. AmoebaNet cells pass (state, skip) tuples between blocks: the planner handles
-them; the S3 runtime currently moves one tensor per boundary, so AmoebaNet is for planning only.
+docs/planner.md. AmoebaNet cells pass (state, skip) tuples between blocks: the planner sizes them
+and the runtime moves them across cuts (lambdas/boundary.py; examples/amoebanet.py trains a small one).
 """
 
 from __future__ import annotations
