@@ -18,6 +18,7 @@ from torch import nn
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.collectives import Layout, SyncSpec, gather, read_range
+from stagecoach.lambdas.optim_state import group_runs
 from stagecoach.lambdas.records import JobSpec
 from stagecoach.lambdas.training import (
     DTYPES,
@@ -97,14 +98,18 @@ class JobContext:
         return running_stats(self.stage_module(stage), self.plan.stage_layers(stage).start)
 
     def ensure_running_stats(self, channel: Channel, stage: int, version: int) -> None:
-        """Hold the stage's running statistics after ``version`` iterations (from S3 unless held)."""
-        if not self.running_stats(stage) or self.stats_version.get(stage) == version:
+        """Hold the stage's running statistics after ``version`` iterations (from S3 unless held),
+        for the forward pass about to update them: until :meth:`save_running_stats` stores the
+        result, this container's copy is no version (a task that fails half-way, retried in the
+        same warm container, must start again from ``version``, not from a half update)."""
+        if not self.running_stats(stage):
             return
-        values = channel.get_tensors(keys.buffers(self.job, version, stage))
-        if values is None:
-            raise FileNotFoundError(f"running statistics {keys.buffers(self.job, version, stage)} are missing")
-        load_running_stats(self.stage_module(stage), self.plan.stage_layers(stage).start, values)
-        self.stats_version[stage] = version
+        if self.stats_version.get(stage) != version:
+            values = channel.get_tensors(keys.buffers(self.job, version, stage))
+            if values is None:
+                raise FileNotFoundError(f"running statistics {keys.buffers(self.job, version, stage)} are missing")
+            load_running_stats(self.stage_module(stage), self.plan.stage_layers(stage).start, values)
+        self.stats_version[stage] = -1
 
     def save_running_stats(self, channel: Channel, stage: int, version: int, window_start: int) -> None:
         """Store the statistics this task's forward pass updated as ``version``; drop the version
@@ -132,20 +137,9 @@ class JobContext:
         """The stage's flat vector as (start, end, parameter group) runs; () for one group."""
         if not self.spec.param_groups:
             return ()
-        index = self.param_index[stage] if stage in self.param_index else {}
-        if not index:
-            self.stage_module(stage)
-            index = self.param_index[stage]
-        runs: list[tuple[int, int, int]] = []
-        at = 0
-        for p in self.stage_params(stage):
-            g = self.spec.param_groups[index[id(p)]]
-            if runs and runs[-1][2] == g:
-                runs[-1] = (runs[-1][0], at + p.numel(), g)
-            else:
-                runs.append((at, at + p.numel(), g))
-            at += p.numel()
-        return tuple(runs)
+        params = self.stage_params(stage)  # builds the stage (and its param_index) if needed
+        index = self.param_index[stage]
+        return group_runs([self.spec.param_groups[index[id(p)]] for p in params], [p.numel() for p in params])
 
     def sync_spec(self, stage: int, t: int, window_start: int, deadline: float) -> SyncSpec:
         if stage not in self.runs:

@@ -68,6 +68,20 @@ def restore_state(optimizer: torch.optim.Optimizer, body: bytes) -> None:
             optimizer.state[param] = state
 
 
+def group_runs(groups: Sequence[int], sizes: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
+    """A flat vector of tensors of ``sizes``, tensor i in parameter group ``groups[i]``, as
+    (start, end, group) runs: one per stretch of consecutive tensors of one group."""
+    runs: list[tuple[int, int, int]] = []
+    at = 0
+    for g, n in zip(groups, sizes):
+        if runs and runs[-1][2] == g:
+            runs[-1] = (runs[-1][0], at + n, g)
+        else:
+            runs.append((at, at + n, g))
+        at += n
+    return tuple(runs)
+
+
 def chunk_segments(groups: Sequence[tuple[int, int, int]], hparams: Sequence[dict[str, Any]], a: int, b: int) -> list[Segment]:
     """The runs of elements [a, b) of a stage's flat vector, per parameter group, within the chunk.
     ``groups``: the stage's (start, end, group) runs; empty when the optimizer has one group."""

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from stagecoach.lambdas import boundary
-from stagecoach.lambdas.optim_state import apply_update, chunk_segments
+from stagecoach.lambdas.optim_state import apply_update, chunk_segments, group_runs
 from stagecoach.lambdas.training import run_layers, running_stats
 
 MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -280,21 +280,6 @@ def _jsonable(v: Any) -> bool:
     return True
 
 
-def _runs(groups: OptimizerGroups | None, sizes: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
-    """The flat vector of parameters of ``sizes`` as (start, end, group) runs (jobctx.group_runs)."""
-    if groups is None:
-        return ()
-    out: list[tuple[int, int, int]] = []
-    at = 0
-    for g, n in zip(groups.of_param, sizes):
-        if out and out[-1][2] == g:
-            out[-1] = (out[-1][0], at + n, g)
-        else:
-            out.append((at, at + n, g))
-        at += n
-    return tuple(out)
-
-
 def check_optimizer(make_optimizer: MakeOptimizer, params: list[nn.Parameter], dtype: torch.dtype) -> OptimizerGroups | None:
     """Every element updated on its own, within its parameter group: the sync tasks apply the
     optimizer to flat shards of a stage's parameters (cut across tensor boundaries), each with its
@@ -333,7 +318,7 @@ def check_optimizer(make_optimizer: MakeOptimizer, params: list[nn.Parameter], d
     n = flat.numel()
     cuts = sorted({0, *(min(n, max(1, n * k // 7 + 1)) for k in (2, 3, 5)), n})
     bounds = list(zip(cuts[:-1], cuts[1:]))  # shards that cut across tensors, as the runtime's do
-    runs = _runs(sim_groups, [t.numel() for t in init])
+    runs = group_runs(sim_groups.of_param, [t.numel() for t in init]) if sim_groups is not None else ()
     hparams = sim_groups.hparams if sim_groups is not None else ()
     states: list[bytes | None] = [None] * len(bounds)
     try:

@@ -182,7 +182,7 @@ def test_the_stack_roles_are_enforced_with_aws_answers(backend):
     assert denied["code"] == "AccessDenied"
     assert denied["message"].startswith(f"User: arn:aws:sts::123456789012:assumed-role/{res.prefix}-{job}/probe-")
     assert denied["message"].endswith(
-        f"is not authorized to perform: s3:GetObject on resource: arn:aws:s3:::{res.bucket}/jobs/other-1a2b3c4d/job.json "
+        f'is not authorized to perform: s3:GetObject on resource: "arn:aws:s3:::{res.bucket}/jobs/other-1a2b3c4d/job.json" '
         "because no identity-based policy allows the s3:GetObject action"
     )
     # a call the local stack cannot map to IAM is denied, not waved through; Lambda's and Step

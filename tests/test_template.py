@@ -137,6 +137,24 @@ def render(pattern):
     )
 
 
+def stack_resources():
+    """What the SDK would read from this template's outputs, for stack STACK."""
+    from stagecoach.deploy.resources import StackResources
+
+    return StackResources(
+        prefix=STACK,
+        region=REGION,
+        bucket=BUCKET,
+        image_uri="i",
+        control_role_arn=f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/c",
+        states_role_arn="s",
+        job_state_machine_arn=f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{STACK}-job",
+        control_function=f"{STACK}-worker",
+        job_boundary_arn=f"arn:aws:iam::{ACCOUNT}:policy/stagecoach/{STACK}/b",
+        log_group_arn=render("GetAtt:WorkerLogGroup.Arn"),
+    )
+
+
 def rendered(x):
     """Template values with the stack's values substituted: Fn::Sub, Fn::GetAtt and Ref resolved."""
     if isinstance(x, list):
@@ -232,7 +250,6 @@ def test_job_roles_cover_every_key_the_workers_use_and_nothing_else(template):
     """The keys come from the code (lambdas.keys), so a new key tree the workers start to write
     fails here before it fails on AWS with AccessDenied. Checked on the boundary (every job) and on
     one job's own role, which must not reach another job's keys."""
-    from stagecoach.deploy import resources as deploy
     from stagecoach.deploy.roles import job_worker_policy
 
     job = "digits-1a2b3c4d"
@@ -255,18 +272,7 @@ def test_job_roles_cover_every_key_the_workers_use_and_nothing_else(template):
         keys.metrics(job, 3, "sync", 1, 0),
         keys.memory_pressure(job, 1),
     ]
-    res = deploy.StackResources(
-        prefix=STACK,
-        region=REGION,
-        bucket=BUCKET,
-        image_uri="i",
-        control_role_arn=f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/c",
-        states_role_arn="s",
-        job_state_machine_arn="j",
-        control_function=f"{STACK}-worker",
-        job_boundary_arn="b",
-        log_group_arn=render("GetAtt:WorkerLogGroup.Arn"),
-    )
+    res = stack_resources()
     boundary = role_statements(template, "JobRoleBoundary")
     own = job_worker_policy(res, job)["Statement"]
     for sts in (boundary, own):
@@ -289,18 +295,7 @@ def test_role_patterns_match_exactly_the_names_the_sdk_gives(template):
     else (not the default worker, not the job machine itself, not another stack's)."""
     from stagecoach.deploy import resources as deploy
 
-    res = deploy.StackResources(
-        prefix=STACK,
-        region=REGION,
-        bucket=BUCKET,
-        image_uri="i",
-        control_role_arn=f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/c",
-        states_role_arn="s",
-        job_state_machine_arn=f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{STACK}-job",
-        control_function=f"{STACK}-worker",
-        job_boundary_arn=f"arn:aws:iam::{ACCOUNT}:policy/stagecoach/{STACK}/b",
-        log_group_arn=f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/lambda/{STACK}-workers:*",
-    )
+    res = stack_resources()
 
     def fn(name):
         return f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}"
@@ -623,7 +618,10 @@ def test_deployer_policy_has_no_privilege_escalation():
         "lambda:PutFunctionConcurrency",
     ):
         assert can(action, ours, **tagged) and not can(action, foreign)
-    assert can("lambda:CreateFunction", ours, **{"aws:RequestTag/stagecoach:stack": STACK}) and not can("lambda:CreateFunction", ours)
+    created = {"aws:RequestTag/stagecoach:stack": STACK, "aws:ResourceTag/stagecoach:stack": STACK}  # the new function's tags
+    assert can("lambda:CreateFunction", ours, **created) and not can("lambda:CreateFunction", ours)
+    # tagging cannot adopt another application's untagged function into the stack
+    assert not can("lambda:TagResource", foreign, **{"aws:RequestTag/stagecoach:stack": STACK})
     assert not can("lambda:InvokeFunction", foreign) and not can("lambda:InvokeFunction", ours, **tagged)  # only profile functions
     assert can("lambda:InvokeFunction", ours.replace("-s0", "-prof-s0"), **tagged)
 

@@ -56,13 +56,16 @@ def deployer_policy(
             # no s3:prefix condition: HeadBucket (the SDK's check that the bucket exists) has no prefix
             {"Sid": "ListJobObjects", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": b},
             # The SDK tags every function it creates with its stack; changing one requires that tag,
-            # so the name pattern cannot reach another application's "<stack>-..." function.
+            # so the name pattern cannot reach another application's "<stack>-..." function. Creating
+            # and tagging require the tag both in the request and on the function (as the Lambda
+            # guide's ABAC example "Require tags on new functions" does): TagResource cannot adopt an
+            # untagged function whose name happens to fit the pattern.
             {
                 "Sid": "CreateStageFunctions",
                 "Effect": "Allow",
                 "Action": ["lambda:CreateFunction", "lambda:TagResource"],
                 "Resource": fn,
-                "Condition": {"StringEquals": {f"aws:RequestTag/{STACK_TAG}": stack}},
+                "Condition": {"StringEquals": {f"aws:RequestTag/{STACK_TAG}": stack, f"aws:ResourceTag/{STACK_TAG}": stack}},
             },
             {
                 "Sid": "StageFunctions",

@@ -14,6 +14,7 @@ An operator it does not know raises: a policy it cannot evaluate never silently 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -71,8 +72,14 @@ def statement_matches(st: Mapping[str, Any], action: str, resource: str, context
     return True
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(document: str) -> Any:
+    """A policy document's JSON, parsed once: the local stack decides every S3 GET a waiting worker makes."""
+    return json.loads(document)
+
+
 def _statements(policy: Mapping[str, Any] | str) -> list[Mapping[str, Any]]:
-    doc = json.loads(policy) if isinstance(policy, str) else policy
+    doc = _parsed(policy) if isinstance(policy, str) else policy
     return _list(doc["Statement"])
 
 

@@ -75,12 +75,11 @@ _CREDENTIAL = re.compile(r"Credential=([^/]+)/[^/]+/([^/]+)/([^/]+)/")
 
 
 def _s3_request(method: str, path: str, query: dict[str, list[str]], environ: dict[str, Any], body: Callable[[], bytes]) -> Request:
-    host = environ.get("HTTP_HOST", "")
-    parts = unquote(path).lstrip("/").split("/", 1)
-    if re.match(r"^[a-z0-9.-]+\.s3[.-]", host) or (host.count(".") >= 1 and not re.match(r"^[0-9.:]+$|^localhost", host)):
+    host = environ.get("HTTP_HOST", "").rsplit(":", 1)[0]
+    if re.fullmatch(r"[0-9.]+|localhost", host):  # path style: /bucket/key (boto3's choice for an IP endpoint)
+        bucket, _, key = unquote(path).lstrip("/").partition("/")
+    else:  # virtual-hosted style: bucket.host/key
         bucket, key = host.split(".", 1)[0], unquote(path).lstrip("/")
-    else:
-        bucket, key = parts[0], parts[1] if len(parts) > 1 else ""
     b = f"arn:aws:s3:::{bucket}"
     if not key:
         if method in ("GET", "HEAD") and not (
@@ -200,9 +199,9 @@ class AccessControl:
         for action, resource, context in request.checks:
             decision = self._decide(action, resource, context, policies, boundary)
             if not decision.allowed:
-                message = (
-                    f"User: {session.principal} is not authorized to perform: {action} on resource: {resource} because {decision.reason}"
-                )
+                # S3 quotes the resource in its message, Lambda does not
+                shown = f'"{resource}"' if request.service == "s3" else resource
+                message = f"User: {session.principal} is not authorized to perform: {action} on resource: {shown} because {decision.reason}"
                 self.denials.append(message)
                 code = "AccessDenied" if request.service == "s3" else "AccessDeniedException"
                 return self._error(
