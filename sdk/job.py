@@ -19,6 +19,7 @@ from stagecoach import history as learnt
 from stagecoach.backend import Backend
 from stagecoach.backends import get_backend
 from stagecoach.lambdas import boundary
+from stagecoach.lambdas.graph_split import Blocks, SplitError, SplitFactory, suggest
 from stagecoach.lambdas.profiling import measure_model
 from stagecoach.lambdas.training import DTYPE_NAMES, build_model
 from stagecoach.planner.model.platforms import Platform, aws_platform
@@ -36,9 +37,15 @@ class JobError(ValueError):
 class Job:
     """A training job.
 
-    model:        zero-argument factory returning an nn.Sequential of blocks, each returning a
-                  tensor or a tuple/list/dict of tensors that the next block takes; a block is
-                  the unit the planner places on a stage.
+    model:        zero-argument factory returning the model: an nn.Sequential of blocks (each
+                  returning a tensor or a tuple/list/dict of tensors that the next block takes),
+                  or any nn.Module together with ``blocks``. A block is the unit the planner
+                  places on a stage.
+    blocks:       for a model that is not an nn.Sequential: the submodules whose boundaries may
+                  become cuts, as dotted names with wildcards per level (["embeddings",
+                  "encoder.layer.*", "head"]). The model is captured with torch.export and split
+                  before each of them by PyTorch's pipeline splitter (lambdas/graph_split.py);
+                  the code before the first joins the first block.
     loss:         ``loss(output, target) -> scalar``, a mean over the batch (e.g. nn.CrossEntropyLoss()).
     optimizer:    ``optimizer(params) -> torch.optim.Optimizer`` with an elementwise update
                   (SGD, Adam, AdamW, RMSprop, ...): its state is sharded across sync tasks.
@@ -59,6 +66,7 @@ class Job:
     test: tuple[torch.Tensor, torch.Tensor] | None = None
     dtype: torch.dtype = torch.float32
     name: str = "job"
+    blocks: Sequence[str] | None = None
     _facts: exactness.ModelFacts | None = field(default=None, init=False, repr=False)
 
     # -- validation (before any AWS call) --------------------------------------------------------
@@ -85,7 +93,7 @@ class Job:
                 raise JobError(
                     f"job.{what}={getattr(self, what)!r} is not callable: give "
                     + {
-                        "model": "a zero-argument function returning an nn.Sequential",
+                        "model": "a zero-argument function returning an nn.Module",
                         "loss": "a function loss(output, target) -> scalar, e.g. nn.CrossEntropyLoss()",
                         "optimizer": "a function optimizer(params) -> torch.optim.Optimizer, e.g. lambda p: torch.optim.Adam(p, lr=1e-3)",
                     }[what]
@@ -135,19 +143,45 @@ class Job:
         assert self._facts is not None
         return self._facts
 
+    @property
+    def factory(self) -> Callable[[], nn.Module]:
+        """What the client, the workers and the reference build: the user's factory, or, with
+        ``blocks``, that factory's model captured and cut into a chain of blocks."""
+        if self.blocks is None:
+            return self.model
+        if isinstance(self.blocks, str) or not self.blocks or not all(isinstance(b, str) and b for b in self.blocks):
+            raise JobError(f"job.blocks={self.blocks!r}: give a list of submodule names or patterns, e.g. ['embed', 'layers.*', 'head']")
+        x = _split("train", self.train)[0]
+        return SplitFactory(self.model, tuple(self.blocks), tuple(x.shape[1:]), x.dtype, self.dtype)
+
     def build_model(self) -> nn.Sequential:
-        """The model at its initial parameters: the factory run under the job's seed."""
+        """The model at its initial parameters, as a chain of blocks: the factory run under the job's seed."""
         try:
-            model = build_model(self.model, self.seed, self.dtype)
+            model = build_model(self.factory, self.seed, self.dtype)
+        except SplitError as e:
+            raise JobError(str(e)) from None
+        except JobError:
+            raise
         except Exception as e:
             raise JobError(f"job.model() fails: {e}") from None
         if not isinstance(model, nn.Sequential):
+            hint = suggest(model) if isinstance(model, nn.Module) else "return an nn.Module"
             raise JobError(
-                f"job.model() returned {type(model).__name__}, not an nn.Sequential: Stagecoach splits the "
-                "model between its children, so wrap the blocks in nn.Sequential(block0, block1, ...)"
+                f"job.model() returned {type(model).__name__}, not an nn.Sequential: name the submodules "
+                f"Stagecoach may cut between with Job(blocks=[...]), {hint}; or wrap the blocks in nn.Sequential(block0, block1, ...)"
             )
         if len(model) == 0:
             raise JobError("job.model() returned an empty nn.Sequential")
+        return model
+
+    def user_model(self, blocks: nn.Sequential) -> nn.Module:
+        """The model as the user wrote it, holding ``blocks``' parameters and buffers (for a job
+        without ``blocks``, the chain itself): what a trained run hands back."""
+        if not isinstance(blocks, Blocks):
+            return blocks
+        model = build_model(self.model, self.seed, self.dtype)
+        state = blocks.original_state_dict()
+        model.load_state_dict({k: state[k] for k in model.state_dict()})
         return model
 
     @property

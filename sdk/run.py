@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load as st_load
-from safetensors.torch import save_file
+from safetensors.torch import save_model
 from torch import nn
 from tqdm import tqdm
 
@@ -230,8 +230,9 @@ class Run:
                 parts.append(st_load(body)["p"])
         return torch.cat(parts)
 
-    def trained_model(self) -> nn.Sequential:
-        """The model with the parameters, and the running statistics (BatchNorm), after the last iteration."""
+    def trained_model(self) -> nn.Module:
+        """The model with the parameters, and the running statistics (BatchNorm), after the last
+        iteration: the user's own module (for a job with ``blocks``, not the chain it was cut into)."""
         model = self.job.build_model()
         layers = list(model)
         own = ownership(layers, [self.plan.stage_layers(s) for s in range(self.plan.stages)])
@@ -242,12 +243,13 @@ class Run:
             if running_stats(stage, first):
                 body = self._c.s3.get_object(Bucket=self.bucket, Key=keys.buffers(self.job_id, self.job.iterations, s))["Body"].read()
                 load_running_stats(stage, first, st_load(body))
-        return model
+        return self.job.user_model(model)
 
     def save(self, directory: str) -> str:
         """Write the trained model (safetensors), the plan, the metrics and the loss curve to ``directory``."""
         os.makedirs(directory, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.trained_model().state_dict().items()}, os.path.join(directory, "model.safetensors"))
+        # save_model keeps one copy of a tensor the model holds under two names (tied weights)
+        save_model(self.trained_model(), os.path.join(directory, "model.safetensors"))
         with open(os.path.join(directory, "plan.json"), "w") as f:
             f.write(self.plan.to_json())
         with open(os.path.join(directory, "metrics.jsonl"), "w") as f:

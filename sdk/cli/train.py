@@ -23,7 +23,7 @@ def accuracy(model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor]) ->
     x, y = data
     model.eval()
     with torch.no_grad():
-        pred = model(x.to(next(model.parameters()).dtype)).argmax(dim=1)
+        pred = model(x.to(next(model.parameters()).dtype) if x.is_floating_point() else x).argmax(dim=1)
     return float((pred == y).float().mean())
 
 

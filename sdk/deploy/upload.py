@@ -67,7 +67,7 @@ def pickle_job_code(job: Job) -> bytes:
     for m in modules:
         cloudpickle.register_pickle_by_value(m)
     try:
-        return cloudpickle.dumps({"model": job.model, "loss": job.loss, "optimizer": job.optimizer})
+        return cloudpickle.dumps({"model": job.factory, "loss": job.loss, "optimizer": job.optimizer})
     finally:
         for m in modules:
             cloudpickle.unregister_pickle_by_value(m)

@@ -1,0 +1,270 @@
+"""Any nn.Module as an nn.Sequential of blocks: graph capture (torch.export) and PyTorch's own
+pipeline splitter (torch.distributed.pipelining) cut at the modules the job names.
+
+Why this shape: the runtime, the planner and the exactness checks all work on a chain of blocks
+(block i's output is block i+1's input). A model that is not written as such a chain is captured
+once as a graph with a dynamic batch dimension, split before every named module, and each piece
+becomes a ``Segment`` that takes the values still live at its cut (a tuple: the hidden state, the
+mask computed at the start, a skip connection from an earlier block, ...) and returns those live
+after it. Values a later block needs are relayed through the blocks in between (docs/exactness.md).
+
+The split is a zero-argument factory (``SplitFactory``) wrapping the user's, so the client, every
+container and the reference build the same chain from the same code under the same seed; the
+pieces hold the model's own Parameter objects under their original names, so a weight tied across
+blocks is one tensor (lambdas/training.py ownership) and the trained values load back into the
+user's own module (``original_state_dict``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import MethodType
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.distributed.pipelining import pipe_split
+from torch.distributed.pipelining._IR import MultiUseParameterConfig, Pipe
+from torch.export import Dim
+from torch.utils import _pytree as pytree
+
+
+class SplitError(ValueError):
+    """The model cannot be cut at the named blocks; the message says why and what to change."""
+
+
+def match_blocks(model: nn.Module, patterns: Sequence[str]) -> list[str]:
+    """The submodules ``patterns`` name, in registration order. A pattern is a dotted path whose
+    parts may hold shell wildcards, one part per level ("encoder.layer.*" names encoder.layer.0,
+    encoder.layer.1, ... but not encoder.layer.0.attention)."""
+    names = [n for n, _ in model.named_modules() if n]
+    found: list[str] = []
+    for pat in patterns:
+        parts = pat.split(".")
+        hits = [n for n in names if len(n.split(".")) == len(parts) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(n.split("."), parts))]
+        if not hits:
+            raise SplitError(f"blocks pattern {pat!r} names no submodule of {type(model).__name__}; {suggest(model)}")
+        found += [h for h in hits if h not in found]
+    for a in found:
+        for b in found:
+            if b.startswith(a + "."):
+                raise SplitError(f"blocks name both {a!r} and its submodule {b!r}: a block cannot hold another; name one level")
+    return found
+
+
+def suggest(model: nn.Module) -> str:
+    """A ``blocks=`` hint: the longest repeated container (ModuleList / Sequential) and the other
+    top-level children, which is how most models are written (embedding, layers, head)."""
+    best, size = "", 0
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) > size:
+            best, size = name, len(m)
+    top = [n for n, _ in model.named_children() if n != best.split(".")[0]]
+    if not best:
+        return f"its top-level children are {top}: e.g. blocks={top!r}"
+    return f"e.g. blocks={[*top[:1], best + '.*', *top[1:]]!r} (the submodules whose boundaries may become cuts, in the order they run)"
+
+
+def _mark(model: nn.Module, names: Sequence[str], calls: dict[str, int]) -> None:
+    """A split point before each named module, and a call counter (outside the module: export
+    restores attributes a forward assigns): a block must run once per forward."""
+    for n in names:
+        m = model.get_submodule(n)
+        calls[n] = 0
+
+        def before(self: nn.Module, *args: Any, _n: str = n, _fwd: Any = m.forward, **kwargs: Any) -> Any:
+            calls[_n] += 1
+            pipe_split()  # type: ignore[no-untyped-call]
+            return _fwd(*args, **kwargs)
+
+        m.forward = MethodType(before, m)
+
+
+def _unmark(model: nn.Module, names: Sequence[str]) -> None:
+    for n in names:
+        del model.get_submodule(n).forward  # the instance attribute; the class's forward shows again
+
+
+def capture(model: nn.Module, names: Sequence[str], example: torch.Tensor) -> tuple[fx.GraphModule, pytree.TreeSpec]:
+    """torch.export the model at a dynamic batch size with a split point before each named module,
+    then PyTorch's pipeline splitter: ``split_gm``'s submodules, one per piece, in order."""
+    calls: dict[str, int] = {}
+    _mark(model, names, calls)
+    try:
+        batch = Dim("batch", min=1)
+        ep = torch.export.export(model, (example,), dynamic_shapes=({0: batch},), strict=False)
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SplitError(
+            f"torch.export could not capture {type(model).__name__} as one graph: {type(e).__name__}: {reason[:400]}. "
+            "Stagecoach cuts a model that is not an nn.Sequential from its exported graph: remove data-dependent "
+            "Python control flow from forward (e.g. `if x.sum() > 0`; use torch.where / torch.cond), keep the batch "
+            "size symbolic (no .item() or fixed view sizes over the batch), or write the model as an nn.Sequential "
+            "of blocks (docs/exactness.md)"
+        ) from None
+    finally:
+        _unmark(model, names)
+    wrong = {n: c for n, c in calls.items() if c != 1}
+    if wrong:
+        n, c = next(iter(wrong.items()))
+        raise SplitError(
+            f"block {n!r} runs {c} times in one forward: a block is cut before once, so name modules that run exactly "
+            "once (a module used twice belongs inside a block, or name its callers)"
+        )
+    pipe = Pipe._from_traced(model, ep, MultiUseParameterConfig.REPLICATE)
+    return pipe.split_gm, ep.module_call_graph[0].signature.out_spec
+
+
+class Segment(nn.Module):
+    """One block cut from the graph: runs its pieces on the values live at its start (``takes``,
+    by key) and returns those live at its end (``gives``), or the model's output for the last one."""
+
+    def __init__(
+        self,
+        pieces: list[nn.Module],
+        calls: list[tuple[list[str], list[str]]],
+        takes: list[str],
+        gives: list[str],
+        out_spec: pytree.TreeSpec | None,
+        ints: frozenset[str],
+    ):
+        super().__init__()
+        self.pieces = nn.ModuleList(pieces)
+        self.calls = calls  # per piece: the keys of its arguments, the keys of its outputs
+        # the last segment gives the model's output: ``gives`` are its leaves, ``out_spec`` its structure
+        self.takes, self.gives, self.out_spec = takes, gives, out_spec
+        self.ints = ints  # values that are Python ints (sizes) in the graph; they cross a cut as 0-d tensors
+
+    def forward(self, carried: Any) -> Any:
+        values = dict(zip(self.takes, carried)) if len(self.takes) > 1 else {self.takes[0]: carried}
+        values = {k: (int(v) if k in self.ints else v) for k, v in values.items()}
+        for piece, (args, outs) in zip(self.pieces, self.calls):
+            result = piece(*[values[a] for a in args])
+            if len(outs) == 1 and not isinstance(result, tuple):
+                result = (result,)
+            values.update(zip(outs, result))
+        if self.out_spec is not None:
+            return pytree.tree_unflatten([values[k] for k in self.gives], self.out_spec)
+        live = [torch.tensor(values[k]) if k in self.ints else values[k] for k in self.gives]
+        return live[0] if len(live) == 1 else tuple(live)
+
+
+class Blocks(nn.Sequential):
+    """The chain of segments; ``original_state_dict`` gives the state under the user's module names."""
+
+    def original_state_dict(self) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for seg in self:
+            assert isinstance(seg, Segment)
+            for piece in seg.pieces:
+                for k, v in piece.state_dict(keep_vars=False).items():
+                    out.setdefault(k, v)
+        return out
+
+
+def _key(node: fx.Node) -> str:
+    return node.name
+
+
+def split(model: nn.Module, patterns: Sequence[str], example: torch.Tensor) -> Blocks:
+    """Cut ``model`` before each module ``patterns`` name (match_blocks); one block per named module,
+    the code before the first one joining the first block."""
+    names = match_blocks(model, patterns)
+    gm, out_spec = capture(model, names, example)
+    _retie(gm, model)
+    pieces = [(n, gm.get_submodule(str(n.target))) for n in gm.graph.nodes if n.op == "call_module"]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != 1:
+        raise SplitError(
+            f"{type(model).__name__}.forward takes {len(placeholders)} tensors: Stagecoach feeds a model one input (a tensor per sample batch)"
+        )
+    if len(pieces) not in (len(names), len(names) + 1):
+        raise SplitError(f"the graph split into {len(pieces)} pieces for {len(names)} blocks: name modules that run in sequence")
+    groups = [pieces[:2], *[[p] for p in pieces[2:]]] if len(pieces) == len(names) + 1 else [[p] for p in pieces]
+    # what each piece reads and writes, by value key; a multi-output piece's values are its getitems
+    produced: dict[str, int] = {_key(placeholders[0]): -1}
+    ints: set[str] = set()
+    calls: list[list[tuple[list[str], list[str]]]] = []
+    for b, group in enumerate(groups):
+        cs = []
+        for node, _ in group:
+            args = [_key(a) for a in node.args if isinstance(a, fx.Node)]
+            if len(args) != len(node.args):
+                raise SplitError("a piece of the split graph takes a constant argument; this model cannot be cut here")
+            getitems = sorted((u for u in node.users if u.op == "call_function" and u.target is operator.getitem), key=lambda u: u.args[1])
+            outs = [_key(u) for u in getitems] if getitems else [_key(node)]
+            if getitems and len(getitems) != len(node.users):
+                raise SplitError("a piece of the split graph is used whole and by parts; this model cannot be cut here")
+            for o, val in zip(outs, _output_values(gm.get_submodule(str(node.target)))):
+                produced[o] = b
+                if isinstance(val, (int, torch.SymInt)):
+                    ints.add(o)
+            cs.append((args, outs))
+        calls.append(cs)
+    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
+    final = [_key(a) for a in pytree.tree_leaves(output.args[0]) if isinstance(a, fx.Node)]
+    last_use: dict[str, int] = {}
+    for b, cs in enumerate(calls):
+        for args, _ in cs:
+            for a in args:
+                last_use[a] = max(last_use.get(a, -1), b)
+    for k in final:
+        last_use[k] = len(groups)
+    order = list(produced)  # production order: placeholders, then each piece's outputs
+
+    def live_after(b: int) -> list[str]:
+        return [k for k in order if produced[k] <= b and last_use.get(k, -1) > b]
+
+    segments: list[Segment] = []
+    for b, group in enumerate(groups):
+        takes = live_after(b - 1) if b else [_key(placeholders[0])]
+        last = b == len(groups) - 1
+        segments.append(
+            Segment([m for _, m in group], calls[b], takes, final if last else live_after(b), out_spec if last else None, frozenset(ints))
+        )
+    return Blocks(*segments)
+
+
+def _output_values(piece: nn.Module) -> list[Any]:
+    """The example values (meta "val") of a piece's outputs: a SymInt is a size the piece computed."""
+    assert isinstance(piece, fx.GraphModule)
+    (out,) = [n for n in piece.graph.nodes if n.op == "output"]
+    return [a.meta.get("val") if isinstance(a, fx.Node) else a for a in pytree.tree_leaves(out.args[0])]
+
+
+def _retie(gm: fx.GraphModule, model: nn.Module) -> None:
+    """Point every piece's parameters and buffers at the model's own tensors, by their preserved
+    names: the splitter copies a parameter used by two pieces (tied weights), and the runtime
+    recognises a shared parameter by identity."""
+    for piece in gm.children():
+        for name, _ in list(piece.named_parameters(remove_duplicate=False)):
+            owner, _, attr = name.rpartition(".")
+            setattr(piece.get_submodule(owner) if owner else piece, attr, model.get_parameter(name))
+        for name, _ in list(piece.named_buffers(remove_duplicate=False)):
+            owner, _, attr = name.rpartition(".")
+            mod = piece.get_submodule(owner) if owner else piece
+            mod._buffers[attr] = model.get_buffer(name)
+
+
+@dataclass(frozen=True)
+class SplitFactory:
+    """The user's factory, its model cut at ``blocks``: what the client, the workers and the
+    reference build (a picklable value: the user's factory travels inside it)."""
+
+    factory: Callable[[], nn.Module]
+    blocks: tuple[str, ...]
+    sample_shape: tuple[int, ...]
+    sample_dtype: torch.dtype
+    dtype: torch.dtype
+
+    def __call__(self) -> Blocks:
+        model = self.factory()
+        if not isinstance(model, nn.Module):
+            raise SplitError(f"job.model() returned {type(model).__name__}, not an nn.Module")
+        model = model.to(self.dtype).train()  # captured in train mode: dropout and batch statistics as trained
+        dtype = self.dtype if self.sample_dtype.is_floating_point else self.sample_dtype
+        example = torch.zeros((2, *self.sample_shape), dtype=dtype)
+        return split(model, self.blocks, example)

@@ -1,0 +1,172 @@
+"""Any nn.Module, cut at the modules ``blocks`` names (torch.export + PyTorch's pipeline splitter).
+
+The anchor is the user's own module trained by plain PyTorch — not the chain it was cut into: a
+BERT-style encoder (integer ids, a boolean attention mask computed in forward, a hidden state that
+crosses every cut with the ids and the mask, the output projection tied to the word embeddings)
+trains on the real state machines to the parameters plain PyTorch gives, float64 within 1e-5.
+"""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from stagecoach import Job, JobError
+from stagecoach.lambdas.training import batch_indices, ownership
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location("bert_example", os.path.join(ROOT, "examples", "bert.py"))
+assert _spec is not None and _spec.loader is not None
+bert = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bert)
+
+ITERATIONS = 5
+BLOCKS = ["embeddings", "encoder.*", "head"]
+
+
+def tiny_bert() -> nn.Module:
+    return bert.Bert(dim=8, heads=2, layers=3)
+
+
+def make_job(name: str, optimizer, model=tiny_bert, blocks=BLOCKS, **kw) -> Job:
+    return Job(
+        name=name,
+        model=model,
+        blocks=blocks,
+        loss=nn.CrossEntropyLoss(),
+        optimizer=optimizer,
+        train=bert.sequences(96, seed=5),
+        global_batch=24,
+        iterations=ITERATIONS,
+        seed=4,
+        dtype=torch.float64,
+        **kw,
+    )
+
+
+OPTIMIZERS = {
+    "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+    "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+}
+# (stages, replicas, micro-batches): the issue's grid
+CONFIGS = [("sgd-momentum", (1, 1, 1)), ("adam", (3, 1, 4)), ("adam", (2, 3, 2)), ("sgd-momentum", (4, 2, 3))]
+
+
+def plain_pytorch(job: Job) -> nn.Module:
+    """The user's module, its optimizer over model.parameters(), full batches: no Stagecoach in it."""
+    torch.manual_seed(job.seed)
+    model = job.model().to(job.dtype).train()
+    optimizer = job.optimizer(list(model.parameters()))
+    x, y = job.train
+    for t in range(job.iterations):
+        idx = batch_indices(job.seed, t, x.shape[0], job.global_batch)
+        optimizer.zero_grad()
+        job.loss(model(x[idx]), y[idx]).backward()
+        optimizer.step()
+    return model
+
+
+def test_the_chain_computes_what_the_model_computes_with_one_tied_tensor():
+    job = make_job("split-unit", OPTIMIZERS["adam"])
+    chain = job.build_model()
+    assert job.layers == len(chain) == 5  # embeddings, three layers, head (the gather joins the last layer)
+    torch.manual_seed(job.seed)
+    model = tiny_bert().double()
+    ids, labels = job.train[0][:7], job.train[1][:7]
+    out = ids
+    for block in chain:
+        out = block(out)
+    want = model(ids)
+    assert torch.equal(out, want)
+    nn.CrossEntropyLoss()(out, labels).backward()
+    nn.CrossEntropyLoss()(want, labels).backward()
+    chain_params = {n: q for block in chain for piece in block.pieces for n, q in piece.named_parameters(remove_duplicate=False)}
+    for name, p in model.named_parameters():
+        assert torch.equal(chain_params[name].grad, p.grad), name
+    # the word embeddings (block 0) and the decoder (block 4) are one tensor, owned by the first stage
+    assert chain[0].pieces[0].get_parameter("embeddings.word.weight") is chain[4].pieces[0].get_parameter("head.decoder.weight")
+    own = ownership(list(chain), [range(0, 1), range(1, 4), range(4, 5)])
+    assert [t.owner for t in own.tied[2]] == [0]
+    # ids (int64) and the mask (bool) cross the cuts forward, without a gradient
+    assert {torch.int64, torch.bool} <= set(job.facts.boundary_dtypes[1])
+
+
+def test_a_model_that_is_not_a_sequential_needs_blocks_and_is_told_which():
+    job = make_job("split-none", OPTIMIZERS["adam"], blocks=None)
+    with pytest.raises(JobError, match=r"Job\(blocks=\[\.\.\.\]\).*'encoder\.\*'"):
+        job.validate()
+
+
+class Twice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.b(self.a(self.a(x)))
+
+
+class DataDependent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(h) if h.sum() > 0 else self.b(-h)
+
+
+def _job(model, blocks) -> Job:
+    x = torch.randn(16, 4)
+    return Job(
+        model=model,
+        blocks=blocks,
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        train=(x, (x[:, 0] > 0).long()),
+        global_batch=8,
+        iterations=2,
+    )
+
+
+@pytest.mark.parametrize(
+    "model, blocks, message",
+    [
+        (tiny_bert, ["decoder.*"], r"pattern 'decoder\.\*' names no submodule of Bert; e\.g\. blocks="),
+        (tiny_bert, ["encoder.*", "encoder.0.qkv"], r"name both 'encoder\.0' and its submodule 'encoder\.0\.qkv'"),
+        (tiny_bert, "encoder.*", r"give a list of submodule names"),
+        (Twice, ["a", "b"], r"block 'a' runs 2 times in one forward"),
+        (DataDependent, ["a", "b"], r"torch\.export could not capture DataDependent as one graph: .*data-dependent"),
+    ],
+)
+def test_what_cannot_be_cut_is_refused_with_the_reason_and_a_hint(model, blocks, message):
+    job = _job(model, blocks) if model is not tiny_bert else make_job("split-bad", OPTIMIZERS["adam"], blocks=blocks)
+    with pytest.raises(JobError, match=message):
+        job.validate()
+
+
+@pytest.fixture(scope="module")
+def runs(backend):
+    started = {}
+    for opt_name, (s, d, m) in CONFIGS:
+        job = make_job(f"any-{opt_name[:4]}-{s}{d}{m}", OPTIMIZERS[opt_name])
+        started[(opt_name, (s, d, m))] = job.run(stages=s, replicas=d, micro_batches=m, backend=backend)
+    for run in started.values():
+        run.wait(progress=False, poll_s=2.0, timeout_s=600)
+    return started
+
+
+@pytest.mark.parametrize("i", range(len(CONFIGS)), ids=lambda i: "{}-{}x{}x{}".format(CONFIGS[i][0], *CONFIGS[i][1]))
+def test_any_model_trains_to_the_parameters_of_plain_pytorch(runs, i):
+    run = runs[CONFIGS[i]]
+    trained = run.trained_model()
+    assert type(trained) is bert.Bert  # the user's own module comes back, not the chain
+    expected = plain_pytorch(run.job)
+    initial = dict(run.job.user_model(run.job.build_model()).named_parameters())
+    got = dict(trained.named_parameters())
+    assert set(got) == set(dict(expected.named_parameters()))
+    assert max(float((got[k] - initial[k]).detach().abs().max()) for k in got) > 1e-3, "training moved the parameters"
+    assert max(float((got[k] - p).detach().abs().max()) for k, p in expected.named_parameters()) < 1e-5
+    assert trained.head.decoder.weight is trained.embeddings.word.weight  # still tied
