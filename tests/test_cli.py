@@ -71,6 +71,24 @@ def test_the_amoebanet_example_trains_with_pairs_across_cuts(tmp_path):
     assert "after 4 iterations" in r.stdout and "test accuracy" in r.stdout
 
 
+def test_the_bert_example_is_cut_from_its_graph_and_trains_and_plans(tmp_path):
+    """examples/bert.py: an nn.Module (not an nn.Sequential) cut at ``blocks``; ids, mask and hidden
+    states cross the cuts; the tied decoder comes back tied in model.safetensors."""
+    example = os.path.join(ROOT, "examples", "bert.py")
+    r = stagecoach("train", example, "--iterations", "4", "--out", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "plan: 3 stages (layers per stage [2, 2, 2]) x 2 replicas, 2 micro-batches of 16" in r.stdout
+    assert "after 4 iterations" in r.stdout and "test accuracy" in r.stdout
+    directory = [line for line in r.stdout.splitlines() if line.startswith("results: ")][0].split()[1]
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / directory / "model.safetensors"))
+    assert "embeddings.word.weight" in saved and "encoder.3.qkv.weight" in saved  # the user's own names
+    r = stagecoach("plan", example, "--time-limit", "10", "--plot", "p.png", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "bert: 6 layers" in r.stdout
+
+
 def test_bad_plan_options_are_refused_before_anything_runs(tmp_path):
     (tmp_path / "tiny.py").write_text(JOB_FILE)
     r = stagecoach("train", "tiny.py", "--replicas", "3", cwd=tmp_path)
