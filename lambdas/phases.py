@@ -164,14 +164,14 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
         with torch.no_grad():
             for k, v in ctx.running_stats(s).items():
                 v.copy_(held[k])
-    if record is not None and r == 0:
-        _commit_batch_stats(ctx, ch, ev, record, deadline)
     if plan.replicas == 1:
         flat = torch.cat([grads[0, c] for c in spec.chunks(0)])
         new = collectives.update_alone(ch, spec, flat_params(params), flat, state)
         ctx.set_params(s, t + 1, new)
     elif exchange is not None:
         ctx.set_params(s, t + 1, exchange.finish(flat_params(params)))
+    if record is not None and r == 0:  # after the exchange, which the other replicas wait on
+        _commit_batch_stats(ctx, ch, ev, record, deadline)
     _forget_iteration(ctx, ch, t - 2, s, r)
     out: dict[str, Any] = {}
     if last:

@@ -71,13 +71,15 @@ BN_CONFIGS = [("sgd-momentum", (1, 1, 1)), ("adam", (3, 1, 1)), ("adam", (4, 1, 
 # ... unless the job opts in to deferred batch norm (docs/exactness.md): per micro-batch
 # statistics, running statistics updated once per iteration from the whole global batch.
 # (2, 1, 1): with the option on a plan that keeps the batch together, plain PyTorch exactly.
-DEFERRED_BN_CONFIGS = [("adam", (2, 3, 2)), ("sgd-momentum", (2, 1, 1))]
+# (optimizer, (stages, replicas, micro-batches), sync: None for the default)
+DEFERRED_BN_CONFIGS = [("adam", (2, 3, 2), None), ("sgd-momentum", (2, 1, 1), None)]
 DEFERRED_BN_SLOW_CONFIGS = [
-    ("sgd-momentum", (2, 3, 2)),
-    ("adam", (3, 1, 4)),
-    ("sgd-momentum", (3, 1, 4)),
-    ("adam", (4, 2, 3)),
-    ("sgd-momentum", (4, 2, 3)),
+    ("sgd-momentum", (2, 3, 2), None),
+    ("adam", (3, 1, 4), None),
+    ("sgd-momentum", (3, 1, 4), None),
+    ("adam", (4, 2, 3), None),
+    # replica 0 merges the records after the backward tasks' own exchange
+    ("sgd-momentum", (4, 2, 3), "pipelined_scatter_reduce"),
 ]
 
 
@@ -232,9 +234,9 @@ def test_batchnorm_parameters_and_running_statistics_equal_pytorch_in_train_mode
 
 def _start_deferred_bn(backend, configs):
     started = {}
-    for opt_name, (s, d, m) in configs:
+    for opt_name, (s, d, m), sync in configs:
         job = make_job(f"tr-dbn-{opt_name[:4]}-{s}{d}{m}", model_with_batchnorm, OPTIMIZERS[opt_name], deferred_batch_norm=True)
-        started[(opt_name, (s, d, m))] = job.run(stages=s, replicas=d, micro_batches=m, backend=backend)
+        started[(opt_name, (s, d, m))] = job.run(stages=s, replicas=d, micro_batches=m, sync=sync, backend=backend)
     for run in started.values():
         run.wait(progress=False, poll_s=2.0, timeout_s=600)
     return started
@@ -276,7 +278,7 @@ def _check_deferred_bn(run, cfg):
     "i", range(len(DEFERRED_BN_CONFIGS)), ids=lambda i: "{}-{}x{}x{}".format(DEFERRED_BN_CONFIGS[i][0], *DEFERRED_BN_CONFIGS[i][1])
 )
 def test_deferred_batch_norm_splits_the_batch_and_updates_running_statistics_once_per_iteration(deferred_bn_runs, i):
-    opt_name, cfg = DEFERRED_BN_CONFIGS[i]
+    opt_name, cfg, _ = DEFERRED_BN_CONFIGS[i]
     _check_deferred_bn(deferred_bn_runs[(opt_name, cfg)], cfg)
 
 
@@ -284,10 +286,14 @@ def test_deferred_batch_norm_splits_the_batch_and_updates_running_statistics_onc
 @pytest.mark.parametrize(
     "i",
     range(len(DEFERRED_BN_SLOW_CONFIGS)),
-    ids=lambda i: "{}-{}x{}x{}".format(DEFERRED_BN_SLOW_CONFIGS[i][0], *DEFERRED_BN_SLOW_CONFIGS[i][1]),
+    ids=lambda i: "{}-{}x{}x{}{}".format(
+        DEFERRED_BN_SLOW_CONFIGS[i][0],
+        *DEFERRED_BN_SLOW_CONFIGS[i][1],
+        f"-{DEFERRED_BN_SLOW_CONFIGS[i][2]}" if DEFERRED_BN_SLOW_CONFIGS[i][2] else "",
+    ),
 )
 def test_deferred_batch_norm_on_every_split(deferred_bn_slow_runs, i):
-    opt_name, cfg = DEFERRED_BN_SLOW_CONFIGS[i]
+    opt_name, cfg, _ = DEFERRED_BN_SLOW_CONFIGS[i]
     _check_deferred_bn(deferred_bn_slow_runs[(opt_name, cfg)], cfg)
 
 
