@@ -94,6 +94,13 @@ class JobContext:
                 t.param.copy_(values.view_as(t.param))
         self.tied_version[stage] = version
 
+    @property
+    def deferred_batch_norm(self) -> bool:
+        """Whether BatchNorms defer their running statistics to one update per iteration
+        (lambdas/deferred_bn.py): the job opted in and the plan splits the global batch. With one
+        replica and one micro-batch they update themselves, as in plain PyTorch."""
+        return self.spec.deferred_batch_norm and self.plan.replicas * self.plan.micro_batches > 1
+
     def running_stats(self, stage: int) -> dict[str, torch.Tensor]:
         return running_stats(self.stage_module(stage), self.plan.stage_layers(stage).start)
 

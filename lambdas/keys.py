@@ -34,6 +34,12 @@ def buffers(job: str, version: int, stage: int) -> str:
     return f"jobs/{job}/buffers/v{version}/s{stage}"
 
 
+def bn_stats(job: str, t: int, stage: int, replica: int) -> str:
+    """What a replica's BatchNorms of ``stage`` saw in iteration t (deferred batch norm:
+    lambdas/deferred_bn.py), which replica 0's backward task combines into one update."""
+    return f"jobs/{job}/iter/{t}/bnstats/s{stage}/r{replica}"
+
+
 def act(job: str, t: int, stage: int, replica: int, mb: int) -> str:
     return f"jobs/{job}/iter/{t}/act/s{stage}/r{replica}/m{mb}"
 

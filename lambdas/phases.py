@@ -12,11 +12,12 @@ Sync (s, shard k): sum shard k over replicas in a fixed order, apply the optimiz
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 
-from stagecoach.lambdas import boundary, collectives, keys
+from stagecoach.lambdas import boundary, collectives, deferred_bn, keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.events import BackwardEvent, ForwardEvent, SyncEvent
 from stagecoach.lambdas.jobctx import JobContext
@@ -48,15 +49,45 @@ def forward(ctx: JobContext, ch: Channel, ev: ForwardEvent, deadline: float) -> 
     if ev.stage >= ctx.plan.stages - 1:
         raise ValueError(f"stage {ev.stage} has no forward task: the last stage's forward runs in its backward")
     layers = ctx.ensure_params(ch, ev.stage, ev.t, deadline)
-    ctx.ensure_running_stats(ch, ev.stage, ev.t)  # this forward pass updates them (BatchNorm)
     first = ctx.plan.stage_layers(ev.stage).start
+    record = _batch_stats(ctx, layers, first)
+    if record is None:
+        ctx.ensure_running_stats(ch, ev.stage, ev.t)  # this forward pass updates them (BatchNorm)
     for j in range(ctx.plan.micro_batches):
         x = _stage_input(ctx, ch, ev.t, ev.stage, ev.replica, j, deadline)
-        with torch.no_grad():
+        with torch.no_grad(), _recording(record, j):
             y = run_layers(layers, first, _copy(x) if ev.stage > 0 else x, ctx.seed, ev.t, ev.replica, j)
         ch.submit_handoff(keys.act(ctx.job, ev.t, ev.stage, ev.replica, j), boundary.pack(y))  # while j+1 computes
-    ctx.save_running_stats(ch, ev.stage, ev.t + 1, ev.window_start)
+    if record is None:
+        ctx.save_running_stats(ch, ev.stage, ev.t + 1, ev.window_start)
+    else:  # deferred: replica 0's backward task combines every replica's record into one update
+        ch.submit_handoff(keys.bn_stats(ctx.job, ev.t, ev.stage, ev.replica), record.tensors())
     return {}
+
+
+def _batch_stats(ctx: JobContext, layers: torch.nn.ModuleList, first: int) -> deferred_bn.BatchStats | None:
+    """A record of the stage's BatchNorm inputs when they defer their running statistics
+    (lambdas/deferred_bn.py); None when they update them themselves (or there are none)."""
+    norms = deferred_bn.tracked_norms(layers, first) if ctx.deferred_batch_norm else {}
+    return deferred_bn.BatchStats(norms) if norms else None
+
+
+def _recording(record: deferred_bn.BatchStats | None, mb: int) -> AbstractContextManager[None]:
+    return record.recording(mb) if record is not None else nullcontext()
+
+
+def _suspended(record: deferred_bn.BatchStats | None) -> AbstractContextManager[None]:
+    return deferred_bn.suspended(record.norms.values()) if record is not None else nullcontext()
+
+
+def _commit_batch_stats(ctx: JobContext, ch: Channel, ev: BackwardEvent, record: deferred_bn.BatchStats, deadline: float) -> None:
+    """Replica 0: the stage's running statistics after iteration t, from version t and every
+    replica's record, updated once and stored as version t+1 (lambdas/deferred_bn.py, rule 3)."""
+    s, t = ev.stage, ev.t
+    records = [ch.wait_tensors(keys.bn_stats(ctx.job, t, s, q), deadline) for q in range(ctx.plan.replicas)]
+    ctx.ensure_running_stats(ch, s, t)
+    deferred_bn.commit(record.norms, deferred_bn.combine(records))
+    ctx.save_running_stats(ch, s, t + 1, ev.window_start)
 
 
 def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -> dict[str, Any]:
@@ -85,7 +116,10 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     losses = []
     # Running statistics (BatchNorm): the last stage's only forward pass is the one below, which
     # updates them; any other stage's forward task did, and the recompute below must not again.
-    if last:
+    # Deferred (lambdas/deferred_bn.py), every pass below runs with them suspended, the last
+    # stage's recording what its BatchNorms see, and replica 0 updates them once at the end.
+    record = _batch_stats(ctx, layers, first)
+    if last and record is None:
         ctx.ensure_running_stats(ch, s, t)
     held = {k: v.clone() for k, v in ctx.running_stats(s).items()} if not last else {}
     for j in reversed(range(plan.micro_batches)):
@@ -95,7 +129,10 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
         sends_grad = s > 0 and boundary.floating(x)
         if sends_grad:
             x = boundary.with_grad(x)
-        y = run_layers(layers, first, _copy(x) if s > 0 else x, ctx.seed, t, r, j)
+        with _recording(record, j) if last else _suspended(record):
+            y = run_layers(layers, first, _copy(x) if s > 0 else x, ctx.seed, t, r, j)
+        if last and record is not None and j == 0:  # the last forward pass: the record is complete
+            ch.submit_handoff(keys.bn_stats(ctx.job, t, s, r), record.tensors())
         if last:
             labels = ctx.dataset(ch)["y"][_rows(ctx, ch, t, r, j)]
             loss = ctx.loss_fn(y, labels)
@@ -121,7 +158,7 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
             ch.submit_handoff(keys.grad(ctx.job, t, s, r, j), boundary.grads_of(x))
     stream.finish()
     _send_tied_grads(ctx, ch, s, t, r)
-    if last:
+    if last and record is None:
         ctx.save_running_stats(ch, s, t + 1, ev.window_start)
     elif held:
         with torch.no_grad():
@@ -133,6 +170,8 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
         ctx.set_params(s, t + 1, new)
     elif exchange is not None:
         ctx.set_params(s, t + 1, exchange.finish(flat_params(params)))
+    if record is not None and r == 0:  # after the exchange, which the other replicas wait on
+        _commit_batch_stats(ctx, ch, ev, record, deadline)
     _forget_iteration(ctx, ch, t - 2, s, r)
     out: dict[str, Any] = {}
     if last:
@@ -184,6 +223,8 @@ def _forget_iteration(ctx: JobContext, ch: Channel, t: int, stage: int, replica:
     ks = [keys.act(job, t, stage, replica, j) for j in range(plan.micro_batches)]
     ks += [keys.grad(job, t, stage, replica, j) for j in range(plan.micro_batches)]
     ks += [keys.tied_grad(job, t, owner, stage, replica) for owner in {tied.owner for tied in ctx.tied(stage)}]
+    if ctx.deferred_batch_norm and ctx.running_stats(stage):
+        ks.append(keys.bn_stats(job, t, stage, replica))
     layout = ctx.layout(stage)
     ks += [keys.gshard(job, t, stage, replica, k, c) for k in range(len(layout)) for c in range(len(layout[k]))]
     ch.delete(ks)

@@ -44,6 +44,9 @@ class JobSpec(_Record):
     # model.parameters() (sdk/exactness.py optimizer_groups)
     optimizer_groups: list[dict[str, Any]] | None = None
     param_groups: list[int] | None = None
+    # BatchNorm's running statistics updated once per iteration from the whole global batch when
+    # the plan splits it (Job.deferred_batch_norm; lambdas/deferred_bn.py)
+    deferred_batch_norm: bool = False
 
     def to_plan(self) -> Plan:
         return Plan.from_dict(self.plan)

@@ -8,9 +8,9 @@ would train a different model without any error. Every assumption is checked her
 own objects, by running them on a few samples — not by a list of known classes — and a job that
 breaks one is refused with what to change.
 
-Facts that only matter for some plans (whether the model couples the samples of a batch, whether
-the loss is a mean, which block outputs can cross a cut) are returned as :class:`ModelFacts` and
-checked against the plan by :func:`check_plan`.
+Facts that only matter for some plans (whether the model couples the samples of a batch, and
+whether only its BatchNorms do; whether the loss is a mean; which block outputs can cross a cut)
+are returned as :class:`ModelFacts` and checked against the plan by :func:`check_plan`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from torch import nn
 from stagecoach.lambdas import boundary
 from stagecoach.lambdas.optim_state import apply_update, chunk_segments, group_runs
 from stagecoach.lambdas.training import run_layers, running_stats
+
+# How a job opts in to splitting the global batch of a model with BatchNorm (docs/exactness.md)
+DEFERRED_BATCH_NORM = "Job(..., deferred_batch_norm=True)"
 
 MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
@@ -46,6 +49,10 @@ class ModelFacts:
     batch_coupling: str | None
     # why the loss of a batch is not the mean of its samples' losses (None: it is)
     loss_not_mean: str | None
+    # why samples stay coupled with every BatchNorm taken out, or a BatchNorm runs twice in a
+    # forward pass (None: BatchNorm's batch statistics are all that couples them, which deferred
+    # batch norm reproduces on a split batch; meaningless when batch_coupling is None)
+    coupling_beyond_batch_norm: str | None = None
     # the optimizer's parameter groups (None: one group)
     optimizer_groups: OptimizerGroups | None = None
 
@@ -138,7 +145,8 @@ def check_buffers_unchanged(blocks: Sequence[nn.Module], before: list[tuple[int,
     """Buffers the forward pass changes are not carried between tasks — except BatchNorm's running
     statistics, which the runtime updates in the forward pass only and keeps per stage
     (training.running_stats; exact on plans that keep the global batch together, which
-    :func:`batch_coupling` enforces for any model that normalises over the batch)."""
+    :func:`batch_coupling` enforces for any model that normalises over the batch, or under
+    deferred batch norm, which updates them once per iteration: lambdas/deferred_bn.py)."""
     tracked = {(i, name) for i, block in enumerate(blocks) for name in running_stats([block], 0).keys()}
     for i, name, old in before:
         new = blocks[i].get_buffer(name)
@@ -184,23 +192,80 @@ def batch_coupling(blocks: Sequence[nn.Module], x: torch.Tensor, seed: int) -> s
     micro-batches compute something other than the global batch, and only a plan that keeps the
     global batch together (one replica, one micro-batch) is exact.
     """
-    if x.shape[0] < 2:
+    if not _coupled(blocks, x, seed):
         return None
+    norms = sorted({type(m).__name__ for m in _norms(blocks)})
+    return f"its {', '.join(norms)} normalise over the batch" if norms else _COUPLED
+
+
+_COUPLED = "one sample's output depends on the other samples of its batch"
+
+
+def _norms(blocks: Sequence[nn.Module]) -> list[nn.modules.batchnorm._BatchNorm]:
+    return [m for blk in blocks for m in blk.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def _coupled(blocks: Sequence[nn.Module], x: torch.Tensor, seed: int) -> bool:
+    """Whether replacing sample 0 changes the other samples' outputs (same seeds)."""
+    if x.shape[0] < 2:
+        return False
     other = next((k for k in range(1, x.shape[0]) if not torch.equal(x[k], x[0])), None)
     if other is None:
-        return None
+        return False
     x2 = x.clone()
     x2[0] = x[other]
     with torch.no_grad():
         a, _ = _forward(blocks, x, seed)
         b, _ = _forward(blocks, x2, seed)
-    if all(
+    return not all(
         u.dim() == 0 or u.shape[0] != x.shape[0] or _close(u[1:], v[1:], u.dtype if u.is_floating_point() else torch.float64)
         for u, v in zip(boundary.leaves(a), boundary.leaves(b))
-    ):
-        return None
-    norms = sorted({type(m).__name__ for blk in blocks for m in blk.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)})
-    return f"its {', '.join(norms)} normalise over the batch" if norms else "one sample's output depends on the other samples of its batch"
+    )
+
+
+def coupling_beyond_batch_norm(blocks: Sequence[nn.Module], x: torch.Tensor, seed: int) -> str | None:
+    """For a batch-coupled model: why deferred batch norm would not reproduce it on a split batch,
+    or None.
+
+    Deferred batch norm (lambdas/deferred_bn.py) normalises each micro-batch with its own
+    statistics and updates the running statistics once per iteration from one input per
+    micro-batch. That is all a split batch changes only if the BatchNorms are the only coupling
+    (checked by taking them out: every BatchNorm returns its input, and then replacing one sample
+    must leave the others' outputs unchanged) and each runs once per forward pass (a BatchNorm
+    applied twice would update its running statistics twice in plain PyTorch).
+    """
+    norms = _norms(blocks)
+    if not norms:
+        return _COUPLED
+    calls: dict[int, int] = {}
+
+    def count(m: nn.Module, args: tuple[Any, ...]) -> None:
+        calls[id(m)] = calls.get(id(m), 0) + 1
+
+    def identity(m: nn.Module, args: tuple[Any, ...], out: Any) -> Any:
+        return args[0]
+
+    handles = [m.register_forward_pre_hook(count) for m in norms]
+    try:
+        with torch.no_grad():
+            _forward(blocks, x, seed)
+    finally:
+        for h in handles:
+            h.remove()
+    twice = next((m for m in norms if calls.get(id(m), 0) > 1), None)
+    if twice is not None:
+        return (
+            f"a {type(twice).__name__} runs {calls[id(twice)]} times in one forward pass (plain PyTorch updates its running "
+            "statistics at each)"
+        )
+    handles = [m.register_forward_hook(identity) for m in norms]
+    try:
+        if _coupled(blocks, x, seed):
+            return f"{_COUPLED} even without its BatchNorms"
+    finally:
+        for h in handles:
+            h.remove()
+    return None
 
 
 def _sample(out: Any, i: int) -> Any:
@@ -374,15 +439,61 @@ def examine(
         value.backward()
         check_gradients(blocks)
     coupling = batch_coupling(blocks, x, seed)
-    not_mean = loss_not_mean(loss, boundary.map_leaves(torch.Tensor.detach, out), y) if coupling is None else None
+    beyond = coupling_beyond_batch_norm(blocks, x, seed) if coupling is not None else None
+    not_mean = loss_not_mean(loss, boundary.map_leaves(torch.Tensor.detach, out), y)
     groups = check_optimizer(make_optimizer, [p for p in build().parameters()], dtype)
     return ModelFacts(
-        blocks=len(blocks), boundary_dtypes=tuple(crossing), batch_coupling=coupling, loss_not_mean=not_mean, optimizer_groups=groups
+        blocks=len(blocks),
+        boundary_dtypes=tuple(crossing),
+        batch_coupling=coupling,
+        loss_not_mean=not_mean,
+        coupling_beyond_batch_norm=beyond,
+        optimizer_groups=groups,
     )
 
 
-def check_plan(facts: ModelFacts, balance: Sequence[int], replicas: int, micro_batches: int) -> None:
-    """What a particular plan adds: its cuts, and whether it splits the global batch."""
+def split_batch_refusal(facts: ModelFacts, deferred_batch_norm: bool) -> str | None:
+    """Why a plan that splits the global batch into replicas and micro-batches would not train the
+    job exactly, and what to change (None: it would).
+
+    The parts' gradients add up to the global batch's only if the loss is a mean over samples and
+    no sample depends on the others. The exception is BatchNorm under ``deferred_batch_norm``:
+    each micro-batch is then normalised with its own statistics — the documented semantics the
+    single-process reference follows too — and the running statistics are updated once per
+    iteration from the whole global batch (lambdas/deferred_bn.py).
+    """
+    parts = "gradients of the parts would not add up to the global batch's"
+    whole = "Use one replica and one micro-batch (stages only)"
+    if facts.loss_not_mean:
+        return f"{facts.loss_not_mean}: {parts}. {whole}, or a loss that is a mean over the batch"
+    if facts.batch_coupling is None:
+        return None
+    beyond = facts.coupling_beyond_batch_norm
+    if beyond is not None and beyond == facts.batch_coupling:  # no BatchNorm at all
+        return f"{facts.batch_coupling}: {parts}. {whole}, or change the model"
+    if beyond is not None:
+        return f"{facts.batch_coupling}, and {beyond}, which deferred batch norm cannot reproduce. {whole}, or change the model"
+    if deferred_batch_norm:
+        return None
+    return (
+        f"{facts.batch_coupling}: {parts}. {whole}, or opt in to "
+        f"deferred batch norm with {DEFERRED_BATCH_NORM}: each micro-batch is then normalised with its own statistics "
+        "(as data-parallel training without SyncBatchNorm does), and the running statistics are updated once per "
+        "iteration with the mean and unbiased variance of the whole global batch (torchgpipe's deferred batch norm; "
+        "docs/exactness.md)"
+    )
+
+
+def check_plan(
+    facts: ModelFacts,
+    balance: Sequence[int],
+    replicas: int,
+    micro_batches: int,
+    deferred_batch_norm: bool = False,
+    micro_batch_size: int | None = None,
+) -> None:
+    """What a particular plan adds: its cuts, and whether it splits the global batch (which a
+    model with BatchNorm may under ``deferred_batch_norm``: :func:`split_batch_refusal`)."""
     cut = 0
     for b in balance[:-1]:
         cut += b
@@ -394,10 +505,12 @@ def check_plan(facts: ModelFacts, balance: Sequence[int], replicas: int, micro_b
                 "complex tensors cannot cross a stage boundary. Choose a balance that keeps that block and the next on one stage"
             )
     if replicas * micro_batches > 1:
-        why = facts.batch_coupling or facts.loss_not_mean
+        why = split_batch_refusal(facts, deferred_batch_norm)
         if why:
+            raise NotExact(f"the plan splits each global batch into {replicas} replicas x {micro_batches} micro-batches, but {why}")
+        if facts.batch_coupling is not None and micro_batch_size == 1:
             raise NotExact(
-                f"the plan splits each global batch into {replicas} replicas x {micro_batches} micro-batches, but {why}: "
-                "gradients of the parts would not add up to the global batch's. Use one replica and one micro-batch "
-                "(stages only), or change the model or loss"
+                f"the plan splits each global batch into micro-batches of one sample, and {facts.batch_coupling}: under "
+                "deferred batch norm each sample would be normalised with its own statistics alone (BatchNorm1d cannot "
+                "train on one sample at all). Use micro-batches of at least two samples"
             )

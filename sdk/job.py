@@ -54,6 +54,13 @@ class Job:
                   ``validate`` (docs/exactness.md).
     train:        (inputs, labels) tensors; ``test`` likewise, optional, for evaluation.
     global_batch: samples per iteration over all replicas.
+    deferred_batch_norm: let a plan split the global batch of a model with BatchNorm (as
+                  torchgpipe's ``GPipe(..., deferred_batch_norm=True)`` does): each micro-batch
+                  is normalised with its own statistics, as in data-parallel training without
+                  SyncBatchNorm, and the running statistics are updated once per iteration with
+                  the whole global batch's mean and unbiased variance (docs/exactness.md). Without
+                  it such a model trains on one replica and one micro-batch only, exactly as
+                  plain PyTorch; with one replica and one micro-batch it changes nothing.
     """
 
     model: Callable[[], nn.Module]
@@ -67,6 +74,7 @@ class Job:
     dtype: torch.dtype = torch.float32
     name: str = "job"
     blocks: Sequence[str] | None = None
+    deferred_batch_norm: bool = False
     _facts: exactness.ModelFacts | None = field(default=None, init=False, repr=False)
 
     # -- validation (before any AWS call) --------------------------------------------------------
@@ -79,6 +87,8 @@ class Job:
             v = getattr(self, what)
             if not isinstance(v, int) or isinstance(v, bool) or v < (0 if what == "seed" else 1):
                 raise JobError(f"job.{what}={v!r}: must be a {'non-negative' if what == 'seed' else 'positive'} integer")
+        if not isinstance(self.deferred_batch_norm, bool):
+            raise JobError(f"job.deferred_batch_norm={self.deferred_batch_norm!r}: must be True or False")
         if self.dtype not in DTYPE_NAMES:
             raise JobError(f"job.dtype={self.dtype}: use torch.float32 or torch.float64")
         x, y = _split("train", self.train)
@@ -128,11 +138,18 @@ class Job:
 
     def check_plan(self, plan: Plan) -> None:
         """Refuse a plan under which this job would train something other than plain PyTorch
-        (a cut that a complex tensor would cross; a split batch with a batch-coupled model or a
-        loss that is not a mean)."""
+        (a cut that a complex tensor would cross; a split batch with a batch-coupled model, unless
+        its BatchNorms defer their running statistics, or a loss that is not a mean)."""
         plan.validate(layers=self.layers)
         try:
-            exactness.check_plan(self.facts, plan.balance, plan.replicas, plan.micro_batches)
+            exactness.check_plan(
+                self.facts,
+                plan.balance,
+                plan.replicas,
+                plan.micro_batches,
+                deferred_batch_norm=self.deferred_batch_norm,
+                micro_batch_size=plan.micro_batch_size,
+            )
         except exactness.NotExact as e:
             raise JobError(str(e)) from None
 
@@ -232,10 +249,12 @@ class Job:
             # a model that normalises over the batch cannot run one sample in train mode (BatchNorm1d)
             sizes = (2, 4, 8) if self.facts.batch_coupling else (1, 2, 4)
             profile = measure_model(self.build_model(), sample, micro_batch_sizes=sizes, name=self.name)
-        if self.facts.batch_coupling or self.facts.loss_not_mean:
+        if exactness.split_batch_refusal(self.facts, self.deferred_batch_norm):
             # only plans that keep the global batch together train this job exactly (check_plan)
             options.setdefault("replicas", (1,))
             options.setdefault("micro_batch_sizes", (self.global_batch,))
+        elif self.facts.batch_coupling:  # deferred batch norm: micro-batches of at least two samples
+            options.setdefault("micro_batch_sizes", (2, 4, 8))
         return plan_model(profile, self.global_batch, platform=platform, **options)
 
     def manual_plan(

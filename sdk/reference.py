@@ -5,11 +5,24 @@ optimizer over the whole model. Given ``replicas`` and ``micro_batches`` it accu
 batch's gradient over the same micro-batches the pipelined run uses, so that dropout draws the same
 masks (randomness is seeded per layer, iteration, replica and micro-batch); with the defaults it is
 ordinary full-batch training.
+
+A job with ``deferred_batch_norm`` on a split batch follows the documented semantics
+(docs/exactness.md "Deferred batch norm") in plain PyTorch terms, independently of the runtime's
+bookkeeping (lambdas/deferred_bn.py): every micro-batch runs through the model in train mode as
+usual (each BatchNorm normalising it with its own statistics); afterwards the running statistics
+are put back as they were before the iteration, and each BatchNorm is run once more, in train mode
+and without a gradient, on the concatenation of every input it saw in the iteration — so PyTorch
+itself updates them once with the whole global batch's mean and unbiased variance.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from stagecoach.job import Job
 from stagecoach.lambdas.training import batch_indices, micro_batch, run_layers
@@ -22,13 +35,40 @@ def train_reference(job: Job, replicas: int = 1, micro_batches: int = 1) -> nn.S
     x, y = job.train
     x = x.to(job.dtype) if x.is_floating_point() else x
     per = replicas * micro_batches
+    deferred = job.deferred_batch_norm and per > 1
+    norms = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats] if deferred else []
     for t in range(job.iterations):
         batch = batch_indices(job.seed, t, x.shape[0], job.global_batch)
         optimizer.zero_grad()
-        for r in range(replicas):
-            for j in range(micro_batches):
-                idx = micro_batch(batch, replicas, micro_batches, r, j)
-                out = run_layers(layers, 0, x[idx], job.seed, t, r, j)
-                (job.loss(out, y[idx]) / per).backward()
+        with _global_batch_statistics(norms):
+            for r in range(replicas):
+                for j in range(micro_batches):
+                    idx = micro_batch(batch, replicas, micro_batches, r, j)
+                    out = run_layers(layers, 0, x[idx], job.seed, t, r, j)
+                    (job.loss(out, y[idx]) / per).backward()
         optimizer.step()
     return model
+
+
+@contextmanager
+def _global_batch_statistics(norms: list[_BatchNorm]) -> Iterator[None]:
+    """Within: record what each BatchNorm of ``norms`` sees; then put their running statistics back
+    and update them once from the concatenation of those inputs (module docstring)."""
+    saved = [{k: v.clone() for k, v in m.named_buffers(recurse=False)} for m in norms]
+    seen: dict[int, list[torch.Tensor]] = {id(m): [] for m in norms}
+
+    def record(m: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        seen[id(m)].append(args[0].detach())
+
+    handles = [m.register_forward_pre_hook(record) for m in norms]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+    with torch.no_grad():
+        for m, buffers in zip(norms, saved):
+            for k, v in m.named_buffers(recurse=False):
+                v.copy_(buffers[k])
+            if seen[id(m)]:
+                m(torch.cat(seen[id(m)]))  # train mode: PyTorch's own update, once, from the global batch

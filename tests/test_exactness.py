@@ -273,6 +273,77 @@ def test_the_planner_keeps_the_batch_together_for_a_job_that_needs_it():
     j.check_plan(result.recommended.to_plan())
 
 
+def with_batchnorm():
+    return nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), nn.Tanh(), nn.Linear(6, 3))
+
+
+class MixesSamples(nn.Module):
+    """Couples the samples of a batch without being a BatchNorm."""
+
+    def forward(self, x):
+        return x - x.mean(0, keepdim=True)
+
+
+class NormTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(6)
+
+    def forward(self, x):
+        return self.bn(torch.tanh(self.bn(x)))
+
+
+def test_a_split_batch_refusal_for_batchnorm_names_the_deferred_batch_norm_option():
+    j = job(model=with_batchnorm)
+    j.validate()
+    with pytest.raises(JobError, match=r"deferred_batch_norm=True\): each micro-batch is then normalised with its own statistics"):
+        j.check_plan(j.manual_plan(stages=2, replicas=2))
+    with pytest.raises(JobError, match=r"running statistics are updated once per iteration"):
+        j.check_plan(j.manual_plan(stages=1, micro_batches=2))
+
+
+def test_deferred_batch_norm_accepts_a_split_batch_for_batchnorm_only():
+    j = job(model=with_batchnorm, deferred_batch_norm=True)
+    j.validate()
+    assert j.facts.batch_coupling and j.facts.coupling_beyond_batch_norm is None
+    for stages, d, m in [(1, 1, 1), (2, 2, 1), (2, 1, 3), (3, 2, 3)]:
+        j.check_plan(j.manual_plan(stages=stages, replicas=d, micro_batches=m))
+    with pytest.raises(JobError, match="micro-batches of one sample"):  # 12 samples, 12 parts
+        j.check_plan(j.manual_plan(stages=2, replicas=2, micro_batches=6))
+    # what the option cannot reproduce stays refused
+    cases = [
+        (dict(loss=nn.CrossEntropyLoss(reduction="sum")), "the mean of their own losses"),
+        (
+            dict(model=lambda: nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), MixesSamples(), nn.Linear(6, 3))),
+            "even without its BatchNorms",
+        ),
+        (dict(model=lambda: nn.Sequential(nn.Linear(6, 6), MixesSamples(), nn.Linear(6, 3))), "depends on the other samples"),
+        (dict(model=lambda: nn.Sequential(nn.Linear(6, 6), NormTwice(), nn.Linear(6, 3))), "runs 2 times in one forward pass"),
+    ]
+    for change, message in cases:
+        other = job(deferred_batch_norm=True, **({"model": with_batchnorm} | change))
+        other.validate()
+        other.check_plan(other.manual_plan(stages=2))  # the global batch kept together: exact, as before
+        with pytest.raises(JobError, match=message):
+            other.check_plan(other.manual_plan(stages=2, replicas=2))
+
+
+def test_deferred_batch_norm_must_be_a_bool():
+    with pytest.raises(JobError, match="deferred_batch_norm"):
+        job(model=with_batchnorm, deferred_batch_norm="yes").validate()
+
+
+def test_the_planner_splits_the_batch_of_a_batchnorm_model_under_deferred_batch_norm():
+    """With the option, Job.plan considers replicas and micro-batches (of at least two samples)
+    for a model with BatchNorm, and check_plan accepts what it recommends."""
+    j = job(model=with_batchnorm, deferred_batch_norm=True)
+    result = j.plan(time_limit=5)
+    plans = [p.to_plan() for p in result.pareto]
+    assert plans and all(p.replicas * p.micro_batches > 1 and p.micro_batch_size >= 2 for p in plans)
+    for p in plans:
+        j.check_plan(p)
+
+
 def test_a_cut_that_an_integer_tensor_crosses_is_accepted():
     """Once refused: integer tensors (ids) now travel forward and get no gradient (EXACT below runs it)."""
     j = job(model=ids_then_embedding)

@@ -68,6 +68,19 @@ def model_with_batchnorm() -> nn.Sequential:
 
 # BatchNorm keeps the global batch together (batch statistics couple its samples): stages only
 BN_CONFIGS = [("sgd-momentum", (1, 1, 1)), ("adam", (3, 1, 1)), ("adam", (4, 1, 1))]
+# ... unless the job opts in to deferred batch norm (docs/exactness.md): per micro-batch
+# statistics, running statistics updated once per iteration from the whole global batch.
+# (2, 1, 1): with the option on a plan that keeps the batch together, plain PyTorch exactly.
+# (optimizer, (stages, replicas, micro-batches), sync: None for the default)
+DEFERRED_BN_CONFIGS = [("adam", (2, 3, 2), None), ("sgd-momentum", (2, 1, 1), None)]
+DEFERRED_BN_SLOW_CONFIGS = [
+    ("sgd-momentum", (2, 3, 2), None),
+    ("adam", (3, 1, 4), None),
+    ("sgd-momentum", (3, 1, 4), None),
+    ("adam", (4, 2, 3), None),
+    # replica 0 merges the records after the backward tasks' own exchange
+    ("sgd-momentum", (4, 2, 3), "pipelined_scatter_reduce"),
+]
 
 
 class TiedHead(nn.Module):
@@ -114,7 +127,7 @@ def model_without_dropout() -> nn.Sequential:
     return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 16), nn.Linear(16, 4))
 
 
-def make_job(name: str, model, optimizer) -> Job:
+def make_job(name: str, model, optimizer, **options) -> Job:
     g = torch.Generator().manual_seed(7)
     x = torch.randn(96, 10, generator=g, dtype=torch.float64)
     y = torch.randint(0, 4, (96,), generator=g)
@@ -128,6 +141,7 @@ def make_job(name: str, model, optimizer) -> Job:
         seed=3,
         dtype=torch.float64,
         name=name,
+        **options,
     )
 
 
@@ -216,6 +230,71 @@ def test_batchnorm_parameters_and_running_statistics_equal_pytorch_in_train_mode
     assert max(float((got[k].double() - want[k].double()).abs().max()) for k in got) < 1e-5
     initial = dict(run.job.build_model().named_buffers())
     assert float((got["1.running_var"] - initial["1.running_var"]).abs().max()) > 1e-3  # they did move
+
+
+def _start_deferred_bn(backend, configs):
+    started = {}
+    for opt_name, (s, d, m), sync in configs:
+        job = make_job(f"tr-dbn-{opt_name[:4]}-{s}{d}{m}", model_with_batchnorm, OPTIMIZERS[opt_name], deferred_batch_norm=True)
+        started[(opt_name, (s, d, m))] = job.run(stages=s, replicas=d, micro_batches=m, sync=sync, backend=backend)
+    for run in started.values():
+        run.wait(progress=False, poll_s=2.0, timeout_s=600)
+    return started
+
+
+@pytest.fixture(scope="module")
+def deferred_bn_runs(backend):
+    return _start_deferred_bn(backend, DEFERRED_BN_CONFIGS)
+
+
+@pytest.fixture(scope="module")
+def deferred_bn_slow_runs(backend):
+    return _start_deferred_bn(backend, DEFERRED_BN_SLOW_CONFIGS)
+
+
+def _check_deferred_bn(run, cfg):
+    """Parameters and every BatchNorm buffer equal the single-process reference, which follows the
+    documented semantics in plain PyTorch (per micro-batch normalisation; one running-statistics
+    update per iteration from the concatenated global batch)."""
+    _, d, m = cfg
+    expected = train_reference(run.job, replicas=d, micro_batches=m)
+    trained = run.trained_model()
+    assert max_diff(trained, run.job.build_model()) > 1e-3
+    assert max_diff(trained, expected) < 1e-5
+    got, want = dict(trained.named_buffers()), dict(expected.named_buffers())
+    assert set(got) == set(want) and len(got) == 6
+    assert all(int(got[k]) == ITERATIONS for k in got if k.endswith("num_batches_tracked"))  # once per iteration
+    assert max(float((got[k].double() - want[k].double()).abs().max()) for k in got) < 1e-5
+    initial = dict(run.job.build_model().named_buffers())
+    assert float((got["5.running_var"] - initial["5.running_var"]).abs().max()) > 1e-3  # they did move
+    if d * m > 1:
+        # the semantics differ from updating per micro-batch, by more than the tolerance
+        per_micro_batch = dataclasses.replace(run.job, deferred_batch_norm=False)
+        stale = dict(train_reference(per_micro_batch, replicas=d, micro_batches=m).named_buffers())
+        assert max(float((got[k].double() - stale[k].double()).abs().max()) for k in got) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "i", range(len(DEFERRED_BN_CONFIGS)), ids=lambda i: "{}-{}x{}x{}".format(DEFERRED_BN_CONFIGS[i][0], *DEFERRED_BN_CONFIGS[i][1])
+)
+def test_deferred_batch_norm_splits_the_batch_and_updates_running_statistics_once_per_iteration(deferred_bn_runs, i):
+    opt_name, cfg, _ = DEFERRED_BN_CONFIGS[i]
+    _check_deferred_bn(deferred_bn_runs[(opt_name, cfg)], cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "i",
+    range(len(DEFERRED_BN_SLOW_CONFIGS)),
+    ids=lambda i: "{}-{}x{}x{}{}".format(
+        DEFERRED_BN_SLOW_CONFIGS[i][0],
+        *DEFERRED_BN_SLOW_CONFIGS[i][1],
+        f"-{DEFERRED_BN_SLOW_CONFIGS[i][2]}" if DEFERRED_BN_SLOW_CONFIGS[i][2] else "",
+    ),
+)
+def test_deferred_batch_norm_on_every_split(deferred_bn_slow_runs, i):
+    opt_name, cfg, _ = DEFERRED_BN_SLOW_CONFIGS[i]
+    _check_deferred_bn(deferred_bn_slow_runs[(opt_name, cfg)], cfg)
 
 
 @pytest.mark.parametrize(

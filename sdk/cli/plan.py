@@ -13,6 +13,7 @@ import click
 
 from stagecoach.cli.jobfile import load_job_file
 from stagecoach.cli.plan_report import SYNC_LEGEND, pareto_png, result_table
+from stagecoach.exactness import split_batch_refusal
 from stagecoach.job import JobError
 from stagecoach.lambdas.profiling import measure_model
 from stagecoach.planner.model.platforms import aws_platform, local_platform
@@ -39,7 +40,7 @@ def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile
         raise click.ClickException(str(e)) from None
     x = job.train[0]
     sample = x[0].to(job.dtype) if x.is_floating_point() else x[0]
-    whole = job.facts.batch_coupling or job.facts.loss_not_mean
+    whole = split_batch_refusal(job.facts, job.deferred_batch_norm)
     if job.facts.batch_coupling:  # it cannot run one sample in train mode (BatchNorm1d)
         sizes = tuple(b for b in sizes if b > 1) or (2,)
     if meta:
