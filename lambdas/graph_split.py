@@ -29,6 +29,7 @@ from torch import fx, nn
 from torch.distributed.pipelining import pipe_split
 from torch.distributed.pipelining._IR import MultiUseParameterConfig, Pipe
 from torch.export import Dim
+from torch.export.unflatten import InterpreterModule
 from torch.utils import _pytree as pytree
 
 
@@ -175,6 +176,7 @@ def split(model: nn.Module, patterns: Sequence[str], example: torch.Tensor) -> B
     names = match_blocks(model, patterns)
     gm, out_spec = capture(model, names, example)
     _retie(gm, model)
+    _restore_batch_norms(gm, model)
     pieces = [(n, gm.get_submodule(str(n.target))) for n in gm.graph.nodes if n.op == "call_module"]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
@@ -226,6 +228,24 @@ def split(model: nn.Module, patterns: Sequence[str], example: torch.Tensor) -> B
             Segment([m for _, m in group], calls[b], takes, final if last else live_after(b), out_spec if last else None, frozenset(ints))
         )
     return Blocks(*segments)
+
+
+def _restore_batch_norms(gm: fx.GraphModule, model: nn.Module) -> None:
+    """Put the model's own BatchNorm modules back where the unflattened graph calls them: the
+    runtime keeps running statistics by module (lambdas/training.py running_stats), and a BatchNorm
+    called on one tensor computes what its captured graph does (same tensors, after _retie)."""
+    for piece in gm.children():
+        for name, m in list(piece.named_modules()):
+            if not name or not isinstance(m, InterpreterModule) or m.graph is None:
+                continue
+            try:
+                original = model.get_submodule(name)
+            except AttributeError:
+                continue
+            inputs = [n for n in m.graph.nodes if n.op == "placeholder"]
+            if isinstance(original, nn.modules.batchnorm._BatchNorm) and len(inputs) == 1:
+                owner, _, attr = name.rpartition(".")
+                setattr(piece.get_submodule(owner) if owner else piece, attr, original)
 
 
 def _output_values(piece: nn.Module) -> list[Any]:

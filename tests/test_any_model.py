@@ -15,6 +15,7 @@ from torch import nn
 
 from stagecoach import Job, JobError
 from stagecoach.lambdas.training import batch_indices, ownership
+from stagecoach.reference import train_reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("bert_example", os.path.join(ROOT, "examples", "bert.py"))
@@ -147,9 +148,43 @@ def test_what_cannot_be_cut_is_refused_with_the_reason_and_a_hint(model, blocks,
         job.validate()
 
 
+class Residual(nn.Module):
+    """A ResNet-like nn.Module: BatchNorm inside blocks, a skip connection around two of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU())
+        self.body = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Tanh()) for _ in range(2))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.stem(x)
+        return self.head(self.body[1](self.body[0](h)) + h)
+
+
+def bn_job(name: str, **kw) -> Job:
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(48, 6, generator=g, dtype=torch.float64)
+    return Job(
+        name=name,
+        model=Residual,
+        blocks=["stem", "body.*", "head"],
+        loss=nn.CrossEntropyLoss(),
+        optimizer=OPTIMIZERS["adam"],
+        train=(x, torch.randint(0, 3, (48,), generator=g)),
+        global_batch=12,
+        iterations=ITERATIONS,
+        seed=2,
+        dtype=torch.float64,
+        **kw,
+    )
+
+
 @pytest.fixture(scope="module")
 def runs(backend):
     started = {}
+    started["bn"] = bn_job("any-bn").run(stages=2, backend=backend)
+    started["bn-deferred"] = bn_job("any-bn-def", deferred_batch_norm=True).run(stages=2, replicas=2, micro_batches=2, backend=backend)
     for opt_name, (s, d, m) in CONFIGS:
         job = make_job(f"any-{opt_name[:4]}-{s}{d}{m}", OPTIMIZERS[opt_name])
         started[(opt_name, (s, d, m))] = job.run(stages=s, replicas=d, micro_batches=m, backend=backend)
@@ -170,3 +205,21 @@ def test_any_model_trains_to_the_parameters_of_plain_pytorch(runs, i):
     assert max(float((got[k] - initial[k]).detach().abs().max()) for k in got) > 1e-3, "training moved the parameters"
     assert max(float((got[k] - p).detach().abs().max()) for k, p in expected.named_parameters()) < 1e-5
     assert trained.head.decoder.weight is trained.embeddings.word.weight  # still tied
+
+
+def test_batchnorm_inside_any_model_keeps_running_statistics_like_pytorch(runs):
+    """BatchNorm modules of a model cut at ``blocks`` are the runtime's own again (its running
+    statistics travel per stage): parameters and buffers equal plain PyTorch in train mode on one
+    batch, and the deferred rule's reference on a split batch."""
+    run = runs["bn"]
+    trained, expected = run.trained_model(), plain_pytorch(run.job)
+    assert type(trained) is Residual
+    want = expected.state_dict()
+    got = trained.state_dict()
+    assert got.keys() == want.keys() and int(got["body.0.1.num_batches_tracked"]) == ITERATIONS
+    assert max(float((got[k].double() - want[k].double()).abs().max()) for k in want) < 1e-5
+    run = runs["bn-deferred"]
+    want = run.job.user_model(train_reference(run.job, replicas=2, micro_batches=2)).state_dict()
+    got = run.trained_model().state_dict()
+    assert int(got["stem.1.num_batches_tracked"]) == ITERATIONS  # once per iteration, not per micro-batch
+    assert max(float((got[k].double() - want[k].double()).abs().max()) for k in want) < 1e-5
