@@ -226,9 +226,10 @@ class LambdaMLScatterReduce(SyncAlgorithm):
 
     After the backward pass each replica, one phase after another: uploads the d-1 splits the others
     own (t_lat + E, E = (d-1) P/(d w)); downloads its own split from the d-1 others once they land
-    (t_lat + E + q) and merges and updates it (opt/d); uploads it (t_lat + P/(d w)); downloads the
-    others' (t_lat + E + q). In all 3P/w - 2P/(dw) + 4 t_lat + 2q + opt/d: eq. (1) plus two polls and
-    the update. The worker ends holding version t+1 (LambdaML's workers live through the job).
+    (t_lat + E + q) and merges it; uploads the merged split (t_lat + P/(d w)); downloads the others'
+    (t_lat + E + q); updates its whole replica (opt: every worker holds the model). In all
+    3P/w - 2P/(dw) + 4 t_lat + 2q + opt: eq. (1) plus two polls and the update. The worker ends
+    holding version t+1 and its optimizer state (LambdaML's workers live through the job).
 
     Not a runtime algorithm (yet): the model prices it to express LambdaML's measured runs and the
     LambdaML baseline by its paper's rule (benchmarks/paper_tables.py, baselines/classic.py).
@@ -241,10 +242,8 @@ class LambdaMLScatterReduce(SyncAlgorithm):
         self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
     ) -> StageSync:
         w, lat, rho, q = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio, plat.poll_delay_s
-        sf = _stateful(plat)
         e = (d - 1) * p_bytes / (d * w)
-        pf = max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
-        tail = pf + (lat + e) + (lat + e + q) + opt_s / d + (lat + p_bytes / (d * w)) + (lat + e + q)
+        tail = (lat + e) + (lat + e + q) + (lat + p_bytes / (d * w)) + (lat + e + q) + opt_s
         polls = plat.polls_while_waiting(q)
         return StageSync(
             self.name,
@@ -253,11 +252,11 @@ class LambdaMLScatterReduce(SyncAlgorithm):
             task_s=0.0,
             tasks=0,
             shards=d,
-            tail_puts=(d - 1) + 1 + sf,
-            tail_gets=2 * (d - 1) * (1 + polls) + sf,
+            tail_puts=d,
+            tail_gets=2 * (d - 1) * (1 + polls),
             task_puts=0,
             task_gets=0,
-            backward_extra_bytes=(2 * (d - 1) + 1 + 2 * rho) * p_bytes / d,
+            backward_extra_bytes=(2 * (d - 1) + 1) * p_bytes / d + rho * p_bytes,  # the state stays in the worker
             params_cached=True,
         )
 
@@ -267,8 +266,8 @@ class FuncPipePublishedScatterReduce(LambdaMLScatterReduce):
 
     n = d steps of t_lat + P/(d w) each (step 1 uploads a split, steps 2..n-1 upload one and download
     one at once, step n downloads), the first download a poll behind its peer's upload; the merged
-    split is updated (opt/d) and exchanged as in LambdaML's phase 3 (t_lat + P/(d w), then
-    t_lat + E + q). In all 2P/w + (d+2) t_lat + 2q + opt/d: eq. (2) plus two polls and the update.
+    split is exchanged as in LambdaML's phase 3 (t_lat + P/(d w), then t_lat + E + q) and the
+    replica updated (opt). In all 2P/w + (d+2) t_lat + 2q + opt: eq. (2) plus two polls and the update.
     Our runtime's ``pipelined_scatter_reduce`` streams chunks from the last backward pass on and
     overlaps the gather with the reduction: a different schedule of the same bytes.
     """
@@ -279,10 +278,9 @@ class FuncPipePublishedScatterReduce(LambdaMLScatterReduce):
         self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
     ) -> StageSync:
         base = super().stage(d, k, p_bytes, opt_s, backward_compute_s, plat, last_backward_s)
-        w, lat, rho, q = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio, plat.poll_delay_s
+        w, lat, q = plat.bandwidth_Bps, plat.storage_latency_s, plat.poll_delay_s
         e = (d - 1) * p_bytes / (d * w)
-        pf = max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if _stateful(plat) else 0.0
-        tail = pf + d * (lat + p_bytes / (d * w)) + q + opt_s / d + (lat + p_bytes / (d * w)) + (lat + e + q)
+        tail = d * (lat + p_bytes / (d * w)) + q + (lat + p_bytes / (d * w)) + (lat + e + q) + opt_s
         return dataclasses.replace(base, name=self.name, tail_s=tail)
 
 
