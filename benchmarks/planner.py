@@ -5,9 +5,11 @@
     heuristic, bounds, MILPs), per d and weights. Target: median <= 10 s on this machine with
     status "optimal" (FuncPipe: 274 s with Gurobi).
 (b) ResNet-101, AmoebaNet-D36, BERT-Large at global batch 16, 64, 256: the recommended plan
-    (plan_model defaults) against every baseline in planner.baselines.BASELINES, predicted time
-    and cost ratios. Targets at G = 64 and 256: >= 1.3x faster and >= 7% cheaper than LambdaML;
-    never worse than TPDMP / Bayes on the weighted objective they optimise (checked per weight).
+    (plan_model defaults) against every baseline in planner.baselines.BASELINES — the baselines as
+    FuncPipe §5.1 defines them, and the searched variants named apart — predicted time and cost
+    ratios. Targets at G = 64 and 256: >= 1.3x faster and >= 7% cheaper than LambdaML by its paper's
+    rule (FuncPipe measured 1.3x-2.2x and 7%-77% against it); never worse than TPDMP / Bayes on the
+    weighted objective they optimise (checked per weight).
 
 Everything printed is measured now; nothing is hard-coded. Run: python benchmarks/planner.py
 (--quick: ResNet-101 at 64 only; --skip-a / --skip-b; --models, --batches).
@@ -95,7 +97,7 @@ def comparison(models: list[str], batches: list[int], time_limit: float, max_lay
                 tb = time.perf_counter()
                 e = fn(res.profile, G, plat)
                 if e is None:
-                    print(f"    {bname:<12} no feasible configuration")
+                    print(f"    {bname:<18} no feasible configuration")
                     continue
                 sp, cut = e.time_s / rec.time_s, 1 - rec.cost / e.cost
                 extra = ""
@@ -117,13 +119,18 @@ def comparison(models: list[str], batches: list[int], time_limit: float, max_lay
                             f"{100 * (1 - f.cost / e.cost):.0f}% cheaper, weights {W_LABEL.get(f.weights, f.weights)})"
                         )
                 print(
-                    f"    {bname:<12} {e.time_s:8.2f} s ${e.cost:.5f}  speed-up x{sp:5.2f}  cost cut {100 * cut:6.1f}%  ({_label(e)}; {time.perf_counter() - tb:.1f} s){extra}",
+                    f"    {bname:<18} {e.time_s:8.2f} s ${e.cost:.5f}  speed-up x{sp:5.2f}  cost cut {100 * cut:6.1f}%  ({_label(e)}; {time.perf_counter() - tb:.1f} s){extra}",
                     flush=True,
                 )
     if summary:
         print(
-            "  vs LambdaML at G = 64, 256: "
+            "  vs LambdaML (its paper's rule) at G = 64, 256: "
             + "; ".join(f"{n} {G}: x{sp:.2f} {100 * cut:.0f}% {'MET' if ok else 'not met'}" for n, G, sp, cut, ok in summary)
+        )
+        top = max(sp for _, _, sp, _, _ in summary)
+        print(
+            f"  largest predicted speed-up over LambdaML: x{top:.2f} (FuncPipe measured 1.3x-2.2x over LambdaML on AWS, §5.2)"
+            + ("" if top <= 2.2 else ": above anything FuncPipe measured")
         )
 
 

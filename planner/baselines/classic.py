@@ -93,9 +93,10 @@ def _data_parallel(profile: ModelProfile, G: int, plat: Platform, algo: str, acc
 
 
 def _with_server(e: Estimate | None) -> Estimate | None:
-    """The parameter server VM runs for the whole iteration: its price joins the cost."""
-    if e is None:
-        return None
+    """The parameter server VM runs for the whole iteration: its price joins the cost (a single
+    worker needs none: FuncPipe §5.3, "on a single worker (no communication time)")."""
+    if e is None or e.config.replicas == 1:
+        return e
     vm = PS_USD_PER_HOUR / 3600 * e.time_s
     return dataclasses.replace(e, cost=e.cost + vm)
 
