@@ -140,11 +140,11 @@ def fig1a(plat: Platform) -> list[Row]:
         Row(
             "fig1a-ratio-b32",
             "FuncPipe §1",
-            "as above with local batch 32 (d = 2)",
+            "as above with local batch 32 (the same 8 workers, G = 256)",
             "computation / communication",
             0.45,
             c32 / comm,
-            fp32 / fp.scatter_reduce_s(prof.param_bytes, 2, plat.bandwidth_Bps, plat.storage_latency_s),
+            fp32 / fp_comm,
             "apart",
             "needs ~30 GB per worker, which Lambda does not offer (10,240 MB); where it was measured is not stated",
         )
@@ -425,7 +425,7 @@ def render(rows: list[Row], plat: Platform, markdown: bool) -> str:
                 out.append("| " + " | ".join(cells) + " |")
             else:
                 out.append(
-                    f"  {r.key:<20} {r.quantity:<40} measured {cells[3]:>6}  ours {cells[4]:>7} ({cells[5]:>7})  FuncPipe's {cells[6]:>7} ({cells[7]:>7})"
+                    f"  {r.key:<22} {r.quantity:<40} measured {cells[3]:>6}  ours {cells[4]:>7} ({cells[5]:>7})  FuncPipe's {cells[6]:>7} ({cells[7]:>7})"
                 )
         for r in sel:
             out.append(f"{'- ' if markdown else '    '}{r.key}: {r.config}" + (f". Why {status}: {r.reason}" if r.reason else ""))
