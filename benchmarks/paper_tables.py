@@ -427,6 +427,8 @@ def render(rows: list[Row], plat: Platform, markdown: bool) -> str:
                 out.append(
                     f"  {r.key:<22} {r.quantity:<40} measured {cells[3]:>6}  ours {cells[4]:>7} ({cells[5]:>7})  FuncPipe's {cells[6]:>7} ({cells[7]:>7})"
                 )
+        if markdown:
+            out.append("")
         for r in sel:
             out.append(f"{'- ' if markdown else '    '}{r.key}: {r.config}" + (f". Why {status}: {r.reason}" if r.reason else ""))
     m_o, m_f = mae(rows, "ours"), mae(rows, "funcpipe")
@@ -450,6 +452,7 @@ def render(rows: list[Row], plat: Platform, markdown: bool) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/paper-tables.md)")
+    ap.add_argument("--update-doc", metavar="PATH", help="also write the Markdown table between the markers of PATH (docs/paper-tables.md)")
     args = ap.parse_args()
     warnings.simplefilter("ignore", DeprecationWarning)
     base = aws_platform()
@@ -464,7 +467,25 @@ def main() -> None:
         print(
             f"this tree's model has no {', '.join(stand_ins)}: LambdaML's rows use {LAMBDAML}, FuncPipe's use {FUNCPIPE_SR} (our runtime's)"
         )
-    print(render(build(plat), base, args.markdown))
+    rows = build(plat)
+    print(render(rows, base, args.markdown))
+    if args.update_doc:
+        update_doc(args.update_doc, render(rows, base, markdown=True))
+
+
+BEGIN, END = "<!-- paper_tables.py --update-doc: begin -->", "<!-- paper_tables.py --update-doc: end -->"
+
+
+def update_doc(path: str, table: str) -> None:
+    """Replace what lies between the doc's markers with this run's table."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{path}: no {BEGIN} ... {END} markers")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(head + BEGIN + "\n" + table.strip() + "\n" + END + tail)
 
 
 if __name__ == "__main__":
