@@ -227,7 +227,7 @@ def _lambdaml_rule(prof: ModelProfile, G: int, plat: Platform) -> Config | None:
         from stagecoach.planner.baselines.classic import max_local_batch
     except ImportError:  # pragma: no cover - older trees
         return None
-    b = max_local_batch(prof, G, plat, max(plat.tiers_mb), LAMBDAML)
+    b = max_local_batch(prof, G, plat, max(plat.tiers_mb))
     if b is None:
         return None
     return Config((len(prof.layers),), (max(plat.tiers_mb),), G // b, b, 1, (SyncChoice(LAMBDAML, G // b),))

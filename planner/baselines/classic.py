@@ -4,9 +4,10 @@ performance model evaluates (every comparison uses Stagecoach's model; docs/plan
 As FuncPipe §5.1 defines them (the names FuncPipe uses):
 * LambdaML: pure data parallelism, one stage, LambdaML's storage scatter-reduce in the workers;
   "the maximum memory allocation and maximum local batch size within the memory limit for each
-  worker": 10,240 MB, the largest local batch b that fits (our memory model) and divides G, d = G/b.
+  worker": 10,240 MB, the largest local batch b that divides G and fits by LambdaML's memory
+  (FuncPipe's eq. 3b for one stage: ``lambdaml_memory_mb``), d = G/b. Evaluated with our model.
 * LambdaML-GA: the same d, gradient accumulation with micro-batches of 1, "the minimum memory
-  required" (the least tier that fits).
+  required" (the least tier that fits by the same memory).
 * HybridPS / HybridPS-GA: the same workers, synchronising through a parameter server VM (one
   c5.9xlarge, 10 Gbit/s, $1.53/h; FuncPipe §5.1) instead of storage; the VM's price is added.
 * TPDMP: a grid over the resource allocation (d, stages, one tier for all), the throughput-optimal
@@ -31,9 +32,9 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from stagecoach.planner.baselines.fasdl import fasdl_plan
-from stagecoach.planner.baselines.funcpipe import funcpipe_plan
+from stagecoach.planner.baselines.funcpipe import FuncPipeConstants, funcpipe_plan
 from stagecoach.planner.baselines.hydrozoa import hydrozoa_plan
-from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate, stage_memory_bytes
+from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate
 from stagecoach.planner.model.platforms import Platform
 from stagecoach.planner.model.syncmodel import SyncChoice
 from stagecoach.planner.profile.layers import ModelProfile, balanced_partition
@@ -65,31 +66,36 @@ def _per_weight(cands: Sequence[Estimate], weights: Sequence[tuple[float, float]
     return [min(feas, key=lambda e: objective_value(e.cost, e.time_s, a1, a2)) for a1, a2 in weights] if feas else []
 
 
-def max_local_batch(profile: ModelProfile, G: int, plat: Platform, tier: int, algo: str) -> int | None:
-    """LambdaML's rule: the largest local batch b that fits ``tier`` in one stage and divides G."""
-    L = profile.layers
+def lambdaml_memory_mb(profile: ModelProfile, b: int, d: int, plat: Platform) -> float:
+    """A LambdaML worker's memory by FuncPipe's own memory model (eq. 3b, one stage): the runtime
+    base and FuncPipe's 200 MB margin, (4 - 2 [d = 1]) parameter copies (weights, gradients and, with
+    d > 1, the serialised sync data), b samples' activations (saved for backward), and the optimizer
+    state (rho P). With it, AmoebaNet-D36's largest local batch at 10,240 MB is 8, as FuncPipe §1
+    reports for LambdaML."""
+    copies = 4.0 - (2.0 if d == 1 else 0.0) + plat.optimizer_state_ratio
+    act = sum(l.saved_bytes_per_sample for l in profile.layers)
+    return plat.runtime_base_mb + FuncPipeConstants().memory_margin_mb + (copies * profile.param_bytes + b * act) / 2**20
+
+
+def max_local_batch(profile: ModelProfile, G: int, plat: Platform, tier: int) -> int | None:
+    """LambdaML's rule: the largest local batch b that divides G and fits ``tier`` by LambdaML's memory."""
     for b in sorted((b for b in range(1, G + 1) if G % b == 0), reverse=True):
-        d = G // b
-        need = stage_memory_bytes(L, b, d, plat, _sync(d, algo))
-        if need <= plat.usable_bytes(tier):
+        if lambdaml_memory_mb(profile, b, G // b, plat) <= tier:
             return b
     return None
 
 
 def _data_parallel(profile: ModelProfile, G: int, plat: Platform, algo: str, accumulate: bool) -> Estimate | None:
     tier = max(plat.tiers_mb)
-    b = max_local_batch(profile, G, plat, tier, algo)
+    b = max_local_batch(profile, G, plat, tier)
     if b is None:
         return None
     d, L = G // b, len(profile.layers)
     if not accumulate:
         return evaluate(profile, Config((L,), (tier,), d, b, 1, (_sync(d, algo),)), plat)
-    # GA: the same workers, micro-batches of 1, the least tier that fits
-    for t in sorted(plat.tiers_mb):
-        e = evaluate(profile, Config((L,), (t,), d, 1, b, (_sync(d, algo),)), plat)
-        if e.feasible:
-            return e
-    return None
+    # GA: the same workers, micro-batches of 1, the least tier that fits them
+    fit = [t for t in sorted(plat.tiers_mb) if lambdaml_memory_mb(profile, 1, d, plat) <= t]
+    return evaluate(profile, Config((L,), (fit[0],), d, 1, b, (_sync(d, algo),)), plat) if fit else None
 
 
 def _with_server(e: Estimate | None) -> Estimate | None:

@@ -5,14 +5,15 @@ import pytest
 from stagecoach.planner.baselines.classic import (
     BASELINES,
     PS_USD_PER_HOUR,
-    _sync,
     hybridps,
     lambdaml,
     lambdaml_ga,
+    lambdaml_memory_mb,
     lambdaml_searched,
+    max_local_batch,
     tpdmp,
 )
-from stagecoach.planner.model.perfmodel import Config, evaluate, stage_memory_bytes
+from stagecoach.planner.model.perfmodel import Config, evaluate
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.profile.zoo import zoo_profile
 from stagecoach.planner.solve.objective import objective_value
@@ -31,14 +32,17 @@ def test_lambdaml_is_the_papers_rule_largest_memory_and_largest_local_batch(resn
     c = e.config
     assert c.stages == 1 and c.tiers_mb == (10240,) and c.micro_batches == 1 and c.replicas * c.micro_batch == 64
     assert c.sync[0].algo == "lambdaml_scatter_reduce" and c.sync[0].k == c.replicas
-    # the local batch is the largest divisor of G that fits: the next one does not
+    # the local batch is the largest divisor of G that fits by LambdaML's memory: the next one does not
     bigger = [b for b in range(c.micro_batch + 1, 65) if 64 % b == 0]
-    assert bigger and all(
-        stage_memory_bytes(prof.layers, b, 64 // b, plat, _sync(64 // b, "lambdaml_scatter_reduce")) > plat.usable_bytes(10240)
-        for b in bigger
-    )
+    assert bigger and all(lambdaml_memory_mb(prof, b, 64 // b, plat) > 10240 for b in bigger)
     assert lambdaml_searched(prof, 64, plat).config != c  # the searched variant is another plan, named apart
     assert "LambdaML-searched" in BASELINES and BASELINES["LambdaML"] is lambdaml
+
+
+def test_lambdamls_memory_gives_amoebanet_d36_the_local_batch_funcpipe_reports():
+    # FuncPipe §1: without partition, LambdaML trains AmoebaNet-D36 with a local batch of 8 (SGD)
+    sgd = aws_platform(optimizer_state_ratio=0.0)
+    assert max_local_batch(zoo_profile("amoebanet_d36"), 64, sgd, 10240) == 8
 
 
 def test_ga_keeps_lambdamls_workers_with_micro_batches_of_one_and_the_least_memory(resnet):
@@ -46,8 +50,9 @@ def test_ga_keeps_lambdamls_workers_with_micro_batches_of_one_and_the_least_memo
     base, ga = lambdaml(prof, 64, plat), lambdaml_ga(prof, 64, plat)
     c = ga.config
     assert c.replicas == base.config.replicas and c.micro_batch == 1 and c.micro_batches == 64 // c.replicas
-    for t in (t for t in plat.tiers_mb if t < c.tiers_mb[0]):  # every smaller tier would not fit
-        assert not evaluate(prof, Config(c.balance, (t,), c.replicas, 1, c.micro_batches, c.sync), plat).feasible
+    smaller = [t for t in plat.tiers_mb if t < c.tiers_mb[0]]
+    assert lambdaml_memory_mb(prof, 1, c.replicas, plat) <= c.tiers_mb[0]
+    assert all(lambdaml_memory_mb(prof, 1, c.replicas, plat) > t for t in smaller)  # the least tier that fits
 
 
 def test_hybridps_pays_for_its_parameter_server(resnet):
