@@ -5,12 +5,16 @@
     heuristic, bounds, MILPs), per d and weights. Target: median <= 10 s on this machine with
     status "optimal" (FuncPipe: 274 s with Gurobi).
 (b) ResNet-101, AmoebaNet-D36, BERT-Large at global batch 16, 64, 256: the recommended plan
-    (plan_model defaults) against every baseline in planner.baselines.BASELINES, predicted time
-    and cost ratios. Targets at G = 64 and 256: >= 1.3x faster and >= 7% cheaper than LambdaML;
-    never worse than TPDMP / Bayes on the weighted objective they optimise (checked per weight).
+    (plan_model defaults) against every baseline in planner.baselines.BASELINES — the baselines as
+    FuncPipe §5.1 defines them, and the searched variants named apart — predicted time and cost
+    ratios. Targets at G = 64 and 256: >= 1.3x faster and >= 7% cheaper than LambdaML by its paper's
+    rule (FuncPipe measured 1.3x-2.2x and 7%-77% against it); never worse than TPDMP / Bayes on the
+    weighted objective they optimise (checked per weight).
 
-Everything printed is measured now; nothing is hard-coded. Run: python benchmarks/planner.py
-(--quick: ResNet-101 at 64 only; --skip-a / --skip-b; --models, --batches).
+Every plan trains with plain SGD, as in FuncPipe's evaluation (§5.1), so its measured claims compare;
+--optimizer adam prices Adam's state instead. Everything printed is measured now; nothing is
+hard-coded. Run: python benchmarks/planner.py (--quick: ResNet-101 at 64 only; --skip-a / --skip-b;
+--models, --batches).
 """
 
 from __future__ import annotations
@@ -32,8 +36,11 @@ from stagecoach.planner.solve.sweep import plan_model
 W_LABEL = {w: f"(1,2^{w[1].bit_length() - 1})" if w[1] else "(1,0)" for w in FUNCPIPE_WEIGHTS}
 
 
-def solve_times(time_limit: float, headline: tuple[int, int] = (1, 2**19), G: int = 256, b: int = 4) -> None:
-    plat = aws_platform()
+OPTIMIZER_STATE = {"sgd": 0.0, "adam": 2.0}  # state bytes per parameter byte
+
+
+def solve_times(time_limit: float, headline: tuple[int, int] = (1, 2**19), G: int = 256, b: int = 4, optimizer: str = "sgd") -> None:
+    plat = aws_platform(optimizer_state_ratio=OPTIMIZER_STATE[optimizer])
     prof = zoo_profile("amoebanet_d36").merged(30, plat)
     print(
         f"(a) exact solve, {prof.name} merged to L={len(prof.layers)}, {len(plat.tiers_mb)} tiers, all 4 sync algorithms per stage, "
@@ -76,9 +83,12 @@ def _label(e) -> str:  # noqa: ANN001
     return f"d={c.replicas} S={c.stages} b={c.micro_batch} tiers={'/'.join(map(str, c.tiers_mb))} sync={','.join(sorted({s.label() for s in c.sync}))}"
 
 
-def comparison(models: list[str], batches: list[int], time_limit: float, max_layers: int) -> None:
-    plat = aws_platform()
-    print("(b) recommended plan vs baselines; speed-up = baseline s / ours, cost cut = 1 - our $ / baseline $ (negative: we cost more)")
+def comparison(models: list[str], batches: list[int], time_limit: float, max_layers: int, optimizer: str = "sgd") -> None:
+    plat = aws_platform(optimizer_state_ratio=OPTIMIZER_STATE[optimizer])
+    print(
+        "(b) recommended plan vs baselines; speed-up = baseline s / ours, cost cut = 1 - our $ / baseline $ (negative: we cost more); "
+        f"every plan trains with {optimizer}" + (" as FuncPipe §5.1's evaluation" if optimizer == "sgd" else "")
+    )
     summary = []
     for name in models:
         prof = zoo_profile(name)
@@ -95,7 +105,7 @@ def comparison(models: list[str], batches: list[int], time_limit: float, max_lay
                 tb = time.perf_counter()
                 e = fn(res.profile, G, plat)
                 if e is None:
-                    print(f"    {bname:<12} no feasible configuration")
+                    print(f"    {bname:<18} no feasible configuration")
                     continue
                 sp, cut = e.time_s / rec.time_s, 1 - rec.cost / e.cost
                 extra = ""
@@ -117,13 +127,18 @@ def comparison(models: list[str], batches: list[int], time_limit: float, max_lay
                             f"{100 * (1 - f.cost / e.cost):.0f}% cheaper, weights {W_LABEL.get(f.weights, f.weights)})"
                         )
                 print(
-                    f"    {bname:<12} {e.time_s:8.2f} s ${e.cost:.5f}  speed-up x{sp:5.2f}  cost cut {100 * cut:6.1f}%  ({_label(e)}; {time.perf_counter() - tb:.1f} s){extra}",
+                    f"    {bname:<18} {e.time_s:8.2f} s ${e.cost:.5f}  speed-up x{sp:5.2f}  cost cut {100 * cut:6.1f}%  ({_label(e)}; {time.perf_counter() - tb:.1f} s){extra}",
                     flush=True,
                 )
     if summary:
         print(
-            "  vs LambdaML at G = 64, 256: "
+            "  vs LambdaML (its paper's rule) at G = 64, 256: "
             + "; ".join(f"{n} {G}: x{sp:.2f} {100 * cut:.0f}% {'MET' if ok else 'not met'}" for n, G, sp, cut, ok in summary)
+        )
+        top = max(sp for _, _, sp, _, _ in summary)
+        print(
+            f"  largest predicted speed-up over LambdaML: x{top:.2f} (FuncPipe measured 1.3x-2.2x over LambdaML on AWS, §5.2)"
+            + ("" if top <= 2.2 else ": above anything FuncPipe measured")
         )
 
 
@@ -136,15 +151,16 @@ def main() -> None:
     ap.add_argument("--batches", default="16,64,256")
     ap.add_argument("--skip-a", action="store_true")
     ap.add_argument("--skip-b", action="store_true")
+    ap.add_argument("--optimizer", choices=sorted(OPTIMIZER_STATE), default="sgd", help="what every plan trains with (FuncPipe §5.1: SGD)")
     args = ap.parse_args()
     warnings.simplefilter("ignore", DeprecationWarning)
     if not args.skip_a:
-        solve_times(args.time_limit)
+        solve_times(args.time_limit, optimizer=args.optimizer)
     if not args.skip_b:
         if args.quick:
-            comparison(["resnet101"], [64], args.time_limit, args.max_layers)
+            comparison(["resnet101"], [64], args.time_limit, args.max_layers, args.optimizer)
         else:
-            comparison(args.models.split(","), [int(x) for x in args.batches.split(",")], args.time_limit, args.max_layers)
+            comparison(args.models.split(","), [int(x) for x in args.batches.split(",")], args.time_limit, args.max_layers, args.optimizer)
 
 
 if __name__ == "__main__":

@@ -1,31 +1,38 @@
-"""Baseline planners of FuncPipe §5.1, each producing configurations our performance model
-evaluates (so every comparison is on Stagecoach's runtime model, not on the baselines' systems).
+"""The baselines of FuncPipe §5.1 as the paper defines them, each producing configurations our
+performance model evaluates (every comparison uses Stagecoach's model; docs/planner-baselines.md).
 
-* LambdaML: pure data parallelism, one stage, every worker runs its whole share (G/d samples) at
-  once; grid over d and memory tier.
-* LambdaML-GA: the same with gradient accumulation (micro-batches of ``micro_batch`` samples).
-* HybridPS / HybridPS-GA: data parallelism whose synchronisation goes through one aggregator
-  (parameter-server style = all-reduce with K = 1), without / with gradient accumulation.
-* TPDMP-style: grid over (stages, uniform tier, d), the throughput-optimal (balanced) partition
-  for each.
-* Bayes: optuna TPE, 100 trials over (d, stages, tier, micro-batch size) with the performance
-  model as the oracle, one study per Pareto weight.
-* FuncPipe (funcpipe_model.py): the plan FuncPipe's own planner picks under FuncPipe's own
-  performance model (its Pareto sweep and delta rule), then evaluated with ours.
-* Hydrozoa (hydrozoa.py): its DP partitioner and (dp, mp) hybrid strategy selection per cluster
-  size and uniform tier.
-* FasDL (fasdl.py): its two-stage pruning search over (workers, K aggregators, memory) for pure
-  data parallelism with K-reduce, under FasDL's model.
-Each baseline's own candidates go through the same Pareto + delta >= 0.8 recommendation; the
-formulas and our interpretations are in docs/planner-baselines.md.
+As FuncPipe §5.1 defines them (the names FuncPipe uses):
+* LambdaML: pure data parallelism, one stage, LambdaML's storage scatter-reduce in the workers;
+  "the maximum memory allocation and maximum local batch size within the memory limit for each
+  worker": 10,240 MB, the largest local batch b that divides G and fits by LambdaML's memory
+  (FuncPipe's eq. 3b for one stage: ``lambdaml_memory_mb``), d = G/b. Evaluated with our model.
+* LambdaML-GA: the same d, gradient accumulation with micro-batches of 1, "the minimum memory
+  required" (the least tier that fits by the same memory).
+* HybridPS / HybridPS-GA: the same workers, synchronising through a parameter server VM (one
+  c5.9xlarge, 10 Gbit/s, $1.53/h; FuncPipe §5.1) instead of storage; the VM's price is added.
+* TPDMP: a grid over the resource allocation (d, stages, one tier for all), the throughput-optimal
+  (balanced) partition for each; per Pareto weight the configuration minimising objective (3);
+  FuncPipe's runtime (pipelined scatter-reduce, micro-batch 4).
+* Bayes: optuna TPE, 100 trials per Pareto weight over partition and resource allocation jointly
+  (d, stages, cut points, one tier per stage; micro-batch 4), our model as the oracle (FuncPipe
+  uses its model the same way), minimising objective (3).
+* FuncPipe (funcpipe.py): the plan FuncPipe's own planner picks under FuncPipe's own performance
+  model (its Pareto sweep and delta rule), then evaluated with ours.
+* Hydrozoa (hydrozoa.py), FasDL (fasdl.py): their planners under their own models.
+Every baseline with several candidates (one per weight, cluster size...) goes through the same
+Pareto + delta >= 0.8 recommendation FuncPipe applies to its own.
+
+Searched variants, named apart: LambdaML-searched and AllReduce-searched search d and the tier
+of pure data parallelism on our runtime (its scatter_reduce, its all_reduce through S3).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from stagecoach.planner.baselines.fasdl import fasdl_plan
-from stagecoach.planner.baselines.funcpipe import funcpipe_plan
+from stagecoach.planner.baselines.funcpipe import FuncPipeConstants, funcpipe_plan
 from stagecoach.planner.baselines.hydrozoa import hydrozoa_plan
 from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate
 from stagecoach.planner.model.platforms import Platform
@@ -34,11 +41,18 @@ from stagecoach.planner.profile.layers import ModelProfile, balanced_partition
 from stagecoach.planner.solve.objective import max_stages_for, objective_value
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
 
+LAMBDAML_SYNC = "lambdaml_scatter_reduce"  # model-only (syncmodel.LambdaMLScatterReduce)
+PS_SYNC = "parameter_server"  # model-only (syncmodel.ParameterServer)
+FUNCPIPE_RUNTIME_SYNC = "pipelined_scatter_reduce"  # FuncPipe's runtime, which TPDMP and Bayes run on
+# HybridPS's server (FuncPipe §5.1): one c5.9xlarge, Linux on-demand in us-east-1,
+# https://aws.amazon.com/ec2/pricing/on-demand/ ($0.085/h per 2 vCPUs x 18).
+PS_USD_PER_HOUR = 1.53
+
 
 def _sync(d: int, algo: str) -> SyncChoice:
     if d == 1:
         return SyncChoice("none", 1)
-    return SyncChoice(algo, 1 if algo == "all_reduce" else d)
+    return SyncChoice(algo, 1 if algo in ("all_reduce", PS_SYNC) else d)
 
 
 def _pick(cands: list[Estimate]) -> Estimate | None:
@@ -46,42 +60,94 @@ def _pick(cands: list[Estimate]) -> Estimate | None:
     return recommend(pareto_front(feas)) if feas else None
 
 
-def _dp(profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int], algo: str, ga_micro: int | None) -> Estimate | None:
+def _per_weight(cands: Sequence[Estimate], weights: Sequence[tuple[float, float]] = FUNCPIPE_WEIGHTS) -> list[Estimate]:
+    """Per Pareto weight the feasible configuration minimising objective (3)."""
+    feas = [e for e in cands if e.feasible]
+    return [min(feas, key=lambda e: objective_value(e.cost, e.time_s, a1, a2)) for a1, a2 in weights] if feas else []
+
+
+def lambdaml_memory_mb(profile: ModelProfile, b: int, d: int, plat: Platform) -> float:
+    """A LambdaML worker's memory by FuncPipe's own memory model (eq. 3b, one stage): the runtime
+    base and FuncPipe's 200 MB margin, (4 - 2 [d = 1]) parameter copies (weights, gradients and, with
+    d > 1, the serialised sync data), b samples' activations (saved for backward), and the optimizer
+    state (rho P). With it, AmoebaNet-D36's largest local batch at 10,240 MB is 8, as FuncPipe §1
+    reports for LambdaML."""
+    copies = 4.0 - (2.0 if d == 1 else 0.0) + plat.optimizer_state_ratio
+    act = sum(l.saved_bytes_per_sample for l in profile.layers)
+    return plat.runtime_base_mb + FuncPipeConstants().memory_margin_mb + (copies * profile.param_bytes + b * act) / 2**20
+
+
+def max_local_batch(profile: ModelProfile, G: int, plat: Platform, tier: int) -> int | None:
+    """LambdaML's rule: the largest local batch b that divides G and fits ``tier`` by LambdaML's memory."""
+    for b in sorted((b for b in range(1, G + 1) if G % b == 0), reverse=True):
+        if lambdaml_memory_mb(profile, b, G // b, plat) <= tier:
+            return b
+    return None
+
+
+def _data_parallel(profile: ModelProfile, G: int, plat: Platform, algo: str, accumulate: bool) -> Estimate | None:
+    tier = max(plat.tiers_mb)
+    b = max_local_batch(profile, G, plat, tier)
+    if b is None:
+        return None
+    d, L = G // b, len(profile.layers)
+    if not accumulate:
+        return evaluate(profile, Config((L,), (tier,), d, b, 1, (_sync(d, algo),)), plat)
+    # GA: the same workers, micro-batches of 1, the least tier that fits them
+    fit = [t for t in sorted(plat.tiers_mb) if lambdaml_memory_mb(profile, 1, d, plat) <= t]
+    return evaluate(profile, Config((L,), (fit[0],), d, 1, b, (_sync(d, algo),)), plat) if fit else None
+
+
+def _with_server(e: Estimate | None) -> Estimate | None:
+    """The parameter server VM runs for the whole iteration: its price joins the cost (a single
+    worker needs none: FuncPipe §5.3, "on a single worker (no communication time)")."""
+    if e is None or e.config.replicas == 1:
+        return e
+    vm = PS_USD_PER_HOUR / 3600 * e.time_s
+    return dataclasses.replace(e, cost=e.cost + vm)
+
+
+def lambdaml(profile: ModelProfile, G: int, plat: Platform) -> Estimate | None:
+    """LambdaML by FuncPipe §5.1's rule: 10,240 MB, the largest local batch that fits, d = G/b."""
+    return _data_parallel(profile, G, plat, LAMBDAML_SYNC, accumulate=False)
+
+
+def lambdaml_ga(profile: ModelProfile, G: int, plat: Platform) -> Estimate | None:
+    """LambdaML-GA: LambdaML's d, micro-batches of 1, the least tier that fits."""
+    return _data_parallel(profile, G, plat, LAMBDAML_SYNC, accumulate=True)
+
+
+def hybridps(profile: ModelProfile, G: int, plat: Platform) -> Estimate | None:
+    """HybridPS: LambdaML's workers synchronising through a c5.9xlarge parameter server."""
+    return _with_server(_data_parallel(profile, G, plat, PS_SYNC, accumulate=False))
+
+
+def hybridps_ga(profile: ModelProfile, G: int, plat: Platform) -> Estimate | None:
+    """HybridPS-GA: LambdaML-GA's workers with the parameter server."""
+    return _with_server(_data_parallel(profile, G, plat, PS_SYNC, accumulate=True))
+
+
+def _searched(profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int], algo: str) -> Estimate | None:
     L = len(profile.layers)
     out = []
     for d in replicas:
         if G % d:
             continue
-        share = G // d
-        if ga_micro:
-            if share % ga_micro:
-                continue
-            b, m = ga_micro, share // ga_micro
-        else:
-            b, m = share, 1
         for t in plat.tiers_mb:
-            out.append(evaluate(profile, Config((L,), (t,), d, b, m, (_sync(d, algo),)), plat))
+            out.append(evaluate(profile, Config((L,), (t,), d, G // d, 1, (_sync(d, algo),)), plat))
     return _pick(out)
 
 
-def lambdaml(profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> Estimate | None:
-    return _dp(profile, G, plat, replicas, "scatter_reduce", None)
+def lambdaml_searched(profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> Estimate | None:
+    """Not LambdaML's rule: the best (d, tier) of pure data parallelism on our runtime's scatter_reduce."""
+    return _searched(profile, G, plat, replicas, "scatter_reduce")
 
 
-def lambdaml_ga(
-    profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int] = (1, 2, 4, 8, 16, 32), micro_batch: int = 4
+def allreduce_searched(
+    profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)
 ) -> Estimate | None:
-    return _dp(profile, G, plat, replicas, "scatter_reduce", micro_batch)
-
-
-def hybridps(profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> Estimate | None:
-    return _dp(profile, G, plat, replicas, "all_reduce", None)
-
-
-def hybridps_ga(
-    profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int] = (1, 2, 4, 8, 16, 32), micro_batch: int = 4
-) -> Estimate | None:
-    return _dp(profile, G, plat, replicas, "all_reduce", micro_batch)
+    """The best (d, tier) of pure data parallelism with one aggregator through S3 (our all_reduce)."""
+    return _searched(profile, G, plat, replicas, "all_reduce")
 
 
 def _balanced(profile: ModelProfile, plat: Platform, S: int, b: int) -> tuple[int, ...]:
@@ -92,6 +158,8 @@ def _balanced(profile: ModelProfile, plat: Platform, S: int, b: int) -> tuple[in
 def tpdmp(
     profile: ModelProfile, G: int, plat: Platform, replicas: Sequence[int] = (1, 2, 4, 8, 16, 32), micro_batch: int = 4, max_stages: int = 8
 ) -> Estimate | None:
+    """TPDMP as FuncPipe §5.1 applies it: a grid over the resource allocation (d, stages, tier), the
+    throughput-optimal partition for each, and per weight the configuration minimising (3)."""
     out = []
     L = len(profile.layers)
     for d in replicas:
@@ -101,8 +169,8 @@ def tpdmp(
         for S in range(1, max_stages_for(d, L, max_stages) + 1):
             bal = _balanced(profile, plat, S, micro_batch)
             for t in plat.tiers_mb:
-                out.append(evaluate(profile, Config(bal, (t,) * S, d, micro_batch, m, (_sync(d, "scatter_reduce"),) * S), plat))
-    return _pick(out)
+                out.append(evaluate(profile, Config(bal, (t,) * S, d, micro_batch, m, (_sync(d, FUNCPIPE_RUNTIME_SYNC),) * S), plat))
+    return _pick(_per_weight(out))
 
 
 def bayes(
@@ -112,26 +180,34 @@ def bayes(
     trials: int = 100,
     weights: Sequence[tuple[float, float]] = FUNCPIPE_WEIGHTS,
     replicas: Sequence[int] = (1, 2, 4, 8, 16, 32),
-    micro_batch_sizes: Sequence[int] = (1, 2, 4, 8),
+    micro_batch: int = 4,
     max_stages: int = 8,
     seed: int = 0,
 ) -> Estimate | None:
+    """Bayes as FuncPipe §5.1 runs it: per weight, 100 rounds of Bayesian optimisation (optuna's TPE)
+    over the partition and the resource allocation jointly — d, the stage count, the cut points and
+    every stage's tier — with the performance model as the oracle, minimising (3)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     L = len(profile.layers)
-    found: list[Estimate] = []
+    best: list[Estimate] = []
     for a1, a2 in weights:
+        found: list[Estimate] = []
 
-        def objective(trial: optuna.Trial, a1: float = a1, a2: float = a2) -> float:
+        def objective(trial: optuna.Trial, a1: float = a1, a2: float = a2, found: list[Estimate] = found) -> float:
             d = trial.suggest_categorical("d", list(replicas))
-            b = trial.suggest_categorical("b", list(micro_batch_sizes))
-            S = trial.suggest_int("S", 1, max_stages_for(d, L, max_stages))
-            t = trial.suggest_categorical("tier", list(plat.tiers_mb))
-            if G % (d * b):
+            S = trial.suggest_int("S", 1, min(L, max_stages))
+            cuts = sorted({trial.suggest_int(f"cut{i}", 1, L - 1) for i in range(S - 1)}) if L > 1 else []
+            edges = [0, *cuts, L]
+            balance = tuple(edges[i + 1] - edges[i] for i in range(len(edges) - 1))
+            tiers = tuple(trial.suggest_categorical(f"tier{i}", list(plat.tiers_mb)) for i in range(len(balance)))
+            if G % (d * micro_batch) or len(balance) > max_stages_for(d, L, max_stages):
                 return float("inf")
             e = evaluate(
-                profile, Config(_balanced(profile, plat, S, b), (t,) * S, d, b, G // (d * b), (_sync(d, "scatter_reduce"),) * S), plat
+                profile,
+                Config(balance, tiers, d, micro_batch, G // (d * micro_batch), (_sync(d, FUNCPIPE_RUNTIME_SYNC),) * len(balance)),
+                plat,
             )
             if not e.feasible:
                 return float("inf")
@@ -140,7 +216,9 @@ def bayes(
 
         study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
         study.optimize(objective, n_trials=trials)
-    return _pick(found)
+        if found:
+            best.append(min(found, key=lambda e: objective_value(e.cost, e.time_s, a1, a2)))
+    return _pick(best)
 
 
 BASELINES: dict[str, Callable[[ModelProfile, int, Platform], Estimate | None]] = {
@@ -153,4 +231,6 @@ BASELINES: dict[str, Callable[[ModelProfile, int, Platform], Estimate | None]] =
     "FuncPipe": funcpipe_plan,
     "Hydrozoa": hydrozoa_plan,
     "FasDL": fasdl_plan,
+    "LambdaML-searched": lambdaml_searched,
+    "AllReduce-searched": allreduce_searched,
 }

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from stagecoach.planner.limits import INLINE_MAP_MAX_CONCURRENCY, LAMBDA_MAX_TIMEOUT_S
+from stagecoach.planner.model.calibration import optimizer_passes
 from stagecoach.planner.model.syncmodel import ALL_SYNC, SYNC_ALGORITHMS, StageSync, SyncAlgorithm, SyncChoice, sync_choices  # noqa: F401 (re-exported)
 from stagecoach.planner.plan import timeouts_from
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
@@ -106,8 +107,9 @@ def param_copies(replicas: int, plat: Platform) -> float:
 
 
 def optimizer_seconds(p_bytes: float, tier_mb: int, plat: Platform) -> float:
-    """Compute time of the optimizer update over p_bytes of fp32 parameters at a tier."""
-    return p_bytes / 4 * plat.optimizer_flops_per_param / (plat.flops_per_vcpu * plat.speedup(tier_mb))
+    """Time of the optimizer update over p_bytes of fp32 parameters at a tier: memory-bound passes
+    over the parameters (calibration.optimizer_passes: SGD 4, + 2 per state buffer; Adam 8)."""
+    return optimizer_passes(plat.optimizer_state_ratio) * plat.param_pass_s(p_bytes, tier_mb)
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,10 @@ def stage_terms(
     ha_own = 0.0 if last else lat + out_b / w
     ha = 0.0 if last else ha_own + poll
     get_out = 0.0 if last else lat + out_b / w
-    bb = max(get_out + get_in + fwd_s + bwd_s, 0.0 if first else ig_b / w)
+    # the backward task re-reads its input and recomputes the forward (GPipe); the last stage runs
+    # its only forward here; a runtime that keeps activations (recompute_forward=False) does neither
+    redo = get_in + fwd_s if (last or plat.recompute_forward) else 0.0
+    bb = max(get_out + redo + bwd_s, 0.0 if first else ig_b / w)
     hb_own = 0.0 if first else lat + ig_b / w
     hb = 0.0 if first else hb_own + poll
     # the optimizer-state prefetch runs from the task's start: it hides behind the task's own
@@ -177,7 +182,8 @@ def stage_terms(
     cached = bool(getattr(sy, "params_cached", False))
     load = 0.0 if cached else lat + p_bytes / w
     shard_gets = 0 if cached else sy.shards
-    act = b * (saved_ps + 2 * in_ps + 2 * out_ps)
+    # one micro-batch's recomputed activations (GPipe); all m micro-batches' without recompute
+    act = b * (saved_ps * (1 if (last or plat.recompute_forward) else m) + 2 * in_ps + 2 * out_ps)
     mem = max(param_copies(d, plat) * p_bytes + act + sy.backward_extra_bytes, sy.task_bytes)
     # while a micro-batch's input (or its output's gradient) is on its way from the neighbour, the
     # waiter polls for it: the neighbour's PUT latency and bytes, and the poll that notices it
@@ -195,7 +201,8 @@ def stage_terms(
     tr = (0 if last else TRANSITIONS_PER_TASK * d) + TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * d
     if sy.tasks:
         tr += TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * sy.tasks
-    return StageTerms(p_bytes, load, a, bb, ha, ha_own, hb, hb_own, fwd_s, fwd_s + bwd_s, sy, mem, gets, puts, inv, tr)
+    bwd_c = (fwd_s if (last or plat.recompute_forward) else 0.0) + bwd_s
+    return StageTerms(p_bytes, load, a, bb, ha, ha_own, hb, hb_own, fwd_s, bwd_c, sy, mem, gets, puts, inv, tr)
 
 
 def global_transitions(stages: int) -> int:

@@ -3,14 +3,17 @@
 Every number the performance model uses about the cloud lives here, with its source, so a price
 change or a new measurement is one edit (or one ``platform.replace(...)`` call) and never a hunt
 through formulas. ``aws_platform()`` is AWS Lambda + Step Functions + S3 in us-east-1 as published
-on ``PRICES_AS_OF``; ``local_platform()`` is this machine, measured (FLOP rate) and documented
-(the local runtime's emulated bandwidth, its CPU count).
+on ``PRICES_AS_OF``, with compute and bandwidth calibrated from the seed papers' measurements on
+Lambda (planner/model/calibration.py cites each; benchmarks/paper_tables.py tests them against the
+papers' other measured numbers); ``local_platform()`` is this machine, measured (FLOP rate,
+parameter passes) and documented (the local runtime's emulated bandwidth, its CPU count).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,32 +28,52 @@ from stagecoach.planner.plan import TIMEOUT_SAFETY
 # https://aws.amazon.com/step-functions/pricing/, https://aws.amazon.com/s3/pricing/
 PRICES_AS_OF = "2025-01-15"
 
-# FuncPipe's eight memory tiers (MB). Lambda accepts any value 128-10,240 in 1 MB steps.
+# FuncPipe's eight memory tiers (MB = MiB, FuncPipe §5.1). Lambda accepts any value 128-10,240 in 1 MB steps.
 FUNCPIPE_TIERS_MB: tuple[int, ...] = (512, 1024, 2048, 3072, 4096, 6144, 8192, 10240)
+
+MIB = 2**20
+# FuncPipe's measured function bandwidth, "about 70 MB/s" (§1, §3.3), in bytes/s. FuncPipe's "MB" is
+# MiB: its Table 1 sizes are the models' parameter bytes in MiB (ResNet-101 169.9 MiB = "170 MB"), and
+# read so, its LambdaML sync formula reproduces the measured 35.5 s of Fig. 1(a) (docs/paper-tables.md).
+FUNCPIPE_BANDWIDTH_BPS = 70 * MIB
+# Lambda's documented network quota per execution environment, 625 Mbps = 78.125e6 bytes/s: an
+# upper bound, not what a function achieves.
+LAMBDA_NETWORK_QUOTA_BPS = 625e6 / 8
 
 
 @dataclass(frozen=True)
 class Platform:
     """What the performance model needs to know about where the workers run.
 
-    Units: bytes, seconds, US dollars, MB (= MiB, as Lambda and FuncPipe use it).
+    Units: bytes, seconds, US dollars. Memory tiers are in MB as Lambda spells them, which are MiB
+    (2^20 bytes): Lambda bills GB-seconds as memory_mb / 1024 (``price_per_s``), and a plan's
+    memory need is compared in bytes with tier * 2^20 (``usable_bytes``). Bandwidths are bytes/s.
+    Each constant says where it comes from: a published measurement (with its paper and table), an
+    AWS page, our own runtime's code, or — said so — an estimate not yet measured on AWS.
     """
 
     name: str
     tiers_mb: tuple[int, ...] = FUNCPIPE_TIERS_MB
-    # CPU: Lambda gives 1 vCPU-equivalent per 1,769 MB, at most 6 (Lambda limits page).
+    # -- compute (docs/performance-model.md §1; planner/model/calibration.py derives each) ---------
+    # Lambda gives 1 vCPU-equivalent per 1,769 MB, at most 6 (AWS Lambda "Memory and computing power").
     mb_per_vcpu: float = 1769.0
     max_vcpu: float = 6.0
-    # Speed-up of PyTorch intra-op parallelism on v > 1 vCPUs is 1 + (v-1)*efficiency: conv and
-    # GEMM kernels scale well but not perfectly; 0.85 is an estimate, measure per tier on AWS.
-    parallel_efficiency: float = 0.85
-    # Sustained fp32 training FLOP/s of ONE vCPU (forward and backward kernels mixed). AWS value is
-    # an estimate for a Lambda x86 vCPU (AVX2/AVX-512 Xeon); local_platform() measures it.
-    flops_per_vcpu: float = 2.5e10
-    layer_overhead_s: float = 2e-4  # Python/dispatcher cost per layer call, independent of size
-    # Storage: per-execution-environment network quota 625 Mbps ~ 78 MB/s (FuncPipe measured 70).
-    bandwidth_Bps: float = 78e6
-    storage_latency_s: float = 0.03  # FuncPipe: t_lat < 40 ms
+    # A tier's speed relative to one vCPU is (M + m) / (1769 + m), capped at max_vcpu: the form of
+    # FasDL's measured fit (Table II, eq. 4), m its four models' median (calibration.tier_offset_mb).
+    tier_offset_mb: float = -93.05
+    # Sustained fp32 training FLOP/s of one vCPU-equivalent: fitted so the model reproduces FuncPipe's
+    # measured 6.0 s of AmoebaNet-D36 compute at 10,240 MB, batch 8 (§1 Fig. 1(a);
+    # calibration.calibrate_flops_per_vcpu). local_platform() measures this machine instead.
+    flops_per_vcpu: float = 4.271e10
+    # Seconds per parameter byte per pass over the parameters, at one vCPU: the part of an iteration
+    # that does not grow with the batch (FasDL Table II's a*b/(M+m), 2.7-5.9 ns per parameter byte over
+    # an SGD iteration's 7 passes; median; calibration.param_pass_s_per_byte). A layer's forward pays
+    # 1 pass, its backward 2, per micro-batch: what makes small micro-batches less efficient per sample.
+    param_pass_s_per_byte: float = 7.041e-10
+    # -- storage and network -------------------------------------------------------------------
+    bandwidth_Bps: float = FUNCPIPE_BANDWIDTH_BPS  # measured (FuncPipe §1, §3.3: 70 MiB/s); the quota is 78.1e6
+    storage_latency_s: float = 0.03  # FuncPipe §3.3 measured t_lat < 40 ms; 30 ms is our estimate within it
+    # -- orchestration: estimates until measured on AWS (the local stack measures its own: stagecoach.calibrate)
     # Step Functions dispatch + warm Lambda invoke, per phase, on the critical path, not billed.
     invoke_overhead_s: float = 0.08
     # Between the starts of consecutive tasks of one Map state (its iterations start one by one).
@@ -58,24 +81,30 @@ class Platform:
     # Per iteration, the window's bookkeeping states (Loop Choice, Advance Pass) on the critical path.
     iteration_overhead_s: float = 0.05
     # A worker waiting for another's object notices it this long after it lands, on average: half
-    # a poll cycle (the channel's longest back-off, 20 ms, plus a 404's round trip).
+    # a poll cycle (lambdas/channel.py: the longest back-off, 20 ms, plus a 404's round trip).
     poll_delay_s: float = 0.025
-    # Memory: the worker process (Python + torch + boto3) before the model is loaded.
+    # -- the runtime ---------------------------------------------------------------------------
+    # Our runtime recomputes a stage's forward in its backward task (GPipe rematerialisation,
+    # docs/runtime.md). False describes runtimes whose long-lived workers keep the activations
+    # (FuncPipe, LambdaML): used to express their measured runs (benchmarks/paper_tables.py).
+    recompute_forward: bool = True
+    # Memory: the worker process (Python + torch + boto3) before the model is loaded. An estimate:
+    # above the ~230 MB measured here for python + torch (tests/planner/test_disdel.py) and DiSDeL's
+    # ~280 MB at job submission (§VI), with room for boto3 and the Lambda runtime.
     runtime_base_mb: float = 380.0
-    memory_headroom: float = 0.9  # plan at most this fraction of the configured memory
+    memory_headroom: float = 0.9  # design choice: plan at most this fraction of the configured memory
     max_task_s: float = float(LAMBDA_MAX_TIMEOUT_S)  # planner/limits.py
     # TimeoutSeconds = margin * predicted + 10 s, by the runtime contract's rule (plan.timeouts_from,
     # TIMEOUT_SAFETY); a plan whose task exceeds max_task_s / margin is refused there, so the
     # planner treats it as infeasible.
     timeout_margin: float = TIMEOUT_SAFETY
-    optimizer_state_ratio: float = 2.0  # optimizer state bytes / parameter bytes (Adam: m and v)
-    optimizer_flops_per_param: float = 12.0  # Adam update arithmetic per parameter
+    optimizer_state_ratio: float = 2.0  # optimizer state bytes / parameter bytes: Adam's m and v (0: SGD)
     # A waiting worker's polling (lambdas/channel.py wait_bytes): the first pause, and the longest
     # (for plans of at most 20 concurrent workers; larger ones poll slower, so fewer GETs).
     poll_first_s: float = 0.005
     poll_max_s: float = 0.02
-    # Prices (USD)
-    price_gb_s: float = 0.0000166667  # Lambda x86; arm64 is 0.0000133334
+    # -- prices (USD), AWS list prices on PRICES_AS_OF ----------------------------------------------
+    price_gb_s: float = 0.0000166667  # Lambda x86 per GB-s (GB = 1,024 MB); arm64 is 0.0000133334
     price_request: float = 0.20 / 1e6  # Lambda invocations
     price_transition: float = 0.025 / 1000  # Step Functions Standard
     price_put: float = 0.005 / 1000  # S3 PUT/COPY/POST/LIST
@@ -89,13 +118,18 @@ class Platform:
         return min(self.max_vcpu, memory_mb / self.mb_per_vcpu)
 
     def speedup(self, memory_mb: float) -> float:
-        """Compute speed relative to one full vCPU.
+        """Compute speed at a tier relative to one vCPU-equivalent (1,769 MB on Lambda).
 
-        Below one vCPU the function gets a CPU-time share, so time scales exactly as 1/v; above,
-        extra cores help with ``parallel_efficiency``.
+        FasDL's measured form (Table II, eq. 4): speed grows as (M + m), here normalised to one vCPU,
+        (M + m) / (mb_per_vcpu + m), capped at ``max_vcpu``. The fit covers both a CPU-time share
+        below one vCPU and extra cores above: its three CNNs scale linearly to 10,240 MB.
         """
-        v = self.vcpu(memory_mb)
-        return v if v <= 1.0 else 1.0 + (v - 1.0) * self.parallel_efficiency
+        m = self.tier_offset_mb
+        return max(1e-3, min(self.max_vcpu, (memory_mb + m) / (self.mb_per_vcpu + m)))
+
+    def param_pass_s(self, param_bytes: float, memory_mb: float) -> float:
+        """Seconds of one pass over ``param_bytes`` of parameters at a tier (``param_pass_s_per_byte``)."""
+        return self.param_pass_s_per_byte * param_bytes / self.speedup(memory_mb)
 
     def polls_while_waiting(self, wait_s: float) -> float:
         """The extra GETs (404s) a worker makes while it waits ``wait_s`` for an object, by the
@@ -139,14 +173,18 @@ def aws_platform(arch: str = "x86_64", **overrides: Any) -> Platform:
     p = Platform(
         name=f"aws-lambda-{arch}",
         price_gb_s=0.0000166667 if arch == "x86_64" else 0.0000133334,
-        notes="prices: AWS list prices; bandwidth: Lambda quota 625 Mbps; flops_per_vcpu: estimate",
+        notes=(
+            "prices: AWS list prices; bandwidth: FuncPipe's measured 70 MiB/s; compute: FLOP rate from FuncPipe Fig. 1(a), "
+            "tier curve and per-parameter passes from FasDL Table II; orchestration: estimates"
+        ),
     )
     return p.replace(**overrides) if overrides else p
 
 
 def funcpipe_platform(**overrides: Any) -> Platform:
-    """AWS with FuncPipe's measured bandwidth (70 MB/s), to compare with its published numbers."""
-    return aws_platform(bandwidth_Bps=70e6, name="aws-funcpipe-measured", **overrides)
+    """AWS as FuncPipe measured it (70 MiB/s, t_lat 30 ms), to compare with its published numbers.
+    The same as ``aws_platform()`` now that its bandwidth is FuncPipe's measurement."""
+    return aws_platform(name="aws-funcpipe-measured", **overrides)
 
 
 _LOCAL_CACHE: dict[str, float] = {}
@@ -184,27 +222,58 @@ def measure_flop_rate(seconds: float = 0.6) -> float:
         torch.set_num_threads(threads)
 
 
+def measure_param_pass_rate(numel: int = 1 << 22, repeats: int = 7) -> float:
+    """Seconds per parameter byte per pass on this machine, single-threaded: the median time of an
+    Adam step over ``numel`` fp32 parameters divided by its passes (calibration.optimizer_passes(2):
+    read weights, gradients and both moments, write weights and moments, zero the gradients)."""
+    from stagecoach.planner.model.calibration import optimizer_passes
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        w = torch.nn.Parameter(torch.zeros(numel))
+        opt = torch.optim.Adam([w], lr=1e-3)
+        times = []
+        for _ in range(repeats + 1):  # the first step allocates the state
+            w.grad = torch.ones(numel)
+            t0 = time.perf_counter()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            times.append(time.perf_counter() - t0)
+        return float(statistics.median(times[1:]) / (optimizer_passes(2.0) * numel * 4))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _local_compute(measure: bool) -> tuple[float, float]:
+    """(flops_per_vcpu, param_pass_s_per_byte) of this machine, measured once per process."""
+    if not measure:
+        return Platform.flops_per_vcpu, Platform.param_pass_s_per_byte
+    if "rate" not in _LOCAL_CACHE:
+        _LOCAL_CACHE["rate"] = measure_flop_rate()
+    if "pass" not in _LOCAL_CACHE:
+        _LOCAL_CACHE["pass"] = measure_param_pass_rate()
+    return _LOCAL_CACHE["rate"], _LOCAL_CACHE["pass"]
+
+
 def local_platform(measure: bool = True, **overrides: Any) -> Platform:
     """This machine as the local runtime uses it.
 
-    CPU: ``flops_per_vcpu`` measured single-threaded; the vCPU model maps tiers as on AWS, capped
-    at this machine's core count (a 10 GB local worker still has only ``os.cpu_count()`` cores).
-    Bandwidth: the local runtime's per-process limit emulates Lambda's 78 MB/s; storage latency of
-    the embedded moto S3 over localhost is a few ms. Prices stay AWS's, so a local plan predicts
-    what the same run would cost on AWS.
+    CPU: ``flops_per_vcpu`` and ``param_pass_s_per_byte`` measured single-threaded; tiers map to
+    speed by the AWS curve, capped at this machine's core count (a 10 GB local worker still has
+    only ``os.cpu_count()`` cores). Bandwidth: AWS's (what the local runtime emulates when asked);
+    storage latency of the embedded moto S3 over localhost is a few ms. Prices stay AWS's, so a
+    local plan predicts what the same run would cost on AWS.
     """
-    rate = 2.5e10
-    if measure:
-        if "rate" not in _LOCAL_CACHE:
-            _LOCAL_CACHE["rate"] = measure_flop_rate()
-        rate = _LOCAL_CACHE["rate"]
+    rate, per_byte = _local_compute(measure)
     p = Platform(
         name="local",
         max_vcpu=float(min(6, os.cpu_count() or 1)),
         flops_per_vcpu=rate,
+        param_pass_s_per_byte=per_byte,
         storage_latency_s=0.005,
         invoke_overhead_s=0.05,
-        notes=f"flops_per_vcpu {'measured' if measure else 'default'} on this machine; bandwidth = runtime's emulated limit",
+        notes=f"compute {'measured' if measure else 'AWS defaults'} on this machine; bandwidth = runtime's emulated limit",
     )
     return p.replace(**overrides) if overrides else p
 
@@ -218,12 +287,18 @@ def emulated_platform(
     ``request_s``, which the emulation counts within the latency, lambdas/netem.py); the
     orchestration constants are the stack's, measured once by
     stagecoach.calibrate. Every local worker computes with one thread whatever its memory,
-    so every tier has the speed of one vCPU (the profile's reference). Prices stay AWS's.
+    so every tier has the speed of one vCPU (the profile's reference), and the compute constants
+    the profile does not measure (the optimizer's passes over the parameters) are this machine's,
+    measured once (``measure_param_pass_rate``). Prices stay AWS's.
     """
+    rate, per_byte = _local_compute(measure=True)
     p = network.replace(
         name="local-emulated",
         mb_per_vcpu=1.0,
         max_vcpu=1.0,
+        tier_offset_mb=0.0,
+        flops_per_vcpu=rate,
+        param_pass_s_per_byte=per_byte,
         storage_latency_s=max(network.storage_latency_s, request_s),
         invoke_overhead_s=invoke_s,
         dispatch_s=dispatch_s,

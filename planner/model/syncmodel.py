@@ -10,6 +10,7 @@ docs/performance-model.md §5.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -219,6 +220,109 @@ class PipelinedScatterReduce(SyncAlgorithm):
         )
 
 
+# -- the measured systems' algorithms, for the model only (not run by our runtime) ------------------
+class LambdaMLScatterReduce(SyncAlgorithm):
+    """LambdaML's storage scatter-reduce as FuncPipe §3.3 describes it (its eq. 1), in the workers.
+
+    After the backward pass each replica, one phase after another: uploads the d-1 splits the others
+    own (t_lat + E, E = (d-1) P/(d w)); downloads its own split from the d-1 others once they land
+    (t_lat + E + q) and merges it; uploads the merged split (t_lat + P/(d w)); downloads the others'
+    (t_lat + E + q); updates its whole replica (opt: every worker holds the model). In all
+    3P/w - 2P/(dw) + 4 t_lat + 2q + opt: eq. (1) plus two polls and the update. The worker ends
+    holding version t+1 and its optimizer state (LambdaML's workers live through the job).
+
+    Not a runtime algorithm (yet): the model prices it to express LambdaML's measured runs and the
+    LambdaML baseline by its paper's rule (benchmarks/paper_tables.py, baselines/classic.py).
+    """
+
+    name = "lambdaml_scatter_reduce"
+    fused = True
+
+    def stage(
+        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+    ) -> StageSync:
+        w, lat, rho, q = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio, plat.poll_delay_s
+        e = (d - 1) * p_bytes / (d * w)
+        tail = (lat + e) + (lat + e + q) + (lat + p_bytes / (d * w)) + (lat + e + q) + opt_s
+        polls = plat.polls_while_waiting(q)
+        return StageSync(
+            self.name,
+            d,
+            tail_s=tail,
+            task_s=0.0,
+            tasks=0,
+            shards=d,
+            tail_puts=d,
+            tail_gets=2 * (d - 1) * (1 + polls),
+            task_puts=0,
+            task_gets=0,
+            backward_extra_bytes=(2 * (d - 1) + 1) * p_bytes / d + rho * p_bytes,  # the state stays in the worker
+            params_cached=True,
+        )
+
+
+class FuncPipePublishedScatterReduce(LambdaMLScatterReduce):
+    """FuncPipe's pipelined scatter-reduce as its paper runs it (§3.3, eq. 2), after the backward pass.
+
+    n = d steps of t_lat + P/(d w) each (step 1 uploads a split, steps 2..n-1 upload one and download
+    one at once, step n downloads), the first download a poll behind its peer's upload; the merged
+    split is exchanged as in LambdaML's phase 3 (t_lat + P/(d w), then t_lat + E + q) and the
+    replica updated (opt). In all 2P/w + (d+2) t_lat + 2q + opt: eq. (2) plus two polls and the update.
+    Our runtime's ``pipelined_scatter_reduce`` streams chunks from the last backward pass on and
+    overlaps the gather with the reduction: a different schedule of the same bytes.
+    """
+
+    name = "funcpipe_scatter_reduce"
+
+    def stage(
+        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+    ) -> StageSync:
+        base = super().stage(d, k, p_bytes, opt_s, backward_compute_s, plat, last_backward_s)
+        w, lat, q = plat.bandwidth_Bps, plat.storage_latency_s, plat.poll_delay_s
+        e = (d - 1) * p_bytes / (d * w)
+        tail = d * (lat + p_bytes / (d * w)) + q + (lat + p_bytes / (d * w)) + (lat + e + q) + opt_s
+        return dataclasses.replace(base, name=self.name, tail_s=tail)
+
+
+class ParameterServer(SyncAlgorithm):
+    """HybridPS (FuncPipe §5.1, after Cirrus): the workers push their gradients to a parameter-server
+    VM and pull the updated parameters, over TCP, no S3. Each direction moves P per worker on its own
+    link (w) and d P through the server's NIC: t_lat + max(P/w, d P/W_ps), twice; the server's update
+    is not on the workers' clock. FuncPipe's server: one c5.9xlarge (36 vCPUs; "10 Gigabit", AWS
+    DescribeInstanceTypes). The server's price is the baseline's to add (baselines/classic.py)."""
+
+    name = "parameter_server"
+    fused = True
+    server_Bps = 10e9 / 8  # c5.9xlarge network performance, 10 Gbit/s
+
+    def stage(
+        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+    ) -> StageSync:
+        w, lat = plat.bandwidth_Bps, plat.storage_latency_s
+        one_way = lat + max(p_bytes / w, d * p_bytes / self.server_Bps)
+        return StageSync(
+            self.name,
+            1,
+            tail_s=2 * one_way,
+            task_s=0.0,
+            tasks=0,
+            shards=1,
+            tail_puts=0,
+            tail_gets=0,
+            task_puts=0,
+            task_gets=0,
+            backward_extra_bytes=p_bytes,
+            params_cached=True,
+        )
+
+
+# Priced for comparisons with the measured systems, never searched or emitted (not in ALL_SYNC; a
+# Plan refuses them): the seam admits them like any other algorithm.
+MODEL_ONLY_SYNC: dict[str, SyncAlgorithm] = {
+    a.name: a for a in (LambdaMLScatterReduce(), FuncPipePublishedScatterReduce(), ParameterServer())
+}
+
+
 SYNC_ALGORITHMS: dict[str, SyncAlgorithm] = {
     a.name: a for a in (NoSync(), ScatterReduce(), PipelinedScatterReduce(), KReduce(), AllReduce())
 }
@@ -241,12 +345,16 @@ class SyncChoice:
 
     @property
     def algorithm(self) -> SyncAlgorithm:
-        if self.algo not in SYNC_ALGORITHMS:
-            raise ValueError(f"unknown sync algorithm {self.algo!r}: choose one of {sorted(SYNC_ALGORITHMS)}")
-        return SYNC_ALGORITHMS[self.algo]
+        if self.algo in SYNC_ALGORITHMS:
+            return SYNC_ALGORITHMS[self.algo]
+        if self.algo in MODEL_ONLY_SYNC:
+            return MODEL_ONLY_SYNC[self.algo]
+        raise ValueError(f"unknown sync algorithm {self.algo!r}: choose one of {sorted(SYNC_ALGORITHMS)}")
 
     def plan_fields(self) -> tuple[str, int]:
         """(Plan.sync, Plan.aggregators) for this choice; "none" (d = 1) is scatter_reduce, K = 1."""
+        if self.algo in MODEL_ONLY_SYNC:
+            raise ValueError(f"{self.algo} is priced by the model only; the runtime does not run it")
         return ("scatter_reduce", 1) if self.algo == "none" else (self.algo, self.k)
 
 

@@ -51,21 +51,48 @@ class LayerProfile:
         return self.in_bytes_per_sample if self.in_requires_grad else 0.0
 
     def times(self, tier_mb: int, micro_batch: int, platform: Platform) -> tuple[float, float]:
-        """(forward, backward) seconds for one micro-batch at a memory tier.
+        """(forward, backward) seconds for one micro-batch at a memory tier (docs/performance-model.md §1).
 
-        Priority: measured at that tier (AWS profile phase) > measured at one vCPU scaled by the
-        vCPU model > FLOPs / calibrated FLOP rate scaled by the vCPU model.
+        Priority: measured on the platform per tier (the AWS profile phase, ``tier_s``) > measured at
+        one vCPU scaled by the tier curve > FLOPs / calibrated FLOP rate plus parameter passes.
+        Per-tier measurements are used whenever present: at a measured tier, exactly at a measured
+        micro-batch size or on the line through that tier's sizes; between measured tiers, speed
+        (1/time) interpolated linearly in memory; beyond them, the nearest measured tier scaled by
+        the platform's tier curve (``Platform.speedup``).
         """
-        per = self.tier_s.get(tier_mb)
-        if per and micro_batch in per:
-            f, b = per[micro_batch]
-            return float(f), float(b)
+        if self.tier_s:
+            return self._tier_times(tier_mb, micro_batch, platform)
         sp = platform.speedup(tier_mb)
         if self.fwd_s:
             return (_affine_in_b(self.fwd_s, micro_batch) / sp, _affine_in_b(self.bwd_s, micro_batch) / sp)
-        ov = platform.layer_overhead_s * self.count
         rate = platform.flops_per_vcpu * sp
-        return (ov + self.fwd_flops_per_sample * micro_batch / rate, ov + self.bwd_flops_per_sample * micro_batch / rate)
+        passes = platform.param_pass_s(self.param_bytes, tier_mb)  # one pass over the layer's parameters
+        return (self.fwd_flops_per_sample * micro_batch / rate + passes, self.bwd_flops_per_sample * micro_batch / rate + 2 * passes)
+
+    def _measured_at(self, tier_mb: int, micro_batch: int) -> tuple[float, float]:
+        per = self.tier_s[tier_mb]
+        if micro_batch in per:
+            f, b = per[micro_batch]
+            return float(f), float(b)
+        return (_affine_in_b({k: v[0] for k, v in per.items()}, micro_batch), _affine_in_b({k: v[1] for k, v in per.items()}, micro_batch))
+
+    def _tier_times(self, tier_mb: int, micro_batch: int, platform: Platform) -> tuple[float, float]:
+        if tier_mb in self.tier_s:
+            return self._measured_at(tier_mb, micro_batch)
+        measured = sorted(self.tier_s)
+        lo = [t for t in measured if t < tier_mb]
+        hi = [t for t in measured if t > tier_mb]
+        if lo and hi:  # between two measured tiers: speed linear in memory
+            t0, t1 = lo[-1], hi[0]
+            w = (tier_mb - t0) / (t1 - t0)
+            out = []
+            for a, b in zip(self._measured_at(t0, micro_batch), self._measured_at(t1, micro_batch)):
+                out.append(0.0 if a <= 0 or b <= 0 else 1.0 / ((1 - w) / a + w / b))
+            return out[0], out[1]
+        near = lo[-1] if lo else hi[0]
+        k = platform.speedup(near) / platform.speedup(tier_mb)
+        f, b = self._measured_at(near, micro_batch)
+        return f * k, b * k
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -6,7 +6,7 @@ import torch
 from stagecoach.lambdas.profiling import combine_tier_phases, measure_model, profile_phase
 from stagecoach.planner.model.fits import check_fits
 from stagecoach.planner.model.platforms import aws_platform
-from stagecoach.planner.profile.layers import LayerTooLargeError, ModelProfile
+from stagecoach.planner.profile.layers import LayerProfile, LayerTooLargeError, ModelProfile
 from stagecoach.planner.profile.meta import profile_meta
 from stagecoach.planner.profile.zoo import FUNCPIPE_TABLE1_MIB, amoebanet_d, bert_large, resnet101
 
@@ -103,19 +103,50 @@ def test_integer_inputs_have_no_input_gradient_and_shared_saves_count_once():
         assert flat.saved_bytes_per_sample == 0
 
 
-def test_meta_times_come_from_the_calibrated_flop_rate_and_the_vcpu_model():
+def test_meta_times_come_from_the_calibrated_flop_rate_and_the_tier_curve():
     plat = aws_platform()
     lin = profile_meta(torch.nn.Sequential(torch.nn.Linear(256, 512)), torch.randn(256)).layers[0]
     assert lin.fwd_flops_per_sample == 2 * 256 * 512 and lin.bwd_flops_per_sample == 2 * lin.fwd_flops_per_sample
-    f, g = lin.times(1769, 4, plat)  # one vCPU
-    assert f == pytest.approx(plat.layer_overhead_s + 4 * lin.fwd_flops_per_sample / plat.flops_per_vcpu)
-    assert g == pytest.approx(plat.layer_overhead_s + 4 * lin.bwd_flops_per_sample / plat.flops_per_vcpu)
-    # below one vCPU the function gets a CPU-time share; above, cores help with an efficiency; 6 vCPU cap
-    half = lin.times(1769 // 2, 4, plat)[0] - plat.layer_overhead_s
-    assert half == pytest.approx(2 * (f - plat.layer_overhead_s), rel=1e-3)
-    assert plat.speedup(2 * 1769) == pytest.approx(1 + plat.parallel_efficiency)
-    assert plat.vcpu(6 * 1769 + 1000) == plat.vcpu(6 * 1769) == 6.0
+    f, g = lin.times(1769, 4, plat)  # one vCPU: FLOPs at the rate, plus passes over the parameters (1 forward, 2 backward)
+    pass_s = plat.param_pass_s_per_byte * lin.param_bytes
+    assert f == pytest.approx(pass_s + 4 * lin.fwd_flops_per_sample / plat.flops_per_vcpu)
+    assert g == pytest.approx(2 * pass_s + 4 * lin.bwd_flops_per_sample / plat.flops_per_vcpu)
+    # FasDL's measured form: speed grows as (M + m), m = -93 MB; linear in memory up to the 6 vCPU cap
+    m = plat.tier_offset_mb
+    assert plat.speedup(1769) == pytest.approx(1.0)
+    assert plat.speedup(4096) == pytest.approx((4096 + m) / (1769 + m))
+    assert plat.speedup(1769 // 2) == pytest.approx((884 + m) / (1769 + m))
+    assert plat.speedup(10240) == 6.0 and plat.vcpu(6 * 1769 + 1000) == 6.0
     assert lin.times(8192, 4, plat)[0] < lin.times(4096, 4, plat)[0] < lin.times(2048, 4, plat)[0]
+    # the passes make a micro-batch of 1 less efficient per sample than one of 4
+    assert sum(lin.times(4096, 1, plat)) > sum(lin.times(4096, 4, plat)) / 4
+
+
+def test_measured_tiers_are_preferred_whenever_present():
+    plat = aws_platform()
+    lay = LayerProfile(
+        "l",
+        4e6,
+        0,
+        0,
+        0,
+        fwd_flops_per_sample=1e9,
+        bwd_flops_per_sample=2e9,
+        fwd_s={1: 9.0, 4: 9.0},
+        bwd_s={1: 9.0, 4: 9.0},
+        tier_s={2048: {1: (0.2, 0.4), 4: (0.5, 1.0)}, 8192: {4: (0.125, 0.25)}},
+    )
+    assert lay.times(2048, 4, plat) == (0.5, 1.0)  # measured exactly
+    assert lay.times(2048, 2, plat) == pytest.approx((0.3, 0.6))  # the line through the tier's sizes
+    # between measured tiers: speed (1/time) linear in memory
+    f, _ = lay.times(4096, 4, plat)
+    w = (4096 - 2048) / (8192 - 2048)
+    assert f == pytest.approx(1 / ((1 - w) / 0.5 + w / 0.125))
+    # beyond: the nearest measured tier, scaled by the tier curve
+    f, _ = lay.times(10240, 4, plat)
+    assert f == pytest.approx(0.125 * plat.speedup(8192) / plat.speedup(10240))
+    f, _ = lay.times(1024, 4, plat)
+    assert f == pytest.approx(0.5 * plat.speedup(2048) / plat.speedup(1024))
 
 
 def test_zoo_structure_and_flops_match_the_architectures():
