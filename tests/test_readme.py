@@ -21,6 +21,7 @@ NOT_HERE = {
     "stagecoach train examples/digits.py --backend aws": "needs an AWS account",
     "stagecoach train examples/resnet.py": "tests/test_cli.py runs it (fewer iterations)",
     "stagecoach train examples/amoebanet.py": "tests/test_cli.py runs it (fewer iterations)",
+    "stagecoach train examples/bert.py": "tests/test_cli.py runs it (fewer iterations)",
     "stagecoach inspect EXECUTION_ARN": "needs an execution of a real run (tests/test_inspect.py runs inspect on one)",
     "stagecoach cleanup JOB_ID --stack": "needs an AWS account",
 }
