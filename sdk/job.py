@@ -130,7 +130,9 @@ class Job:
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise JobError("job.loss must return a scalar tensor (a mean over the batch)")
         try:
-            self._facts = exactness.examine(self.build_model, self.loss, self.optimizer, sample, y[:n], self.seed, self.dtype)
+            self._facts = exactness.examine(
+                self.build_model, self.loss, self.optimizer, sample, y[:n], self.seed, self.dtype, factory=self.factory
+            )
         except exactness.NotExact as e:
             raise JobError(str(e)) from None
         if plan is not None:
