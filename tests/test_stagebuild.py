@@ -288,3 +288,60 @@ def test_each_container_holds_its_stage_and_the_job_trains_like_plain_pytorch(ba
     for (k, a), b in zip(got.state_dict().items(), want.state_dict().values()):
         assert torch.allclose(a, b, rtol=0, atol=1e-10), k
     assert math.isfinite(run.losses()[-1])
+
+
+def _linear_job(name: str, width: int, blocks: int) -> Job:
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, width, generator=g), torch.randint(0, 4, (64,), generator=g)
+
+    def model() -> nn.Sequential:
+        return nn.Sequential(
+            *[nn.Linear(width, width) for _ in range(blocks - 1)], nn.Sequential(nn.Linear(width, width), nn.Linear(width, 4))
+        )
+
+    return Job(
+        model=model,
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.01),
+        train=(x, y),
+        global_batch=16,
+        iterations=1,
+        name=name,
+    )
+
+
+@pytest.mark.slow
+def test_a_model_whose_whole_exceeds_what_a_function_may_hold_trains_stage_by_stage(backend):
+    """32 stages of 8 MiB, 256 MiB in all; every stage's function gets its runtime's own peak
+    (a worker that trained a 1 KiB model) plus half the model: the whole model would not fit
+    beside the runtime, but each stage does, and the stack kills any process whose resident set
+    passes its function's memory (sdk/local/runtime.py)."""
+    from stagecoach import Plan
+
+    tiny = _linear_job("meta-base", 8, 2)
+    run = tiny.run(plan=Plan(balance=[2], global_batch=16, memory_mb=1024), backend=backend)
+    assert run.wait(progress=False, timeout_s=600) == "SUCCEEDED", run.failure()
+    base_mb = max(m.max_rss_mb for m in run.metrics())
+
+    stages, width = 32, 1448
+    job = _linear_job("meta-big", width, stages)
+    whole = job.build_model()
+    whole_mb = sum(p.numel() * p.element_size() for p in whole.parameters()) / 2**20
+    memory_mb = math.ceil(base_mb + whole_mb / 2)
+    assert whole_mb > memory_mb - base_mb  # the whole model does not fit beside the runtime
+    run = job.run(plan=Plan(balance=[1] * stages, global_batch=16, memory_mb=memory_mb), backend=backend)
+    assert run.wait(progress=False, timeout_s=900) == "SUCCEEDED", run.failure()
+    assert run.spec().build == "meta"
+    c = backend.clients
+    assert not c.s3.list_objects_v2(Bucket=run.bucket, Prefix=f"jobs/{run.job_id}/remediations/").get("Contents")
+    fn = run.spec().window_state_machine.split(":")[-1].replace("-window", "-s0")
+    assert c.lambda_.get_function_configuration(FunctionName=fn)["MemorySize"] == memory_mb  # never raised
+    layers = list(whole)
+    metrics = run.metrics()
+    assert len(metrics) == 2 * stages - 1
+    for m in metrics:
+        stage_mb = sum(p.numel() * p.element_size() for p in layers[m.stage].parameters()) / 2**20
+        assert m.model_bytes == stage_mb * 2**20  # the stage's parameters, not the whole model's
+        assert m.max_rss_mb <= memory_mb
+        assert m.max_rss_mb - base_mb < whole_mb / 2
+    assert math.isfinite(run.losses()[0])
