@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 import torch
-from torch import nn
+from torch import fx, nn
 
 from stagecoach.lambdas.training import Ownership, Tied, build_model, ownership
 
@@ -36,7 +36,32 @@ def build_meta(factory: Callable[[], nn.Module], seed: int, dtype: torch.dtype) 
     torch.manual_seed(seed)
     with torch.device("meta"):
         model = factory()
-    return model.to(dtype) if isinstance(model, nn.Module) else model
+    if not isinstance(model, nn.Module):
+        return model
+    _graphs_to_cpu(model)
+    return model.to(dtype)
+
+
+def _graphs_to_cpu(model: nn.Module) -> None:
+    """A graph captured while building on the meta device (Job(blocks=...): lambdas/graph_split.py)
+    names that device in its ops (``arange(..., device=meta)``, assertions on a tensor's device);
+    the built model runs on the CPU, so point them there. Whatever this misses, the client's
+    comparison with the real build catches (sdk/exactness.py meta_build_refusal)."""
+    meta, cpu = torch.device("meta"), torch.device("cpu")
+
+    def retarget(a: object) -> object:
+        return cpu if isinstance(a, torch.device) and a == meta else a
+
+    for m in reachable_modules(model):
+        graph = getattr(m, "graph", None)
+        if not isinstance(graph, fx.Graph):
+            continue
+        for node in graph.nodes:
+            node.args = tuple(retarget(a) for a in node.args)
+            node.kwargs = {k: retarget(v) for k, v in node.kwargs.items()}
+    for m in reachable_modules(model):
+        if isinstance(m, fx.GraphModule):
+            m.recompile()
 
 
 def materialize(layers: Iterable[nn.Module], device: str = "cpu") -> dict[int, torch.Tensor]:
@@ -50,7 +75,7 @@ def materialize(layers: Iterable[nn.Module], device: str = "cpu") -> dict[int, t
     memo: dict[int, torch.Tensor] = {}
     seen: set[int] = set()
     for layer in layers:
-        for m in layer.modules():
+        for m in reachable_modules(layer):
             if id(m) in seen:
                 continue
             seen.add(id(m))
@@ -67,6 +92,37 @@ def materialize(layers: Iterable[nn.Module], device: str = "cpu") -> dict[int, t
                     memo[id(b)] = torch.empty_like(b, device=device)
                 m._buffers[name] = memo[id(b)]
     return memo
+
+
+_REGISTRIES = ("_parameters", "_buffers", "_modules")
+
+
+def plain_modules(value: object, depth: int = 3) -> list[nn.Module]:
+    """The modules a plain attribute value holds, looking into lists, tuples, sets and dicts."""
+    if isinstance(value, nn.Module):
+        return [value]
+    if depth == 0:
+        return []
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple, set, frozenset)) else ()
+    return [m for v in items for m in plain_modules(v, depth - 1)]
+
+
+def reachable_modules(root: nn.Module) -> list[nn.Module]:
+    """Every module ``root`` reaches, each once: its registered submodules, and modules kept in
+    plain attributes (an exported graph's ``InterpreterModule.graph_module`` is a GraphModule over
+    the same tensors), so materialising gives those the same new tensors too."""
+    out: list[nn.Module] = []
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        out.append(m)
+        stack += [c for c in m._modules.values() if c is not None][::-1]
+        stack += [c for attr, v in vars(m).items() if attr not in _REGISTRIES for c in plain_modules(v)]
+    return out
 
 
 def stage_buffers(layers: Sequence[nn.Module], first_layer: int) -> dict[str, torch.Tensor]:

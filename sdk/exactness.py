@@ -484,31 +484,38 @@ def _same_tensors(real: nn.Module, meta: nn.Module) -> str | None:
     return None
 
 
-def _holds(value: Any, depth: int = 3) -> str | None:
-    """What tensor or module a plain attribute value holds, looking into lists, tuples, sets and dicts."""
+def _plain_tensor(value: Any, depth: int = 3) -> bool:
+    """Whether a plain attribute value holds a tensor, looking into lists, tuples, sets and dicts."""
     if isinstance(value, torch.Tensor):
-        return "tensor"
-    if isinstance(value, nn.Module):
-        return "module"
+        return True
     if depth == 0:
-        return None
+        return False
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple, set, frozenset)) else ()
-    return next((w for w in (_holds(v, depth - 1) for v in items) if w), None)
+    return any(_plain_tensor(v, depth - 1) for v in items)
 
 
 def _plain_attributes(model: nn.Module) -> str | None:
-    for path, m in model.named_modules():
+    """A tensor in a plain attribute of any module the model reaches, or a module in a plain
+    attribute holding tensors that are not the model's own (a GraphModule over the model's
+    tensors, as an exported graph keeps, is given the same new tensors: stagebuild.materialize)."""
+    registered = {id(t) for t in _state(model)}
+    plain = {id(m) for m in stagebuild.reachable_modules(model)} - {id(m) for m in model.modules()}
+    for m in stagebuild.reachable_modules(model):
         for attr, value in vars(m).items():
             if attr in ("_parameters", "_buffers", "_modules"):
                 continue
-            what = _holds(value)
-            if what:
-                return (
-                    f"module {path or '(the model)'} ({type(m).__name__}) keeps a {what} in its attribute {attr!r}, "
-                    f"neither a parameter nor a buffer{'' if what == 'tensor' else ' of a registered module'}: a build "
-                    "on the meta device would leave it without values. register_buffer / nn.ModuleList would let "
-                    "each container build only its own stage"
-                )
+            if _plain_tensor(value):
+                what = "a tensor"
+            elif any(id(t) not in registered for held in stagebuild.plain_modules(value) for t in _state(held)):
+                what = "a module with tensors of its own"
+            else:
+                continue
+            where = "" if id(m) not in plain else ", itself kept in a plain attribute"
+            return (
+                f"module {type(m).__name__}{where} keeps {what} in its attribute {attr!r}, neither a parameter nor a "
+                "buffer of the model: a build on the meta device would leave it without values. register_buffer / "
+                "nn.ModuleList would let each container build only its own stage"
+            )
     return None
 
 

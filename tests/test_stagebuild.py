@@ -195,7 +195,7 @@ class NumpyInit(nn.Module):
 
 FULL = [
     ("a tensor in a plain attribute", PlainTensor, "attribute 'scale'"),
-    ("a module in a plain list", HiddenModule, "keeps a module in its attribute 'helpers'"),
+    ("a module in a plain list", HiddenModule, "keeps a module with tensors of its own in its attribute 'helpers'"),
     ("values read while building", ScalarFromWeights, "fails on the meta device"),
     ("a buffer viewing a parameter", ViewOfParameter, "shares storage"),
     ("spectral norm's computed weight", lambda: nn.utils.spectral_norm(nn.Linear(6, 3)), "attribute 'weight'"),
@@ -242,6 +242,38 @@ def test_job_validate_records_the_build_and_why():
     assert job(lambda: nn.Sequential(nn.Linear(6, 3))).facts.full_build is None
     why = job(lambda: nn.Sequential(PlainTensor())).facts.full_build
     assert why and "scale" in why
+
+
+def test_a_model_captured_as_a_graph_gets_the_meta_build_and_its_stages_allocate_only_themselves():
+    """Job(blocks=...) cuts an exported graph (lambdas/graph_split.py): built on the meta device,
+    the graph names that device in its ops, which the build points back at the CPU."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "bert.py")
+    spec = importlib.util.spec_from_file_location("bert_example_meta", path)
+    bert = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bert)
+    job = Job(
+        model=lambda: bert.Bert(dim=8, heads=2, layers=3),
+        blocks=["embeddings", "encoder.*", "head"],
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        train=bert.sequences(32, seed=1),
+        global_batch=8,
+        iterations=1,
+        dtype=torch.float64,
+    )
+    assert job.facts.full_build is None
+    whole = job.build_model()
+    stages = [range(0, 2), range(2, 5)]
+    own = ownership(list(whole), stages)
+    for s in range(2):
+        with Allocations() as alloc:
+            built = build_stage(job.factory, job.seed, job.dtype, stages, s, "meta")
+        tensors = {id(t): t for t in [*own.owned[s], *(t.param for t in own.tied[s])]}
+        tensors |= {id(b): b for i in stages[s] for b in whole[i].buffers()}
+        assert alloc.bytes == held_bytes(built.layers) == sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def test_build_meta_builds_nothing():
