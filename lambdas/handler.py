@@ -130,6 +130,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         cold=_invocations == 1,
         memory_mb=int(context.memory_limit_in_mb),
         max_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        model_bytes=ctx.held_bytes(),
         **result,
     )
     ch.put_bytes(keys.metrics(ev.job, ev.t, ev.phase, ev.stage, index), m.model_dump_json(exclude_none=True).encode())

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
 
 import cloudpickle
 import torch
@@ -20,15 +19,14 @@ from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.collectives import Layout, SyncSpec, gather, read_range
 from stagecoach.lambdas.optim_state import group_runs
 from stagecoach.lambdas.records import JobSpec
+from stagecoach.lambdas.stagebuild import build_stage, held_bytes, load_buffers, stage_buffers
 from stagecoach.lambdas.training import (
     DTYPES,
     Ownership,
     Tied,
     assign_flat,
-    build_model,
     flat_params,
     load_running_stats,
-    ownership,
     running_stats,
     stage_layout,
 )
@@ -52,6 +50,7 @@ class JobContext:
     own: dict[int, Ownership] = field(default_factory=dict)
     param_index: dict[int, dict[int, int]] = field(default_factory=dict)  # id -> position in model.parameters()
     tied_version: dict[int, int] = field(default_factory=dict)  # the owners' version of the tied parameters held
+    buffers_pending: set[int] = field(default_factory=set)  # meta-built stages whose initial buffers are not loaded yet
 
     @property
     def dtype(self) -> torch.dtype:
@@ -62,15 +61,39 @@ class JobContext:
         return self.spec.seed
 
     def stage_module(self, stage: int) -> nn.ModuleList:
+        """The stage's blocks, built once per container (lambdas/stagebuild.py): on the meta device
+        and given storage for this stage only, unless the job's spec says the factory needs the
+        full build. A meta-built stage holds no values until :meth:`ensure_params` loads them."""
         if stage not in self.stages:
-            model = build_model(self.model_factory, self.seed, self.dtype)
-            layers = list(cast(nn.Sequential, model))  # Job.validate accepted only an nn.Sequential
-            self.own[stage] = ownership(layers, [self.plan.stage_layers(s) for s in range(self.plan.stages)]).for_stage(stage)
-            mine = {id(p) for p in self.own[stage].owned[stage]}
-            self.param_index[stage] = {id(p): i for i, p in enumerate(model.parameters()) if id(p) in mine}
-            self.stages[stage] = nn.ModuleList([layers[i] for i in self.plan.stage_layers(stage)]).train()
-            self.stats_version[stage] = 0  # a freshly built model holds the initial statistics, as every container's does
+            ranges = [self.plan.stage_layers(s) for s in range(self.plan.stages)]
+            built = build_stage(self.model_factory, self.seed, self.dtype, ranges, stage, self.spec.build)
+            self.own[stage] = built.own
+            self.param_index[stage] = built.param_index
+            self.stages[stage] = nn.ModuleList(built.layers).train()
+            if self.spec.build == "full":
+                self.stats_version[stage] = 0  # a freshly built model holds the initial statistics, as every container's does
+            else:
+                self.buffers_pending.add(stage)
         return self.stages[stage]
+
+    def ensure_initial_buffers(self, channel: Channel, stage: int) -> None:
+        """A meta-built stage's buffers as the factory initialised them (uploaded by the client:
+        keys.initial_buffers), once per container; they then hold the initial running statistics."""
+        module = self.stage_module(stage)
+        if stage not in self.buffers_pending:
+            return
+        first = self.plan.stage_layers(stage).start
+        if stage_buffers(list(module), first):
+            values = channel.get_tensors(keys.initial_buffers(self.job, stage))
+            if values is None:
+                raise FileNotFoundError(f"initial buffers {keys.initial_buffers(self.job, stage)} are missing")
+            load_buffers(list(module), first, values)
+        self.buffers_pending.discard(stage)
+        self.stats_version[stage] = 0
+
+    def held_bytes(self) -> int:
+        """Bytes of the parameters and buffers this container's stage modules hold."""
+        return held_bytes(self.stages.values())
 
     def ownership(self, stage: int) -> Ownership:
         """Who owns which parameter, as seen from this container's instance of ``stage``'s model."""
@@ -168,6 +191,7 @@ class JobContext:
         """Load the stage's parameters at ``version`` (every chunk of every shard) unless this
         container has them: its last task may have gathered them (pipelined scatter-reduce)."""
         module = self.stage_module(stage)
+        self.ensure_initial_buffers(channel, stage)
         if self.loaded_version.get(stage) != version:
             flat = gather(channel, self.sync_spec(stage, version, 0, deadline), version)
             self.set_params(stage, version, flat)

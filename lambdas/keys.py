@@ -15,6 +15,12 @@ def job_code(job: str) -> str:
     return f"jobs/{job}/model/job.pkl"
 
 
+def initial_buffers(job: str, stage: int) -> str:
+    """A stage's buffers as the factory initialises them, for a container that builds only its
+    stage on the meta device (lambdas/stagebuild.py): written once by the client at job start."""
+    return f"jobs/{job}/model/buffers/s{stage}"
+
+
 def plan(job: str) -> str:
     return f"jobs/{job}/plan.json"
 

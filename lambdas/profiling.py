@@ -101,12 +101,14 @@ def measure_model(
             y2, s2 = _saved_bytes(child, xs[lo + 1])
             times = {b: _time_layer(child, xs[b], repeats) for b in micro_batch_sizes}
             pbytes = sum(p.numel() * p.element_size() for p in child.parameters())
+            bbytes = sum(b.numel() * b.element_size() for b in child.buffers())
             f = {b: t[0] for b, t in times.items()}
             g = {b: t[1] for b, t in times.items()}
             layers.append(
                 LayerProfile(
                     name=f"{i}:{cname}" if not cname.isdigit() else f"{i}:{type(child).__name__}",
                     param_bytes=float(pbytes),
+                    buffer_bytes=float(bbytes),
                     saved_bytes_per_sample=float(max(0, s2 - s1)),
                     out_bytes_per_sample=float(tensor_bytes(y2) - tensor_bytes(y1)),
                     in_bytes_per_sample=float(tensor_bytes(xs[lo + 1]) - tensor_bytes(xs[lo])),

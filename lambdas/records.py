@@ -39,6 +39,12 @@ class JobSpec(_Record):
     # runs no windows (sdk/profile_tiers.py)
     window_length: int | None = None
     window_state_machine: str | None = None
+    # how a container builds its stage (lambdas/stagebuild.py): "meta", only its own blocks, from
+    # the factory run on the meta device and the values the client uploaded; "full", the whole
+    # model from the factory, then its blocks kept — for a factory the meta build would not
+    # reproduce, which ``full_build_reason`` names (sdk/exactness.py meta_build_refusal)
+    build: Literal["meta", "full"] = "full"
+    full_build_reason: str | None = None
     # parameter groups of the optimizer over the whole model, when it has more than one: each
     # group's hyperparameters (all but "params"), and the group of each parameter in the order of
     # model.parameters() (sdk/exactness.py optimizer_groups)
@@ -78,6 +84,8 @@ class TaskMetrics(_Record):
     cold: bool
     memory_mb: int
     max_rss_mb: float
+    # bytes of the parameters and buffers the container's stage modules hold (each storage once)
+    model_bytes: int | None = None
     loss: float | None = None  # the last stage's backward: mean loss over its micro-batches
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from stagecoach.lambdas import boundary
+from stagecoach.lambdas import boundary, stagebuild
 from stagecoach.lambdas.optim_state import apply_update, chunk_segments, group_runs
 from stagecoach.lambdas.training import run_layers, running_stats
 
@@ -55,6 +55,9 @@ class ModelFacts:
     coupling_beyond_batch_norm: str | None = None
     # the optimizer's parameter groups (None: one group)
     optimizer_groups: OptimizerGroups | None = None
+    # why every container must build the whole model (None: each builds only its own stage on
+    # the meta device; :func:`meta_build_refusal`)
+    full_build: str | None = None
 
 
 def _tol(dtype: torch.dtype) -> float:
@@ -411,6 +414,150 @@ def check_optimizer(make_optimizer: MakeOptimizer, params: list[nn.Parameter], d
     return groups
 
 
+# -- building a stage on the meta device ------------------------------------------------------------------
+def meta_build_refusal(factory: Callable[[], nn.Module], real: nn.Sequential, x: Any, seed: int, dtype: torch.dtype) -> str | None:
+    """Why a container could not build only its stage — the factory run on the meta device, the
+    stage's tensors given storage and loaded with the values the client uploads
+    (lambdas/stagebuild.py) — and get the model the factory builds; None if it can.
+
+    That reproduces a model whose state is all in its registered parameters and buffers. Checked
+    on the job's own factory (``real``: a fresh model from it, which this runs and changes): it
+    builds on the meta device, to the same parameters and buffers (names, shapes, dtypes, which
+    of them are one tensor, which buffers are saved); no module keeps a tensor or a module in a
+    plain attribute (a meta build leaves it without values) and no two of its tensors share
+    storage (views of one another; loaded separately they would no longer be); and the meta-built
+    model, given the real one's values, computes the same outputs, gradients and buffers, bit for
+    bit, on the sample batch ``x``. A job refused here is not refused: its containers build the
+    whole model and keep their stage (``JobSpec.build``), as exact but holding every stage's
+    parameters while they build.
+    """
+    try:
+        meta = stagebuild.build_meta(factory, seed, dtype)
+    except Exception as e:
+        return f"job.model() fails on the meta device ({type(e).__name__}: {e})"
+    try:
+        return _meta_build_refusal(meta, real, x, seed)
+    except Exception as e:  # a check that cannot decide keeps the full build, which is always exact
+        return f"the build on the meta device could not be compared with the factory's ({type(e).__name__}: {e})"
+
+
+def _meta_build_refusal(meta: nn.Module, real: nn.Sequential, x: Any, seed: int) -> str | None:
+    if not isinstance(meta, nn.Sequential) or len(meta) != len(real):
+        return "job.model() builds another model on the meta device than on the CPU"
+    why = _same_tensors(real, meta) or _plain_attributes(real) or _aliased(real)
+    if why:
+        return why
+    stagebuild.materialize([meta])
+    with torch.no_grad():
+        for a, b in zip(_state(meta), _state(real)):
+            a.copy_(b)
+    return _same_behaviour(list(real), list(meta), x[:2] if x.shape[0] > 2 else x, seed)
+
+
+def _state(model: nn.Module) -> list[torch.Tensor]:
+    return [*model.parameters(), *model.buffers()]
+
+
+def _signature(model: nn.Module) -> list[tuple[Any, ...]]:
+    """Every parameter and buffer where the model holds it: name, shape, dtype, type, whether it
+    trains, and the first place the same tensor appears (tied weights, a module used twice)."""
+    out: list[tuple[Any, ...]] = []
+    first: dict[int, int] = {}
+    for kind, named in (
+        ("parameter", model.named_parameters(remove_duplicate=False)),
+        ("buffer", model.named_buffers(remove_duplicate=False)),
+    ):
+        for name, t in named:
+            out.append((kind, name, tuple(t.shape), t.dtype, type(t).__name__, t.requires_grad, first.setdefault(id(t), len(out))))
+    return out
+
+
+def _same_tensors(real: nn.Module, meta: nn.Module) -> str | None:
+    a, b = _signature(real), _signature(meta)
+    for u, v in zip(a, b):
+        if u != v:
+            return f"job.model() builds {u[0]} {u[1]!r} otherwise on the meta device: (shape, dtype, type, trains) {v[2:6]} there, {u[2:6]} on the CPU"
+    if len(a) != len(b):
+        return "job.model() builds other parameters or buffers on the meta device than on the CPU"
+    if list(real.state_dict()) != list(meta.state_dict()):
+        return "job.model() saves other buffers on the meta device than on the CPU"
+    return None
+
+
+def _plain_tensor(value: Any, depth: int = 3) -> bool:
+    """Whether a plain attribute value holds a tensor, looking into lists, tuples, sets and dicts."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth == 0:
+        return False
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple, set, frozenset)) else ()
+    return any(_plain_tensor(v, depth - 1) for v in items)
+
+
+def _plain_attributes(model: nn.Module) -> str | None:
+    """A tensor in a plain attribute of any module the model reaches, or a module in a plain
+    attribute holding tensors that are not the model's own (a GraphModule over the model's
+    tensors, as an exported graph keeps, is given the same new tensors: stagebuild.materialize)."""
+    registered = {id(t) for t in _state(model)}
+    plain = {id(m) for m in stagebuild.reachable_modules(model)} - {id(m) for m in model.modules()}
+    for m in stagebuild.reachable_modules(model):
+        for attr, value in vars(m).items():
+            if attr in ("_parameters", "_buffers", "_modules"):
+                continue
+            if _plain_tensor(value):
+                what = "a tensor"
+            elif any(id(t) not in registered for held in stagebuild.plain_modules(value) for t in _state(held)):
+                what = "a module with tensors of its own"
+            else:
+                continue
+            where = "" if id(m) not in plain else ", itself kept in a plain attribute"
+            return (
+                f"module {type(m).__name__}{where} keeps {what} in its attribute {attr!r}, neither a parameter nor a "
+                "buffer of the model: a build on the meta device would leave it without values. register_buffer / "
+                "nn.ModuleList would let each container build only its own stage"
+            )
+    return None
+
+
+def _aliased(model: nn.Module) -> str | None:
+    seen: dict[int, tuple[str, torch.Tensor]] = {}
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.numel() == 0:
+            continue
+        key = t.untyped_storage().data_ptr()
+        if key in seen and seen[key][1] is not t:
+            return f"{name!r} shares storage with {seen[key][0]!r} (a view of it): loaded separately they would no longer"
+        seen.setdefault(key, (name, t))
+    return None
+
+
+def _same_behaviour(real: Sequence[nn.Module], meta: Sequence[nn.Module], x: Any, seed: int) -> str | None:
+    results = []
+    for blocks in (real, meta):
+        for b in blocks:
+            b.train()
+        try:
+            out, _ = _forward(blocks, x, seed)
+            floating = [t for t in boundary.leaves(out) if t.is_floating_point() and t.requires_grad]
+            if floating:
+                torch.autograd.backward([t.sum() for t in floating])
+        except Exception as e:
+            return f"the model built on the meta device fails on a sample batch ({type(e).__name__}: {e})"
+        grads = [p.grad for blk in blocks for p in blk.parameters()]
+        results.append((boundary.leaves(out), grads, [b for blk in blocks for b in blk.buffers()]))
+    (out_r, grad_r, buf_r), (out_m, grad_m, buf_m) = results
+    for what, u, v in (("outputs", out_r, out_m), ("gradients", grad_r, grad_m), ("buffers", buf_r, buf_m)):
+        if len(u) != len(v) or not all(_identical(a, b) for a, b in zip(u, v)):
+            return f"the model built on the meta device and given the factory's values computes other {what} than the factory's model"
+    return None
+
+
+def _identical(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+
+
 # -- everything, in order ----------------------------------------------------------------------------------
 def examine(
     build: Callable[[], nn.Sequential],
@@ -420,8 +567,11 @@ def examine(
     y: torch.Tensor,
     seed: int,
     dtype: torch.dtype,
+    factory: Callable[[], nn.Module] | None = None,
 ) -> ModelFacts:
     """Run every check on the job's own model, loss and optimizer, with a few samples ``x``, ``y``.
+    ``factory``: the job's model factory itself, whose meta-device build is checked (without it
+    the containers build the whole model).
 
     Raises NotExact for what no plan can train exactly; returns what decides the rest per plan.
     """
@@ -442,6 +592,7 @@ def examine(
     beyond = coupling_beyond_batch_norm(blocks, x, seed) if coupling is not None else None
     not_mean = loss_not_mean(loss, boundary.map_leaves(torch.Tensor.detach, out), y)
     groups = check_optimizer(make_optimizer, [p for p in build().parameters()], dtype)
+    full_build = meta_build_refusal(factory, build(), x, seed, dtype) if factory is not None else "the factory was not examined"
     return ModelFacts(
         blocks=len(blocks),
         boundary_dtypes=tuple(crossing),
@@ -449,6 +600,7 @@ def examine(
         loss_not_mean=not_mean,
         coupling_beyond_batch_norm=beyond,
         optimizer_groups=groups,
+        full_build=full_build,
     )
 
 

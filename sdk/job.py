@@ -6,6 +6,7 @@ backend, so the same job runs locally and on AWS unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from stagecoach.lambdas.profiling import measure_model
 from stagecoach.lambdas.training import DTYPE_NAMES, build_model
 from stagecoach.planner.model.platforms import Platform, aws_platform
 from stagecoach.planner.plan import PHASES, Plan, PlanError, even_balance
+from stagecoach.planner.profile.layers import ModelProfile
 from stagecoach.planner.solve.sweep import PlanningResult, plan_model
 from stagecoach.profile_tiers import profile_tiers
 from stagecoach.run import Run
@@ -130,7 +132,9 @@ class Job:
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise JobError("job.loss must return a scalar tensor (a mean over the batch)")
         try:
-            self._facts = exactness.examine(self.build_model, self.loss, self.optimizer, sample, y[:n], self.seed, self.dtype)
+            self._facts = exactness.examine(
+                self.build_model, self.loss, self.optimizer, sample, y[:n], self.seed, self.dtype, factory=self.factory
+            )
         except exactness.NotExact as e:
             raise JobError(str(e)) from None
         if plan is not None:
@@ -255,7 +259,17 @@ class Job:
             options.setdefault("micro_batch_sizes", (self.global_batch,))
         elif self.facts.batch_coupling:  # deferred batch norm: micro-batches of at least two samples
             options.setdefault("micro_batch_sizes", (2, 4, 8))
-        return plan_model(profile, self.global_batch, platform=platform, **options)
+        return plan_model(self.with_build_bytes(profile), self.global_batch, platform=platform, **options)
+
+    def with_build_bytes(self, profile: ModelProfile) -> ModelProfile:
+        """``profile`` with what every container allocates to build its stage: nothing beyond the
+        stage when it builds on the meta device, the whole model when the factory needs the full
+        build (exactness.meta_build_refusal), which the planner then counts (ModelProfile.build_bytes)."""
+        if self.facts.full_build is None:
+            return profile
+        model = self.build_model()
+        whole = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+        return dataclasses.replace(profile, build_bytes=float(whole))
 
     def manual_plan(
         self,

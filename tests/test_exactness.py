@@ -379,6 +379,19 @@ class RandomProjection(nn.Module):
         return self.lin(x @ self.proj)
 
 
+class PlainScale(nn.Module):
+    """A tensor in a plain attribute, drawn by the factory: a build on the meta device would leave
+    it without values, so every container builds the whole model (JobSpec.build = "full")."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.scale = torch.rand(6, dtype=torch.float64) + 0.5
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
 class TiedInside(nn.Module):
     """Weights tied inside one block: autograd sums both uses' gradients, as in plain PyTorch."""
 
@@ -466,6 +479,7 @@ EXACT = [
     ("in-place first layer of a stage", in_place_first_layer, (1, 2), (2, 2)),
     ("parameter-free first stage", parameter_free_first_stage, (1, 3), (2, 2)),
     ("random buffer from the factory", lambda: nn.Sequential(RandomProjection(), nn.Tanh(), nn.Linear(6, 3)), (1, 2), (2, 2)),
+    ("a plain tensor attribute (full build)", lambda: nn.Sequential(PlainScale(), nn.Tanh(), nn.Linear(6, 3)), (1, 2), (2, 2)),
     ("weights tied inside one block", lambda: nn.Sequential(TiedInside(), nn.Linear(6, 3)), (1, 1), (2, 2)),
     ("batch statistics on one batch", bn_batch_stats, (1, 2), (1, 1)),
     # integer ids cross the cut after block 0 (no gradient back), then every later cut carries floats
@@ -497,3 +511,14 @@ def test_accepted_edge_models_train_exactly_like_plain_pytorch(exact_runs, label
     assert got.keys() == want.keys()
     for k in want:
         assert torch.allclose(got[k], want[k], rtol=0, atol=1e-10), k
+
+
+@pytest.mark.parametrize("label", [c[0] for c in EXACT])
+def test_the_spec_records_whether_containers_build_only_their_stage(exact_runs, label):
+    j, _, _, run = exact_runs[label]
+    run.wait(progress=False, timeout_s=600)
+    spec = run.spec()
+    if label.endswith("(full build)"):
+        assert spec.build == "full" and "attribute 'scale'" in spec.full_build_reason
+    else:
+        assert (spec.build, spec.full_build_reason) == ("meta", None)

@@ -18,6 +18,13 @@ def check_fits(profile: ModelProfile, platform: Platform, micro_batch: int = 1) 
     """
     top = max(platform.tiers_mb)
     cap = platform.usable_bytes(top)
+    if profile.build_bytes > cap:
+        raise LayerTooLargeError(
+            f"{profile.name!r} is built whole in every container ({profile.build_bytes / 2**20:.0f} MB of parameters and "
+            f"buffers: its factory cannot be built on the meta device, see JobSpec.full_build_reason), but at most "
+            f"{cap / 2**20:.0f} MB of {top} MB is usable. Keep the model's state in parameters and buffers so each "
+            "container builds only its stage (docs/runtime.md, 'Building a stage')."
+        )
     for l in profile.layers:
         # the least it needs under any data-parallel degree and sync algorithm (they differ in the
         # buffers they add), so a layer is refused only if no plan at all can hold it

@@ -132,6 +132,7 @@ class StageTerms:
     puts: float
     invocations: float
     transitions: float  # the stage's own states (forward tasks, backward Map, sync Map)
+    backward_memory_bytes: float = 0.0  # the backward task's peak alone (memory_bytes: the stage's largest)
 
 
 def stage_terms(
@@ -151,9 +152,13 @@ def stage_terms(
     b: int,
     m: int,
     plat: Platform,
+    buffer_bytes: float = 0.0,
+    build_bytes: float = 0.0,
 ) -> StageTerms:
     """One stage's terms from its aggregated layer facts (sums over its layers; in/ingrad of its
     first layer, out of its last; per-sample bytes; ``fwd_s``/``bwd_s`` one micro-batch at the tier).
+    ``buffer_bytes``: the stage's buffers; ``build_bytes``: what any container of the job allocates
+    to build its stage (ModelProfile.build_bytes: the whole model under the full build, else 0).
 
     Per micro-batch a task GETs what it needs (waiting for it), computes, and PUTs its result in
     the background while the next micro-batch computes (docs/performance-model.md §3): a step
@@ -184,7 +189,12 @@ def stage_terms(
     shard_gets = 0 if cached else sy.shards
     # one micro-batch's recomputed activations (GPipe); all m micro-batches' without recompute
     act = b * (saved_ps * (1 if (last or plat.recompute_forward) else m) + 2 * in_ps + 2 * out_ps)
-    mem = max(param_copies(d, plat) * p_bytes + act + sy.backward_extra_bytes, sy.task_bytes)
+    # What a container holds (docs/performance-model.md §2): only its stage, built on the meta
+    # device; a sync task runs in a warm container of the stage's function, which still holds the
+    # stage's parameters and the gradients its backward task left (2 P) beside the sync's buffers.
+    backward = param_copies(d, plat) * p_bytes + buffer_bytes + act + sy.backward_extra_bytes
+    sync = 2 * p_bytes + buffer_bytes + sy.task_bytes if sy.tasks else 0.0
+    mem = max(backward, sync, build_bytes)
     # while a micro-batch's input (or its output's gradient) is on its way from the neighbour, the
     # waiter polls for it: the neighbour's PUT latency and bytes, and the poll that notices it
     poll_in = plat.polls_while_waiting(lat + in_b / w + poll)
@@ -202,7 +212,7 @@ def stage_terms(
     if sy.tasks:
         tr += TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * sy.tasks
     bwd_c = (fwd_s if (last or plat.recompute_forward) else 0.0) + bwd_s
-    return StageTerms(p_bytes, load, a, bb, ha, ha_own, hb, hb_own, fwd_s, bwd_c, sy, mem, gets, puts, inv, tr)
+    return StageTerms(p_bytes, load, a, bb, ha, ha_own, hb, hb_own, fwd_s, bwd_c, sy, mem, gets, puts, inv, tr, backward)
 
 
 def global_transitions(stages: int) -> int:
@@ -245,17 +255,26 @@ def layer_terms(
         b,
         m,
         plat,
+        buffer_bytes=sum(l.buffer_bytes for l in layers),
+        build_bytes=profile.build_bytes,
     )
 
 
 def stage_memory_bytes(
-    layers: Sequence[LayerProfile], micro_batch: int, replicas: int, platform: Platform, sync: SyncChoice | None = None
+    layers: Sequence[LayerProfile],
+    micro_batch: int,
+    replicas: int,
+    platform: Platform,
+    sync: SyncChoice | None = None,
+    task: str = "peak",
 ) -> float:
     """Peak bytes of a stage's worker (beyond the runtime base): the backward task's, or a sync
-    task's if larger. Backward holds one micro-batch's recomputed activations (GPipe)."""
+    task's if larger (``task="backward"``: the backward task's alone). Backward holds one
+    micro-batch's recomputed activations (GPipe)."""
     choice = sync or (SyncChoice("none", 1) if replicas == 1 else SyncChoice("scatter_reduce", replicas))
     prof = ModelProfile("stage", tuple(layers), layers[0].in_bytes_per_sample)
-    return layer_terms(layers, prof, True, False, platform.tiers_mb[-1], choice, replicas, micro_batch, 1, platform).memory_bytes
+    terms = layer_terms(layers, prof, True, False, platform.tiers_mb[-1], choice, replicas, micro_batch, 1, platform)
+    return terms.backward_memory_bytes if task == "backward" else terms.memory_bytes
 
 
 # -- §3-4 evaluation -----------------------------------------------------------------------------

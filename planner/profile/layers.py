@@ -45,6 +45,7 @@ class LayerProfile:
     tier_s: Mapping[int, Mapping[int, tuple[float, float]]] = field(default_factory=dict)
     count: int = 1  # how many original layers this profile stands for (after merging)
     in_requires_grad: bool = True  # False for integer inputs (token ids): no input-gradient
+    buffer_bytes: float = 0.0  # buffers (BatchNorm's running statistics, fixed tables): held, never trained
 
     @property
     def ingrad_bytes_per_sample(self) -> float:
@@ -136,6 +137,10 @@ class ModelProfile:
     input_bytes_per_sample: float
     label_bytes_per_sample: float = 8.0
     source: str = "meta"  # "meta" (FLOP-based) or "measured"
+    # bytes every container allocates to build its stage whatever the stage: 0 when it builds only
+    # its stage (on the meta device, lambdas/stagebuild.py); the whole model's parameters and
+    # buffers for a job whose factory needs the full build (JobSpec.build = "full")
+    build_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -178,6 +183,7 @@ class ModelProfile:
             "input_bytes_per_sample": self.input_bytes_per_sample,
             "label_bytes_per_sample": self.label_bytes_per_sample,
             "source": self.source,
+            "build_bytes": self.build_bytes,
         }
 
     @classmethod
@@ -188,6 +194,7 @@ class ModelProfile:
             input_bytes_per_sample=float(d["input_bytes_per_sample"]),
             label_bytes_per_sample=float(d.get("label_bytes_per_sample", 8.0)),
             source=d.get("source", "measured"),
+            build_bytes=float(d.get("build_bytes", 0.0)),
         )
 
 
@@ -250,6 +257,7 @@ def merge_layers(layers: Sequence[LayerProfile]) -> LayerProfile:
         tier_s=tiers,
         count=sum(l.count for l in layers),
         in_requires_grad=layers[0].in_requires_grad,
+        buffer_bytes=sum(l.buffer_bytes for l in layers),
     )
 
 

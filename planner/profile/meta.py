@@ -78,10 +78,12 @@ def profile_meta(
         y1, s1, f1, b1 = _size_layer(child, x1)
         y2, s2, _, _ = _size_layer(child, x2, flops=False)
         pbytes = sum(p.numel() * p.element_size() for p in child.parameters())
+        bbytes = sum(b.numel() * b.element_size() for b in child.buffers())
         layers.append(
             LayerProfile(
                 name=f"{i}:{child_name}" if not child_name.isdigit() else f"{i}:{type(child).__name__}",
                 param_bytes=float(pbytes),
+                buffer_bytes=float(bbytes),
                 saved_bytes_per_sample=float(max(0, s2 - s1)),
                 out_bytes_per_sample=float(tensor_bytes(y2) - tensor_bytes(y1)),
                 in_bytes_per_sample=float(tensor_bytes(x2) - tensor_bytes(x1)),

@@ -98,6 +98,7 @@ def candidate_groups(
         return [0.0, *itertools.accumulate(xs)]
 
     P = cum([l.param_bytes for l in lay])
+    BUF = cum([l.buffer_bytes for l in lay])
     SV = cum([l.saved_bytes_per_sample for l in lay])
     out: list[Group] = []
     for k, tier in enumerate(tiers):
@@ -129,6 +130,8 @@ def candidate_groups(
                         b,
                         m,
                         plat,
+                        buffer_bytes=BUF[j] - BUF[i],
+                        build_bytes=profile.build_bytes,
                     )
                     if st.memory_bytes > cap or st.sync.task_s > maxT:
                         continue

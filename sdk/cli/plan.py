@@ -44,8 +44,8 @@ def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile
     if job.facts.batch_coupling:  # it cannot run one sample in train mode (BatchNorm1d)
         sizes = tuple(b for b in sizes if b > 1) or (2,)
     if meta:
-        return profile_meta(job.build_model(), sample, name=job.name), job.global_batch, whole
-    return measure_model(job.build_model(), sample, sizes, name=job.name), job.global_batch, whole
+        return job.with_build_bytes(profile_meta(job.build_model(), sample, name=job.name)), job.global_batch, whole
+    return job.with_build_bytes(measure_model(job.build_model(), sample, sizes, name=job.name)), job.global_batch, whole
 
 
 @click.command("plan")

@@ -17,7 +17,8 @@ from safetensors.torch import save as st_save
 from stagecoach.deploy.resources import Clients, StackResources
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.records import DatasetRef, JobSpec
-from stagecoach.lambdas.training import DTYPE_NAMES, flat_params, ownership, stage_layout
+from stagecoach.lambdas.stagebuild import stage_buffers
+from stagecoach.lambdas.training import DTYPE_NAMES, flat_params, ownership, running_stats, stage_layout
 from stagecoach.planner.plan import Plan
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ def upload_job(
         created=time.time(),
         window_length=window_length,
         window_state_machine=window_state_machine,
+        build="full" if job.facts.full_build else "meta",
+        full_build_reason=job.facts.full_build,
         optimizer_groups=list(groups.hparams) if groups is not None else None,
         param_groups=list(groups.of_param) if groups is not None else None,
         deferred_batch_norm=job.deferred_batch_norm,
@@ -109,4 +112,15 @@ def upload_job(
         for k, chunks in enumerate(stage_layout(flat.numel(), flat.element_size(), plan.grad_shards(s), plan.replicas)):
             for ci, (a, b) in enumerate(chunks):
                 c.s3.put_object(Bucket=res.bucket, Key=keys.params(job_id, 0, s, k, ci), Body=_safetensors({"p": flat[a:b]}))
+        # a container that builds only its stage on the meta device has no values for its buffers
+        # (BatchNorm's running statistics, positional tables...): the factory's, from this build
+        layers, first = [model[i] for i in plan.stage_layers(s)], plan.stage_layers(s).start
+        buffers = stage_buffers(layers, first)
+        if spec.build == "meta" and buffers:
+            c.s3.put_object(Bucket=res.bucket, Key=keys.initial_buffers(job_id, s), Body=_safetensors(buffers))
+        # version 0 of the running statistics, as every later version is stored: a task of
+        # iteration 0 that updated them and failed, retried in the same container, reloads them
+        stats = running_stats(layers, first)
+        if stats:
+            c.s3.put_object(Bucket=res.bucket, Key=keys.buffers(job_id, 0, s), Body=_safetensors(stats))
     return spec
