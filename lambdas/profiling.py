@@ -25,7 +25,15 @@ import torch
 from torch import nn
 
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
-from stagecoach.planner.profile.tensors import SavedBytes, any_requires_grad, batch_like, grad_seed, requires_grad_, tensor_bytes
+from stagecoach.planner.profile.tensors import (
+    SavedBytes,
+    any_requires_grad,
+    batch_like,
+    floating_bytes,
+    grad_seed,
+    requires_grad_,
+    tensor_bytes,
+)
 
 
 def _detach(obj: Any) -> Any:
@@ -116,6 +124,7 @@ def measure_model(
                     bwd_s={} if tier_mb else g,
                     tier_s={tier_mb: {b: (f[b], g[b]) for b in f}} if tier_mb else {},
                     in_requires_grad=rg,
+                    in_grad_bytes_per_sample=float(floating_bytes(xs[lo + 1]) - floating_bytes(xs[lo])),
                 )
             )
             with torch.no_grad():

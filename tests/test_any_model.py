@@ -223,3 +223,18 @@ def test_batchnorm_inside_any_model_keeps_running_statistics_like_pytorch(runs):
     got = run.trained_model().state_dict()
     assert int(got["stem.1.num_batches_tracked"]) == ITERATIONS  # once per iteration, not per micro-batch
     assert max(float((got[k].double() - want[k].double()).abs().max()) for k in want) < 1e-5
+
+
+def test_the_profile_counts_only_floating_leaves_for_gradients():
+    """ids and the mask cross every cut forward only: the backward traffic the planner prices is
+    the hidden state's alone (the measured and the meta-device profiles agree)."""
+    from stagecoach.lambdas.profiling import measure_model
+    from stagecoach.planner.profile.meta import profile_meta
+
+    job = make_job("split-prof", OPTIMIZERS["adam"])
+    sample = job.train[0][0]
+    for profile in (measure_model(job.build_model(), sample, micro_batch_sizes=(1, 2)), profile_meta(job.build_model(), sample)):
+        layer = profile.layers[1]  # takes (ids, hidden state, mask, ...) from the embeddings' block
+        hidden = bert.LENGTH * 8 * 8  # float64 hidden state of one sample: 16 positions x 8 dimensions
+        assert layer.ingrad_bytes_per_sample == hidden < layer.in_bytes_per_sample
+        assert profile.layers[0].ingrad_bytes_per_sample == 0.0  # integer ids into the model

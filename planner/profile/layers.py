@@ -45,11 +45,15 @@ class LayerProfile:
     tier_s: Mapping[int, Mapping[int, tuple[float, float]]] = field(default_factory=dict)
     count: int = 1  # how many original layers this profile stands for (after merging)
     in_requires_grad: bool = True  # False for integer inputs (token ids): no input-gradient
+    # bytes per sample of the input's floating leaves (its gradient); None: all of the input
+    in_grad_bytes_per_sample: float | None = None
     buffer_bytes: float = 0.0  # buffers (BatchNorm's running statistics, fixed tables): held, never trained
 
     @property
     def ingrad_bytes_per_sample(self) -> float:
-        return self.in_bytes_per_sample if self.in_requires_grad else 0.0
+        if not self.in_requires_grad:
+            return 0.0
+        return self.in_bytes_per_sample if self.in_grad_bytes_per_sample is None else self.in_grad_bytes_per_sample
 
     def times(self, tier_mb: int, micro_batch: int, platform: Platform) -> tuple[float, float]:
         """(forward, backward) seconds for one micro-batch at a memory tier (docs/performance-model.md §1).
@@ -257,6 +261,7 @@ def merge_layers(layers: Sequence[LayerProfile]) -> LayerProfile:
         tier_s=tiers,
         count=sum(l.count for l in layers),
         in_requires_grad=layers[0].in_requires_grad,
+        in_grad_bytes_per_sample=layers[0].in_grad_bytes_per_sample,
         buffer_bytes=sum(l.buffer_bytes for l in layers),
     )
 

@@ -20,6 +20,7 @@ from stagecoach.planner.profile.tensors import (
     any_requires_grad,
     batch_like,
     detach_all,
+    floating_bytes,
     grad_seed,
     requires_grad_,
     tensor_bytes,
@@ -90,6 +91,7 @@ def profile_meta(
                 fwd_flops_per_sample=f1,
                 bwd_flops_per_sample=b1,
                 in_requires_grad=rg,
+                in_grad_bytes_per_sample=float(floating_bytes(x2) - floating_bytes(x1)),
             )
         )
         x1, x2 = detach_all(y1), detach_all(y2)

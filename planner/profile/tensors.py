@@ -43,12 +43,18 @@ def requires_grad_(obj: Any) -> Any:
 
 
 def any_requires_grad(obj: Any) -> bool:
+    """Whether a block input gets a gradient back: it holds a floating tensor (ids and masks do not)."""
+    from torch.utils import _pytree as pytree
 
-    if isinstance(obj, torch.Tensor):
-        return obj.is_floating_point()
-    if isinstance(obj, (tuple, list)):
-        return any(any_requires_grad(o) for o in obj)
-    return False
+    return any(isinstance(t, torch.Tensor) and t.is_floating_point() for t in pytree.tree_leaves(obj))
+
+
+def floating_bytes(obj: Any) -> int:
+    """Bytes of the floating tensors in a (nested) boundary object: what its gradient weighs (an
+    integer or boolean leaf travels forward only, lambdas/boundary.py)."""
+    from torch.utils import _pytree as pytree
+
+    return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(obj) if isinstance(t, torch.Tensor) and t.is_floating_point())
 
 
 def grad_seed(out: Any) -> tuple[list[Any], list[Any]]:
