@@ -125,6 +125,7 @@ def measure_model(
                     tier_s={tier_mb: {b: (f[b], g[b]) for b in f}} if tier_mb else {},
                     in_requires_grad=rg,
                     in_grad_bytes_per_sample=float(floating_bytes(xs[lo + 1]) - floating_bytes(xs[lo])),
+                    out_grad_bytes_per_sample=float(floating_bytes(y2) - floating_bytes(y1)),
                 )
             )
             with torch.no_grad():

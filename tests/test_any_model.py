@@ -238,3 +238,4 @@ def test_the_profile_counts_only_floating_leaves_for_gradients():
         hidden = bert.LENGTH * 8 * 8  # float64 hidden state of one sample: 16 positions x 8 dimensions
         assert layer.ingrad_bytes_per_sample == hidden < layer.in_bytes_per_sample
         assert profile.layers[0].ingrad_bytes_per_sample == 0.0  # integer ids into the model
+        assert profile.layers[0].outgrad_bytes_per_sample == hidden < profile.layers[0].out_bytes_per_sample

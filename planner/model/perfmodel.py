@@ -154,11 +154,14 @@ def stage_terms(
     plat: Platform,
     buffer_bytes: float = 0.0,
     build_bytes: float = 0.0,
+    outgrad_ps: float | None = None,
 ) -> StageTerms:
     """One stage's terms from its aggregated layer facts (sums over its layers; in/ingrad of its
     first layer, out of its last; per-sample bytes; ``fwd_s``/``bwd_s`` one micro-batch at the tier).
     ``buffer_bytes``: the stage's buffers; ``build_bytes``: what any container of the job allocates
     to build its stage (ModelProfile.build_bytes: the whole model under the full build, else 0).
+    ``outgrad_ps``: the bytes of the output's gradient per sample (its floating leaves; default all
+    of the output).
 
     Per micro-batch a task GETs what it needs (waiting for it), computes, and PUTs its result in
     the background while the next micro-batch computes (docs/performance-model.md §3): a step
@@ -172,7 +175,8 @@ def stage_terms(
     a = 0.0 if last else max(get_in + fwd_s, out_b / w)
     ha_own = 0.0 if last else lat + out_b / w
     ha = 0.0 if last else ha_own + poll
-    get_out = 0.0 if last else lat + out_b / w
+    og_b = out_b if outgrad_ps is None else b * outgrad_ps  # ids and masks get no gradient back
+    get_out = 0.0 if last else lat + og_b / w
     # the backward task re-reads its input and recomputes the forward (GPipe); the last stage runs
     # its only forward here; a runtime that keeps activations (recompute_forward=False) does neither
     redo = get_in + fwd_s if (last or plat.recompute_forward) else 0.0
@@ -198,7 +202,7 @@ def stage_terms(
     # while a micro-batch's input (or its output's gradient) is on its way from the neighbour, the
     # waiter polls for it: the neighbour's PUT latency and bytes, and the poll that notices it
     poll_in = plat.polls_while_waiting(lat + in_b / w + poll)
-    poll_back = plat.polls_while_waiting(lat + out_b / w + poll)
+    poll_back = plat.polls_while_waiting(lat + og_b / w + poll)
     gets = puts = 0.0
     if not last:  # forward task per replica: parameter shards, m inputs (+ waits), m outputs
         gets += d * (shard_gets + m + (0 if first else m * poll_in))
@@ -257,6 +261,7 @@ def layer_terms(
         plat,
         buffer_bytes=sum(l.buffer_bytes for l in layers),
         build_bytes=profile.build_bytes,
+        outgrad_ps=layers[-1].outgrad_bytes_per_sample,
     )
 
 

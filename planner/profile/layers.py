@@ -47,6 +47,7 @@ class LayerProfile:
     in_requires_grad: bool = True  # False for integer inputs (token ids): no input-gradient
     # bytes per sample of the input's floating leaves (its gradient); None: all of the input
     in_grad_bytes_per_sample: float | None = None
+    out_grad_bytes_per_sample: float | None = None  # the output's floating leaves; None: all of it
     buffer_bytes: float = 0.0  # buffers (BatchNorm's running statistics, fixed tables): held, never trained
 
     @property
@@ -54,6 +55,10 @@ class LayerProfile:
         if not self.in_requires_grad:
             return 0.0
         return self.in_bytes_per_sample if self.in_grad_bytes_per_sample is None else self.in_grad_bytes_per_sample
+
+    @property
+    def outgrad_bytes_per_sample(self) -> float:
+        return self.out_bytes_per_sample if self.out_grad_bytes_per_sample is None else self.out_grad_bytes_per_sample
 
     def times(self, tier_mb: int, micro_batch: int, platform: Platform) -> tuple[float, float]:
         """(forward, backward) seconds for one micro-batch at a memory tier (docs/performance-model.md §1).
@@ -262,6 +267,7 @@ def merge_layers(layers: Sequence[LayerProfile]) -> LayerProfile:
         count=sum(l.count for l in layers),
         in_requires_grad=layers[0].in_requires_grad,
         in_grad_bytes_per_sample=layers[0].in_grad_bytes_per_sample,
+        out_grad_bytes_per_sample=layers[-1].out_grad_bytes_per_sample,
         buffer_bytes=sum(l.buffer_bytes for l in layers),
     )
 

@@ -92,6 +92,7 @@ def profile_meta(
                 bwd_flops_per_sample=b1,
                 in_requires_grad=rg,
                 in_grad_bytes_per_sample=float(floating_bytes(x2) - floating_bytes(x1)),
+                out_grad_bytes_per_sample=float(floating_bytes(y2) - floating_bytes(y1)),
             )
         )
         x1, x2 = detach_all(y1), detach_all(y2)

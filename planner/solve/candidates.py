@@ -132,6 +132,7 @@ def candidate_groups(
                         plat,
                         buffer_bytes=BUF[j] - BUF[i],
                         build_bytes=profile.build_bytes,
+                        outgrad_ps=lay[j - 1].outgrad_bytes_per_sample,
                     )
                     if st.memory_bytes > cap or st.sync.task_s > maxT:
                         continue
