@@ -15,6 +15,7 @@ are returned as :class:`ModelFacts` and checked against the plan by :func:`check
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -415,43 +416,86 @@ def check_optimizer(make_optimizer: MakeOptimizer, params: list[nn.Parameter], d
 
 
 # -- building a stage on the meta device ------------------------------------------------------------------
-def meta_build_refusal(factory: Callable[[], nn.Module], real: nn.Sequential, x: Any, seed: int, dtype: torch.dtype) -> str | None:
+def meta_build_refusal(
+    factory: Callable[[], nn.Module], build: Callable[[], nn.Sequential], x: Any, seed: int, dtype: torch.dtype
+) -> str | None:
     """Why a container could not build only its stage — the factory run on the meta device, the
     stage's tensors given storage and loaded with the values the client uploads
     (lambdas/stagebuild.py) — and get the model the factory builds; None if it can.
 
     That reproduces a model whose state is all in its registered parameters and buffers. Checked
-    on the job's own factory (``real``: a fresh model from it, which this runs and changes): it
+    on the job's own factory (``build``: the model as the client builds it, from ``factory``): it
     builds on the meta device, to the same parameters and buffers (names, shapes, dtypes, which
-    of them are one tensor, which buffers are saved); no module keeps a tensor or a module in a
-    plain attribute (a meta build leaves it without values) and no two of its tensors share
-    storage (views of one another; loaded separately they would no longer be); and the meta-built
-    model, given the real one's values, computes the same outputs, gradients and buffers, bit for
-    bit, on the sample batch ``x``. A job refused here is not refused: its containers build the
-    whole model and keep their stage (``JobSpec.build``), as exact but holding every stage's
-    parameters while they build.
+    of them are one tensor, which buffers are saved); no module keeps a tensor in a plain
+    attribute, nor a module whose tensors are not the model's (a meta build leaves them without
+    values); no two of its tensors share storage (views of one another; loaded separately they
+    would no longer be); and the meta-built model, given the real one's values, computes the same
+    outputs, gradients and buffers, bit for bit, on two samples of ``x``. A job refused here is
+    not refused: its containers build the whole model and keep their stage (``JobSpec.build``),
+    as exact but holding every stage's parameters while they build. At most two copies of the
+    model are alive at once (a paper-scale model is checked on the client too).
     """
     try:
         meta = stagebuild.build_meta(factory, seed, dtype)
     except Exception as e:
         return f"job.model() fails on the meta device ({type(e).__name__}: {e})"
     try:
-        return _meta_build_refusal(meta, real, x, seed)
+        return _meta_build_refusal(meta, build, x[:2] if x.shape[0] > 2 else x, seed)
     except Exception as e:  # a check that cannot decide keeps the full build, which is always exact
         return f"the build on the meta device could not be compared with the factory's ({type(e).__name__}: {e})"
 
 
-def _meta_build_refusal(meta: nn.Module, real: nn.Sequential, x: Any, seed: int) -> str | None:
+def _meta_build_refusal(meta: nn.Module, build: Callable[[], nn.Sequential], x: Any, seed: int) -> str | None:
+    real = build()
     if not isinstance(meta, nn.Sequential) or len(meta) != len(real):
         return "job.model() builds another model on the meta device than on the CPU"
     why = _same_tensors(real, meta) or _plain_attributes(real) or _aliased(real)
     if why:
         return why
+    want = _digest_run(list(real), x, seed)
+    del real  # its buffers moved and it holds gradients now: a fresh one gives the values
     stagebuild.materialize([meta])
+    real = build()
     with torch.no_grad():
         for a, b in zip(_state(meta), _state(real)):
             a.copy_(b)
-    return _same_behaviour(list(real), list(meta), x[:2] if x.shape[0] > 2 else x, seed)
+    del real
+    got = _digest_run(list(meta), x, seed)
+    if isinstance(want, str):
+        return want
+    if isinstance(got, str):
+        return f"the model built on the meta device fails on a sample batch ({got})"
+    for what, u, v in zip(("outputs", "gradients", "buffers"), want, got):
+        if u != v:
+            return f"the model built on the meta device and given the factory's values computes other {what} than the factory's model"
+    return None
+
+
+def _digest(t: torch.Tensor | None) -> tuple[Any, ...] | None:
+    """A tensor's dtype, shape and bytes, as a digest: equal digests are equal tensors, bit for bit."""
+    if t is None:
+        return None
+    raw = t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+    return (t.dtype, tuple(t.shape), hashlib.blake2b(raw, digest_size=16).hexdigest())
+
+
+def _digest_run(blocks: Sequence[nn.Module], x: Any, seed: int) -> tuple[list[Any], list[Any], list[Any]] | str:
+    """Train mode, the runtime's seeding, forward and backward (the sum of the floating outputs):
+    digests of the outputs, of every parameter's gradient and of every buffer afterwards."""
+    for b in blocks:
+        b.train()
+    try:
+        out, _ = _forward(blocks, x, seed)
+        floating = [t for t in boundary.leaves(out) if t.is_floating_point() and t.requires_grad]
+        if floating:
+            torch.autograd.backward([t.sum() for t in floating])
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return (
+        [_digest(t) for t in boundary.leaves(out)],
+        [_digest(p.grad) for blk in blocks for p in blk.parameters()],
+        [_digest(b) for blk in blocks for b in blk.buffers()],
+    )
 
 
 def _state(model: nn.Module) -> list[torch.Tensor]:
@@ -531,33 +575,6 @@ def _aliased(model: nn.Module) -> str | None:
     return None
 
 
-def _same_behaviour(real: Sequence[nn.Module], meta: Sequence[nn.Module], x: Any, seed: int) -> str | None:
-    results = []
-    for blocks in (real, meta):
-        for b in blocks:
-            b.train()
-        try:
-            out, _ = _forward(blocks, x, seed)
-            floating = [t for t in boundary.leaves(out) if t.is_floating_point() and t.requires_grad]
-            if floating:
-                torch.autograd.backward([t.sum() for t in floating])
-        except Exception as e:
-            return f"the model built on the meta device fails on a sample batch ({type(e).__name__}: {e})"
-        grads = [p.grad for blk in blocks for p in blk.parameters()]
-        results.append((boundary.leaves(out), grads, [b for blk in blocks for b in blk.buffers()]))
-    (out_r, grad_r, buf_r), (out_m, grad_m, buf_m) = results
-    for what, u, v in (("outputs", out_r, out_m), ("gradients", grad_r, grad_m), ("buffers", buf_r, buf_m)):
-        if len(u) != len(v) or not all(_identical(a, b) for a, b in zip(u, v)):
-            return f"the model built on the meta device and given the factory's values computes other {what} than the factory's model"
-    return None
-
-
-def _identical(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
-
-
 # -- everything, in order ----------------------------------------------------------------------------------
 def examine(
     build: Callable[[], nn.Sequential],
@@ -591,10 +608,12 @@ def examine(
     coupling = batch_coupling(blocks, x, seed)
     beyond = coupling_beyond_batch_norm(blocks, x, seed) if coupling is not None else None
     not_mean = loss_not_mean(loss, boundary.map_leaves(torch.Tensor.detach, out), y)
+    n_blocks = len(blocks)
+    del model, blocks, out, value  # a paper-scale model: hold one copy at a time from here on
     groups = check_optimizer(make_optimizer, [p for p in build().parameters()], dtype)
-    full_build = meta_build_refusal(factory, build(), x, seed, dtype) if factory is not None else "the factory was not examined"
+    full_build = meta_build_refusal(factory, build, x, seed, dtype) if factory is not None else "the factory was not examined"
     return ModelFacts(
-        blocks=len(blocks),
+        blocks=n_blocks,
         boundary_dtypes=tuple(crossing),
         batch_coupling=coupling,
         loss_not_mean=not_mean,

@@ -131,6 +131,7 @@ class Job:
             raise JobError(f"job.loss fails on the model's output and the labels: {e}") from None
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise JobError("job.loss must return a scalar tensor (a mean over the batch)")
+        del model, out  # examine builds its own: one paper-scale model at a time
         try:
             self._facts = exactness.examine(
                 self.build_model, self.loss, self.optimizer, sample, y[:n], self.seed, self.dtype, factory=self.factory

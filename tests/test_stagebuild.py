@@ -216,14 +216,14 @@ def _sequential(block):
 @pytest.mark.parametrize("label,block,message", FULL, ids=[c[0] for c in FULL])
 def test_a_factory_the_meta_build_would_not_reproduce_gets_the_full_build(label, block, message):
     factory = _sequential(block)
-    why = meta_build_refusal(factory, build_model(factory, SEED, torch.float32), torch.randn(4, 6), SEED, torch.float32)
+    why = meta_build_refusal(factory, lambda: build_model(factory, SEED, torch.float32), torch.randn(4, 6), SEED, torch.float32)
     assert why is not None and message in why
 
 
 @pytest.mark.parametrize("label,block", META, ids=[c[0] for c in META])
 def test_a_factory_whose_state_is_its_parameters_and_buffers_gets_the_meta_build(label, block):
     factory = _sequential(block)
-    assert meta_build_refusal(factory, build_model(factory, SEED, torch.float32), torch.randn(4, 6), SEED, torch.float32) is None
+    assert meta_build_refusal(factory, lambda: build_model(factory, SEED, torch.float32), torch.randn(4, 6), SEED, torch.float32) is None
 
 
 def test_job_validate_records_the_build_and_why():
