@@ -51,8 +51,9 @@ OPTIMIZERS = {
     "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
     "adam": lambda p: torch.optim.Adam(p, lr=0.01),
 }
-# (stages, replicas, micro-batches): the grid
-CONFIGS = [("sgd-momentum", (1, 1, 1)), ("adam", (3, 1, 4)), ("adam", (2, 3, 2)), ("sgd-momentum", (4, 2, 3))]
+# (stages, replicas, micro-batches): two points of the grid, both optimizers; the whole grid
+# (also (1,1,1) and (3,1,4)) runs in tests/test_transparency_grid.py (slow)
+CONFIGS = [("adam", (2, 3, 2)), ("sgd-momentum", (4, 2, 3))]
 
 
 def plain_pytorch(job: Job) -> nn.Module:
