@@ -156,12 +156,12 @@ class Segment(nn.Module):
 class Blocks(nn.Sequential):
     """The chain of segments; ``original_state_dict`` gives the state under the user's module names."""
 
-    def original_state_dict(self) -> dict[str, torch.Tensor]:
+    def original_state_dict(self, keep_vars: bool = False) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for seg in self:
             assert isinstance(seg, Segment)
             for piece in seg.pieces:
-                for k, v in piece.state_dict(keep_vars=False).items():
+                for k, v in piece.state_dict(keep_vars=keep_vars).items():
                     out.setdefault(k, v)
         return out
 

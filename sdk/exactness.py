@@ -576,6 +576,59 @@ def _aliased(model: nn.Module) -> str | None:
 
 
 # -- everything, in order ----------------------------------------------------------------------------------
+def check_split(
+    user: nn.Module, chain: nn.Sequential, originals: dict[str, torch.Tensor], loss: Any, x: Any, y: torch.Tensor, dtype: torch.dtype
+) -> None:
+    """The chain cut from a model's graph (``Job(blocks=...)``, lambdas/graph_split.py) computes
+    what the model itself does: on a sample batch, the same output, the same gradient of every
+    parameter (by the model's own names, ``originals``: the chain's tensors) and the same buffers
+    after the forward pass. Both run under one seed with no reseeding between blocks, so dropout
+    draws the same masks (the capture keeps the model's order of random draws).
+
+    Why: what torch.export captures is the model's ATen graph; Python side effects in ``forward``
+    (a counter, a list appended to, a value read once) are not in it, and a job must not accept a
+    chain that trains something else than the module the user wrote.
+    """
+    user.train()
+
+    def run(seed: int) -> tuple[Any, Any, str | None]:
+        torch.manual_seed(seed)
+        want = user(x)
+        torch.manual_seed(seed)
+        got = x
+        for block in chain:
+            got = block(got)
+        pairs = list(zip(boundary.leaves(want), boundary.leaves(got)))
+        same = len(pairs) == len(boundary.leaves(want)) == len(boundary.leaves(got))
+        same = same and all(isinstance(u, torch.Tensor) and isinstance(v, torch.Tensor) and _close(u, v, dtype) for u, v in pairs)
+        return want, got, None if same else "output"
+
+    want, got, why = run(0)
+    if why is None:
+        loss(want, y).backward()
+        loss(got, y).backward()
+        for name, p in user.named_parameters():
+            a, b = p.grad, originals[name].grad
+            if (a is None) != (b is None) or (a is not None and b is not None and not _close(a, b, dtype)):
+                why = f"gradient of {name}"
+                break
+    if why is None:
+        for name, buf in user.named_buffers():
+            if name in originals and not _close(buf, originals[name], dtype):
+                why = f"buffer {name} after the forward pass"
+                break
+    if why is None:  # a second call: what forward keeps between calls shows here
+        with torch.no_grad():
+            why = run(1)[2] and "output on a second call"
+    if why is not None:
+        raise NotExact(
+            f"the graph torch.export captured from job.model computes another {why} than the model itself on a sample "
+            "batch, so its pieces would train something else: forward has an effect outside the graph (a Python "
+            "counter, a value kept between calls, a random draw outside torch). Keep forward to tensor operations, or "
+            "write the model as an nn.Sequential of blocks (docs/exactness.md)"
+        )
+
+
 def examine(
     build: Callable[[], nn.Sequential],
     loss: Callable[..., torch.Tensor],

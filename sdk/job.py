@@ -132,6 +132,8 @@ class Job:
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise JobError("job.loss must return a scalar tensor (a mean over the batch)")
         del model, out  # examine builds its own: one paper-scale model at a time
+        if self.blocks is not None:
+            self._check_split(sample, y[:n])
         try:
             self._facts = exactness.examine(
                 self.build_model, self.loss, self.optimizer, sample, y[:n], self.seed, self.dtype, factory=self.factory
@@ -140,6 +142,16 @@ class Job:
             raise JobError(str(e)) from None
         if plan is not None:
             self.check_plan(plan)
+
+    def _check_split(self, x: Any, y: torch.Tensor) -> None:
+        """The chain cut at ``blocks`` computes what job.model() itself does (exactness.check_split)."""
+        chain = self.build_model()
+        assert isinstance(chain, Blocks)
+        user = build_model(self.model, self.seed, self.dtype)
+        try:
+            exactness.check_split(user, chain, chain.original_state_dict(keep_vars=True), self.loss, x, y, self.dtype)
+        except exactness.NotExact as e:
+            raise JobError(str(e)) from None
 
     def check_plan(self, plan: Plan) -> None:
         """Refuse a plan under which this job would train something other than plain PyTorch

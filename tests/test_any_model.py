@@ -8,6 +8,7 @@ trains on the real state machines to the parameters plain PyTorch gives, float64
 
 import importlib.util
 import os
+import random
 
 import pytest
 import torch
@@ -120,6 +121,44 @@ class DataDependent(nn.Module):
         return self.b(h) if h.sum() > 0 else self.b(-h)
 
 
+class RandomOutsideTorch(nn.Module):
+    """A factor drawn by Python's random: export burns the draw it saw into the graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.b(self.a(x) * (1 + random.random()))
+
+
+class Counter(nn.Module):
+    """A Python counter kept between calls: the graph holds the value of the call it captured."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 2)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.b(self.a(x) * self.calls)
+
+
+class WithDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.drop, self.b = nn.Linear(4, 4), nn.Dropout(0.3), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.b(self.drop(torch.tanh(self.a(x))))
+
+
+def test_a_chain_that_computes_what_the_model_does_is_accepted_with_dropout():
+    """The check that the cut graph equals the model draws the same dropout masks in both."""
+    _job(WithDropout, ["a", "b"]).validate()
+
+
 def _job(model, blocks) -> Job:
     x = torch.randn(16, 4)
     return Job(
@@ -141,6 +180,8 @@ def _job(model, blocks) -> Job:
         (tiny_bert, "encoder.*", r"give a list of submodule names"),
         (Twice, ["a", "b"], r"block 'a' runs 2 times in one forward"),
         (DataDependent, ["a", "b"], r"torch\.export could not capture DataDependent as one graph: .*data-dependent"),
+        (RandomOutsideTorch, ["a", "b"], r"computes another output than the model itself"),
+        (Counter, ["a", "b"], r"computes another output on a second call than the model itself"),
     ],
 )
 def test_what_cannot_be_cut_is_refused_with_the_reason_and_a_hint(model, blocks, message):
