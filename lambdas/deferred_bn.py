@@ -39,17 +39,6 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 
-def tracked_norms(layers: Iterable[nn.Module], first_layer: int) -> dict[str, _BatchNorm]:
-    """The BatchNorms with running statistics in consecutive layers, keyed "<layer>.<module path>"
-    by the layer's index in the model (training.running_stats' keys without the buffer's name)."""
-    out: dict[str, _BatchNorm] = {}
-    for i, layer in enumerate(layers):
-        for path, m in layer.named_modules():
-            if isinstance(m, _BatchNorm) and m.track_running_stats:
-                out[".".join(x for x in (str(first_layer + i), path) if x)] = m
-    return out
-
-
 @contextmanager
 def suspended(norms: Iterable[_BatchNorm]) -> Iterator[None]:
     """Within: every BatchNorm of ``norms`` normalises with its batch's own statistics (they are in
@@ -175,5 +164,5 @@ def commit(norms: dict[str, _BatchNorm], combined: dict[str, tuple[torch.Tensor,
                 if m.momentum is None:  # cumulative moving average
                     factor = 1.0 / float(m.num_batches_tracked)
             for buf, stat in ((m.running_mean, mean), (m.running_var, var)):
-                assert buf is not None  # tracked_norms holds only BatchNorms with running statistics
+                assert buf is not None  # tracked_norms (training.py) holds only BatchNorms with running statistics
                 buf.copy_(factor * stat + (1.0 - factor) * buf.double())

@@ -21,7 +21,7 @@ from stagecoach.lambdas import boundary, collectives, deferred_bn, keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.events import BackwardEvent, ForwardEvent, SyncEvent
 from stagecoach.lambdas.jobctx import JobContext
-from stagecoach.lambdas.training import batch_indices, flat_params, micro_batch, run_layers
+from stagecoach.lambdas.training import batch_indices, flat_params, micro_batch, run_layers, tracked_norms
 from stagecoach.planner.plan import FUSED_SYNC
 
 
@@ -68,7 +68,7 @@ def forward(ctx: JobContext, ch: Channel, ev: ForwardEvent, deadline: float) -> 
 def _batch_stats(ctx: JobContext, layers: torch.nn.ModuleList, first: int) -> deferred_bn.BatchStats | None:
     """A record of the stage's BatchNorm inputs when they defer their running statistics
     (lambdas/deferred_bn.py); None when they update them themselves (or there are none)."""
-    norms = deferred_bn.tracked_norms(layers, first) if ctx.deferred_batch_norm else {}
+    norms = tracked_norms(layers, first) if ctx.deferred_batch_norm else {}
     return deferred_bn.BatchStats(norms) if norms else None
 
 

@@ -25,7 +25,7 @@ from typing import Literal, cast
 import torch
 from torch import fx, nn
 
-from stagecoach.lambdas.training import Ownership, Tied, build_model, ownership
+from stagecoach.lambdas.training import Ownership, Tied, build_model, install_buffers, ownership
 
 Build = Literal["meta", "full"]
 
@@ -133,12 +133,7 @@ def stage_buffers(layers: Sequence[nn.Module], first_layer: int) -> dict[str, to
 
 def load_buffers(layers: Sequence[nn.Module], first_layer: int, values: dict[str, torch.Tensor]) -> None:
     """Install the values :func:`stage_buffers` keyed (every one of them)."""
-    mine = stage_buffers(layers, first_layer)
-    if set(mine) != set(values):
-        raise ValueError(f"initial buffers {sorted(values)} do not fit the stage's {sorted(mine)}")
-    with torch.no_grad():
-        for k, buf in mine.items():
-            buf.copy_(values[k])
+    install_buffers(stage_buffers(layers, first_layer), values, "initial buffers")
 
 
 @dataclass(frozen=True)

@@ -141,29 +141,41 @@ def ownership(layers: Sequence[nn.Module], stages: Sequence[range]) -> Ownership
 RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")
 
 
-def running_stats(layers: Iterable[nn.Module], first_layer: int) -> dict[str, torch.Tensor]:
-    """The buffers a forward pass in train mode updates — BatchNorm's running statistics — of
-    consecutive layers, keyed "<layer>.<module path>.<buffer>" by the layer's index in the model,
-    so a stage's and the whole model's keys agree."""
-    out: dict[str, torch.Tensor] = {}
+def tracked_norms(layers: Iterable[nn.Module], first_layer: int) -> dict[str, nn.modules.batchnorm._BatchNorm]:
+    """The BatchNorms with running statistics in consecutive layers, keyed "<layer>.<module path>"
+    by the layer's index in the model, so a stage's and the whole model's keys agree."""
+    out: dict[str, nn.modules.batchnorm._BatchNorm] = {}
     for i, layer in enumerate(layers):
         for path, m in layer.named_modules():
             if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
-                for name in RUNNING_STATS:
-                    buf = getattr(m, name, None)
-                    if isinstance(buf, torch.Tensor):
-                        out[".".join(x for x in (str(first_layer + i), path, name) if x)] = buf
+                out[".".join(x for x in (str(first_layer + i), path) if x)] = m
     return out
+
+
+def running_stats(layers: Iterable[nn.Module], first_layer: int) -> dict[str, torch.Tensor]:
+    """The buffers a forward pass in train mode updates — BatchNorm's running statistics — of
+    consecutive layers, keyed "<layer>.<module path>.<buffer>" (tracked_norms' keys)."""
+    out: dict[str, torch.Tensor] = {}
+    for key, m in tracked_norms(layers, first_layer).items():
+        for name in RUNNING_STATS:
+            buf = getattr(m, name, None)
+            if isinstance(buf, torch.Tensor):
+                out[f"{key}.{name}"] = buf
+    return out
+
+
+def install_buffers(mine: dict[str, torch.Tensor], values: dict[str, torch.Tensor], what: str) -> None:
+    """Copy ``values`` into a stage's buffers ``mine`` (same keys, every one of them)."""
+    if set(mine) != set(values):
+        raise ValueError(f"{what} {sorted(values)} do not fit the stage's {sorted(mine)}")
+    with torch.no_grad():
+        for k, buf in mine.items():
+            buf.copy_(values[k])
 
 
 def load_running_stats(layers: Iterable[nn.Module], first_layer: int, values: dict[str, torch.Tensor]) -> None:
     """Install running statistics saved by :func:`running_stats` (every one of them)."""
-    mine = running_stats(layers, first_layer)
-    if set(mine) != set(values):
-        raise ValueError(f"running statistics {sorted(values)} do not fit the stage's {sorted(mine)}")
-    with torch.no_grad():
-        for k, buf in mine.items():
-            buf.copy_(values[k])
+    install_buffers(running_stats(layers, first_layer), values, "running statistics")
 
 
 def flat_params(params: Iterable[nn.Parameter]) -> torch.Tensor:

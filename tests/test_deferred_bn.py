@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from stagecoach.lambdas import deferred_bn
+from stagecoach.lambdas.training import tracked_norms
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -60,6 +61,6 @@ def test_tracked_norms_are_keyed_like_the_running_statistics():
     from stagecoach.lambdas.training import running_stats
 
     layers = [nn.Linear(2, 3), nn.Sequential(nn.BatchNorm1d(3), nn.BatchNorm1d(3, track_running_stats=False)), nn.BatchNorm1d(3)]
-    norms = deferred_bn.tracked_norms(layers, 4)
+    norms = tracked_norms(layers, 4)
     assert list(norms) == ["5.0", "6"]
     assert {k.rsplit(".", 1)[0] for k in running_stats(layers, 4)} == set(norms)
