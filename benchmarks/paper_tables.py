@@ -97,7 +97,9 @@ def _stage_sync_s(prof: ModelProfile, cfg: Config, plat: Platform) -> float:
     o = perfmodel.phase_overhead(plat, cfg.replicas)
     for s, n in enumerate(cfg.balance):
         lay = prof.layers[i : i + n]
-        t = layer_terms(lay, prof, s == 0, s == S - 1, cfg.tiers_mb[s], cfg.sync[s], cfg.replicas, cfg.micro_batch, cfg.micro_batches, plat)
+        t = layer_terms(
+            prof, i, i + n, s == 0, s == S - 1, cfg.tiers_mb[s], cfg.sync[s], cfg.replicas, cfg.micro_batch, cfg.micro_batches, plat
+        )
         opt = perfmodel.optimizer_seconds(sum(l.param_bytes for l in lay), cfg.tiers_mb[s], plat)
         out.append(t.sync.tail_s + ((o + t.sync.task_s) if t.sync.tasks else 0.0) - opt)
         i += n

@@ -6,7 +6,9 @@ Why this shape: the runtime, the planner and the exactness checks all work on a 
 once as a graph with a dynamic batch dimension, split before every named module, and each piece
 becomes a ``Segment`` that takes the values still live at its cut (a tuple: the hidden state, the
 mask computed at the start, a skip connection from an earlier block, ...) and returns those live
-after it. Values a later block needs are relayed through the blocks in between (docs/exactness.md).
+after it. Within one process (the reference, the checks) values a later block needs pass through
+the blocks in between; across stages each goes straight to the stages that read it (``flows``,
+lambdas/stageio.py KeyedIO).
 
 The split is a zero-argument factory (``SplitFactory``) wrapping the user's, so the client, every
 container and the reference build the same chain from the same code under the same seed; the
@@ -20,7 +22,7 @@ from __future__ import annotations
 import fnmatch
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MethodType
 from typing import Any
 
@@ -31,6 +33,8 @@ from torch.distributed.pipelining._IR import MultiUseParameterConfig, Pipe
 from torch.export import Dim
 from torch.export.unflatten import InterpreterModule
 from torch.utils import _pytree as pytree
+
+from stagecoach.planner.profile.flows import Flow
 
 
 class SplitError(ValueError):
@@ -139,22 +143,39 @@ class Segment(nn.Module):
         self.takes, self.gives, self.out_spec = takes, gives, out_spec
         self.ints = ints  # values that are Python ints (sizes) in the graph; they cross a cut as 0-d tensors
 
+    def step(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Run the pieces on named values (sizes as Python ints); the values they compute."""
+        env, made = dict(values), {}
+        for piece, (args, outs) in zip(self.pieces, self.calls):
+            result = piece(*[env[a] for a in args])
+            if len(outs) == 1 and not isinstance(result, tuple):
+                result = (result,)
+            new = dict(zip(outs, result))
+            env.update(new)
+            made.update(new)
+        return made
+
+    def output(self, values: dict[str, Any]) -> Any:
+        """The model's output from the named values (the last segment's ``gives``)."""
+        assert self.out_spec is not None, "only the last segment gives the model's output"
+        return pytree.tree_unflatten([values[k] for k in self.gives], self.out_spec)
+
     def forward(self, carried: Any) -> Any:
         values = dict(zip(self.takes, carried)) if len(self.takes) > 1 else {self.takes[0]: carried}
         values = {k: (int(v) if k in self.ints else v) for k, v in values.items()}
-        for piece, (args, outs) in zip(self.pieces, self.calls):
-            result = piece(*[values[a] for a in args])
-            if len(outs) == 1 and not isinstance(result, tuple):
-                result = (result,)
-            values.update(zip(outs, result))
+        values.update(self.step(values))
         if self.out_spec is not None:
-            return pytree.tree_unflatten([values[k] for k in self.gives], self.out_spec)
+            return self.output(values)
         live = [torch.tensor(values[k]) if k in self.ints else values[k] for k in self.gives]
         return live[0] if len(live) == 1 else tuple(live)
 
 
 class Blocks(nn.Sequential):
-    """The chain of segments; ``original_state_dict`` gives the state under the user's module names."""
+    """The chain of segments. ``flows``: every value crossing a block boundary, where it is computed
+    and read (planner/profile/flows.py), by which the runtime sends each straight to its readers;
+    ``original_state_dict`` gives the state under the user's module names."""
+
+    flows: tuple[Flow, ...] = ()
 
     def original_state_dict(self, keep_vars: bool = False) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
@@ -164,6 +185,35 @@ class Blocks(nn.Sequential):
                 for k, v in piece.state_dict(keep_vars=keep_vars).items():
                     out.setdefault(k, v)
         return out
+
+    def measure_flows(self, x1: torch.Tensor, x2: torch.Tensor) -> tuple[Flow, ...]:
+        """``flows`` with their bytes per sample: the chain run on batches ``x1`` and ``x2`` (one
+        sample more; any device, meta included) and each value's size compared."""
+        sizes = [_value_bytes(self, x) for x in (x1, x2)]
+        out = []
+        for f in self.flows:
+            (a, ga), (b, gb) = sizes[0][f.key], sizes[1][f.key]
+            out.append(replace(f, bytes_per_sample=float(b - a), grad_bytes_per_sample=float(gb - ga)))
+        return tuple(out)
+
+
+def _value_bytes(blocks: Blocks, x: torch.Tensor) -> dict[str, tuple[int, int]]:
+    """(bytes, floating bytes) of every named value when ``blocks`` runs on ``x`` (no gradients)."""
+    first = blocks[0]
+    assert isinstance(first, Segment)
+    values: dict[str, Any] = {first.takes[0]: x}
+    with torch.no_grad():
+        for seg in blocks:
+            assert isinstance(seg, Segment)
+            values.update(seg.step(values))
+    out = {}
+    for k, v in values.items():
+        if isinstance(v, torch.Tensor):
+            n = v.numel() * v.element_size()
+            out[k] = (n, n if v.is_floating_point() else 0)
+        else:
+            out[k] = (8, 0)  # a size, sent as a 0-d int64 tensor
+    return out
 
 
 def _key(node: fx.Node) -> str:
@@ -188,6 +238,7 @@ def split(model: nn.Module, patterns: Sequence[str], example: torch.Tensor) -> B
     groups = [pieces[:2], *[[p] for p in pieces[2:]]] if len(pieces) == len(names) + 1 else [[p] for p in pieces]
     # what each piece reads and writes, by value key; a multi-output piece's values are its getitems
     produced: dict[str, int] = {_key(placeholders[0]): -1}
+    floating = {_key(placeholders[0]): example.is_floating_point()}
     ints: set[str] = set()
     calls: list[list[tuple[list[str], list[str]]]] = []
     for b, group in enumerate(groups):
@@ -202,6 +253,7 @@ def split(model: nn.Module, patterns: Sequence[str], example: torch.Tensor) -> B
                 raise SplitError("a piece of the split graph is used whole and by parts; this model cannot be cut here")
             for o, val in zip(outs, _output_values(gm.get_submodule(str(node.target)))):
                 produced[o] = b
+                floating[o] = isinstance(val, torch.Tensor) and val.is_floating_point()
                 if isinstance(val, (int, torch.SymInt)):
                     ints.add(o)
             cs.append((args, outs))
@@ -227,7 +279,32 @@ def split(model: nn.Module, patterns: Sequence[str], example: torch.Tensor) -> B
         segments.append(
             Segment([m for _, m in group], calls[b], takes, final if last else live_after(b), out_spec if last else None, frozenset(ints))
         )
-    return Blocks(*segments)
+    blocks = Blocks(*segments)
+    blocks.flows = _flows(calls, final, produced, floating)
+    return blocks
+
+
+def _flows(
+    calls: list[list[tuple[list[str], list[str]]]], final: list[str], produced: dict[str, int], floating: dict[str, bool]
+) -> tuple[Flow, ...]:
+    """Every value read by a block other than the one computing it (or in the output, which the
+    last block gives), in production order."""
+    users: dict[str, set[int]] = {}
+    for b, cs in enumerate(calls):
+        made: set[str] = set()
+        for args, outs in cs:
+            for a in args:
+                if a not in made:  # computed before the block
+                    users.setdefault(a, set()).add(b)
+            made.update(outs)
+    for k in final:
+        users.setdefault(k, set()).add(len(calls) - 1)
+    out = []
+    for k, p in produced.items():
+        readers = tuple(sorted(u for u in users.get(k, ()) if u != max(p, 0)))
+        if readers:
+            out.append(Flow(k, p, readers, floating[k]))
+    return tuple(out)
 
 
 def _restore_batch_norms(gm: fx.GraphModule, model: nn.Module) -> None:

@@ -20,6 +20,7 @@ from stagecoach.lambdas.collectives import Layout, SyncSpec, gather, read_range
 from stagecoach.lambdas.optim_state import group_runs
 from stagecoach.lambdas.records import JobSpec
 from stagecoach.lambdas.stagebuild import build_stage, held_bytes, load_buffers, stage_buffers
+from stagecoach.lambdas.stageio import ChainIO, KeyedIO, StageIO
 from stagecoach.lambdas.training import (
     DTYPES,
     Ownership,
@@ -31,6 +32,7 @@ from stagecoach.lambdas.training import (
     stage_layout,
 )
 from stagecoach.planner.plan import Plan
+from stagecoach.planner.profile.flows import routes
 
 
 @dataclass
@@ -75,6 +77,14 @@ class JobContext:
             else:
                 self.buffers_pending.add(stage)
         return self.stages[stage]
+
+    def stage_io(self, stage: int) -> StageIO:
+        """How ``stage`` receives and sends its values (lambdas/stageio.py)."""
+        last = stage == self.plan.stages - 1
+        if self.spec.flows is None:
+            return ChainIO(self.job, stage, last)
+        ranges = [self.plan.stage_layers(s) for s in range(self.plan.stages)]
+        return KeyedIO(self.job, stage, last, routes(self.spec.flows, ranges)[stage])
 
     def ensure_initial_buffers(self, channel: Channel, stage: int) -> None:
         """A meta-built stage's buffers as the factory initialised them (uploaded by the client:

@@ -46,12 +46,18 @@ def bn_stats(job: str, t: int, stage: int, replica: int) -> str:
     return f"jobs/{job}/iter/{t}/bnstats/s{stage}/r{replica}"
 
 
-def act(job: str, t: int, stage: int, replica: int, mb: int) -> str:
-    return f"jobs/{job}/iter/{t}/act/s{stage}/r{replica}/m{mb}"
+def act(job: str, t: int, stage: int, replica: int, mb: int, part: str = "") -> str:
+    """A stage's output for one micro-batch; ``part``: one object per set of reading stages when
+    values go straight to the stages that read them (planner/profile/flows.py Transfer.name)."""
+    key = f"jobs/{job}/iter/{t}/act/s{stage}/r{replica}/m{mb}"
+    return f"{key}/{part}" if part else key
 
 
-def grad(job: str, t: int, stage: int, replica: int, mb: int) -> str:
-    return f"jobs/{job}/iter/{t}/grad/s{stage}/r{replica}/m{mb}"
+def grad(job: str, t: int, stage: int, replica: int, mb: int, to: int | None = None) -> str:
+    """A stage's input gradient for one micro-batch; ``to``: the part for the stage that computed
+    those inputs, when values go straight to their readers."""
+    key = f"jobs/{job}/iter/{t}/grad/s{stage}/r{replica}/m{mb}"
+    return key if to is None else f"{key}/to{to}"
 
 
 def tied_grad(job: str, t: int, owner: int, user: int, replica: int) -> str:

@@ -21,7 +21,8 @@ from stagecoach.lambdas import boundary, collectives, deferred_bn, keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.events import BackwardEvent, ForwardEvent, SyncEvent
 from stagecoach.lambdas.jobctx import JobContext
-from stagecoach.lambdas.training import batch_indices, flat_params, micro_batch, run_layers, tracked_norms
+from stagecoach.lambdas.stageio import StageIO
+from stagecoach.lambdas.training import batch_indices, flat_params, micro_batch, tracked_norms
 from stagecoach.planner.plan import FUSED_SYNC
 
 
@@ -32,11 +33,11 @@ def _rows(ctx: JobContext, ch: Channel, t: int, replica: int, mb: int) -> torch.
     return micro_batch(batch, plan.replicas, plan.micro_batches, replica, mb)
 
 
-def _stage_input(ctx: JobContext, ch: Channel, t: int, stage: int, replica: int, mb: int, deadline: float) -> Any:
-    """The data set's rows for stage 0; else what the previous stage sent (lambdas/boundary.py)."""
-    if stage == 0:
+def _stage_input(ctx: JobContext, ch: Channel, io: StageIO, t: int, replica: int, mb: int, deadline: float) -> Any:
+    """The data set's rows for stage 0; else what the earlier stages sent (lambdas/stageio.py)."""
+    if io.stage == 0:
         return ctx.dataset(ch)["x"][_rows(ctx, ch, t, replica, mb)]
-    return boundary.unpack(ch.wait_tensors(keys.act(ctx.job, t, stage - 1, replica, mb), deadline))
+    return io.receive(ch, t, replica, mb, deadline)
 
 
 def _copy(x: Any) -> Any:
@@ -50,14 +51,15 @@ def forward(ctx: JobContext, ch: Channel, ev: ForwardEvent, deadline: float) -> 
         raise ValueError(f"stage {ev.stage} has no forward task: the last stage's forward runs in its backward")
     layers = ctx.ensure_params(ch, ev.stage, ev.t, deadline)
     first = ctx.plan.stage_layers(ev.stage).start
+    io = ctx.stage_io(ev.stage)
     record = _batch_stats(ctx, layers, first)
     if record is None:
         ctx.ensure_running_stats(ch, ev.stage, ev.t)  # this forward pass updates them (BatchNorm)
     for j in range(ctx.plan.micro_batches):
-        x = _stage_input(ctx, ch, ev.t, ev.stage, ev.replica, j, deadline)
+        x = _stage_input(ctx, ch, io, ev.t, ev.replica, j, deadline)
         with torch.no_grad(), _recording(record, j):
-            y = run_layers(layers, first, _copy(x) if ev.stage > 0 else x, ctx.seed, ev.t, ev.replica, j)
-        ch.submit_handoff(keys.act(ctx.job, ev.t, ev.stage, ev.replica, j), boundary.pack(y))  # while j+1 computes
+            y = io.run(layers, first, _copy(x) if ev.stage > 0 else x, ctx.seed, ev.t, ev.replica, j)
+        io.send(ch, ev.t, ev.replica, j, y)  # in the background, while j+1 computes
     if record is None:
         ctx.save_running_stats(ch, ev.stage, ev.t + 1, ev.window_start)
     else:  # deferred: replica 0's backward task combines every replica's record into one update
@@ -112,6 +114,7 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     else:
         stream = collectives.GradStream(params, spec.layout, collectives.write_order(spec), collectives.gradient_writer(ch, spec, r))
     first = plan.stage_layers(s).start
+    io = ctx.stage_io(s)
     scale = 1.0 / (plan.micro_batches * plan.replicas)
     losses = []
     # Running statistics (BatchNorm): the last stage's only forward pass is the one below, which
@@ -123,14 +126,14 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
         ctx.ensure_running_stats(ch, s, t)
     held = {k: v.clone() for k, v in ctx.running_stats(s).items()} if not last else {}
     for j in reversed(range(plan.micro_batches)):
-        x = _stage_input(ctx, ch, t, s, r, j, deadline)
+        x = _stage_input(ctx, ch, io, t, r, j, deadline)
         # a floating input's gradient is sent back; integer and boolean ones (ids, masks) travel
         # forward only. The layers get a copy, which a first layer may change in place.
-        sends_grad = s > 0 and boundary.floating(x)
+        sends_grad = io.sends_grads(x)
         if sends_grad:
             x = boundary.with_grad(x)
         with _recording(record, j) if last else _suspended(record):
-            y = run_layers(layers, first, _copy(x) if s > 0 else x, ctx.seed, t, r, j)
+            y = io.run(layers, first, _copy(x) if s > 0 else x, ctx.seed, t, r, j)
         if last and record is not None and j == 0:  # the last forward pass: the record is complete
             ch.submit_handoff(keys.bn_stats(ctx.job, t, s, r), record.tensors())
         if last:
@@ -144,18 +147,16 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
             torch.autograd.backward(loss * scale)
             losses.append(float(loss.detach()))
         else:
-            # an output without floating leaves gets no gradient from the next stage (it sends none)
-            g = ch.wait_tensors(keys.grad(ctx.job, t, s + 1, r, j), deadline) if boundary.floating(y) else {}
+            outs, out_grads = io.output_grads(ch, t, r, j, y, deadline)
             if j == 0:
                 _add_tied_grads(ctx, ch, s, t, r, deadline)
                 stream.arm()
-            outs, out_grads = boundary.backward_pairs(y, g)
             if outs:  # else nothing upstream needs a gradient from this output
                 torch.autograd.backward(outs, out_grads)
         if sends_grad:
             # zero where no gradient reached a floating input leaf (through an integer output
             # nothing upstream has parameters to train, which Job.validate checks)
-            ch.submit_handoff(keys.grad(ctx.job, t, s, r, j), boundary.grads_of(x))
+            io.send_input_grads(ch, t, r, j, x)
     stream.finish()
     _send_tied_grads(ctx, ch, s, t, r)
     if last and record is None:
@@ -220,8 +221,8 @@ def _forget_iteration(ctx: JobContext, ch: Channel, t: int, stage: int, replica:
     if t < 0:
         return
     plan, job = ctx.plan, ctx.job
-    ks = [keys.act(job, t, stage, replica, j) for j in range(plan.micro_batches)]
-    ks += [keys.grad(job, t, stage, replica, j) for j in range(plan.micro_batches)]
+    io = ctx.stage_io(stage)
+    ks = [k for j in range(plan.micro_batches) for k in io.written(t, replica, j)]
     ks += [keys.tied_grad(job, t, owner, stage, replica) for owner in {tied.owner for tied in ctx.tied(stage)}]
     if ctx.deferred_batch_norm and ctx.running_stats(stage):
         ks.append(keys.bn_stats(job, t, stage, replica))

@@ -24,6 +24,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from stagecoach.lambdas.graph_split import Blocks
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 from stagecoach.planner.profile.tensors import (
     SavedBytes,
@@ -102,6 +103,7 @@ def measure_model(
         lo = min(micro_batch_sizes)
         xs = {b: batch_like(sample_input, b) for b in sorted(set(micro_batch_sizes) | {lo, lo + 1})}
         in1 = tensor_bytes(xs[lo + 1]) - tensor_bytes(xs[lo])
+        flows = model.measure_flows(xs[lo], xs[lo + 1]) if isinstance(model, Blocks) else ()
         layers = []
         for i, (cname, child) in enumerate(model._modules.items()):  # a block used twice counts twice
             rg = any_requires_grad(xs[lo])
@@ -131,7 +133,7 @@ def measure_model(
             with torch.no_grad():
                 xs = {b: _detach(child(x)) for b, x in xs.items()}
         model.zero_grad(set_to_none=True)
-        return ModelProfile(name=name, layers=tuple(layers), input_bytes_per_sample=float(in1), source="measured")
+        return ModelProfile(name=name, layers=tuple(layers), input_bytes_per_sample=float(in1), source="measured", flows=flows)
     finally:
         torch.set_num_threads(old_threads)
         model.train(was_training)

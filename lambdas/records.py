@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from stagecoach.planner.plan import Plan
+from stagecoach.planner.profile.flows import Flow
 
 
 class _Record(BaseModel):
@@ -53,6 +54,10 @@ class JobSpec(_Record):
     # BatchNorm's running statistics updated once per iteration from the whole global batch when
     # the plan splits it (Job.deferred_batch_norm; lambdas/deferred_bn.py)
     deferred_batch_norm: bool = False
+    # a model cut from its graph: the named values crossing its blocks' boundaries, which each
+    # stage sends straight to the stages reading them (lambdas/stageio.py KeyedIO); None for an
+    # nn.Sequential, whose block outputs go whole to the next block
+    flows: list[Flow] | None = None
 
     def to_plan(self) -> Plan:
         return Plan.from_dict(self.plan)

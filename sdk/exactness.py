@@ -25,8 +25,10 @@ import torch
 from torch import nn
 
 from stagecoach.lambdas import boundary, stagebuild
+from stagecoach.lambdas.graph_split import Blocks
 from stagecoach.lambdas.optim_state import apply_update, chunk_segments, group_runs
 from stagecoach.lambdas.training import run_layers, running_stats
+from stagecoach.planner.profile.flows import Flow
 
 # How a job opts in to splitting the global batch of a model with BatchNorm (docs/exactness.md)
 DEFERRED_BATCH_NORM = "Job(..., deferred_batch_norm=True)"
@@ -59,6 +61,10 @@ class ModelFacts:
     # why every container must build the whole model (None: each builds only its own stage on
     # the meta device; :func:`meta_build_refusal`)
     full_build: str | None = None
+    # a model cut from its graph: the named values crossing its blocks' boundaries (planner/profile/
+    # flows.py), sent straight from the stage computing each to the stages reading it; None for an
+    # nn.Sequential, whose blocks pass their whole output on
+    flows: tuple[Flow, ...] | None = None
 
 
 def _tol(dtype: torch.dtype) -> float:
@@ -646,6 +652,7 @@ def examine(
     Raises NotExact for what no plan can train exactly; returns what decides the rest per plan.
     """
     model = build()
+    flows = model.flows if isinstance(model, Blocks) else None
     blocks = list(model)
     check_structure(blocks)
     check_factory(model, build())
@@ -673,6 +680,7 @@ def examine(
         coupling_beyond_batch_norm=beyond,
         optimizer_groups=groups,
         full_build=full_build,
+        flows=flows,
     )
 
 

@@ -25,6 +25,7 @@ from stagecoach.lambdas.profiling import measure_model
 from stagecoach.lambdas.training import DTYPE_NAMES, build_model
 from stagecoach.planner.model.platforms import Platform, aws_platform
 from stagecoach.planner.plan import PHASES, Plan, PlanError, even_balance
+from stagecoach.planner.profile.flows import Flow
 from stagecoach.planner.profile.layers import ModelProfile
 from stagecoach.planner.solve.sweep import PlanningResult, plan_model
 from stagecoach.profile_tiers import profile_tiers
@@ -217,6 +218,12 @@ class Job:
         state = blocks.original_state_dict()
         model.load_state_dict({k: state[k] for k in model.state_dict()})
         return model
+
+    @property
+    def flows(self) -> list[Flow] | None:
+        """The named values crossing the blocks' boundaries of a model cut at ``blocks`` (each goes
+        straight from the stage computing it to the stages reading it); None for an nn.Sequential."""
+        return list(self.facts.flows) if self.facts.flows is not None else None
 
     @property
     def layers(self) -> int:

@@ -2,11 +2,12 @@
 
 Every capability that once was refused or silently wrong — parameter groups, weights tied across
 stages, a module used twice, integer ids across a cut, (state, skip) pairs, dicts with a boolean
-mask, any nn.Module cut at ``blocks`` — at (stages, replicas, micro-batches) = (1,1,1), (3,1,4),
+mask, any nn.Module cut at ``blocks``, a skip connection sent straight from stage 0 to the last
+stage — at (stages, replicas, micro-batches) = (1,1,1), (3,1,4),
 (2,3,2) and (4,2,3), each with an Adam-family and an SGD-momentum optimizer, through the real state
 machines in float64: parameters (and buffers) equal single-process PyTorch within 1e-5. The
 default run holds a representative subset (tests/test_transparency.py, tests/test_exactness.py,
-tests/test_any_model.py); this is the whole grid, 56 runs.
+tests/test_any_model.py, tests/test_skip_stages.py); this is the whole grid, 64 runs.
 """
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 from test_any_model import BLOCKS, plain_pytorch, tiny_bert
 from test_any_model import bert as bert_example
 from test_exactness import X, Y, cells_with_pairs, ids_then_embedding, masked_dicts
+from test_skip_stages import LongSkip
 from test_transparency import (
     adamw_no_decay_on_biases,
     model_with_a_module_used_twice,
@@ -33,6 +35,7 @@ ADAM = lambda p: torch.optim.Adam(p, lr=0.01)  # noqa: E731
 SGD = lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)  # noqa: E731
 G = torch.Generator().manual_seed(11)
 X10, Y4 = torch.randn(48, 10, generator=G, dtype=torch.float64), torch.randint(0, 4, (48,), generator=G)
+X6, Y3 = torch.randn(48, 6, generator=G, dtype=torch.float64), torch.randint(0, 3, (48,), generator=G)
 
 # item: (model, data, blocks, {optimizer name: factory})
 ITEMS = {
@@ -43,6 +46,7 @@ ITEMS = {
     "pairs": (cells_with_pairs, (X, Y), None, {"adam": ADAM, "sgd": SGD}),
     "dicts": (masked_dicts, (X, Y), None, {"adam": ADAM, "sgd": SGD}),
     "any-model": (tiny_bert, bert_example.sequences(48, seed=5), BLOCKS, {"adam": ADAM, "sgd": SGD}),
+    "skip": (LongSkip, (X6, Y3), ["stem", "body.*", "head"], {"adam": ADAM, "sgd": SGD}),
 }
 CASES = [(item, opt, cfg) for item, (_, _, _, opts) in ITEMS.items() for opt in opts for cfg in GRID]
 WAVE = 8  # runs at once on the stack: 2 cores, and each run's workers are processes
@@ -65,11 +69,13 @@ def make_job(item: str, opt: str) -> Job:
 
 
 @pytest.fixture(scope="module")
-def grid_runs(backend):
+def grid_runs(backend, request):
+    # only the cases this session runs (e.g. `-k skip`), in waves
+    cases = [c for c in CASES if any(getattr(i, "callspec", None) and i.callspec.params.get("case") == c for i in request.session.items)]
     done = {}
-    for w in range(0, len(CASES), WAVE):
+    for w in range(0, len(cases), WAVE):
         started = {}
-        for item, opt, (s, d, m) in CASES[w : w + WAVE]:
+        for item, opt, (s, d, m) in cases[w : w + WAVE]:
             started[(item, opt, (s, d, m))] = make_job(item, opt).run(stages=s, replicas=d, micro_batches=m, backend=backend)
         for run in started.values():
             run.wait(progress=False, poll_s=2.0, timeout_s=900)
@@ -82,7 +88,7 @@ def test_every_capability_equals_plain_pytorch_on_the_whole_grid(grid_runs, case
     item, opt, (s, d, m) = case
     run = grid_runs[case]
     got = run.trained_model().state_dict()
-    if item == "any-model":
+    if item in ("any-model", "skip"):
         want = plain_pytorch(run.job).state_dict()  # the user's module, its own forward
     else:
         want = train_reference(run.job, replicas=d, micro_batches=m).state_dict()

@@ -225,8 +225,9 @@ def global_transitions(stages: int) -> int:
 
 
 def layer_terms(
-    layers: Sequence[LayerProfile],
     profile: ModelProfile,
+    lo: int,
+    hi: int,
     first: bool,
     last: bool,
     tier: int,
@@ -236,20 +237,23 @@ def layer_terms(
     m: int,
     plat: Platform,
 ) -> StageTerms:
-    """``stage_terms`` for a run of layers (sums them)."""
+    """``stage_terms`` for the stage holding ``profile``'s layers [lo, hi) (sums them; the bytes it
+    receives and sends from ModelProfile.stage_io)."""
+    layers = profile.layers[lo:hi]
     f = g = 0.0
     for l in layers:
         lf, lg = l.times(tier, b, plat)
         f += lf
         g += lg
+    io = profile.stage_io(lo, hi)
     return stage_terms(
         sum(l.param_bytes for l in layers),
         f,
         g,
         sum(l.saved_bytes_per_sample for l in layers),
-        layers[0].in_bytes_per_sample,
-        layers[-1].out_bytes_per_sample,
-        layers[0].ingrad_bytes_per_sample,
+        io.in_ps,
+        io.out_ps,
+        io.ingrad_ps,
         profile.label_bytes_per_sample,
         first,
         last,
@@ -261,7 +265,7 @@ def layer_terms(
         plat,
         buffer_bytes=sum(l.buffer_bytes for l in layers),
         build_bytes=profile.build_bytes,
-        outgrad_ps=layers[-1].outgrad_bytes_per_sample,
+        outgrad_ps=io.outgrad_ps,
     )
 
 
@@ -278,7 +282,7 @@ def stage_memory_bytes(
     micro-batch's recomputed activations (GPipe)."""
     choice = sync or (SyncChoice("none", 1) if replicas == 1 else SyncChoice("scatter_reduce", replicas))
     prof = ModelProfile("stage", tuple(layers), layers[0].in_bytes_per_sample)
-    terms = layer_terms(layers, prof, True, False, platform.tiers_mb[-1], choice, replicas, micro_batch, 1, platform)
+    terms = layer_terms(prof, 0, len(prof.layers), True, False, platform.tiers_mb[-1], choice, replicas, micro_batch, 1, platform)
     return terms.backward_memory_bytes if task == "backward" else terms.memory_bytes
 
 
@@ -294,7 +298,7 @@ def evaluate(profile: ModelProfile, cfg: Config, plat: Platform) -> Estimate:
     terms: list[StageTerms] = []
     i = 0
     for s, n in enumerate(cfg.balance):
-        terms.append(layer_terms(profile.layers[i : i + n], profile, s == 0, s == S - 1, cfg.tiers_mb[s], cfg.sync[s], d, b, m, plat))
+        terms.append(layer_terms(profile, i, i + n, s == 0, s == S - 1, cfg.tiers_mb[s], cfg.sync[s], d, b, m, plat))
         i += n
     return compose(cfg, terms, plat)
 

@@ -19,6 +19,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from stagecoach.planner.profile.flows import Flow, StageBytes, merged_flows, stage_bytes
+
 if TYPE_CHECKING:  # pragma: no cover
     from stagecoach.planner.model.platforms import Platform
 
@@ -150,15 +152,39 @@ class ModelProfile:
     # its stage (on the meta device, lambdas/stagebuild.py); the whole model's parameters and
     # buffers for a job whose factory needs the full build (JobSpec.build = "full")
     build_bytes: float = 0.0
+    # a model cut from its graph passes named values, each sent by the stage computing it straight
+    # to the stages reading it (planner/profile/flows.py); empty: each layer's output is the next
+    # layer's whole input, relayed stage by stage
+    flows: tuple[Flow, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
+        object.__setattr__(self, "flows", tuple(self.flows))
         if not self.layers:
             raise ValueError(f"model {self.name!r} has no layers: give an nn.Sequential with at least one child")
 
     @property
     def param_bytes(self) -> float:
         return sum(l.param_bytes for l in self.layers)
+
+    def stage_io(self, lo: int, hi: int) -> StageBytes:
+        """Bytes per sample a stage of layers [lo, hi) receives and sends (and their gradients).
+        The first stage's input is its rows of the data set; the last stage's output the model's
+        (held for the loss, sent nowhere)."""
+        first, last = self.layers[lo], self.layers[hi - 1]
+        whole = StageBytes(
+            first.in_bytes_per_sample, last.out_bytes_per_sample, first.ingrad_bytes_per_sample, last.outgrad_bytes_per_sample
+        )
+        if not self.flows:
+            return whole
+        direct = stage_bytes(self.flows, lo, hi)
+        end = hi == len(self.layers)
+        return StageBytes(
+            whole.in_ps if lo == 0 else direct.in_ps,
+            whole.out_ps if end else direct.out_ps,
+            whole.ingrad_ps if lo == 0 else direct.ingrad_ps,
+            whole.outgrad_ps if end else direct.outgrad_ps,
+        )
 
     @property
     def original_layers(self) -> int:
@@ -183,7 +209,7 @@ class ModelProfile:
         for g in groups:
             out.append(merge_layers(self.layers[i : i + g]))
             i += g
-        return replace(self, layers=tuple(out))
+        return replace(self, layers=tuple(out), flows=merged_flows(self.flows, groups))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -193,6 +219,7 @@ class ModelProfile:
             "label_bytes_per_sample": self.label_bytes_per_sample,
             "source": self.source,
             "build_bytes": self.build_bytes,
+            "flows": [f.to_dict() for f in self.flows],
         }
 
     @classmethod
@@ -204,6 +231,7 @@ class ModelProfile:
             label_bytes_per_sample=float(d.get("label_bytes_per_sample", 8.0)),
             source=d.get("source", "measured"),
             build_bytes=float(d.get("build_bytes", 0.0)),
+            flows=tuple(Flow.from_dict(f) for f in d.get("flows", [])),
         )
 
 

@@ -73,6 +73,10 @@ def profile_meta(
     sample = _to_meta(sample_input)
     x1, x2 = batch_like(sample, 1, "meta"), batch_like(sample, 2, "meta")
     in1 = tensor_bytes(x1)
+    # a model cut from its graph (lambdas/graph_split.py Blocks) names the values crossing its
+    # cuts; their sizes price the direct sends (planner/profile/flows.py)
+    measure_flows = getattr(m, "measure_flows", None)
+    flows = measure_flows(x1, x2) if callable(measure_flows) else ()
     layers = []
     for i, (child_name, child) in enumerate(m._modules.items()):  # a block used twice counts twice
         rg = any_requires_grad(x1)
@@ -97,7 +101,12 @@ def profile_meta(
         )
         x1, x2 = detach_all(y1), detach_all(y2)
     return ModelProfile(
-        name=name, layers=tuple(layers), input_bytes_per_sample=float(in1), label_bytes_per_sample=label_bytes_per_sample, source="meta"
+        name=name,
+        layers=tuple(layers),
+        input_bytes_per_sample=float(in1),
+        label_bytes_per_sample=label_bytes_per_sample,
+        source="meta",
+        flows=flows,
     )
 
 

@@ -112,15 +112,16 @@ def candidate_groups(
                 last = j == L
                 opts: list[SyncOption] = []
                 st0 = None
+                io = profile.stage_io(i, j)
                 for a, ch in enumerate(choices):
                     st = stage_terms(
                         P[j] - P[i],
                         F[j] - F[i],
                         G[j] - G[i],
                         SV[j] - SV[i],
-                        lay[i].in_bytes_per_sample,
-                        lay[j - 1].out_bytes_per_sample,
-                        lay[i].ingrad_bytes_per_sample,
+                        io.in_ps,
+                        io.out_ps,
+                        io.ingrad_ps,
                         profile.label_bytes_per_sample,
                         i == 0,
                         last,
@@ -132,7 +133,7 @@ def candidate_groups(
                         plat,
                         buffer_bytes=BUF[j] - BUF[i],
                         build_bytes=profile.build_bytes,
-                        outgrad_ps=lay[j - 1].outgrad_bytes_per_sample,
+                        outgrad_ps=io.outgrad_ps,
                     )
                     if st.memory_bytes > cap or st.sync.task_s > maxT:
                         continue

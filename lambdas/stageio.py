@@ -1,0 +1,146 @@
+"""What a stage's worker receives and sends per micro-batch, and how it runs its blocks on it.
+
+Two shapes of chain (docs/runtime.md "What crosses a cut"):
+
+- ``ChainIO``: an nn.Sequential whose block i's output is block i+1's whole input (a tensor, or a
+  tuple, list or dict of tensors: lambdas/boundary.py). Stage s reads stage s-1's output and
+  sends its own to stage s+1; gradients come back the same way.
+- ``KeyedIO``: a model cut from its graph (lambdas/graph_split.py) passes named values. Each goes
+  from the stage that computes it straight to the stages that read it (one object per set of
+  readers), and each reader sends its gradient straight back, where the producer sums the
+  readers' gradients in stage order (planner/profile/flows.py). A skip connection from stage 0
+  to stage 3 is then one upload and one download, not three of each.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from stagecoach.lambdas import boundary, keys
+from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.graph_split import Segment
+from stagecoach.lambdas.training import derive_seed, run_layers
+from stagecoach.planner.profile.flows import Route
+
+
+class StageIO(ABC):
+    """One stage's side of the pipeline hand-offs (activations forward, their gradients back)."""
+
+    def __init__(self, job: str, stage: int, last: bool):
+        self.job, self.stage, self.last = job, stage, last
+
+    @abstractmethod
+    def receive(self, ch: Channel, t: int, r: int, mb: int, deadline: float) -> Any:
+        """The stage's input for micro-batch ``mb`` (stage > 0), as the earlier stages sent it."""
+
+    @abstractmethod
+    def run(self, layers: Iterable[nn.Module], first: int, x: Any, seed: int, t: int, r: int, mb: int) -> Any:
+        """The stage's blocks on ``x`` (stage 0: its rows of the data set), each reseeded as
+        training.run_layers does; the last stage returns the model's output."""
+
+    @abstractmethod
+    def send(self, ch: Channel, t: int, r: int, mb: int, y: Any) -> None:
+        """Hand the output on to the stages that read it (in the background)."""
+
+    @abstractmethod
+    def output_grads(self, ch: Channel, t: int, r: int, mb: int, y: Any, deadline: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The output tensors that get a gradient, and those gradients (from the readers)."""
+
+    @abstractmethod
+    def send_input_grads(self, ch: Channel, t: int, r: int, mb: int, x: Any) -> None:
+        """The gradients of the floating inputs, back to the stages that sent them."""
+
+    @abstractmethod
+    def written(self, t: int, r: int, mb: int) -> list[str]:
+        """The hand-off objects this worker wrote for micro-batch ``mb`` of iteration t."""
+
+    def sends_grads(self, x: Any) -> bool:
+        return self.stage > 0 and boundary.floating(x)
+
+
+class ChainIO(StageIO):
+    """Block i's output is block i+1's whole input: stage s reads stage s-1's output."""
+
+    def receive(self, ch: Channel, t: int, r: int, mb: int, deadline: float) -> Any:
+        return boundary.unpack(ch.wait_tensors(keys.act(self.job, t, self.stage - 1, r, mb), deadline))
+
+    def run(self, layers: Iterable[nn.Module], first: int, x: Any, seed: int, t: int, r: int, mb: int) -> Any:
+        return run_layers(layers, first, x, seed, t, r, mb)
+
+    def send(self, ch: Channel, t: int, r: int, mb: int, y: Any) -> None:
+        ch.submit_handoff(keys.act(self.job, t, self.stage, r, mb), boundary.pack(y))
+
+    def output_grads(self, ch: Channel, t: int, r: int, mb: int, y: Any, deadline: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        # an output without floating leaves gets no gradient from the next stage (it sends none)
+        g = ch.wait_tensors(keys.grad(self.job, t, self.stage + 1, r, mb), deadline) if boundary.floating(y) else {}
+        return boundary.backward_pairs(y, g)
+
+    def send_input_grads(self, ch: Channel, t: int, r: int, mb: int, x: Any) -> None:
+        ch.submit_handoff(keys.grad(self.job, t, self.stage, r, mb), boundary.grads_of(x))
+
+    def written(self, t: int, r: int, mb: int) -> list[str]:
+        return [keys.act(self.job, t, self.stage, r, mb), keys.grad(self.job, t, self.stage, r, mb)]
+
+
+class KeyedIO(StageIO):
+    """Named values, each sent by the stage computing it straight to the stages reading it."""
+
+    def __init__(self, job: str, stage: int, last: bool, route: Route):
+        super().__init__(job, stage, last)
+        self.route = route
+
+    def receive(self, ch: Channel, t: int, r: int, mb: int, deadline: float) -> dict[str, torch.Tensor]:
+        pending = [ch.submit_wait(keys.act(self.job, t, tr.producer, r, mb, tr.name), deadline) for tr in self.route.inputs]
+        values: dict[str, torch.Tensor] = {}
+        for tr, fut in zip(self.route.inputs, pending):
+            got = fut.result()
+            values.update((k, got[k]) for k in tr.keys)
+        return values
+
+    def run(self, layers: Iterable[nn.Module], first: int, x: Any, seed: int, t: int, r: int, mb: int) -> Any:
+        segments = [seg for seg in layers if isinstance(seg, Segment)]
+        assert len(segments) == len(list(layers)), "a keyed chain is made of graph segments (lambdas/graph_split.py)"
+        head = segments[0]
+        values: dict[str, Any] = {head.takes[0]: x} if self.stage == 0 else {k: (int(v) if k in head.ints else v) for k, v in x.items()}
+        for i, seg in enumerate(segments):
+            torch.manual_seed(derive_seed(seed, t, first + i, r, mb))
+            values.update(seg.step(values))
+        if self.last:
+            return segments[-1].output(values)
+        return {k: torch.tensor(values[k]) if k in head.ints else values[k] for k in self.route.output_keys}
+
+    def send(self, ch: Channel, t: int, r: int, mb: int, y: dict[str, torch.Tensor]) -> None:
+        for tr in self.route.outputs:
+            ch.submit_handoff(keys.act(self.job, t, self.stage, r, mb, tr.name), {k: y[k] for k in tr.keys})
+
+    def output_grads(
+        self, ch: Channel, t: int, r: int, mb: int, y: dict[str, torch.Tensor], deadline: float
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        senders = self.route.grad_senders()
+        pending = [ch.submit_wait(keys.grad(self.job, t, c, r, mb, to=self.stage), deadline) for c in senders]
+        total: dict[str, torch.Tensor] = {}
+        for fut in pending:  # summed in the readers' stage order, so every retry adds alike
+            for k, g in fut.result().items():
+                total[k] = total[k] + g if k in total else g
+        outs = [k for k in self.route.output_keys if k in total and y[k].requires_grad]
+        return [y[k] for k in outs], [total[k] for k in outs]
+
+    def send_input_grads(self, ch: Channel, t: int, r: int, mb: int, x: dict[str, torch.Tensor]) -> None:
+        for p in self.route.grad_receivers(self.stage):
+            floating = [k for tr in self.route.inputs if tr.producer == p for k in tr.floating]
+            grads = {k: _grad(x[k]) for k in floating}
+            ch.submit_handoff(keys.grad(self.job, t, self.stage, r, mb, to=p), grads)
+
+    def written(self, t: int, r: int, mb: int) -> list[str]:
+        acts = [keys.act(self.job, t, self.stage, r, mb, tr.name) for tr in self.route.outputs]
+        return acts + [keys.grad(self.job, t, self.stage, r, mb, to=p) for p in self.route.grad_receivers(self.stage)]
+
+
+def _grad(x: torch.Tensor) -> torch.Tensor:
+    """A leaf's gradient, zeros where none reached it."""
+    return x.grad if x.grad is not None else torch.zeros_like(x)
