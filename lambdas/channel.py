@@ -219,12 +219,14 @@ class Channel:
         body = st_save({k: v.detach().contiguous() for k, v in tensors.items()}, metadata=metadata)
         self.put_bytes(key, body)
 
-    def get_bytes(self, key: str) -> bytes | None:
-        """The object's bytes, or None if it does not exist (yet)."""
+    def get_bytes(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes | None:
+        """The object's bytes (``byte_range``: [start, end) of them, one ranged GET), or None if
+        it does not exist (yet)."""
         with self.stats.activity("down"):
             t0 = time.perf_counter()
+            extra = {"Range": f"bytes={byte_range[0]}-{byte_range[1] - 1}"} if byte_range else {}
             try:
-                resp = self.s3.get_object(Bucket=self.bucket, Key=key)
+                resp = self.s3.get_object(Bucket=self.bucket, Key=key, **extra)
                 body: bytes = resp["Body"].read()
             except self.s3.exceptions.NoSuchKey:
                 self.net.latency(time.perf_counter() - t0)  # a 404 costs its round trip
@@ -294,8 +296,8 @@ class Channel:
         """Wait for and download an object in the background; requests start in submission order."""
         return self._submit("down", self.wait_tensors, key, deadline)
 
-    def submit_get_bytes(self, key: str) -> Future[bytes | None]:
-        return self._submit("down", self.get_bytes, key)
+    def submit_get_bytes(self, key: str, byte_range: tuple[int, int] | None = None) -> Future[bytes | None]:
+        return self._submit("down", self.get_bytes, key, byte_range)
 
     def submit_window(self, calls: Sequence[Callable[[], Future[Any]]], window: int) -> list[Future[Any]]:
         """Start ``calls`` (each submits one request and returns its future) in order, at most

@@ -14,12 +14,13 @@ import uuid
 from typing import Any
 
 import boto3
+import torch
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.parser import ValidationError, parse
 from botocore.config import Config
 from pydantic import TypeAdapter
 
-from stagecoach.lambdas import keys
+from stagecoach.lambdas import boundary, keys
 from stagecoach.lambdas.channel import Channel, poll_cap_s
 from stagecoach.lambdas.events import BackwardEvent, ForwardEvent, ProfileEvent, RemediateEvent, SyncEvent, TaskEvent
 from stagecoach.lambdas.jobctx import job_context
@@ -66,7 +67,7 @@ def profile(ev: ProfileEvent) -> dict[str, Any]:
     planner learns each tier as measured rather than from the vCPU model (lambdas/profiling.py)."""
     ch = Channel(_client(), ev.bucket)
     ctx = job_context(ch, ev.job)
-    sample = ctx.dataset(ch)["x"][0]
+    sample = boundary.map_leaves(lambda t: t[0], ctx.inputs(ch, 0, torch.tensor([0]), 0))
     return profile_phase(
         build_model(ctx.model_factory, ctx.seed, ctx.dtype), sample, micro_batch_sizes=ev.micro_batch_sizes, repeats=ev.repeats
     )

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import cloudpickle
 import torch
-from safetensors.torch import load as st_load
 from torch import nn
 
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.collectives import Layout, SyncSpec, gather, read_range
+from stagecoach.lambdas.datafetch import RemoteSamples
 from stagecoach.lambdas.optim_state import group_runs
 from stagecoach.lambdas.records import JobSpec
 from stagecoach.lambdas.stagebuild import build_stage, held_bytes, load_buffers, stage_buffers
@@ -26,6 +27,7 @@ from stagecoach.lambdas.training import (
     Ownership,
     Tied,
     assign_flat,
+    epoch_of,
     flat_params,
     load_running_stats,
     running_stats,
@@ -46,7 +48,8 @@ class JobContext:
     make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer]
     stages: dict[int, nn.ModuleList] = field(default_factory=dict)
     loaded_version: dict[int, int] = field(default_factory=dict)
-    data: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    transform: Callable[[Any], Any] | None = None  # Job.transform: per-sample, on the input
+    data: RemoteSamples | None = None
     runs: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
     stats_version: dict[int, int] = field(default_factory=dict)  # the running statistics' version held
     own: dict[int, Ownership] = field(default_factory=dict)
@@ -219,16 +222,20 @@ class JobContext:
             return None
         return flat_params(self.stage_params(stage))
 
-    def dataset(self, channel: Channel, split: str = "train") -> dict[str, torch.Tensor]:
-        if split not in self.data:
-            key = keys.dataset(self.spec.dataset.id, split)
-            body = channel.get_bytes(key)
-            if body is None:
-                raise FileNotFoundError(f"data set object {key} is missing")
-            tensors = st_load(body)
-            tensors["x"] = tensors["x"].to(self.dtype) if tensors["x"].is_floating_point() else tensors["x"]
-            self.data[split] = tensors
-        return self.data[split]
+    def samples(self, channel: Channel, stage: int) -> RemoteSamples:
+        """The training set as this container reads it (lambdas/datafetch.py): kept whole when
+        small beside the stage's memory, else read by sample."""
+        if self.data is None:
+            self.data = RemoteSamples(channel, self.spec.dataset.id, self.plan.memory_mb[stage])
+        return self.data
+
+    def inputs(self, channel: Channel, stage: int, indices: torch.Tensor, t: int) -> Any:
+        """The inputs of samples ``indices`` in iteration t (transformed, in the job's dtype)."""
+        epoch = epoch_of(t, self.spec.dataset.n_train, self.plan.global_batch)
+        return self.samples(channel, stage).inputs(channel, indices, self.transform, self.seed, epoch, self.dtype)
+
+    def targets(self, channel: Channel, stage: int, indices: torch.Tensor) -> Any:
+        return self.samples(channel, stage).targets(channel, indices)
 
 
 _CACHE: dict[tuple[str, str], JobContext] = {}
@@ -253,5 +260,6 @@ def job_context(channel: Channel, job: str) -> JobContext:
             model_factory=code["model"],
             loss_fn=code["loss"],
             make_optimizer=code["optimizer"],
+            transform=code.get("transform"),
         )
     return _CACHE[key]

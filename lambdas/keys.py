@@ -79,8 +79,14 @@ def metrics(job: str, t: int, phase: str, stage: int, index: int) -> str:
     return f"jobs/{job}/metrics/it{t:08d}/{phase}-s{stage}-{index}.json"
 
 
-def dataset(dataset_id: str, split: str) -> str:
-    return f"data/{dataset_id}/{split}.safetensors"
+def dataset(dataset_id: str) -> str:
+    """A data set's manifest (lambdas/samples.py Manifest), named by its own content's hash."""
+    return f"data/sets/{dataset_id}"
+
+
+def data_shard(digest: str) -> str:
+    """A shard of samples, named by its content's hash: shared by every data set holding it."""
+    return f"data/shards/{digest}"
 
 
 def memory_pressure(job: str, stage: int) -> str:

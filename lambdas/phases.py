@@ -26,17 +26,17 @@ from stagecoach.lambdas.training import batch_indices, flat_params, micro_batch,
 from stagecoach.planner.plan import FUSED_SYNC
 
 
-def _rows(ctx: JobContext, ch: Channel, t: int, replica: int, mb: int) -> torch.Tensor:
-    data = ctx.dataset(ch)
+def _rows(ctx: JobContext, t: int, replica: int, mb: int) -> torch.Tensor:
     plan = ctx.plan
-    batch = batch_indices(ctx.seed, t, data["y"].shape[0], plan.global_batch)
+    batch = batch_indices(ctx.seed, t, ctx.spec.dataset.n_train, plan.global_batch)
     return micro_batch(batch, plan.replicas, plan.micro_batches, replica, mb)
 
 
 def _stage_input(ctx: JobContext, ch: Channel, io: StageIO, t: int, replica: int, mb: int, deadline: float) -> Any:
-    """The data set's rows for stage 0; else what the earlier stages sent (lambdas/stageio.py)."""
+    """Stage 0: its samples' inputs from the data set; else what the earlier stages sent
+    (lambdas/stageio.py)."""
     if io.stage == 0:
-        return ctx.dataset(ch)["x"][_rows(ctx, ch, t, replica, mb)]
+        return ctx.inputs(ch, 0, _rows(ctx, t, replica, mb), t)
     return io.receive(ch, t, replica, mb, deadline)
 
 
@@ -137,7 +137,7 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
         if last and record is not None and j == 0:  # the last forward pass: the record is complete
             ch.submit_handoff(keys.bn_stats(ctx.job, t, s, r), record.tensors())
         if last:
-            labels = ctx.dataset(ch)["y"][_rows(ctx, ch, t, r, j)]
+            labels = ctx.targets(ch, s, _rows(ctx, t, r, j))
             loss = ctx.loss_fn(y, labels)
             if loss.dim() != 0:
                 raise ValueError("the loss must reduce to a scalar (a mean over the micro-batch)")

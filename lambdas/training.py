@@ -40,6 +40,11 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(h, "little") & ((1 << 63) - 1)
 
 
+def epoch_of(t: int, n_samples: int, global_batch: int) -> int:
+    """The epoch iteration t belongs to (each epoch: n_samples // global_batch iterations)."""
+    return t // (n_samples // global_batch)
+
+
 def batch_indices(seed: int, t: int, n_samples: int, global_batch: int) -> torch.Tensor:
     """Sample indices of iteration t's global batch: epochs of a seeded permutation, last partial batch dropped."""
     steps = n_samples // global_batch

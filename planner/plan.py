@@ -339,6 +339,16 @@ def chunk_count(shard_numel: float, itemsize: int, replicas: int) -> int:
     return int(max(1, min(want, most)))
 
 
+# A worker keeps the whole training set in memory when it is at most this share of its function's
+# memory (one GET per shard, once per container); else it reads each micro-batch's samples by
+# ranged GETs (lambdas/datafetch.py). The performance model charges the second case per micro-batch.
+DATA_RESIDENT_SHARE = 1 / 8
+
+
+def data_resident(data_bytes: float, memory_mb: int) -> bool:
+    return data_bytes <= DATA_RESIDENT_SHARE * memory_mb * 2**20
+
+
 def _default_k(algo: str, replicas: int) -> int:
     """K implied by an algorithm: 1 for all-reduce, d otherwise (K-reduce defaults to d too)."""
     return 1 if algo == "all_reduce" else replicas

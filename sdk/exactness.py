@@ -215,20 +215,31 @@ def _norms(blocks: Sequence[nn.Module]) -> list[nn.modules.batchnorm._BatchNorm]
     return [m for blk in blocks for m in blk.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
 
+def _rows(x: Any) -> int:
+    """The batch size of a model input (a tensor, or a structure of tensors batched alike)."""
+    return min(int(t.shape[0]) if t.dim() else 0 for t in boundary.leaves(x))
+
+
+def _same_sample(x: Any, i: int, j: int) -> bool:
+    return all(torch.equal(t[i], t[j]) for t in boundary.leaves(x))
+
+
 def _coupled(blocks: Sequence[nn.Module], x: torch.Tensor, seed: int) -> bool:
     """Whether replacing sample 0 changes the other samples' outputs (same seeds)."""
-    if x.shape[0] < 2:
+    n = _rows(x)
+    if n < 2:
         return False
-    other = next((k for k in range(1, x.shape[0]) if not torch.equal(x[k], x[0])), None)
+    other = next((k for k in range(1, n) if not _same_sample(x, k, 0)), None)
     if other is None:
         return False
-    x2 = x.clone()
-    x2[0] = x[other]
+    x2 = boundary.map_leaves(torch.clone, x)
+    for a, b in zip(boundary.leaves(x2), boundary.leaves(x)):
+        a[0] = b[other]
     with torch.no_grad():
         a, _ = _forward(blocks, x, seed)
         b, _ = _forward(blocks, x2, seed)
     return not all(
-        u.dim() == 0 or u.shape[0] != x.shape[0] or _close(u[1:], v[1:], u.dtype if u.is_floating_point() else torch.float64)
+        u.dim() == 0 or u.shape[0] != n or _close(u[1:], v[1:], u.dtype if u.is_floating_point() else torch.float64)
         for u, v in zip(boundary.leaves(a), boundary.leaves(b))
     )
 
@@ -446,7 +457,7 @@ def meta_build_refusal(
     except Exception as e:
         return f"job.model() fails on the meta device ({type(e).__name__}: {e})"
     try:
-        return _meta_build_refusal(meta, build, x[:2] if x.shape[0] > 2 else x, seed)
+        return _meta_build_refusal(meta, build, boundary.map_leaves(lambda t: t[:2], x), seed)
     except Exception as e:  # a check that cannot decide keeps the full build, which is always exact
         return f"the build on the meta device could not be compared with the factory's ({type(e).__name__}: {e})"
 

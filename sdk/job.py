@@ -22,6 +22,7 @@ from stagecoach.backends import get_backend
 from stagecoach.lambdas import boundary
 from stagecoach.lambdas.graph_split import Blocks, SplitError, SplitFactory, suggest
 from stagecoach.lambdas.profiling import measure_model
+from stagecoach.lambdas.samples import LocalSamples, as_dtype, encode
 from stagecoach.lambdas.training import DTYPE_NAMES, build_model
 from stagecoach.planner.model.platforms import Platform, aws_platform
 from stagecoach.planner.plan import PHASES, Plan, PlanError, even_balance
@@ -55,7 +56,16 @@ class Job:
                   Parameter groups (built over ``params``, e.g. by ``p.ndim``) keep their own
                   hyperparameters. What the runtime cannot train exactly is refused by
                   ``validate`` (docs/exactness.md).
-    train:        (inputs, labels) tensors; ``test`` likewise, optional, for evaluation.
+    train:        (inputs, targets) tensors, or any map-style torch Dataset whose items are
+                  (input, target) pairs of tensors or tensor structures (Python numbers become
+                  tensors, as torch's default_collate makes them). It is uploaded once, in
+                  content-addressed shards, and a worker reads only its micro-batches' samples
+                  (docs/data.md). ``test`` likewise, optional, for evaluation.
+    transform:    ``transform(input) -> input``, applied to each sample's input in the worker
+                  (augmentation), with torch's RNG seeded per (seed, epoch, sample index), so a
+                  retry and the reference draw the same.
+    iterations:   how many iterations to train; or ``epochs``: passes over the training set
+                  (each ``len(train) // global_batch`` iterations; the last partial batch is dropped).
     global_batch: samples per iteration over all replicas.
     deferred_batch_norm: let a plan split the global batch of a model with BatchNorm (as
                   torchgpipe's ``GPipe(..., deferred_batch_norm=True)`` does): each micro-batch
@@ -69,16 +79,54 @@ class Job:
     model: Callable[[], nn.Module]
     loss: Callable[..., torch.Tensor]
     optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer]
-    train: tuple[torch.Tensor, torch.Tensor]
+    train: Any  # (inputs, targets) tensors, or a map-style torch Dataset of (input, target) items
     global_batch: int
-    iterations: int
+    iterations: int = None  # type: ignore[assignment]  # or epochs=: set from it in __post_init__
     seed: int = 0
-    test: tuple[torch.Tensor, torch.Tensor] | None = None
+    test: Any = None
+    transform: Callable[[Any], Any] | None = None
+    epochs: int | None = None
     dtype: torch.dtype = torch.float32
     name: str = "job"
     blocks: Sequence[str] | None = None
     deferred_batch_norm: bool = False
     _facts: exactness.ModelFacts | None = field(default=None, init=False, repr=False)
+    _samples: LocalSamples | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.iterations is None and isinstance(self.epochs, int) and not isinstance(self.epochs, bool) and self.epochs > 0:
+            try:
+                steps = len(self.samples) // self.global_batch
+            except (JobError, TypeError, ZeroDivisionError):
+                return  # validate says what is wrong
+            self.iterations = self.epochs * steps
+
+    @property
+    def samples(self) -> LocalSamples:
+        """The training set as samples (lambdas/samples.py LocalSamples)."""
+        if self._samples is None or self._samples.data is not self.train:
+            self._samples = _samples(self.train, "train")
+        return self._samples
+
+    def head(self, n: int) -> tuple[Any, Any]:
+        """The first ``n`` training samples stacked as a worker stacks a micro-batch (transformed
+        as in epoch 0, floating inputs in the job's dtype): what the checks run the model on."""
+        try:
+            x, y = self.samples.batch(torch.arange(n), self.transform, self.seed, 0)
+        except TypeError as e:
+            raise JobError(str(e)) from None
+        return as_dtype(x, self.dtype), y
+
+    def _check_epochs(self, n: int) -> None:
+        if self.epochs is None:
+            return
+        if not isinstance(self.epochs, int) or isinstance(self.epochs, bool) or self.epochs < 1:
+            raise JobError(f"job.epochs={self.epochs!r}: must be a positive integer")
+        if self.iterations != self.epochs * (n // self.global_batch):
+            raise JobError(
+                f"job.iterations={self.iterations} and job.epochs={self.epochs} disagree ({n // self.global_batch} iterations per "
+                f"epoch of {n} samples at a global batch of {self.global_batch}): give one of them"
+            )
 
     # -- validation (before any AWS call) --------------------------------------------------------
     def validate(self, plan: Plan | None = None) -> None:
@@ -86,6 +134,8 @@ class Job:
         train something other than plain PyTorch (stagecoach.exactness); the error says what to change."""
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,29}", self.name):
             raise JobError(f"job name {self.name!r}: use 1-30 lowercase letters, digits and '-'")
+        if self.iterations is None and self.epochs is None:
+            raise JobError("job.iterations is missing: give iterations= (how many iterations to train) or epochs= (passes over job.train)")
         for what in ("global_batch", "iterations", "seed"):
             v = getattr(self, what)
             if not isinstance(v, int) or isinstance(v, bool) or v < (0 if what == "seed" else 1):
@@ -94,13 +144,16 @@ class Job:
             raise JobError(f"job.deferred_batch_norm={self.deferred_batch_norm!r}: must be True or False")
         if self.dtype not in DTYPE_NAMES:
             raise JobError(f"job.dtype={self.dtype}: use torch.float32 or torch.float64")
-        x, y = _split("train", self.train)
+        samples = self.samples
         if self.test is not None:
-            _split("test", self.test)
-        if self.global_batch > x.shape[0]:
+            _samples(self.test, "test")
+        if self.global_batch > len(samples):
             raise JobError(
-                f"global batch {self.global_batch} is larger than the training set ({x.shape[0]} samples): use a smaller global batch"
+                f"global batch {self.global_batch} is larger than the training set ({len(samples)} samples): use a smaller global batch"
             )
+        if self.transform is not None and not callable(self.transform):
+            raise JobError(f"job.transform={self.transform!r} is not callable: give a function input -> input, applied per sample")
+        self._check_epochs(len(samples))
         for what in ("model", "loss", "optimizer"):
             if not callable(getattr(self, what)):
                 raise JobError(
@@ -112,8 +165,8 @@ class Job:
                     }[what]
                 )
         model = self.build_model()
-        n = min(4, x.shape[0])
-        sample = x[:n].to(self.dtype) if x.is_floating_point() else x[:n]
+        n = min(4, len(samples))
+        sample, labels = self.head(n)
         out = sample
         with torch.no_grad():
             for i, block in enumerate(model):
@@ -127,17 +180,17 @@ class Job:
                     except TypeError as e:
                         raise JobError(str(e)) from None
         try:
-            loss = self.loss(out, y[:n])
+            loss = self.loss(out, labels)
         except Exception as e:
             raise JobError(f"job.loss fails on the model's output and the labels: {e}") from None
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise JobError("job.loss must return a scalar tensor (a mean over the batch)")
         del model, out  # examine builds its own: one paper-scale model at a time
         if self.blocks is not None:
-            self._check_split(sample, y[:n])
+            self._check_split(sample, labels)
         try:
             self._facts = exactness.examine(
-                self.build_model, self.loss, self.optimizer, sample, y[:n], self.seed, self.dtype, factory=self.factory
+                self.build_model, self.loss, self.optimizer, sample, labels, self.seed, self.dtype, factory=self.factory
             )
         except exactness.NotExact as e:
             raise JobError(str(e)) from None
@@ -186,7 +239,12 @@ class Job:
             return self.model
         if isinstance(self.blocks, str) or not self.blocks or not all(isinstance(b, str) and b for b in self.blocks):
             raise JobError(f"job.blocks={self.blocks!r}: give a list of submodule names or patterns, e.g. ['embed', 'layers.*', 'head']")
-        x = _split("train", self.train)[0]
+        x = self.head(1)[0]
+        if not isinstance(x, torch.Tensor):
+            raise JobError(
+                f"job.train's inputs are {type(x).__name__}: a model cut at blocks= takes one tensor per sample; "
+                "give tensors, or write the model as an nn.Sequential whose first block takes the structure"
+            )
         return SplitFactory(self.model, tuple(self.blocks), tuple(x.shape[1:]), x.dtype, self.dtype)
 
     def build_model(self) -> nn.Sequential:
@@ -268,8 +326,7 @@ class Job:
             profile = profile_tiers(self, get_backend(profile_on), tiers=tiers)
             platform = (platform or aws_platform()).replace(tiers_mb=tuple(sorted(tiers)))
         else:
-            x = self.train[0]
-            sample = x[0].to(self.dtype) if x.is_floating_point() else x[0]
+            sample = boundary.map_leaves(lambda t: t[0], self.head(1)[0])
             # a model that normalises over the batch cannot run one sample in train mode (BatchNorm1d)
             sizes = (2, 4, 8) if self.facts.batch_coupling else (1, 2, 4)
             profile = measure_model(self.build_model(), sample, micro_batch_sizes=sizes, name=self.name)
@@ -279,17 +336,21 @@ class Job:
             options.setdefault("micro_batch_sizes", (self.global_batch,))
         elif self.facts.batch_coupling:  # deferred batch norm: micro-batches of at least two samples
             options.setdefault("micro_batch_sizes", (2, 4, 8))
-        return plan_model(self.with_build_bytes(profile), self.global_batch, platform=platform, **options)
+        return plan_model(self.with_job_bytes(profile), self.global_batch, platform=platform, **options)
 
-    def with_build_bytes(self, profile: ModelProfile) -> ModelProfile:
-        """``profile`` with what every container allocates to build its stage: nothing beyond the
-        stage when it builds on the meta device, the whole model when the factory needs the full
-        build (exactness.meta_build_refusal), which the planner then counts (ModelProfile.build_bytes)."""
+    def with_job_bytes(self, profile: ModelProfile) -> ModelProfile:
+        """``profile`` with what the job adds to the model's own bytes: what every container
+        allocates to build its stage (nothing beyond the stage when it builds on the meta device,
+        the whole model when the factory needs the full build: exactness.meta_build_refusal;
+        ModelProfile.build_bytes), and the training set's bytes as stored, by which the planner
+        knows whether workers keep it or read it by sample (ModelProfile.data_bytes)."""
+        first = self.samples[0]
+        data = float(len(self.samples) * sum(len(encode(part)) for part in first))
         if self.facts.full_build is None:
-            return profile
+            return dataclasses.replace(profile, data_bytes=data)
         model = self.build_model()
         whole = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-        return dataclasses.replace(profile, build_bytes=float(whole))
+        return dataclasses.replace(profile, build_bytes=float(whole), data_bytes=data)
 
     def manual_plan(
         self,
@@ -315,12 +376,11 @@ class Job:
         )
 
 
-def _split(what: str, data: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    if not isinstance(data, (tuple, list)) or len(data) != 2:
-        raise JobError(f"job.{what} must be an (inputs, labels) pair of tensors; a data set without labels cannot be trained")
-    x, y = data
-    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
-        raise JobError(f"job.{what} must hold tensors, got ({type(x).__name__}, {type(y).__name__})")
-    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
-        raise JobError(f"job.{what}: {x.shape[0]} inputs but {y.shape[0]} labels; they must match and be non-empty")
-    return x, y
+def _samples(data: Any, what: str) -> LocalSamples:
+    try:
+        samples = LocalSamples(data, what)
+    except TypeError as e:
+        raise JobError(str(e)) from None
+    if len(samples) == 0:
+        raise JobError(f"job.{what} is empty: give at least one sample")
+    return samples

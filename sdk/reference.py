@@ -25,27 +25,29 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from stagecoach.job import Job
-from stagecoach.lambdas.training import batch_indices, micro_batch, run_layers
+from stagecoach.lambdas.samples import as_dtype
+from stagecoach.lambdas.training import batch_indices, epoch_of, micro_batch, run_layers
 
 
 def train_reference(job: Job, replicas: int = 1, micro_batches: int = 1) -> nn.Sequential:
     model = job.build_model().train()
     layers = list(model)
     optimizer = job.optimizer(list(model.parameters()))
-    x, y = job.train
-    x = x.to(job.dtype) if x.is_floating_point() else x
+    samples, n = job.samples, len(job.samples)
     per = replicas * micro_batches
     deferred = job.deferred_batch_norm and per > 1
     norms = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats] if deferred else []
     for t in range(job.iterations):
-        batch = batch_indices(job.seed, t, x.shape[0], job.global_batch)
+        batch = batch_indices(job.seed, t, n, job.global_batch)
+        epoch = epoch_of(t, n, job.global_batch)
         optimizer.zero_grad()
         with _global_batch_statistics(norms):
             for r in range(replicas):
                 for j in range(micro_batches):
                     idx = micro_batch(batch, replicas, micro_batches, r, j)
-                    out = run_layers(layers, 0, x[idx], job.seed, t, r, j)
-                    (job.loss(out, y[idx]) / per).backward()
+                    x, y = samples.batch(idx, job.transform, job.seed, epoch)
+                    out = run_layers(layers, 0, as_dtype(x, job.dtype), job.seed, t, r, j)
+                    (job.loss(out, y) / per).backward()
         optimizer.step()
     return model
 

@@ -126,8 +126,8 @@ def test_the_job_role_grants_its_own_objects_and_the_data_sets_only(backend):
 
     for key in (keys.job_code("a-1a2b3c4d"), keys.act("a-1a2b3c4d", 3, 1, 0, 0), keys.memory_pressure("a-1a2b3c4d", 0)):
         assert can("s3:GetObject", f"{b}/{key}") and can("s3:PutObject", f"{b}/{key}") and can("s3:DeleteObject", f"{b}/{key}")
-    assert can("s3:GetObject", f"{b}/{keys.dataset('abc', 'train')}")
-    assert not can("s3:PutObject", f"{b}/{keys.dataset('abc', 'train')}")  # data sets are shared: read only
+    assert can("s3:GetObject", f"{b}/{keys.dataset('abc')}")
+    assert not can("s3:PutObject", f"{b}/{keys.dataset('abc')}")  # data sets are shared: read only
     for key in (keys.job_code("a-1a2b3c4d0"), keys.job_code("b-1a2b3c4d"), "history/a/memory.json", "jobs/a-1a2b3c4d"):
         assert not can("s3:GetObject", f"{b}/{key}"), key
     assert can("s3:ListBucket", b, **{"s3:prefix": "jobs/a-1a2b3c4d/iter/3/act/s1/r0/m0"})

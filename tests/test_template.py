@@ -234,7 +234,7 @@ def test_control_role_covers_the_remediation_and_nothing_a_job_runs(template):
     assert grants(sts, "s3:GetObject", f"{b}/{history.memory_key('digits')}") and grants(
         sts, "s3:PutObject", f"{b}/{history.memory_key('digits')}"
     )
-    for key in (keys.job_code(job), keys.act(job, 3, 1, 0, 1), keys.params(job, 0, 0, 0, 0), keys.dataset("d", "train")):
+    for key in (keys.job_code(job), keys.act(job, 3, 1, 0, 1), keys.params(job, 0, 0, 0, 0), keys.dataset("d"), keys.data_shard("e")):
         for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
             assert not grants(sts, action, f"{b}/{key}"), (action, key)
     fn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{STACK}-{job}-s1"
@@ -279,8 +279,8 @@ def test_job_roles_cover_every_key_the_workers_use_and_nothing_else(template):
         for key in used:
             for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
                 assert grants(sts, action, f"arn:aws:s3:::{BUCKET}/{key}"), (action, key)
-        assert grants(sts, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/{keys.dataset('abcdef0123456789', 'train')}")
-        assert not grants(sts, "s3:PutObject", f"arn:aws:s3:::{BUCKET}/{keys.dataset('abcdef0123456789', 'train')}")
+        assert grants(sts, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/{keys.dataset('abcdef0123456789')}")
+        assert not grants(sts, "s3:PutObject", f"arn:aws:s3:::{BUCKET}/{keys.dataset('abcdef0123456789')}")
         for key in ("other/x", "jobsx/y", "history/digits/memory.json"):
             assert not grants(sts, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/{key}"), key
         assert not grants(sts, "s3:GetObject", f"arn:aws:s3:::another-bucket/{keys.job_spec(job)}")
@@ -636,7 +636,8 @@ def test_deployer_policy_covers_the_keys_the_sdk_uses():
     for key in (
         keys.job_spec(job),
         keys.metrics(job, 0, "forward", 0, 0),
-        keys.dataset("abc", "train"),
+        keys.dataset("abc"),
+        keys.data_shard("abc"),
         history.history_key("digits"),
         history.memory_key("digits"),
     ):

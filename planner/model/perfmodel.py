@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from stagecoach.planner.limits import INLINE_MAP_MAX_CONCURRENCY, LAMBDA_MAX_TIMEOUT_S
 from stagecoach.planner.model.calibration import optimizer_passes
 from stagecoach.planner.model.syncmodel import ALL_SYNC, SYNC_ALGORITHMS, StageSync, SyncAlgorithm, SyncChoice, sync_choices  # noqa: F401 (re-exported)
-from stagecoach.planner.plan import timeouts_from
+from stagecoach.planner.plan import data_resident, timeouts_from
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -155,13 +155,17 @@ def stage_terms(
     buffer_bytes: float = 0.0,
     build_bytes: float = 0.0,
     outgrad_ps: float | None = None,
+    data_streamed: bool = False,
 ) -> StageTerms:
     """One stage's terms from its aggregated layer facts (sums over its layers; in/ingrad of its
     first layer, out of its last; per-sample bytes; ``fwd_s``/``bwd_s`` one micro-batch at the tier).
     ``buffer_bytes``: the stage's buffers; ``build_bytes``: what any container of the job allocates
     to build its stage (ModelProfile.build_bytes: the whole model under the full build, else 0).
     ``outgrad_ps``: the bytes of the output's gradient per sample (its floating leaves; default all
-    of the output).
+    of the output). ``data_streamed``: the training set is too large to keep (planner/plan.py
+    data_resident), so the first stage reads each micro-batch's inputs and the last its targets by
+    ranged GETs, one per sample, all of a micro-batch's at once (else they read the set once per
+    container, which this model does not charge).
 
     Per micro-batch a task GETs what it needs (waiting for it), computes, and PUTs its result in
     the background while the next micro-batch computes (docs/performance-model.md §3): a step
@@ -171,7 +175,9 @@ def stage_terms(
     """
     w, lat, poll = plat.bandwidth_Bps, plat.storage_latency_s, plat.poll_delay_s
     in_b, out_b, ig_b = b * in_ps, b * out_ps, b * ingrad_ps
-    get_in = 0.0 if first else lat + in_b / w
+    # a first stage reading its samples from a streamed data set pays a GET round and their bytes
+    get_in = (lat + in_b / w if data_streamed else 0.0) if first else lat + in_b / w
+    get_labels = lat + b * label_ps / w if (last and data_streamed) else 0.0
     a = 0.0 if last else max(get_in + fwd_s, out_b / w)
     ha_own = 0.0 if last else lat + out_b / w
     ha = 0.0 if last else ha_own + poll
@@ -179,7 +185,7 @@ def stage_terms(
     get_out = 0.0 if last else lat + og_b / w
     # the backward task re-reads its input and recomputes the forward (GPipe); the last stage runs
     # its only forward here; a runtime that keeps activations (recompute_forward=False) does neither
-    redo = get_in + fwd_s if (last or plat.recompute_forward) else 0.0
+    redo = get_in + get_labels + fwd_s if (last or plat.recompute_forward) else get_labels
     bb = max(get_out + redo + bwd_s, 0.0 if first else ig_b / w)
     hb_own = 0.0 if first else lat + ig_b / w
     hb = 0.0 if first else hb_own + poll
@@ -210,6 +216,9 @@ def stage_terms(
     gets += d * (2 * m + (0 if last else m * poll_back) + (shard_gets if last else 0) + sy.tail_gets)
     puts += d * ((0 if first else m) + sy.tail_puts)
     gets += sy.tasks * sy.task_gets
+    if data_streamed:  # one ranged GET per sample: inputs in the first stage's tasks, targets in the last's
+        samples = d * m * b
+        gets += samples * (((0 if last else 1) + 1 if first else 0) + (1 if last else 0))
     puts += sy.tasks * sy.task_puts
     inv = (0 if last else d) + d + sy.tasks
     tr = (0 if last else TRANSITIONS_PER_TASK * d) + TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * d
@@ -266,6 +275,7 @@ def layer_terms(
         buffer_bytes=sum(l.buffer_bytes for l in layers),
         build_bytes=profile.build_bytes,
         outgrad_ps=io.outgrad_ps,
+        data_streamed=not data_resident(profile.data_bytes, tier),
     )
 
 

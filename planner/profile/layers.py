@@ -156,6 +156,9 @@ class ModelProfile:
     # to the stages reading it (planner/profile/flows.py); empty: each layer's output is the next
     # layer's whole input, relayed stage by stage
     flows: tuple[Flow, ...] = ()
+    # the training set's bytes as stored (samples and their record headers): a set too large to
+    # keep in a worker (planner/plan.py data_resident) is read by sample, which the model charges
+    data_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -220,6 +223,7 @@ class ModelProfile:
             "source": self.source,
             "build_bytes": self.build_bytes,
             "flows": [f.to_dict() for f in self.flows],
+            "data_bytes": self.data_bytes,
         }
 
     @classmethod
@@ -232,6 +236,7 @@ class ModelProfile:
             source=d.get("source", "measured"),
             build_bytes=float(d.get("build_bytes", 0.0)),
             flows=tuple(Flow.from_dict(f) for f in d.get("flows", [])),
+            data_bytes=float(d.get("data_bytes", 0.0)),
         )
 
 

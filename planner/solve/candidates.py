@@ -23,6 +23,7 @@ from stagecoach.planner.model.perfmodel import (
 )
 from stagecoach.planner.model.platforms import Platform
 from stagecoach.planner.model.syncmodel import SyncChoice, sync_choices
+from stagecoach.planner.plan import data_resident
 from stagecoach.planner.profile.layers import ModelProfile
 
 
@@ -134,6 +135,7 @@ def candidate_groups(
                         buffer_bytes=BUF[j] - BUF[i],
                         build_bytes=profile.build_bytes,
                         outgrad_ps=io.outgrad_ps,
+                        data_streamed=not data_resident(profile.data_bytes, tier),
                     )
                     if st.memory_bytes > cap or st.sync.task_s > maxT:
                         continue

@@ -15,6 +15,7 @@ from stagecoach.cli.jobfile import load_job_file
 from stagecoach.cli.plan_report import SYNC_LEGEND, pareto_png, result_table
 from stagecoach.exactness import split_batch_refusal
 from stagecoach.job import JobError
+from stagecoach.lambdas.boundary import map_leaves
 from stagecoach.lambdas.profiling import measure_model
 from stagecoach.planner.model.platforms import aws_platform, local_platform
 from stagecoach.planner.plan import SYNC_ALGORITHMS
@@ -38,14 +39,13 @@ def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile
         job.validate()
     except JobError as e:
         raise click.ClickException(str(e)) from None
-    x = job.train[0]
-    sample = x[0].to(job.dtype) if x.is_floating_point() else x[0]
+    sample = map_leaves(lambda t: t[0], job.head(1)[0])
     whole = split_batch_refusal(job.facts, job.deferred_batch_norm)
     if job.facts.batch_coupling:  # it cannot run one sample in train mode (BatchNorm1d)
         sizes = tuple(b for b in sizes if b > 1) or (2,)
     if meta:
-        return job.with_build_bytes(profile_meta(job.build_model(), sample, name=job.name)), job.global_batch, whole
-    return job.with_build_bytes(measure_model(job.build_model(), sample, sizes, name=job.name)), job.global_batch, whole
+        return job.with_job_bytes(profile_meta(job.build_model(), sample, name=job.name)), job.global_batch, whole
+    return job.with_job_bytes(measure_model(job.build_model(), sample, sizes, name=job.name)), job.global_batch, whole
 
 
 @click.command("plan")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from typing import Any
 
 import click
 import torch
@@ -14,13 +15,16 @@ from stagecoach.cli.jobfile import load_job_file
 from stagecoach.cli.options import backend_for, region_option, stack_option
 from stagecoach.deploy.resources import DeployError
 from stagecoach.job import JobError
+from stagecoach.lambdas.samples import LocalSamples
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.plan import SYNC_ALGORITHMS, Plan, PlanError
 from stagecoach.run import RunFailed
 
 
-def accuracy(model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor]) -> float:
-    x, y = data
+def accuracy(model: torch.nn.Module, data: Any) -> float:
+    """Argmax accuracy on (inputs, targets) tensors or a Dataset of (input, target) pairs."""
+    samples = LocalSamples(data, "test")
+    x, y = samples.batch(torch.arange(len(samples)))
     model.eval()
     with torch.no_grad():
         pred = model(x.to(next(model.parameters()).dtype) if x.is_floating_point() else x).argmax(dim=1)

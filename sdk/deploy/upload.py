@@ -3,7 +3,6 @@ the initial parameters in the plan's shard and chunk layout."""
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import sys
 import sysconfig
@@ -14,6 +13,7 @@ import cloudpickle
 import torch
 from safetensors.torch import save as st_save
 
+from stagecoach.deploy.dataset import upload_samples
 from stagecoach.deploy.resources import Clients, StackResources
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.records import DatasetRef, JobSpec
@@ -37,16 +37,6 @@ def _exists(s3: Any, bucket: str, key: str) -> bool:
         return False
 
 
-def upload_dataset(s3: Any, bucket: str, x: torch.Tensor, y: torch.Tensor, split: str) -> str:
-    """Content-addressed: the same data is uploaded once and shared by jobs."""
-    body = _safetensors({"x": x, "y": y})
-    ds_id = hashlib.sha256(body).hexdigest()[:16]
-    key = keys.dataset(ds_id, split)
-    if not _exists(s3, bucket, key):
-        s3.put_object(Bucket=bucket, Key=key, Body=body)
-    return ds_id
-
-
 def _user_modules(*objs: Any) -> list[Any]:
     """Modules of the user's callables that workers cannot import (scripts, tests, notebooks)."""
 
@@ -64,11 +54,11 @@ def _user_modules(*objs: Any) -> list[Any]:
 
 def pickle_job_code(job: Job) -> bytes:
     """cloudpickle the model factory, loss and optimizer; user code ships by value, not by import."""
-    modules = _user_modules(job.model, job.loss, job.optimizer)
+    modules = _user_modules(job.model, job.loss, job.optimizer, *([job.transform] if job.transform else []))
     for m in modules:
         cloudpickle.register_pickle_by_value(m)
     try:
-        return cloudpickle.dumps({"model": job.factory, "loss": job.loss, "optimizer": job.optimizer})
+        return cloudpickle.dumps({"model": job.factory, "loss": job.loss, "optimizer": job.optimizer, "transform": job.transform})
     finally:
         for m in modules:
             cloudpickle.unregister_pickle_by_value(m)
@@ -80,8 +70,8 @@ def upload_job(
     """Upload what the workers read: the data set, the model code, the plan and the initial
     parameters (version 0, in the plan's shard and chunk layout). Returns the job's spec (the
     caller writes it last: its presence means the job is complete)."""
-    x, y = job.train
-    ds_id = upload_dataset(c.s3, res.bucket, x, y, "train")
+    samples = job.samples
+    ds_id = upload_samples(c.s3, res.bucket, samples, progress=sys.stderr.isatty())
     groups = job.facts.optimizer_groups  # the workers apply each parameter group's own hyperparameters
     spec = JobSpec(
         job=job_id,
@@ -91,7 +81,7 @@ def upload_job(
         global_batch=job.global_batch,
         dtype=DTYPE_NAMES[job.dtype],
         layers=job.layers,
-        dataset=DatasetRef(id=ds_id, n_train=int(x.shape[0])),
+        dataset=DatasetRef(id=ds_id, n_train=len(samples)),
         plan=plan.to_dict(),
         created=time.time(),
         window_length=window_length,

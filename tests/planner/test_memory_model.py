@@ -89,7 +89,7 @@ def test_the_job_tells_the_planner_what_its_containers_build():
         )
 
     profile = ModelProfile("m", (LayerProfile("a", 1.0, 0.0, 1.0, 1.0),), 1.0)
-    assert job(lambda: nn.Sequential(nn.Linear(6, 3))).with_build_bytes(profile).build_bytes == 0.0
+    assert job(lambda: nn.Sequential(nn.Linear(6, 3))).with_job_bytes(profile).build_bytes == 0.0
     full = job(lambda: nn.Sequential(Scaled()))
     assert full.facts.full_build is not None
-    assert full.with_build_bytes(profile).build_bytes == (6 * 3 + 3) * 4  # the whole model's parameters and buffers
+    assert full.with_job_bytes(profile).build_bytes == (6 * 3 + 3) * 4  # the whole model's parameters and buffers

@@ -1,0 +1,188 @@
+"""A data set in S3 as workers read it: samples in content-addressed shards, fetched by sample.
+
+Why this shape (docs/data.md): a first or last stage needs only the samples of its micro-batches,
+so a container's memory must not grow with the data set. Each sample is stored as its own
+safetensors record (its input and target, any tensor structure: lambdas/boundary.py), records are
+concatenated into shards of a few MiB, and a manifest lists each shard's content hash and each
+record's byte offset. A worker then reads a sample with one ranged GET of its record, or, when the
+whole data set is small beside its function's memory, downloads every shard once and keeps it
+(fewer requests, as one object would). Shards are named by their content's hash and the data set
+by its manifest's, so the same data is uploaded once and shared by jobs.
+
+Per-sample transforms (augmentation) run in the worker on the stored sample, with torch's RNG
+seeded per (seed, epoch, sample index), so a retried task, another plan and the single-process
+reference all draw the same augmentation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch.utils import _pytree as pytree
+from torch.utils.data import default_collate
+
+from stagecoach.lambdas import boundary
+from stagecoach.lambdas.training import derive_seed
+
+SHARD_BYTES = 8 << 20  # a shard's target size: a few MiB, many samples per object, one PUT each
+PARTS = ("input", "target", "both")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """``data/sets/{id}``: the shards (content hashes, keys.data_shard) and where every sample's
+    input and target records lie in them; its id is its own body's hash. Offsets are int64 tensors,
+    8 bytes per record, so a million samples cost a container 16 MB."""
+
+    shards: tuple[str, ...]
+    first: torch.Tensor  # [shards + 1]: each shard's first sample index; the sample count last
+    offsets: torch.Tensor  # per shard, 2k + 1 byte offsets (input_i, target_i, ..., end), concatenated
+    base: torch.Tensor  # [shards]: where each shard's offsets start in ``offsets``
+    input_bytes: int  # all samples' input tensors (what the planner's data terms count)
+    target_bytes: int
+
+    @property
+    def samples(self) -> int:
+        return int(self.first[-1])
+
+    @property
+    def total_bytes(self) -> int:
+        ends = self.base + 2 * (self.first[1:] - self.first[:-1])
+        return int(self.offsets[ends].sum())
+
+    def locate(self, index: int, part: str = "both") -> tuple[int, int, int]:
+        """(shard, start, end) of sample ``index``'s input, target or both (they are adjacent)."""
+        if not 0 <= index < self.samples:
+            raise IndexError(f"sample {index} of a data set of {self.samples}")
+        shard = int(torch.searchsorted(self.first, index, right=True)) - 1
+        at = int(self.base[shard]) + 2 * (index - int(self.first[shard]))
+        start = int(self.offsets[at + (1 if part == "target" else 0)])
+        end = int(self.offsets[at + (1 if part == "input" else 2)])
+        return shard, start, end
+
+    def body(self) -> bytes:
+        # one metadata entry: safetensors writes several in no fixed order, and the id is this body's hash
+        meta = {"manifest": json.dumps({"shards": list(self.shards), "input_bytes": self.input_bytes, "target_bytes": self.target_bytes})}
+        return st_save({"first": self.first, "offsets": self.offsets, "base": self.base}, metadata=meta)
+
+    @classmethod
+    def parse(cls, body: bytes) -> Manifest:
+        meta = json.loads(safe_open_metadata(body)["manifest"])
+        t = st_load(body)
+        return cls(tuple(meta["shards"]), t["first"], t["offsets"], t["base"], int(meta["input_bytes"]), int(meta["target_bytes"]))
+
+    def dataset_id(self) -> str:
+        return hashlib.sha256(self.body()).hexdigest()[:32]
+
+
+def safe_open_metadata(body: bytes) -> dict[str, str]:
+    (n,) = struct.unpack("<Q", body[:8])
+    meta: dict[str, str] = json.loads(body[8 : 8 + n]).get("__metadata__", {})
+    return meta
+
+
+def encode(part: Any) -> bytes:
+    """One record: a sample's input or its target, any tensor structure (boundary.pack)."""
+    return st_save({k: v.detach().contiguous() for k, v in boundary.pack(part).items()})
+
+
+def decode(body: bytes) -> Any:
+    return boundary.unpack(st_load(body))
+
+
+def leaf_bytes(obj: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in boundary.leaves(obj))
+
+
+def check_sample(sample: Any, where: str) -> None:
+    """A sample must be an (input, target) pair of tensors or tensor structures."""
+    if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+        raise TypeError(f"{where} is {type(sample).__name__}: a data set's item must be an (input, target) pair")
+    for part, name in zip(sample, ("input", "target")):
+        bad = [type(leaf).__name__ for leaf in boundary.leaves(part) if not isinstance(leaf, torch.Tensor)]
+        if bad or not boundary.leaves(part):
+            raise TypeError(
+                f"{where}'s {name} holds {bad[0] if bad else 'no tensor'}: inputs and targets must be tensors, or tuples, lists or dicts of tensors"
+            )
+
+
+def as_dtype(obj: Any, dtype: torch.dtype) -> Any:
+    """Floating leaves in the job's dtype; ids and masks as they are."""
+    return boundary.map_leaves(lambda t: t.to(dtype) if t.is_floating_point() else t, obj)
+
+
+def collate(samples: Sequence[tuple[Any, Any]]) -> tuple[Any, Any]:
+    """A batch as the stacked inputs and targets (torch's default_collate: x[idx] for tensors)."""
+    inputs, targets = default_collate([s[0] for s in samples]), default_collate([s[1] for s in samples])
+    return inputs, targets
+
+
+def transformed(sample: tuple[Any, Any], transform: Callable[[Any], Any] | None, seed: int, epoch: int, index: int) -> tuple[Any, Any]:
+    """The sample with ``transform`` applied to its input under torch's RNG seeded per (seed,
+    epoch, sample): the same draw wherever and however often it runs."""
+    if transform is None:
+        return sample
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(derive_seed(seed, "transform", epoch, index))
+        return transform(sample[0]), sample[1]
+    finally:
+        torch.random.set_rng_state(state)
+
+
+def _as_tensors(obj: Any) -> Any:
+    """Python numbers in a sample (a class index, as torchvision data sets return) as tensors,
+    as torch's default_collate would make them."""
+    if isinstance(obj, (bool, int, float)):
+        return torch.tensor(obj)
+    if isinstance(obj, torch.Tensor):
+        return obj
+    return pytree.tree_map(lambda v: torch.tensor(v) if isinstance(v, (bool, int, float)) else v, obj)
+
+
+class LocalSamples:
+    """The client's view of a job's data: an (inputs, targets) pair of tensors (sample i is row i
+    of each) or any map-style torch Dataset whose items are (input, target) pairs."""
+
+    def __init__(self, data: Any, what: str = "train"):
+        self.data, self.what = data, what
+        if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
+            x, y = data
+            if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0]:
+                raise TypeError(
+                    f"job.{what}: inputs and targets must have one row per sample, got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+                )
+            self.tensors: tuple[torch.Tensor, torch.Tensor] | None = (x, y)
+        elif hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+            self.tensors = None
+        else:
+            raise TypeError(
+                f"job.{what} is {type(data).__name__}: give (inputs, targets) tensors or a map-style torch Dataset "
+                "(with __len__ and __getitem__(i) -> (input, target))"
+            )
+
+    def __len__(self) -> int:
+        return int(self.tensors[0].shape[0]) if self.tensors is not None else len(self.data)
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        if self.tensors is not None:
+            return self.tensors[0][i], self.tensors[1][i]
+        sample = self.data[i]
+        if isinstance(sample, (tuple, list)) and len(sample) == 2:
+            sample = (_as_tensors(sample[0]), _as_tensors(sample[1]))
+        check_sample(sample, f"job.{self.what}[{i}]")
+        return sample[0], sample[1]
+
+    def batch(self, indices: torch.Tensor, transform: Callable[[Any], Any] | None = None, seed: int = 0, epoch: int = 0) -> tuple[Any, Any]:
+        """Samples ``indices`` stacked (with ``transform`` seeded as the workers seed it)."""
+        if self.tensors is not None and transform is None:
+            return self.tensors[0][indices], self.tensors[1][indices]  # what collating its rows gives
+        return collate([transformed(self[int(i)], transform, seed, epoch, int(i)) for i in indices])
