@@ -16,6 +16,7 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 
 from stagecoach import Job
+from stagecoach.evaluation import accuracy
 from stagecoach.planner.profile.zoo import amoebanet_d
 
 
@@ -40,6 +41,7 @@ job = Job(
     optimizer=lambda params: torch.optim.SGD(params, lr=0.02, momentum=0.9),
     train=train,
     test=test,
+    metrics={"accuracy": accuracy},  # evaluated on Lambda after the last iteration
     global_batch=64,
     iterations=100,
     seed=0,

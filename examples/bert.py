@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from stagecoach import Job
+from stagecoach.evaluation import accuracy
 
 PAD, MASK, VOCAB, LENGTH = 0, 1, 24, 16
 
@@ -112,6 +113,7 @@ job = Job(
     optimizer=lambda params: torch.optim.AdamW(params, lr=3e-3, weight_decay=0.01),
     train=sequences(4096, seed=1),
     test=sequences(512, seed=2),
+    metrics={"accuracy": accuracy},  # evaluated on Lambda after the last iteration
     global_batch=64,
     iterations=100,
     seed=0,

@@ -40,7 +40,15 @@ class SyncEvent(_Task):
     shard: int = Field(ge=0)
 
 
-TaskEvent = Annotated[ForwardEvent | BackwardEvent | SyncEvent, Field(discriminator="phase")]
+class EvaluateEvent(_Task):
+    """Evaluate the parameters after ``t`` iterations: forward only, on this replica's slice of
+    the validation set (lambdas/evaluation.py)."""
+
+    phase: Literal["evaluate"]
+    replica: int = Field(ge=0)
+
+
+TaskEvent = Annotated[ForwardEvent | BackwardEvent | SyncEvent | EvaluateEvent, Field(discriminator="phase")]
 
 
 class RemediateEvent(BaseModel):

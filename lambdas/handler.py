@@ -22,7 +22,7 @@ from pydantic import TypeAdapter
 
 from stagecoach.lambdas import boundary, keys
 from stagecoach.lambdas.channel import Channel, poll_cap_s
-from stagecoach.lambdas.events import BackwardEvent, ForwardEvent, ProfileEvent, RemediateEvent, SyncEvent, TaskEvent
+from stagecoach.lambdas.events import BackwardEvent, EvaluateEvent, ForwardEvent, ProfileEvent, RemediateEvent, SyncEvent, TaskEvent
 from stagecoach.lambdas.jobctx import job_context
 from stagecoach.lambdas.optim_state import warm_up
 from stagecoach.lambdas.phases import PHASES
@@ -33,7 +33,7 @@ from stagecoach.lambdas.training import build_model
 from stagecoach.lambdas.watchdog import MemoryWatch
 
 logger = Logger(service="stagecoach-worker")
-_TASK_EVENT: TypeAdapter[ForwardEvent | BackwardEvent | SyncEvent] = TypeAdapter(TaskEvent)
+_TASK_EVENT: TypeAdapter[ForwardEvent | BackwardEvent | SyncEvent | EvaluateEvent] = TypeAdapter(TaskEvent)
 warm_up()  # at import: Lambda's init phase, and locally the zygote every worker is forked from
 
 _container: tuple[int, str, float] | None = None  # (pid, id, started): set on the first invocation
@@ -102,7 +102,9 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     ch.abort_key = keys.window_abort(ev.job, ev.attempt) if ev.attempt else None
     # Give up waiting for another worker's object just before the Task's own timeout: a lost object
     # is then reported as ObjectWaitTimeout (the window restarts) rather than retried as a timeout.
-    deadline = t0 + min(context.get_remaining_time_in_millis() / 1000.0 - 0.5, ctx.plan.timeouts_s[ev.stage][ev.phase] - 1.0)
+    # (an evaluate task's Task timeout is its function's: planner/emit/asl.py)
+    task_timeout = ctx.plan.function_timeout_s(ev.stage) if ev.phase == "evaluate" else ctx.plan.timeouts_s[ev.stage][ev.phase]
+    deadline = t0 + min(context.get_remaining_time_in_millis() / 1000.0 - 0.5, task_timeout - 1.0)
     try:
         with MemoryWatch(_client(), ev.bucket, ev.job, ev.stage, int(context.memory_limit_in_mb)):
             result = PHASES[ev.phase](ctx, ch, ev, deadline)
@@ -113,7 +115,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     ch.settle()  # every upload of the task has landed before it reports success
     end = time.time()
     st = ch.stats
-    index = ev.shard if ev.phase == "sync" else ev.replica
+    index = ev.shard if isinstance(ev, SyncEvent) else ev.replica
     stats = st.as_dict()
     m = TaskMetrics(
         phase=ev.phase,

@@ -19,7 +19,7 @@ from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.collectives import Layout, SyncSpec, gather, read_range
 from stagecoach.lambdas.datafetch import RemoteSamples
 from stagecoach.lambdas.optim_state import group_runs
-from stagecoach.lambdas.records import JobSpec
+from stagecoach.lambdas.records import EvalSpec, JobSpec
 from stagecoach.lambdas.stagebuild import build_stage, held_bytes, load_buffers, stage_buffers
 from stagecoach.lambdas.stageio import ChainIO, KeyedIO, StageIO
 from stagecoach.lambdas.training import (
@@ -49,7 +49,8 @@ class JobContext:
     stages: dict[int, nn.ModuleList] = field(default_factory=dict)
     loaded_version: dict[int, int] = field(default_factory=dict)
     transform: Callable[[Any], Any] | None = None  # Job.transform: per-sample, on the input
-    data: RemoteSamples | None = None
+    data: dict[str, RemoteSamples] = field(default_factory=dict)
+    metric_fns: dict[str, Callable[..., Any]] = field(default_factory=dict)  # Job.metrics
     runs: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
     stats_version: dict[int, int] = field(default_factory=dict)  # the running statistics' version held
     own: dict[int, Ownership] = field(default_factory=dict)
@@ -81,13 +82,13 @@ class JobContext:
                 self.buffers_pending.add(stage)
         return self.stages[stage]
 
-    def stage_io(self, stage: int) -> StageIO:
-        """How ``stage`` receives and sends its values (lambdas/stageio.py)."""
+    def stage_io(self, stage: int, space: str = "") -> StageIO:
+        """How ``stage`` receives and sends its values (lambdas/stageio.py); ``space``: keys.act."""
         last = stage == self.plan.stages - 1
         if self.spec.flows is None:
-            return ChainIO(self.job, stage, last)
+            return ChainIO(self.job, stage, last, space)
         ranges = [self.plan.stage_layers(s) for s in range(self.plan.stages)]
-        return KeyedIO(self.job, stage, last, routes(self.spec.flows, ranges)[stage])
+        return KeyedIO(self.job, stage, last, routes(self.spec.flows, ranges)[stage], space)
 
     def ensure_initial_buffers(self, channel: Channel, stage: int) -> None:
         """A meta-built stage's buffers as the factory initialised them (uploaded by the client:
@@ -222,20 +223,30 @@ class JobContext:
             return None
         return flat_params(self.stage_params(stage))
 
-    def samples(self, channel: Channel, stage: int) -> RemoteSamples:
-        """The training set as this container reads it (lambdas/datafetch.py): kept whole when
-        small beside the stage's memory, else read by sample."""
-        if self.data is None:
-            self.data = RemoteSamples(channel, self.spec.dataset.id, self.plan.memory_mb[stage])
-        return self.data
+    def samples(self, channel: Channel, stage: int, split: str = "train") -> RemoteSamples:
+        """A data set as this container reads it (lambdas/datafetch.py): kept whole when small
+        beside the stage's memory, else read by sample. ``split``: "train" or "validation"."""
+        if split not in self.data:
+            ref = self.spec.dataset if split == "train" else self.eval_spec.dataset
+            self.data[split] = RemoteSamples(channel, ref.id, self.plan.memory_mb[stage])
+        return self.data[split]
 
-    def inputs(self, channel: Channel, stage: int, indices: torch.Tensor, t: int) -> Any:
-        """The inputs of samples ``indices`` in iteration t (transformed, in the job's dtype)."""
+    @property
+    def eval_spec(self) -> EvalSpec:
+        if self.spec.evaluation is None:
+            raise ValueError(f"job {self.job} has no validation set: it runs no evaluate tasks")
+        return self.spec.evaluation
+
+    def inputs(self, channel: Channel, stage: int, indices: torch.Tensor, t: int, split: str = "train") -> Any:
+        """The inputs of samples ``indices`` in iteration t, in the job's dtype; training inputs
+        transformed (augmentation), validation inputs as they are."""
+        if split != "train":
+            return self.samples(channel, stage, split).inputs(channel, indices, None, self.seed, 0, self.dtype)
         epoch = epoch_of(t, self.spec.dataset.n_train, self.plan.global_batch)
         return self.samples(channel, stage).inputs(channel, indices, self.transform, self.seed, epoch, self.dtype)
 
-    def targets(self, channel: Channel, stage: int, indices: torch.Tensor) -> Any:
-        return self.samples(channel, stage).targets(channel, indices)
+    def targets(self, channel: Channel, stage: int, indices: torch.Tensor, split: str = "train") -> Any:
+        return self.samples(channel, stage, split).targets(channel, indices)
 
 
 _CACHE: dict[tuple[str, str], JobContext] = {}
@@ -261,5 +272,6 @@ def job_context(channel: Channel, job: str) -> JobContext:
             loss_fn=code["loss"],
             make_optimizer=code["optimizer"],
             transform=code.get("transform"),
+            metric_fns=code.get("metrics") or {},
         )
     return _CACHE[key]

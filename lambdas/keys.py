@@ -46,10 +46,12 @@ def bn_stats(job: str, t: int, stage: int, replica: int) -> str:
     return f"jobs/{job}/iter/{t}/bnstats/s{stage}/r{replica}"
 
 
-def act(job: str, t: int, stage: int, replica: int, mb: int, part: str = "") -> str:
+def act(job: str, t: int, stage: int, replica: int, mb: int, part: str = "", space: str = "") -> str:
     """A stage's output for one micro-batch; ``part``: one object per set of reading stages when
-    values go straight to the stages that read them (planner/profile/flows.py Transfer.name)."""
-    key = f"jobs/{job}/iter/{t}/act/s{stage}/r{replica}/m{mb}"
+    values go straight to the stages that read them (planner/profile/flows.py Transfer.name);
+    ``space``: "eval/" for the evaluation of version t (lambdas/evaluation.py), apart from
+    iteration t's training objects."""
+    key = f"jobs/{job}/iter/{t}/{space}act/s{stage}/r{replica}/m{mb}"
     return f"{key}/{part}" if part else key
 
 
@@ -58,6 +60,12 @@ def grad(job: str, t: int, stage: int, replica: int, mb: int, to: int | None = N
     those inputs, when values go straight to their readers."""
     key = f"jobs/{job}/iter/{t}/grad/s{stage}/r{replica}/m{mb}"
     return key if to is None else f"{key}/to{to}"
+
+
+def eval_result(job: str, version: int, replica: int) -> str:
+    """What replica ``replica``'s last stage measured evaluating the parameters after ``version``
+    iterations on its slice of the validation set (lambdas/records.py EvalResult)."""
+    return f"jobs/{job}/eval/v{version}/r{replica}.json"
 
 
 def tied_grad(job: str, t: int, owner: int, user: int, replica: int) -> str:

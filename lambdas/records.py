@@ -20,7 +20,26 @@ class _Record(BaseModel):
 
 class DatasetRef(_Record):
     id: str
-    n_train: int
+    n_train: int  # its samples (named for the training set, which came first)
+
+
+class EvalSpec(_Record):
+    """Evaluation on Lambda (Job.validation): the versions evaluated and on which data set."""
+
+    dataset: DatasetRef
+    versions: list[int]  # the parameters after these many iterations (every eval_every, and the last)
+    metrics: list[str]  # the names of Job.metrics, in order
+
+
+class EvalResult(_Record):
+    """``jobs/{job}/eval/v{version}/r{replica}.json``: sums over a replica's slice, so replicas
+    combine by adding (the loss and each metric are means per micro-batch, times its samples)."""
+
+    version: int
+    replica: int
+    samples: int
+    loss_sum: float
+    metric_sums: dict[str, float]
 
 
 class JobSpec(_Record):
@@ -58,6 +77,7 @@ class JobSpec(_Record):
     # stage sends straight to the stages reading them (lambdas/stageio.py KeyedIO); None for an
     # nn.Sequential, whose block outputs go whole to the next block
     flows: list[Flow] | None = None
+    evaluation: EvalSpec | None = None
 
     def to_plan(self) -> Plan:
         return Plan.from_dict(self.plan)
@@ -66,7 +86,7 @@ class JobSpec(_Record):
 class TaskMetrics(_Record):
     """``jobs/{job}/metrics/...``: one per finished task (docs/runtime.md "Metrics")."""
 
-    phase: Literal["forward", "backward", "sync"]
+    phase: Literal["forward", "backward", "sync", "evaluate"]
     t: int
     stage: int
     index: int  # the replica (forward, backward) or the shard (sync)

@@ -31,8 +31,8 @@ from stagecoach.planner.profile.flows import Route
 class StageIO(ABC):
     """One stage's side of the pipeline hand-offs (activations forward, their gradients back)."""
 
-    def __init__(self, job: str, stage: int, last: bool):
-        self.job, self.stage, self.last = job, stage, last
+    def __init__(self, job: str, stage: int, last: bool, space: str = ""):
+        self.job, self.stage, self.last, self.space = job, stage, last, space  # space: keys.act
 
     @abstractmethod
     def receive(self, ch: Channel, t: int, r: int, mb: int, deadline: float) -> Any:
@@ -67,13 +67,13 @@ class ChainIO(StageIO):
     """Block i's output is block i+1's whole input: stage s reads stage s-1's output."""
 
     def receive(self, ch: Channel, t: int, r: int, mb: int, deadline: float) -> Any:
-        return boundary.unpack(ch.wait_tensors(keys.act(self.job, t, self.stage - 1, r, mb), deadline))
+        return boundary.unpack(ch.wait_tensors(keys.act(self.job, t, self.stage - 1, r, mb, space=self.space), deadline))
 
     def run(self, layers: Iterable[nn.Module], first: int, x: Any, seed: int, t: int, r: int, mb: int) -> Any:
         return run_layers(layers, first, x, seed, t, r, mb)
 
     def send(self, ch: Channel, t: int, r: int, mb: int, y: Any) -> None:
-        ch.submit_handoff(keys.act(self.job, t, self.stage, r, mb), boundary.pack(y))
+        ch.submit_handoff(keys.act(self.job, t, self.stage, r, mb, space=self.space), boundary.pack(y))
 
     def output_grads(self, ch: Channel, t: int, r: int, mb: int, y: Any, deadline: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         # an output without floating leaves gets no gradient from the next stage (it sends none)
@@ -90,12 +90,12 @@ class ChainIO(StageIO):
 class KeyedIO(StageIO):
     """Named values, each sent by the stage computing it straight to the stages reading it."""
 
-    def __init__(self, job: str, stage: int, last: bool, route: Route):
-        super().__init__(job, stage, last)
+    def __init__(self, job: str, stage: int, last: bool, route: Route, space: str = ""):
+        super().__init__(job, stage, last, space)
         self.route = route
 
     def receive(self, ch: Channel, t: int, r: int, mb: int, deadline: float) -> dict[str, torch.Tensor]:
-        pending = [ch.submit_wait(keys.act(self.job, t, tr.producer, r, mb, tr.name), deadline) for tr in self.route.inputs]
+        pending = [ch.submit_wait(keys.act(self.job, t, tr.producer, r, mb, tr.name, self.space), deadline) for tr in self.route.inputs]
         values: dict[str, torch.Tensor] = {}
         for tr, fut in zip(self.route.inputs, pending):
             got = fut.result()
@@ -116,7 +116,7 @@ class KeyedIO(StageIO):
 
     def send(self, ch: Channel, t: int, r: int, mb: int, y: dict[str, torch.Tensor]) -> None:
         for tr in self.route.outputs:
-            ch.submit_handoff(keys.act(self.job, t, self.stage, r, mb, tr.name), {k: y[k] for k in tr.keys})
+            ch.submit_handoff(keys.act(self.job, t, self.stage, r, mb, tr.name, self.space), {k: y[k] for k in tr.keys})
 
     def output_grads(
         self, ch: Channel, t: int, r: int, mb: int, y: dict[str, torch.Tensor], deadline: float

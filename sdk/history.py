@@ -38,7 +38,7 @@ def observed_task_seconds(metrics: Iterable[TaskMetrics], stages: int) -> list[d
     """Slowest warm task per stage and phase (cold starts excluded: they are not the steady state)."""
     out = [{p: 0.0 for p in PHASES} for _ in range(stages)]
     for m in metrics:
-        if not m.cold:
+        if not m.cold and m.phase in PHASES:  # an evaluate task runs under its function's timeout
             row = out[m.stage]
             row[m.phase] = max(row[m.phase], m.duration_s)
     return out

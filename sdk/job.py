@@ -64,6 +64,12 @@ class Job:
     transform:    ``transform(input) -> input``, applied to each sample's input in the worker
                   (augmentation), with torch's RNG seeded per (seed, epoch, sample index), so a
                   retry and the reference draw the same.
+    validation:   a data set like ``train`` evaluated on Lambda (forward only, eval mode) every
+                  ``eval_every`` iterations and after the last: the loss and each of ``metrics``
+                  ({"name": fn(output, target) -> scalar mean over the batch}, e.g.
+                  stagecoach.evaluation.accuracy), as means over the set, in the progress bar,
+                  Run.evaluations() and `stagecoach inspect`. ``test`` without ``validation`` is
+                  evaluated the same way, after the last iteration.
     iterations:   how many iterations to train; or ``epochs``: passes over the training set
                   (each ``len(train) // global_batch`` iterations; the last partial batch is dropped).
     global_batch: samples per iteration over all replicas.
@@ -86,6 +92,9 @@ class Job:
     test: Any = None
     transform: Callable[[Any], Any] | None = None
     epochs: int | None = None
+    validation: Any = None
+    eval_every: int | None = None
+    metrics: dict[str, Callable[[Any, Any], Any]] | None = None
     dtype: torch.dtype = torch.float32
     name: str = "job"
     blocks: Sequence[str] | None = None
@@ -116,6 +125,55 @@ class Job:
         except TypeError as e:
             raise JobError(str(e)) from None
         return as_dtype(x, self.dtype), y
+
+    @property
+    def evaluation_set(self) -> Any:
+        """What the evaluate tasks run on: ``validation``, else ``test``, else None."""
+        return self.validation if self.validation is not None else self.test
+
+    def eval_versions(self) -> list[int]:
+        """The versions (iterations done) evaluated: every ``eval_every`` and the last."""
+        if self.evaluation_set is None:
+            return []
+        every = self.eval_every or self.iterations
+        return sorted({*range(every, self.iterations + 1, every), self.iterations})
+
+    def _check_evaluation(self) -> None:
+        if self.eval_every is not None and (
+            not isinstance(self.eval_every, int) or isinstance(self.eval_every, bool) or self.eval_every < 1
+        ):
+            raise JobError(f"job.eval_every={self.eval_every!r}: must be a positive number of iterations")
+        if self.eval_every is not None and self.evaluation_set is None:
+            raise JobError("job.eval_every is set but there is nothing to evaluate on: give validation= (a data set like train=)")
+        if self.metrics is not None:
+            bad = [
+                k
+                for k, fn in self.metrics.items()
+                if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,39}", k) or not callable(fn)
+            ]
+            if not isinstance(self.metrics, dict) or bad:
+                raise JobError(
+                    f"job.metrics: give {{name: fn(output, target) -> scalar}} with names of letters, digits and '_' (got {bad[:1] or self.metrics!r})"
+                )
+        if self.evaluation_set is not None:
+            data = _samples(self.evaluation_set, "validation" if self.validation is not None else "test")
+            x, y = data.batch(torch.arange(min(4, len(data))))
+            model = self.build_model().eval()
+            out = as_dtype(x, self.dtype)
+            try:
+                with torch.no_grad():
+                    for block in model:
+                        out = block(out)
+                    for name, fn in {"loss": self.loss, **(self.metrics or {})}.items():
+                        value = fn(out, y)
+                        if not (isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1)):
+                            raise JobError(
+                                f"job.metrics[{name!r}] returned {type(value).__name__}: it must return a scalar (a mean over the batch)"
+                            )
+            except JobError:
+                raise
+            except Exception as e:
+                raise JobError(f"evaluating the model on the validation set fails: {type(e).__name__}: {e}") from None
 
     def _check_epochs(self, n: int) -> None:
         if self.epochs is None:
@@ -154,6 +212,7 @@ class Job:
         if self.transform is not None and not callable(self.transform):
             raise JobError(f"job.transform={self.transform!r} is not callable: give a function input -> input, applied per sample")
         self._check_epochs(len(samples))
+        self._check_evaluation()
         for what in ("model", "loss", "optimizer"):
             if not callable(getattr(self, what)):
                 raise JobError(

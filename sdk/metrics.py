@@ -15,9 +15,12 @@ from stagecoach.planner.plan import PHASES
 
 # ------------------------------------------------------------------------------------ metrics
 def _by_iteration(metrics: Iterable[TaskMetrics]) -> dict[int, list[TaskMetrics]]:
+    """The training tasks by iteration (an evaluate task of version t runs before iteration t and
+    is not part of it)."""
     out: dict[int, list[TaskMetrics]] = defaultdict(list)
     for m in metrics:
-        out[int(m.t)].append(m)
+        if m.phase != "evaluate":
+            out[int(m.t)].append(m)
     return out
 
 

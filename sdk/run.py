@@ -16,8 +16,9 @@ from tqdm import tqdm
 
 from stagecoach import history as learnt
 from stagecoach.deploy.chain import follow
+from stagecoach.evaluation import Evaluation, combine
 from stagecoach.lambdas import keys
-from stagecoach.lambdas.records import JobSpec, TaskMetrics
+from stagecoach.lambdas.records import EvalResult, JobSpec, TaskMetrics
 from stagecoach.lambdas.training import assign_flat, load_running_stats, ownership, running_stats, stage_layout
 from stagecoach.metrics import iteration_breakdown
 
@@ -71,6 +72,8 @@ class Run:
         """Block until the run ends; show iteration, loss and phase times. Raises RunFailed."""
 
         bar = tqdm(total=self.job.iterations, unit="it", disable=not progress, dynamic_ncols=True)
+        versions = set(self.job.eval_versions()) if hasattr(self.job, "eval_versions") else set()
+        evaluates, latest = progress and bool(versions), None
         start = time.time()
         done = 0
         try:
@@ -82,9 +85,12 @@ class Run:
                     bar.update(it - done)
                     done = it
                     summary = self.iteration_summary(it - 1)
+                    if evaluates and min(versions) < it:  # the evaluation of version v runs before iteration v
+                        latest = next(iter(self.evaluations()[-1:]), latest)
                     bar.set_postfix_str(
                         f"loss {summary.get('loss', float('nan')):.4f} "
                         + " ".join(f"{p} {summary[p + '_s']:.2f}s" for p in ("forward", "backward", "sync") if p + "_s" in summary)
+                        + (f" | {latest.describe('val')} @{latest.version}" if latest is not None else "")
                     )
                 if status in TERMINAL:
                     break
@@ -163,10 +169,27 @@ class Run:
         return list(self._metrics)
 
     def _by_iteration(self) -> dict[int, list[TaskMetrics]]:
+        """The training tasks by iteration (evaluate tasks are Run.evaluations' business)."""
         out: dict[int, list[TaskMetrics]] = defaultdict(list)
         for m in self._metrics:
-            out[m.t].append(m)
+            if m.phase != "evaluate":
+                out[m.t].append(m)
         return out
+
+    def evaluations(self) -> list[Evaluation]:
+        """The validation set's loss and metrics at each evaluated version so far (every replica's
+        record in), oldest first (lambdas/evaluation.py)."""
+        spec = self.spec()
+        if spec.evaluation is None:
+            return []
+        by_version: dict[int, list[EvalResult]] = defaultdict(list)
+        paginator = self._c.s3.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=f"{keys.job_prefix(self.job_id)}eval/"):
+            for o in page.get("Contents", []):
+                body = self._c.s3.get_object(Bucket=self.bucket, Key=o["Key"])["Body"].read()
+                r = EvalResult.model_validate_json(body)
+                by_version[r.version].append(r)
+        return [combine(rs) for v, rs in sorted(by_version.items()) if len({r.replica for r in rs}) == self.plan.replicas]
 
     def iterations_done(self) -> int:
         """Iterations whose every stage has finished its last phase: the sync tasks, or the backward

@@ -404,7 +404,7 @@ def test_deploy_start_inspect_cleanup(aws, tmp_path):
     with pytest.raises(c.sfn.exceptions.StateMachineDoesNotExist):
         c.sfn.describe_state_machine(stateMachineArn=window)
     assert c.s3.list_objects_v2(Bucket=b.resources.bucket, Prefix=f"jobs/{run.job_id}/")["KeyCount"] == 0
-    assert c.s3.list_objects_v2(Bucket=b.resources.bucket, Prefix="data/")["KeyCount"] == 1  # shared data stays
+    assert c.s3.list_objects_v2(Bucket=b.resources.bucket, Prefix="data/")["KeyCount"] == 2  # shared data stays: a shard, its manifest
     # the job's role went with it; the stack's own roles stay
     left = [r["RoleName"] for r in boto3.client("iam").list_roles(PathPrefix=f"/stagecoach/{STACK}/")["Roles"]]
     assert sorted(left) == sorted(arn.rsplit("/", 1)[1] for arn in roles.values())

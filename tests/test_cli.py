@@ -10,6 +10,7 @@ JOB_FILE = textwrap.dedent(
     import torch
     from torch import nn
     from stagecoach import Job
+    from stagecoach.evaluation import accuracy
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 4, generator=g)
@@ -19,7 +20,7 @@ JOB_FILE = textwrap.dedent(
         return nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
 
     job = Job(model=model, loss=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.5),
-              train=(x, y), test=(x, y), global_batch=16, iterations=20, seed=0, name="cli")
+              train=(x, y), test=(x, y), metrics={"accuracy": accuracy}, global_batch=16, iterations=20, seed=0, name="cli")
     """
 )
 

@@ -87,10 +87,13 @@ def _map_events(items: int) -> int:
     return EV_MAP + items * (EV_MAP_ITEM + EV_TASK)
 
 
-def events_per_iteration(plan: Plan) -> int:
-    """History events one fault-free iteration adds to a window execution."""
+def events_per_iteration(plan: Plan, evals: Sequence[int] = ()) -> int:
+    """History events one fault-free iteration adds to a window execution (with ``evals``: the
+    check for an evaluation, and an evaluate Map in every iteration, as a bound)."""
     s, d = plan.stages, plan.replicas
     n = EV_PASS  # Loop (Choice)
+    if evals:
+        n += 2 * EV_PASS + _map_events(s * d)  # EvalDue (Pass), EvalChoice, Evaluate
     if s > 1:
         n += _map_events((s - 1) * d)  # Forward
     n += EV_PARALLEL + s * _map_events(d)  # backward Maps
@@ -99,13 +102,13 @@ def events_per_iteration(plan: Plan) -> int:
     return n
 
 
-def window_length(plan: Plan, limit: int = HISTORY_LIMIT) -> int:
+def window_length(plan: Plan, limit: int = HISTORY_LIMIT, evals: Sequence[int] = ()) -> int:
     """Iterations per window execution so its history stays well under ``limit`` events."""
     usable = int(limit * HISTORY_BUDGET) - EV_WINDOW_FIXED
-    n = usable // events_per_iteration(plan)
+    n = usable // events_per_iteration(plan, evals)
     if n < 1:
         raise ValueError(
-            f"one iteration of this plan needs {events_per_iteration(plan)} history events, more than a "
+            f"one iteration of this plan needs {events_per_iteration(plan, evals)} history events, more than a "
             f"window can hold ({usable}): use fewer stages or replicas"
         )
     return n
@@ -178,13 +181,17 @@ def _map(name: str, items_path: str, selector: dict[str, Any], task: dict[str, A
     return state
 
 
-def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
-    """The window state machine of ``plan``; ``functions[s]`` is stage s's Lambda function name or ARN."""
+def window_definition(plan: Plan, functions: Sequence[str], evals: Sequence[int] = ()) -> dict[str, Any]:
+    """The window state machine of ``plan``; ``functions[s]`` is stage s's Lambda function name or ARN.
+    ``evals``: the versions (iterations done) after which to evaluate on the validation set: an
+    Evaluate Map of every (stage, replica) runs after the iteration that reaches one
+    (lambdas/evaluation.py), decided in the state machine with States.ArrayContains."""
     if len(functions) != plan.stages:
         raise ValueError(f"need one function per stage ({plan.stages}), got {len(functions)}")
     s_count, d = plan.stages, plan.replicas
     ranks = list(range(d))
     fw_items = [{"stage": s, "replica": r, "fn": functions[s]} for s in range(s_count - 1) for r in ranks]
+    ev_items = [{"stage": s, "replica": r, "fn": functions[s]} for s in range(s_count) for r in ranks]
     carry = {
         "job.$": "$.job",
         "bucket.$": "$.bucket",
@@ -195,6 +202,8 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
         "shards.$": "$.shards",
         "fw.$": "$.fw",
     }
+    if evals:
+        carry.update({"evals.$": "$.evals", "ev.$": "$.ev"})
     first_phase = "Forward" if s_count > 1 else "BackwardSync"
     states: dict[str, Any] = {
         "Init": {
@@ -210,6 +219,7 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
                 "ranks": ranks,
                 "shards": {f"s{st}": list(range(plan.sync_tasks(st))) for st in range(s_count)},
                 "fw": fw_items,
+                **({"evals": sorted(set(evals)), "ev": ev_items} if evals else {}),
             },
             "Next": "Loop",
         },
@@ -268,7 +278,28 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
         "Next": "Failed",
     }
     states["Failed"] = {"Type": "Fail", "ErrorPath": "$.caught.Error", "CausePath": "$.caught.Cause"}
-    states["Advance"] = {"Type": "Pass", "Parameters": {**carry, "t.$": "States.MathAdd($.t, 1)"}, "Next": "Loop"}
+    states["Advance"] = {"Type": "Pass", "Parameters": {**carry, "t.$": "States.MathAdd($.t, 1)"}, "Next": "EvalDue" if evals else "Loop"}
+    if evals:
+        states["EvalDue"] = {
+            "Type": "Pass",
+            "Parameters": {**carry, "t.$": "$.t", "due.$": "States.ArrayContains($.evals, $.t)"},
+            "Next": "EvalChoice",
+        }
+        states["EvalChoice"] = {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.due", "BooleanEquals": True, "Next": "Evaluate"}],
+            "Default": "Loop",
+        }
+        # an evaluate task walks its replica's slice of the validation set: its function's timeout
+        ev_timeout = max(plan.function_timeout_s(s) for s in range(s_count))
+        states["Evaluate"] = _map(
+            "Evaluate",
+            "$.ev",
+            {"stage.$": "$$.Map.Item.Value.stage", "replica.$": "$$.Map.Item.Value.replica", "fn.$": "$$.Map.Item.Value.fn"},
+            _task("evaluate", None, ev_timeout, "replica"),
+            "Loop",
+        )
+        states["Evaluate"]["Catch"] = [dict(ABORT_CATCH)]
     states["Done"] = {"Type": "Succeed"}
     return {
         "Comment": f"Stagecoach window: {s_count} stages x {d} replicas, {plan.micro_batches} micro-batches, "

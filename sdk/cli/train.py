@@ -5,30 +5,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any
 
 import click
-import torch
 
 from stagecoach.backend import Backend
 from stagecoach.cli.jobfile import load_job_file
 from stagecoach.cli.options import backend_for, region_option, stack_option
 from stagecoach.deploy.resources import DeployError
 from stagecoach.job import JobError
-from stagecoach.lambdas.samples import LocalSamples
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.plan import SYNC_ALGORITHMS, Plan, PlanError
 from stagecoach.run import RunFailed
-
-
-def accuracy(model: torch.nn.Module, data: Any) -> float:
-    """Argmax accuracy on (inputs, targets) tensors or a Dataset of (input, target) pairs."""
-    samples = LocalSamples(data, "test")
-    x, y = samples.batch(torch.arange(len(samples)))
-    model.eval()
-    with torch.no_grad():
-        pred = model(x.to(next(model.parameters()).dtype) if x.is_floating_point() else x).argmax(dim=1)
-    return float((pred == y).float().mean())
 
 
 @click.command("train")
@@ -77,7 +64,7 @@ def train_command(
     module = load_job_file(file)
     job = module.job
     if iterations is not None:
-        job.iterations = iterations
+        job.iterations, job.epochs = iterations, None
     given = {
         k: v
         for k, v in (("stages", stages), ("replicas", replicas), ("micro_batches", micro_batches), ("memory_mb", memory_mb))
@@ -117,8 +104,9 @@ def train_command(
     losses = run.losses()
     directory = run.save(os.path.join(out, run.job_id))
     click.echo(f"final loss {losses[-1]:.4f} (first {losses[0]:.4f}) after {len(losses)} iterations")
-    if job.test is not None:
-        click.echo(f"test accuracy {accuracy(run.trained_model(), job.test):.4f}")
+    evaluations = run.evaluations()
+    if evaluations and evaluations[-1].version == job.iterations:  # the end-of-run evaluation, on Lambda
+        click.echo(evaluations[-1].describe("validation" if job.validation is not None else "test"))
     b = run.time_breakdown()
     if b:
         it = b["iteration_s"]

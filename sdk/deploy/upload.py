@@ -16,7 +16,8 @@ from safetensors.torch import save as st_save
 from stagecoach.deploy.dataset import upload_samples
 from stagecoach.deploy.resources import Clients, StackResources
 from stagecoach.lambdas import keys
-from stagecoach.lambdas.records import DatasetRef, JobSpec
+from stagecoach.lambdas.records import DatasetRef, EvalSpec, JobSpec
+from stagecoach.lambdas.samples import LocalSamples
 from stagecoach.lambdas.stagebuild import stage_buffers
 from stagecoach.lambdas.training import DTYPE_NAMES, flat_params, ownership, running_stats, stage_layout
 from stagecoach.planner.plan import Plan
@@ -52,13 +53,25 @@ def _user_modules(*objs: Any) -> list[Any]:
     return out
 
 
+def _evaluation(job: Job, c: Clients, res: StackResources) -> EvalSpec | None:
+    """Upload the validation set (or the test set) and say which versions to evaluate."""
+    data = job.evaluation_set
+    if data is None:
+        return None
+    samples = LocalSamples(data, "validation")
+    ds_id = upload_samples(c.s3, res.bucket, samples, progress=sys.stderr.isatty(), what="validation")
+    return EvalSpec(dataset=DatasetRef(id=ds_id, n_train=len(samples)), versions=job.eval_versions(), metrics=list(job.metrics or {}))
+
+
 def pickle_job_code(job: Job) -> bytes:
     """cloudpickle the model factory, loss and optimizer; user code ships by value, not by import."""
-    modules = _user_modules(job.model, job.loss, job.optimizer, *([job.transform] if job.transform else []))
+    modules = _user_modules(job.model, job.loss, job.optimizer, *([job.transform] if job.transform else []), *(job.metrics or {}).values())
     for m in modules:
         cloudpickle.register_pickle_by_value(m)
     try:
-        return cloudpickle.dumps({"model": job.factory, "loss": job.loss, "optimizer": job.optimizer, "transform": job.transform})
+        return cloudpickle.dumps(
+            {"model": job.factory, "loss": job.loss, "optimizer": job.optimizer, "transform": job.transform, "metrics": job.metrics}
+        )
     finally:
         for m in modules:
             cloudpickle.unregister_pickle_by_value(m)
@@ -92,6 +105,7 @@ def upload_job(
         param_groups=list(groups.of_param) if groups is not None else None,
         deferred_batch_norm=job.deferred_batch_norm,
         flows=job.flows,
+        evaluation=_evaluation(job, c, res),
     )
     code = pickle_job_code(job)
     c.s3.put_object(Bucket=res.bucket, Key=keys.job_code(job_id), Body=code)

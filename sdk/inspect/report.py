@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stagecoach.backend import Backend
+from stagecoach.evaluation import Evaluation
 from stagecoach.inspect.events import FailedTask, failed_tasks
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.records import JobSpec, Remediation, TaskMetrics
@@ -42,6 +43,7 @@ class Inspection:
     breakdown: list[dict[str, float]]
     failed_tasks: list[FailedTask] = field(default_factory=list)
     remediations: list[Remediation] = field(default_factory=list)  # killed workers: what was decided
+    evaluations: list[Evaluation] = field(default_factory=list)  # the validation set's loss and metrics per version
     metrics: list[TaskMetrics] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -180,6 +182,7 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
         breakdown=iteration_breakdown(metrics, complete=done),
         failed_tasks=failures,
         remediations=_remediations(backend, run.job_id),
+        evaluations=run.evaluations(),
         metrics=metrics,
     )
 
@@ -236,6 +239,8 @@ def format_report(ins: Inspection) -> str:
         step = max(1, len(ls) // 10)
         lines.append(f"loss: first {ls[0]:.4f}, last {ls[-1]:.4f}, min {min(ls):.4f}")
         lines.append("  " + " ".join(f"[{t}] {ls[t]:.4f}" for t in range(0, len(ls), step)))
+    for e in ins.evaluations:
+        lines.append(f"evaluation after {e.version} iterations ({e.samples} samples): {e.describe()}")
     for rm in ins.remediations:
         if rm.kind == "out_of_memory":
             lines.append(f"out of memory: stage {rm.stage} raised from {rm.from_mb} MB to {rm.to_mb} MB ({rm.function})")

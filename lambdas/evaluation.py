@@ -1,0 +1,70 @@
+"""The evaluate phase: the parameters after t iterations, forward only, on the validation set.
+
+Each replica takes a contiguous slice of the validation set and walks it in micro-batches of the
+plan's micro-batch size through every stage, as the forward phase does (the last stage included),
+with the model in eval mode (dropout off, BatchNorm on its running statistics of version t). The
+last stage sums the loss and each of Job.metrics over its micro-batches (each a mean, times its
+samples) into one record per replica; replicas combine by adding (sdk/run.py Run.evaluations),
+so the result is the mean over the validation set whatever the plan. Nothing assumes
+classification: the loss and the metrics are the user's functions of (output, target).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from stagecoach.lambdas import keys
+from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.events import EvaluateEvent
+from stagecoach.lambdas.jobctx import JobContext
+from stagecoach.lambdas.records import EvalResult
+from stagecoach.lambdas.training import shard_bounds
+
+SPACE = "eval/"  # its hand-offs' keys (keys.act), apart from iteration t's training objects
+
+
+def eval_batches(n: int, replicas: int, replica: int, micro_batch: int) -> list[torch.Tensor]:
+    """The validation samples of ``replica``, as micro-batches (the last may be smaller)."""
+    a, b = shard_bounds(n, replicas)[replica]
+    return [torch.arange(i, min(i + micro_batch, b)) for i in range(a, b, micro_batch)]
+
+
+def _scalar(value: Any, what: str) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{what} returned a tensor of shape {tuple(value.shape)}: it must be a scalar (a mean over the batch)")
+        return float(value.detach())
+    return float(value)
+
+
+def evaluate(ctx: JobContext, ch: Channel, ev: EvaluateEvent, deadline: float) -> dict[str, Any]:
+    plan, s, r, v = ctx.plan, ev.stage, ev.replica, ev.t
+    layers = ctx.ensure_params(ch, s, v, deadline)
+    ctx.ensure_running_stats(ch, s, v)  # what eval-mode BatchNorm normalises with
+    io = ctx.stage_io(s, SPACE)
+    first = plan.stage_layers(s).start
+    batches = eval_batches(ctx.eval_spec.dataset.n_train, plan.replicas, r, plan.micro_batch_size)
+    loss_sum, sums, samples = 0.0, {name: 0.0 for name in ctx.eval_spec.metrics}, 0
+    layers.eval()
+    try:
+        for j, idx in enumerate(batches):
+            x = ctx.inputs(ch, 0, idx, v, "validation") if s == 0 else io.receive(ch, v, r, j, deadline)
+            with torch.no_grad():
+                y = io.run(layers, first, x, ctx.seed, v, r, j)
+                if not io.last:
+                    io.send(ch, v, r, j, y)
+                    continue
+                target = ctx.targets(ch, s, idx, "validation")
+                n = int(idx.numel())
+                loss_sum += _scalar(ctx.loss_fn(y, target), "job.loss") * n
+                for name in sums:
+                    sums[name] += _scalar(ctx.metric_fns[name](y, target), f"job.metrics[{name!r}]") * n
+                samples += n
+    finally:
+        layers.train()
+    if io.last:
+        record = EvalResult(version=v, replica=r, samples=samples, loss_sum=loss_sum, metric_sums=sums)
+        ch.put_bytes(keys.eval_result(ctx.job, v, r), record.model_dump_json().encode())
+    return {}
