@@ -14,8 +14,8 @@ from torch import nn
 
 from stagecoach import Job, JobError
 from stagecoach.lambdas.evaluation import eval_batches
-from stagecoach.reference import train_reference
 from stagecoach.planner.emit import asl
+from stagecoach.reference import train_reference
 
 G = torch.Generator().manual_seed(8)
 X, XV = torch.randn(48, 6, generator=G, dtype=torch.float64), torch.randn(19, 6, generator=G, dtype=torch.float64)
