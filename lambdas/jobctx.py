@@ -20,6 +20,7 @@ from stagecoach.lambdas.collectives import Layout, SyncSpec, gather, read_range
 from stagecoach.lambdas.datafetch import RemoteSamples
 from stagecoach.lambdas.optim_state import group_runs
 from stagecoach.lambdas.records import EvalSpec, JobSpec
+from stagecoach.lambdas.schedule import MakeScheduler, Schedule
 from stagecoach.lambdas.stagebuild import build_stage, held_bytes, load_buffers, stage_buffers
 from stagecoach.lambdas.stageio import ChainIO, KeyedIO, StageIO
 from stagecoach.lambdas.training import (
@@ -51,6 +52,8 @@ class JobContext:
     transform: Callable[[Any], Any] | None = None  # Job.transform: per-sample, on the input
     data: dict[str, RemoteSamples] = field(default_factory=dict)
     metric_fns: dict[str, Callable[..., Any]] = field(default_factory=dict)  # Job.metrics
+    make_scheduler: MakeScheduler | None = None  # Job.scheduler
+    _schedule: Schedule | None = None
     runs: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
     stats_version: dict[int, int] = field(default_factory=dict)  # the running statistics' version held
     own: dict[int, Ownership] = field(default_factory=dict)
@@ -178,9 +181,10 @@ class JobContext:
         return stage_layout(numel, torch.empty(0, dtype=self.dtype).element_size(), self.plan.grad_shards(stage), self.plan.replicas)
 
     def group_runs(self, stage: int) -> tuple[tuple[int, int, int], ...]:
-        """The stage's flat vector as (start, end, parameter group) runs; () for one group."""
+        """The stage's flat vector as (start, end, parameter group) runs; () for one group (unless
+        a scheduler sets its hyperparameters per iteration: then one run of group 0)."""
         if not self.spec.param_groups:
-            return ()
+            return ((0, self.ownership(stage).numel(stage), 0),) if self.schedule is not None else ()
         params = self.stage_params(stage)  # builds the stage (and its param_index) if needed
         index = self.param_index[stage]
         return group_runs([self.spec.param_groups[index[id(p)]] for p in params], [p.numel() for p in params])
@@ -198,8 +202,17 @@ class JobContext:
             window_start,
             deadline,
             groups=self.runs[stage],
-            group_hparams=tuple(self.spec.optimizer_groups or ()),
+            group_hparams=tuple(self.schedule.at(t) if self.schedule is not None else self.spec.optimizer_groups or ()),
         )
+
+    @property
+    def schedule(self) -> Schedule | None:
+        """The job's learning-rate schedule (lambdas/schedule.py), kept by the container."""
+        if self.make_scheduler is None:
+            return None
+        if self._schedule is None:
+            self._schedule = Schedule(self.make_optimizer, self.make_scheduler, self.spec.optimizer_groups)
+        return self._schedule
 
     def ensure_params(self, channel: Channel, stage: int, version: int, deadline: float) -> nn.ModuleList:
         """Load the stage's parameters at ``version`` (every chunk of every shard) unless this
@@ -273,5 +286,6 @@ def job_context(channel: Channel, job: str) -> JobContext:
             make_optimizer=code["optimizer"],
             transform=code.get("transform"),
             metric_fns=code.get("metrics") or {},
+            make_scheduler=code.get("scheduler"),
         )
     return _CACHE[key]

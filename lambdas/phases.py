@@ -178,6 +178,8 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     out: dict[str, Any] = {}
     if last:
         out["loss"] = sum(losses) / len(losses)
+        if ctx.schedule is not None:  # the learning rate this iteration trained with, per parameter group
+            out["lr"] = ctx.schedule.lrs(t)
     return out
 
 

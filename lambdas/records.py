@@ -112,6 +112,7 @@ class TaskMetrics(_Record):
     # bytes of the parameters and buffers the container's stage modules hold (each storage once)
     model_bytes: int | None = None
     loss: float | None = None  # the last stage's backward: mean loss over its micro-batches
+    lr: list[float] | None = None  # ... and, under a scheduler, each parameter group's learning rate
 
 
 class MemoryPressure(_Record):

@@ -23,6 +23,7 @@ from stagecoach.lambdas import boundary
 from stagecoach.lambdas.graph_split import Blocks, SplitError, SplitFactory, suggest
 from stagecoach.lambdas.profiling import measure_model
 from stagecoach.lambdas.samples import LocalSamples, as_dtype, encode
+from stagecoach.lambdas.schedule import stand_in
 from stagecoach.lambdas.training import DTYPE_NAMES, build_model
 from stagecoach.planner.model.platforms import Platform, aws_platform
 from stagecoach.planner.plan import PHASES, Plan, PlanError, even_balance
@@ -64,6 +65,11 @@ class Job:
     transform:    ``transform(input) -> input``, applied to each sample's input in the worker
                   (augmentation), with torch's RNG seeded per (seed, epoch, sample index), so a
                   retry and the reference draw the same.
+    scheduler:    ``scheduler(optimizer) -> torch.optim.lr_scheduler.X(optimizer, ...)``, any
+                  PyTorch scheduler stepped once per iteration after the optimizer (as
+                  ``optimizer.step(); scheduler.step()`` in a plain loop); every task that updates
+                  parameters applies iteration t's group hyperparameters (lambdas/schedule.py);
+                  each iteration's learning rates are in the metrics (Run.learning_rates()).
     validation:   a data set like ``train`` evaluated on Lambda (forward only, eval mode) every
                   ``eval_every`` iterations and after the last: the loss and each of ``metrics``
                   ({"name": fn(output, target) -> scalar mean over the batch}, e.g.
@@ -92,6 +98,7 @@ class Job:
     test: Any = None
     transform: Callable[[Any], Any] | None = None
     epochs: int | None = None
+    scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
     validation: Any = None
     eval_every: int | None = None
     metrics: dict[str, Callable[[Any, Any], Any]] | None = None
@@ -125,6 +132,29 @@ class Job:
         except TypeError as e:
             raise JobError(str(e)) from None
         return as_dtype(x, self.dtype), y
+
+    def _check_scheduler(self) -> None:
+        if self.scheduler is None:
+            return
+        if not callable(self.scheduler):
+            raise JobError(
+                f"job.scheduler={self.scheduler!r} is not callable: give lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, ...)"
+            )
+        try:
+            opt = stand_in(self.optimizer, None)
+            sched = self.scheduler(opt)
+        except Exception as e:
+            raise JobError(f"job.scheduler fails on the job's optimizer: {type(e).__name__}: {e}") from None
+        if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            raise JobError(
+                "job.scheduler is ReduceLROnPlateau, which steps on a measured metric: Stagecoach steps the scheduler once per "
+                "iteration from the iteration count alone, so every worker applies the same values; use a schedule of the "
+                "iteration (StepLR, CosineAnnealingLR, OneCycleLR, LambdaLR, ...)"
+            )
+        if not callable(getattr(sched, "step", None)):
+            raise JobError(
+                f"job.scheduler returned {type(sched).__name__}, which has no step(): return a torch.optim.lr_scheduler scheduler"
+            )
 
     @property
     def evaluation_set(self) -> Any:
@@ -213,6 +243,7 @@ class Job:
             raise JobError(f"job.transform={self.transform!r} is not callable: give a function input -> input, applied per sample")
         self._check_epochs(len(samples))
         self._check_evaluation()
+        self._check_scheduler()
         for what in ("model", "loss", "optimizer"):
             if not callable(getattr(self, what)):
                 raise JobError(

@@ -33,6 +33,7 @@ def train_reference(job: Job, replicas: int = 1, micro_batches: int = 1) -> nn.S
     model = job.build_model().train()
     layers = list(model)
     optimizer = job.optimizer(list(model.parameters()))
+    scheduler = job.scheduler(optimizer) if job.scheduler is not None else None
     samples, n = job.samples, len(job.samples)
     per = replicas * micro_batches
     deferred = job.deferred_batch_norm and per > 1
@@ -49,6 +50,8 @@ def train_reference(job: Job, replicas: int = 1, micro_batches: int = 1) -> nn.S
                     out = run_layers(layers, 0, as_dtype(x, job.dtype), job.seed, t, r, j)
                     (job.loss(out, y) / per).backward()
         optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
     return model
 
 

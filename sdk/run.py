@@ -191,6 +191,18 @@ class Run:
                 by_version[r.version].append(r)
         return [combine(rs) for v, rs in sorted(by_version.items()) if len({r.replica for r in rs}) == self.plan.replicas]
 
+    def learning_rates(self) -> list[list[float]]:
+        """Per finished iteration, each parameter group's learning rate (under a scheduler)."""
+        self._fetch_metrics()
+        by_it = self._by_iteration()
+        out = []
+        for t in range(self.iterations_done()):
+            lrs = [m.lr for m in by_it[t] if m.lr is not None]
+            if not lrs:
+                break
+            out.append(lrs[0])
+        return out
+
     def iterations_done(self) -> int:
         """Iterations whose every stage has finished its last phase: the sync tasks, or the backward
         tasks where there is no sync Map (d = 1, or a sync fused into backward)."""

@@ -65,12 +65,26 @@ def _evaluation(job: Job, c: Clients, res: StackResources) -> EvalSpec | None:
 
 def pickle_job_code(job: Job) -> bytes:
     """cloudpickle the model factory, loss and optimizer; user code ships by value, not by import."""
-    modules = _user_modules(job.model, job.loss, job.optimizer, *([job.transform] if job.transform else []), *(job.metrics or {}).values())
+    modules = _user_modules(
+        job.model,
+        job.loss,
+        job.optimizer,
+        *([job.transform] if job.transform else []),
+        *(job.metrics or {}).values(),
+        *([job.scheduler] if job.scheduler else []),
+    )
     for m in modules:
         cloudpickle.register_pickle_by_value(m)
     try:
         return cloudpickle.dumps(
-            {"model": job.factory, "loss": job.loss, "optimizer": job.optimizer, "transform": job.transform, "metrics": job.metrics}
+            {
+                "model": job.factory,
+                "loss": job.loss,
+                "optimizer": job.optimizer,
+                "transform": job.transform,
+                "metrics": job.metrics,
+                "scheduler": job.scheduler,
+            }
         )
     finally:
         for m in modules:
