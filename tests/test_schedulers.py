@@ -37,7 +37,11 @@ def adamw_groups(params):
 
 CASES = {
     # OneCycleLR cycles the learning rate and Adam's beta1, per group
-    "onecycle-groups-scatter": (adamw_groups, lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.05, total_steps=ITERATIONS), dict(stages=2, replicas=2, micro_batches=2)),
+    "onecycle-groups-scatter": (
+        adamw_groups,
+        lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.05, total_steps=ITERATIONS),
+        dict(stages=2, replicas=2, micro_batches=2),
+    ),
     "step-sgd-alone": (
         lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
         lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5),
