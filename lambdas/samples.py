@@ -154,12 +154,16 @@ class LocalSamples:
 
     def __init__(self, data: Any, what: str = "train"):
         self.data, self.what = data, what
-        if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
-            x, y = data
-            if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0]:
+        if isinstance(data, torch.Tensor) or (isinstance(data, (tuple, list)) and data and all(isinstance(t, torch.Tensor) for t in data)):
+            if isinstance(data, torch.Tensor) or len(data) != 2:
+                n = 1 if isinstance(data, torch.Tensor) else len(data)
                 raise TypeError(
-                    f"job.{what}: inputs and targets must have one row per sample, got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+                    f"job.{what} holds {n} tensor(s): give an (inputs, targets) pair; a data set without labels cannot be trained"
                 )
+            x, y = data
+            if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0] or x.shape[0] == 0:
+                n, m = (x.shape[0] if x.dim() else 0), (y.shape[0] if y.dim() else 0)
+                raise TypeError(f"job.{what}: {n} inputs but {m} labels; they must match and be non-empty")
             self.tensors: tuple[torch.Tensor, torch.Tensor] | None = (x, y)
         elif hasattr(data, "__getitem__") and hasattr(data, "__len__"):
             self.tensors = None

@@ -329,7 +329,8 @@ class Job:
             return self.model
         if isinstance(self.blocks, str) or not self.blocks or not all(isinstance(b, str) and b for b in self.blocks):
             raise JobError(f"job.blocks={self.blocks!r}: give a list of submodule names or patterns, e.g. ['embed', 'layers.*', 'head']")
-        x = self.head(1)[0]
+        # one sample as the model sees it (transformed: a crop may change its shape)
+        x = self.head(1)[0] if self.transform is not None else _first_input(self.samples)
         if not isinstance(x, torch.Tensor):
             raise JobError(
                 f"job.train's inputs are {type(x).__name__}: a model cut at blocks= takes one tensor per sample; "
@@ -464,6 +465,14 @@ class Job:
             memory_mb=(memory_mb,) * stages,
             timeouts_s=tuple({p: timeout_s for p in PHASES} for _ in range(stages)),
         )
+
+
+def _first_input(samples: LocalSamples) -> Any:
+    """Sample 0's input as a batch of one, without copying it (a view of the tensors)."""
+    try:
+        return boundary.map_leaves(lambda t: t.unsqueeze(0), samples[0][0])
+    except TypeError as e:
+        raise JobError(str(e)) from None
 
 
 def _samples(data: Any, what: str) -> LocalSamples:

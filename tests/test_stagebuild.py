@@ -268,9 +268,10 @@ def test_a_model_captured_as_a_graph_gets_the_meta_build_and_its_stages_allocate
     whole = job.build_model()
     stages = [range(0, 2), range(2, 5)]
     own = ownership(list(whole), stages)
+    factory = job.factory  # what a container unpickles: the cut's recipe, sample shape included
     for s in range(2):
         with Allocations() as alloc:
-            built = build_stage(job.factory, job.seed, job.dtype, stages, s, "meta")
+            built = build_stage(factory, job.seed, job.dtype, stages, s, "meta")
         tensors = {id(t): t for t in [*own.owned[s], *(t.param for t in own.tied[s])]}
         tensors |= {id(b): b for i in stages[s] for b in whole[i].buffers()}
         assert alloc.bytes == held_bytes(built.layers) == sum(t.numel() * t.element_size() for t in tensors.values())
