@@ -108,3 +108,19 @@ def test_a_container_recycled_mid_window_restarts_the_window_from_its_checkpoint
         assert same_parameters(r.trained_model(), stored.trained_model())
     finally:
         faulty.stack.close()
+
+
+def test_the_model_charges_a_warm_stage_its_state_once_per_checkpoint():
+    import dataclasses
+
+    from stagecoach.planner.model.platforms import funcpipe_platform
+    from stagecoach.planner.model.syncmodel import NoSync
+
+    plat = funcpipe_platform()
+    p, opt = 1.34e9, 5.0  # BERT-Large's parameters in one stage, fp32
+    store = plat.storage_latency_s + (1 + plat.optimizer_state_ratio) * p / plat.bandwidth_Bps
+    stored = NoSync().stage(1, 1, p, opt, 30.0, dataclasses.replace(plat, warm_checkpoint_every=0))
+    warm = NoSync().stage(1, 1, p, opt, 30.0, plat)
+    assert stored.tail_s >= opt + store and (stored.tail_puts, stored.tail_gets) == (2, 1)
+    n = plat.warm_checkpoint_every
+    assert warm.tail_s == pytest.approx(opt + store / n) and warm.tail_puts == pytest.approx(2 / n)
