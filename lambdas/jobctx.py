@@ -55,6 +55,7 @@ class JobContext:
     # warm optimizer state (docs/runtime.md "State that stays warm"): per stage, the version held
     # and each chunk's state as optim_state.dump_state wrote it
     optim_held: dict[int, tuple[int, list[bytes]]] = field(default_factory=dict)
+    retried_window: dict[str, bool] = field(default_factory=dict)  # window attempt -> an earlier attempt failed
 
     @property
     def dtype(self) -> torch.dtype:
@@ -173,6 +174,21 @@ class JobContext:
         that stays warm"): with one replica, where one function's invocations are sequential."""
         return self.spec.warm_state and self.plan.replicas == 1 and self.spec.window_length is not None
 
+    def warm_attempt(self, channel: Channel, stage: int, window_start: int, attempt: str) -> bool:
+        """Whether this window attempt keeps ``stage``'s state warm: a warm stage's, unless an
+        earlier attempt at the same window failed (its abort marker exists). A window restarted
+        once runs stored, every version through S3, so a container recycled again costs a task
+        retry, not another restart: under many faults the window still completes. One LIST per
+        container and attempt."""
+        if not self.warm(stage):
+            return False
+        if not attempt:
+            return True
+        if attempt not in self.retried_window:
+            self.retried_window.clear()
+            self.retried_window[attempt] = channel.any_under(keys.window_aborts(self.job, window_start))
+        return not self.retried_window[attempt]
+
     def checkpoint(self, version: int, window_start: int) -> bool:
         """Whether ``version`` is stored in S3: the job's start, the window's first iteration
         (the checkpoint a restart starts from) and the version after its last (the next one's)."""
@@ -195,12 +211,14 @@ class JobContext:
                 "the window restarts from its checkpoint"
             )
 
-    def ensure_params(self, channel: Channel, stage: int, version: int, deadline: float, window_start: int = 0) -> nn.ModuleList:
+    def ensure_params(
+        self, channel: Channel, stage: int, version: int, deadline: float, window_start: int = 0, warm: bool = False
+    ) -> nn.ModuleList:
         """Load the stage's parameters at ``version`` (every chunk of every shard) unless this
         container has them: its last task may have gathered them (pipelined scatter-reduce), or,
         for a warm stage, updated them itself."""
         module = self.stage_module(stage)
-        if self.warm(stage) and not self.publishes_params(stage):
+        if warm and not self.publishes_params(stage):
             self.require_warm(stage, version, window_start, self.loaded_version.get(stage))
         if self.loaded_version.get(stage) != version:
             flat = gather(channel, self.sync_spec(stage, version, 0, deadline), version)

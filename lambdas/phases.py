@@ -49,7 +49,8 @@ def _copy(x: Any) -> Any:
 def forward(ctx: JobContext, ch: Channel, ev: ForwardEvent, deadline: float) -> dict[str, Any]:
     if ev.stage >= ctx.plan.stages - 1:
         raise ValueError(f"stage {ev.stage} has no forward task: the last stage's forward runs in its backward")
-    layers = ctx.ensure_params(ch, ev.stage, ev.t, deadline, ev.window_start)
+    warm = ctx.warm_attempt(ch, ev.stage, ev.window_start, ev.attempt)
+    layers = ctx.ensure_params(ch, ev.stage, ev.t, deadline, ev.window_start, warm)
     first = ctx.plan.stage_layers(ev.stage).start
     record = _batch_stats(ctx, layers, first)
     if record is None:
@@ -95,7 +96,8 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     plan = ctx.plan
     s, r, t = ev.stage, ev.replica, ev.t
     last = s == plan.stages - 1
-    layers = ctx.ensure_params(ch, s, t, deadline, ev.window_start)
+    warm = ctx.warm_attempt(ch, s, ev.window_start, ev.attempt)
+    layers = ctx.ensure_params(ch, s, t, deadline, ev.window_start, warm)
     params = ctx.stage_params(s)
     for p in layers.parameters():  # the stage's own and those it shares with an earlier stage
         p.grad = None
@@ -103,7 +105,6 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     algo = plan.sync[s]
     # what happens to each chunk of the gradient once the last backward pass has produced it
     exchange = None
-    warm = ctx.warm(s)
     if plan.replicas == 1:
         # overlaps the compute below: the state in memory (warm) or downloading
         warm_state = _optimizer_state(ctx, ch, spec, ev.window_start) if warm else None

@@ -110,6 +110,18 @@ def test_a_container_recycled_mid_window_restarts_the_window_from_its_checkpoint
         faulty.stack.close()
 
 
+def test_under_many_killed_containers_a_restarted_window_runs_stored_and_completes_bit_identically(stored):
+    """25% of tasks killed: a warm window rarely survives, so its restart stores every version
+    (an earlier attempt's abort marker says so) and recovers kills by task retries."""
+    faulty = LocalBackend(faults={"seed": 4, "kill": 0.25, "throttle": 0.05})
+    try:
+        r = run(faulty, "many-kills", warm=True)
+        assert "WarmStateLost" in task_errors(r)
+        assert same_parameters(r.trained_model(), stored.trained_model())
+    finally:
+        faulty.stack.close()
+
+
 def test_the_model_charges_a_warm_stage_its_state_once_per_checkpoint():
     import dataclasses
 
