@@ -112,12 +112,25 @@ def update_chunk(
         body = state[c].result()
         if body is None:
             raise FileNotFoundError(f"optimizer state {keys.optim(spec.job, spec.t, spec.stage, shard, c)} is missing")
-    a, b = spec.layout[shard][c]
-    new_p, new_state = apply_update(spec.make_optimizer, param, grad, body, chunk_segments(spec.groups, spec.group_hparams, a, b))
-    ch.submit_put(keys.params(spec.job, spec.t + 1, spec.stage, shard, c), {"p": new_p})
-    if stateful(spec.make_optimizer):
-        ch.submit_put_bytes(keys.optim(spec.job, spec.t + 1, spec.stage, shard, c), new_state)
+    new_p, new_state = step_chunk(spec, shard, c, param, grad, body)
+    store_chunk(ch, spec, shard, c, new_p, new_state, params=True, optim=True)
     return new_p
+
+
+def step_chunk(
+    spec: SyncSpec, shard: int, c: int, param: torch.Tensor, grad: torch.Tensor, body: bytes | None
+) -> tuple[torch.Tensor, bytes]:
+    """One optimizer step on chunk c of ``shard`` from its state ``body`` (None: no state yet)."""
+    a, b = spec.layout[shard][c]
+    return apply_update(spec.make_optimizer, param, grad, body, chunk_segments(spec.groups, spec.group_hparams, a, b))
+
+
+def store_chunk(ch: Channel, spec: SyncSpec, shard: int, c: int, p: torch.Tensor, state: bytes, *, params: bool, optim: bool) -> None:
+    """Upload version t+1 of a chunk's parameters (if ``params``) and optimizer state (if ``optim``)."""
+    if params:
+        ch.submit_put(keys.params(spec.job, spec.t + 1, spec.stage, shard, c), {"p": p})
+    if optim and stateful(spec.make_optimizer):
+        ch.submit_put_bytes(keys.optim(spec.job, spec.t + 1, spec.stage, shard, c), state)
 
 
 def forget_old_version(ch: Channel, spec: SyncSpec, shard: int) -> None:
@@ -375,3 +388,33 @@ def update_alone(
     out = [update_chunk(ch, spec, 0, c, params_t[a:b], grad[a:b], state) for c, (a, b) in enumerate(spec.layout[0])]
     forget_old_version(ch, spec, 0)
     return torch.cat(out) if out else torch.zeros(0)
+
+
+def update_warm(
+    ch: Channel,
+    spec: SyncSpec,
+    params_t: torch.Tensor,
+    grad: torch.Tensor,
+    held: Sequence[bytes] | list[Future[bytes | None]] | None,
+    store_params: bool,
+    store_state: bool,
+) -> tuple[torch.Tensor, list[bytes]]:
+    """One replica, state kept warm (docs/runtime.md "State that stays warm"): update every chunk
+    from the optimizer state at version t — in this container's memory (bytes) or downloading
+    from the checkpoint (futures) — and upload version t+1 only as asked (a checkpoint, or
+    parameters later stages read). Returns the new flat parameters and each chunk's new state."""
+    out, states = [], []
+    for c, (a, b) in enumerate(spec.layout[0]):
+        body: bytes | None = None
+        if held is not None:
+            got = held[c]
+            body = got if isinstance(got, bytes) else got.result()
+            if body is None:
+                raise FileNotFoundError(f"optimizer state {keys.optim(spec.job, spec.t, spec.stage, 0, c)} is missing")
+        new_p, new_state = step_chunk(spec, 0, c, params_t[a:b], grad[a:b], body)
+        store_chunk(ch, spec, 0, c, new_p, new_state, params=store_params, optim=store_state)
+        out.append(new_p)
+        states.append(new_state)
+    if store_params and spec.t - 1 != spec.window_start:
+        forget_old_version(ch, spec, 0)  # version t-1 exists if it was stored (tied weights' owner)
+    return (torch.cat(out) if out else torch.zeros(0)), states

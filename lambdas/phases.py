@@ -12,6 +12,7 @@ Sync (s, shard k): sum shard k over replicas in a fixed order, apply the optimiz
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -48,7 +49,8 @@ def _copy(x: Any) -> Any:
 def forward(ctx: JobContext, ch: Channel, ev: ForwardEvent, deadline: float) -> dict[str, Any]:
     if ev.stage >= ctx.plan.stages - 1:
         raise ValueError(f"stage {ev.stage} has no forward task: the last stage's forward runs in its backward")
-    layers = ctx.ensure_params(ch, ev.stage, ev.t, deadline)
+    warm = ctx.warm_attempt(ch, ev.stage, ev.window_start, ev.attempt)
+    layers = ctx.ensure_params(ch, ev.stage, ev.t, deadline, ev.window_start, warm)
     first = ctx.plan.stage_layers(ev.stage).start
     record = _batch_stats(ctx, layers, first)
     if record is None:
@@ -94,7 +96,8 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     plan = ctx.plan
     s, r, t = ev.stage, ev.replica, ev.t
     last = s == plan.stages - 1
-    layers = ctx.ensure_params(ch, s, t, deadline)
+    warm = ctx.warm_attempt(ch, s, ev.window_start, ev.attempt)
+    layers = ctx.ensure_params(ch, s, t, deadline, ev.window_start, warm)
     params = ctx.stage_params(s)
     for p in layers.parameters():  # the stage's own and those it shares with an earlier stage
         p.grad = None
@@ -103,7 +106,9 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     # what happens to each chunk of the gradient once the last backward pass has produced it
     exchange = None
     if plan.replicas == 1:
-        state = collectives.prefetch_state(ch, spec, 0)  # overlaps the compute below
+        # overlaps the compute below: the state in memory (warm) or downloading
+        warm_state = _optimizer_state(ctx, ch, spec, ev.window_start) if warm else None
+        state = None if warm else collectives.prefetch_state(ch, spec, 0)
         grads: dict[tuple[int, int], torch.Tensor] = {}
         stream = collectives.GradStream(params, spec.layout, collectives.write_order(spec), lambda k, c, g: grads.__setitem__((k, c), g))
     elif algo in FUSED_SYNC:
@@ -164,7 +169,15 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
         with torch.no_grad():
             for k, v in ctx.running_stats(s).items():
                 v.copy_(held[k])
-    if plan.replicas == 1:
+    if plan.replicas == 1 and warm:
+        flat = torch.cat([grads[0, c] for c in spec.chunks(0)])
+        store = ctx.checkpoint(t + 1, ev.window_start)
+        new, states = collectives.update_warm(
+            ch, spec, flat_params(params), flat, warm_state, store_params=store or ctx.publishes_params(s), store_state=store
+        )
+        ctx.set_params(s, t + 1, new)
+        ctx.optim_held[s] = (t + 1, states)
+    elif plan.replicas == 1:
         flat = torch.cat([grads[0, c] for c in spec.chunks(0)])
         new = collectives.update_alone(ch, spec, flat_params(params), flat, state)
         ctx.set_params(s, t + 1, new)
@@ -177,6 +190,20 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     if last:
         out["loss"] = sum(losses) / len(losses)
     return out
+
+
+def _optimizer_state(
+    ctx: JobContext, ch: Channel, spec: collectives.SyncSpec, window_start: int
+) -> list[bytes] | list[Future[bytes | None]] | None:
+    """A warm stage's optimizer state at version t: in this container's memory, else downloading
+    from the checkpoint if t is one; else the version check fails and the window restarts."""
+    if spec.t == 0 or not collectives.stateful(spec.make_optimizer):
+        return None
+    held = ctx.optim_held.get(spec.stage)
+    if held is not None and held[0] == spec.t:
+        return held[1]
+    ctx.require_warm(spec.stage, spec.t, window_start, held[0] if held else None)
+    return collectives.prefetch_state(ch, spec, 0)
 
 
 def _add_tied_grads(ctx: JobContext, ch: Channel, s: int, t: int, r: int, deadline: float) -> None:

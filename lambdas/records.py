@@ -53,6 +53,9 @@ class JobSpec(_Record):
     # BatchNorm's running statistics updated once per iteration from the whole global batch when
     # the plan splits it (Job.deferred_batch_norm; lambdas/deferred_bn.py)
     deferred_batch_norm: bool = False
+    # parameters and optimizer state stay in the worker's memory between iterations and go to S3
+    # only as window checkpoints (Job.warm_state; docs/runtime.md "State that stays warm")
+    warm_state: bool = False
 
     def to_plan(self) -> Plan:
         return Plan.from_dict(self.plan)

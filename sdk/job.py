@@ -63,6 +63,10 @@ class Job:
                   the whole global batch's mean and unbiased variance (docs/exactness.md). Without
                   it such a model trains on one replica and one micro-batch only, exactly as
                   plain PyTorch; with one replica and one micro-batch it changes nothing.
+    warm_state:   with one replica, keep each stage's parameters and optimizer state in its
+                  worker's memory between iterations and store them in S3 only at window
+                  boundaries (docs/runtime.md "State that stays warm"); False: store every
+                  iteration's (the earlier behaviour, also what a restart-heavy run may prefer).
     """
 
     model: Callable[[], nn.Module]
@@ -77,6 +81,7 @@ class Job:
     name: str = "job"
     blocks: Sequence[str] | None = None
     deferred_batch_norm: bool = False
+    warm_state: bool = True
     _facts: exactness.ModelFacts | None = field(default=None, init=False, repr=False)
 
     # -- validation (before any AWS call) --------------------------------------------------------
@@ -91,6 +96,8 @@ class Job:
                 raise JobError(f"job.{what}={v!r}: must be a {'non-negative' if what == 'seed' else 'positive'} integer")
         if not isinstance(self.deferred_batch_norm, bool):
             raise JobError(f"job.deferred_batch_norm={self.deferred_batch_norm!r}: must be True or False")
+        if not isinstance(self.warm_state, bool):
+            raise JobError(f"job.warm_state={self.warm_state!r}: must be True or False")
         if self.dtype not in DTYPE_NAMES:
             raise JobError(f"job.dtype={self.dtype}: use torch.float32 or torch.float64")
         x, y = _split("train", self.train)

@@ -85,6 +85,11 @@ class NoSync(SyncAlgorithm):
     Its parameters are in memory; the state (rho P) is prefetched while it computes. After the
     backward pass: the update, then PUT parameters and state: opt + t_lat + (1+rho) P/w, plus
     whatever of the prefetch the compute did not hide. The container keeps version t+1.
+
+    With warm state (``plat.warm_checkpoint_every`` = N > 0; ``collectives.update_warm``) the state
+    is in memory too and both go to S3 once per N iterations (the window's checkpoint): per
+    iteration opt + (t_lat + (1+rho) P/w) / N, and (2 + sf) / N requests (the restart's reload of
+    the checkpoint is a fault's cost, not an iteration's).
     """
 
     name = "none"
@@ -94,11 +99,28 @@ class NoSync(SyncAlgorithm):
     ) -> StageSync:
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
         sf = _stateful(plat)
+        store = lat + (1 + rho) * p_bytes / w
+        n = plat.warm_checkpoint_every
+        if n > 0:
+            return StageSync(
+                self.name,
+                1,
+                tail_s=opt_s + store / n,
+                task_s=0.0,
+                tasks=0,
+                shards=1,
+                tail_puts=(1 + sf) / n,
+                tail_gets=sf / n,
+                task_puts=0,
+                task_gets=0,
+                backward_extra_bytes=(1 + 2 * rho) * p_bytes,
+                params_cached=True,
+            )
         prefetch = max(0.0, lat + rho * p_bytes / w - backward_compute_s) if sf else 0.0
         return StageSync(
             self.name,
             1,
-            tail_s=prefetch + opt_s + lat + (1 + rho) * p_bytes / w,
+            tail_s=prefetch + opt_s + store,
             task_s=0.0,
             tasks=0,
             shards=1,

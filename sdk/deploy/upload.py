@@ -101,6 +101,7 @@ def upload_job(
         optimizer_groups=list(groups.hparams) if groups is not None else None,
         param_groups=list(groups.of_param) if groups is not None else None,
         deferred_batch_norm=job.deferred_batch_norm,
+        warm_state=job.warm_state,
     )
     code = pickle_job_code(job)
     c.s3.put_object(Bucket=res.bucket, Key=keys.job_code(job_id), Body=code)
