@@ -9,12 +9,18 @@ bits (tests/test_collectives.py).
 - ``scatter_reduce`` (LambdaML), ``k_reduce`` (FasDL, 1 <= K <= d), ``all_reduce`` (K = 1): the
   backward task writes its gradient as K shards (``write_gradient``); a sync Map of K tasks
   reduces one shard each (``reduce_shard``); the next phase gathers the K updated shards.
-- ``pipelined_scatter_reduce`` (FuncPipe), fused into the backward task (``pipelined_exchange``):
+- ``pipelined_scatter_reduce`` (FuncPipe), fused into the backward task (``PipelinedExchange``):
   replica r owns shard r. It uploads the d-1 shards the others own while it downloads its own
   shard from them, in the paper's staggered order (in round c, replica r sends chunk c of shard
   r+i to the replica that fetches it at step i), reduces and updates each chunk as soon as the d-1
   copies have arrived, uploads it, and meanwhile downloads the others' updated chunks, so the
   container ends the task holding version t+1 and the next phase reads nothing.
+- ``lambdaml_scatter_reduce`` (LambdaML), fused into the backward task too (``LambdaMLExchange``):
+  the same shards, objects and reduction, in LambdaML's three phases one after another, each
+  starting when the previous has ended in this worker: after the whole backward pass, upload the
+  d-1 shards the others own; download shard r from the d-1 others, reduce and update it; upload
+  it; download the others' updated shards. No overlap with compute or between phases: what the
+  pipelined algorithm improves on, kept so that comparisons are against LambdaML's schedule.
 
 Overlap: ``GradStream`` hands a chunk to the uploader as soon as the last backward pass has
 produced every parameter gradient in it, so uploads run while lower layers still compute.
@@ -32,7 +38,7 @@ import torch
 from torch import nn
 
 from stagecoach.lambdas import keys
-from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.channel import Channel, results
 from stagecoach.lambdas.optim_state import apply_update, chunk_segments
 
 Layout = Sequence[Sequence[tuple[int, int]]]  # per shard, its chunks' [start, end) in the flat vector
@@ -105,15 +111,19 @@ def update_chunk(
     param: torch.Tensor,
     grad: torch.Tensor,
     state: Mapping[int, Future[bytes | None]] | Sequence[Future[bytes | None]] | None,
+    uploads: list[Future[None]] | None = None,
 ) -> torch.Tensor:
-    """Apply the optimizer to one chunk, upload the new parameters and state; returns the parameters."""
+    """Apply the optimizer to one chunk, upload the new parameters and state (their futures are
+    added to ``uploads`` if given, for a caller that waits on them); returns the parameters."""
     body = None
     if state is not None:
         body = state[c].result()
         if body is None:
             raise FileNotFoundError(f"optimizer state {keys.optim(spec.job, spec.t, spec.stage, shard, c)} is missing")
     new_p, new_state = step_chunk(spec, shard, c, param, grad, body)
-    store_chunk(ch, spec, shard, c, new_p, new_state, params=True, optim=True)
+    sent = store_chunk(ch, spec, shard, c, new_p, new_state, params=True, optim=True)
+    if uploads is not None:
+        uploads += sent
     return new_p
 
 
@@ -125,12 +135,16 @@ def step_chunk(
     return apply_update(spec.make_optimizer, param, grad, body, chunk_segments(spec.groups, spec.group_hparams, a, b))
 
 
-def store_chunk(ch: Channel, spec: SyncSpec, shard: int, c: int, p: torch.Tensor, state: bytes, *, params: bool, optim: bool) -> None:
+def store_chunk(
+    ch: Channel, spec: SyncSpec, shard: int, c: int, p: torch.Tensor, state: bytes, *, params: bool, optim: bool
+) -> list[Future[None]]:
     """Upload version t+1 of a chunk's parameters (if ``params``) and optimizer state (if ``optim``)."""
+    out = []
     if params:
-        ch.submit_put(keys.params(spec.job, spec.t + 1, spec.stage, shard, c), {"p": p})
+        out.append(ch.submit_put(keys.params(spec.job, spec.t + 1, spec.stage, shard, c), {"p": p}))
     if optim and stateful(spec.make_optimizer):
-        ch.submit_put_bytes(keys.optim(spec.job, spec.t + 1, spec.stage, shard, c), state)
+        out.append(ch.submit_put_bytes(keys.optim(spec.job, spec.t + 1, spec.stage, shard, c), state))
+    return out
 
 
 def forget_old_version(ch: Channel, spec: SyncSpec, shard: int) -> None:
@@ -329,24 +343,26 @@ class PipelinedExchange:
 
     def __init__(self, ch: Channel, spec: SyncSpec, replica: int) -> None:
         if spec.shards != spec.replicas:
-            raise ValueError(f"pipelined scatter-reduce needs K = d shards, got K={spec.shards}, d={spec.replicas}")
+            raise ValueError(f"a scatter-reduce in the workers needs K = d shards, got K={spec.shards}, d={spec.replicas}")
         self.ch, self.spec, self.r = ch, spec, replica
         self.own: dict[int, torch.Tensor] = {}
         self.state = prefetch_state(ch, spec, replica)
         self.incoming: dict[tuple[int, int], Future[Any]] = {}
         self.gathered: dict[tuple[int, int], Future[Any]] = {}
 
-    def _start_downloads(self) -> None:
-        """Queue every download of the exchange, once the last backward pass begins (the peers are
-        at the same point): their requests are then in flight as the first chunks land."""
+    def _download_own(self) -> None:
+        """Queue the downloads of chunk c of shard r from every other replica: in the staggered
+        order, at step i of a round r reads from the replica r-i."""
         spec, ch, r, d = self.spec, self.ch, self.r, self.spec.replicas
-        # the staggered order: at step i of a round, r reads from the replica r-i
         self.incoming = {
             (c, src): ch.submit_wait(keys.gshard(spec.job, spec.t, spec.stage, src, r, c), spec.deadline)
             for c in spec.chunks(r)
             for src in ((r - i) % d for i in range(1, d))
         }
-        # the gather queues behind them: the link stays busy, and those chunks are ready about then
+
+    def _download_gathered(self) -> None:
+        """Queue the downloads of the other shards' updated chunks (version t+1), round by round."""
+        spec, ch, r, d = self.spec, self.ch, self.r, self.spec.replicas
         others = [
             (k, c) for c in range(max(len(x) for x in spec.layout)) for k in ((r + i) % d for i in range(1, d)) if c < len(spec.layout[k])
         ]
@@ -354,30 +370,85 @@ class PipelinedExchange:
             key: ch.submit_wait(keys.params(spec.job, spec.t + 1, spec.stage, key[0], key[1]), spec.deadline) for key in others
         }
 
+    def _start_downloads(self) -> None:
+        """Queue every download of the exchange, once the last backward pass begins (the peers are
+        at the same point): their requests are then in flight as the first chunks land; the
+        gather queues behind them, so the link stays busy, and those chunks are ready about then."""
+        self._download_own()
+        self._download_gathered()
+
+    def _send(self, k: int, c: int, g: torch.Tensor) -> Future[None]:
+        """Upload chunk c of shard k of this replica's gradient, for k's owner."""
+        return self.ch.submit_put(keys.gshard(self.spec.job, self.spec.t, self.spec.stage, self.r, k, c), {"g": g})
+
     def stream(self, params: Sequence[nn.Parameter]) -> GradStream:
         def emit(k: int, c: int, g: torch.Tensor) -> None:
             if k == self.r:
                 self.own[c] = g
             else:
-                self.ch.submit_put(keys.gshard(self.spec.job, self.spec.t, self.spec.stage, self.r, k, c), {"g": g})
+                self._send(k, c, g)
 
         return GradStream(params, self.spec.layout, exchange_order(self.spec, self.r), emit, on_arm=self._start_downloads)
 
-    def finish(self, params_t: torch.Tensor) -> torch.Tensor:
+    def _reduce_own(self, params_t: torch.Tensor, uploads: list[Future[None]] | None = None) -> dict[tuple[int, int], torch.Tensor]:
+        """Sum each chunk of shard r over the replicas in replica order, update it and upload it
+        (version t+1, parameters and state), as soon as its d-1 copies have arrived."""
         spec, ch, r, d = self.spec, self.ch, self.r, self.spec.replicas
-        if not self.incoming and d > 1:
-            self._start_downloads()
-        incoming, gathered = self.incoming, self.gathered
         mine = {}
         for c, (a, b) in enumerate(spec.layout[r]):
-            parts = [self.own[c] if src == r else incoming[c, src].result()["g"] for src in range(d)]
-            mine[r, c] = update_chunk(ch, spec, r, c, params_t[a:b], fold(parts), self.state)
+            parts = [self.own[c] if src == r else self.incoming[c, src].result()["g"] for src in range(d)]
+            mine[r, c] = update_chunk(ch, spec, r, c, params_t[a:b], fold(parts), self.state, uploads)
         forget_old_version(ch, spec, r)
+        return mine
+
+    def _assemble(self, mine: dict[tuple[int, int], torch.Tensor]) -> torch.Tensor:
+        """The stage's flat parameters at version t+1: shard r's own chunks and the gathered others."""
         parts = []
-        for k in range(spec.shards):
-            for c in spec.chunks(k):
-                parts.append(mine[k, c] if k == r else gathered[k, c].result()["p"])
+        for k in range(self.spec.shards):
+            for c in self.spec.chunks(k):
+                parts.append(mine[k, c] if k == self.r else self.gathered[k, c].result()["p"])
         return torch.cat(parts)
+
+    def finish(self, params_t: torch.Tensor) -> torch.Tensor:
+        if not self.incoming and self.spec.replicas > 1:
+            self._start_downloads()
+        return self._assemble(self._reduce_own(params_t))
+
+
+class LambdaMLExchange(PipelinedExchange):
+    """LambdaML's scatter-reduce for replica r: the same shards, objects, reduction order and
+    update as ``PipelinedExchange`` (so the same bits), in LambdaML's phases one after another.
+
+    The last backward pass only collects the gradient's chunks; ``finish`` then runs, each phase
+    waiting for the previous one to end in this worker: (1) upload the d-1 shards the others own;
+    (2) download shard r from the d-1 others and (3) reduce, update and upload it; (4) download
+    the others' updated shards. The optimizer-state prefetch still overlaps the compute (as any
+    of our algorithms does): LambdaML's own workers hold their state in memory.
+    """
+
+    def stream(self, params: Sequence[nn.Parameter]) -> GradStream:
+        held: dict[tuple[int, int], torch.Tensor] = {}
+        self.held = held
+        return GradStream(params, self.spec.layout, exchange_order(self.spec, self.r), lambda k, c, g: held.__setitem__((k, c), g))
+
+    def finish(self, params_t: torch.Tensor) -> torch.Tensor:
+        r = self.r
+        results([self._send(k, c, self.held[k, c]) for k, c in exchange_order(self.spec, r) if k != r])  # phase 1
+        self.own = {c: g for (k, c), g in self.held.items() if k == r}
+        self._download_own()
+        results(list(self.incoming.values()))  # phase 2: the whole shard has arrived
+        uploads: list[Future[None]] = []
+        mine = self._reduce_own(params_t, uploads)
+        results(uploads)  # phase 3: the updated shard (and its state) is stored
+        self._download_gathered()  # phase 4
+        return self._assemble(mine)
+
+
+# the sync algorithms fused into the backward task (planner/plan.py FUSED_SYNC), by name
+EXCHANGES: dict[str, type[PipelinedExchange]] = {
+    "pipelined_scatter_reduce": PipelinedExchange,
+    "lambdaml_scatter_reduce": LambdaMLExchange,
+}
 
 
 # -- d = 1: the backward task updates the whole stage itself ----------------------------------------------

@@ -4,7 +4,8 @@ Forward (stage s, replica r): forward without grad, micro-batch by micro-batch, 
 Backward (s, r): micro-batches in reverse, recompute with grad (GPipe re-materialisation), send
 input-gradients back, accumulate parameter gradients scaled so they average over the global batch.
 The gradient then leaves by the stage's sync algorithm (lambdas/collectives.py): written as K
-shards for a sync Map, exchanged among the backward tasks themselves (pipelined scatter-reduce),
+shards for a sync Map, exchanged among the backward tasks themselves (pipelined or LambdaML's
+scatter-reduce),
 or, with d = 1, applied by the task directly.
 Sync (s, shard k): sum shard k over replicas in a fixed order, apply the optimizer to shard k.
 """
@@ -112,7 +113,7 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
         grads: dict[tuple[int, int], torch.Tensor] = {}
         stream = collectives.GradStream(params, spec.layout, collectives.write_order(spec), lambda k, c, g: grads.__setitem__((k, c), g))
     elif algo in FUSED_SYNC:
-        exchange = collectives.PipelinedExchange(ch, spec, r)
+        exchange = collectives.EXCHANGES[algo](ch, spec, r)
         stream = exchange.stream(params)
     else:
         stream = collectives.GradStream(params, spec.layout, collectives.write_order(spec), collectives.gradient_writer(ch, spec, r))

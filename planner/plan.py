@@ -25,13 +25,15 @@ from stagecoach.planner.limits import (
 )
 
 # Gradient synchronisation per stage (docs/runtime.md "Sync algorithms"):
-#   scatter_reduce            LambdaML: backward writes d shards, a sync Map of d tasks reduces them
+#   scatter_reduce            LambdaML's split, reduced by a sync Map: backward writes d shards, d sync tasks reduce them
 #   k_reduce                  FasDL: backward writes K shards, a sync Map of K aggregators (1 <= K <= d)
 #   all_reduce                K = 1: one aggregator reduces and updates the whole stage
 #   pipelined_scatter_reduce  FuncPipe: the d backward tasks exchange shards among themselves, uploading
 #                             and downloading at once in a staggered order; the stage has no sync Map
-SYNC_ALGORITHMS = ("scatter_reduce", "k_reduce", "all_reduce", "pipelined_scatter_reduce")
-FUSED_SYNC = ("pipelined_scatter_reduce",)
+#   lambdaml_scatter_reduce   LambdaML's own: the d backward tasks reduce their own shards among themselves
+#                             after the backward pass, in phases one after another; no sync Map
+SYNC_ALGORITHMS = ("scatter_reduce", "k_reduce", "all_reduce", "pipelined_scatter_reduce", "lambdaml_scatter_reduce")
+FUSED_SYNC = ("pipelined_scatter_reduce", "lambdaml_scatter_reduce")  # no sync Map: K = d, in the backward tasks
 PHASES = ("forward", "backward", "sync")
 # The memory ladder an out-of-memory stage climbs, one step per failure (FuncPipe's tiers, MB).
 MEMORY_TIERS_MB = (512, 1024, 2048, 3072, 4096, 6144, 8192, 10240)

@@ -235,7 +235,7 @@ def window_definition(plan: Plan, functions: Sequence[str]) -> dict[str, Any]:
         states["Forward"]["Catch"] = [dict(ABORT_CATCH)]
     branches = []
     for s in range(s_count):
-        has_sync = plan.sync_tasks(s) > 0  # d = 1 and the fused pipelined sync have no sync Map
+        has_sync = plan.sync_tasks(s) > 0  # d = 1 and the fused syncs (pipelined, LambdaML's) have no sync Map
         stage_states: dict[str, Any] = {}
         stage_states[f"Backward{s}"] = _map(
             f"Backward{s}",

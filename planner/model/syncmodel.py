@@ -242,22 +242,72 @@ class PipelinedScatterReduce(SyncAlgorithm):
         )
 
 
-# -- the measured systems' algorithms, for the model only (not run by our runtime) ------------------
 class LambdaMLScatterReduce(SyncAlgorithm):
-    """LambdaML's storage scatter-reduce as FuncPipe §3.3 describes it (its eq. 1), in the workers.
+    """LambdaML's storage scatter-reduce in the workers (FuncPipe §3.3, eq. 1), as our runtime runs
+    it (``collectives.LambdaMLExchange``): fused into the backward task, K = d, replica r owns shard
+    r, every phase starting when the previous one has ended in this worker.
 
-    After the backward pass each replica, one phase after another: uploads the d-1 splits the others
-    own (t_lat + E, E = (d-1) P/(d w)); downloads its own split from the d-1 others once they land
-    (t_lat + E + q) and merges it; uploads the merged split (t_lat + P/(d w)); downloads the others'
-    (t_lat + E + q); updates its whole replica (opt: every worker holds the model). In all
-    3P/w - 2P/(dw) + 4 t_lat + 2q + opt: eq. (1) plus two polls and the update. The worker ends
-    holding version t+1 and its optimizer state (LambdaML's workers live through the job).
-
-    Not a runtime algorithm (yet): the model prices it to express LambdaML's measured runs and the
-    LambdaML baseline by its paper's rule (benchmarks/paper_tables.py, baselines/classic.py).
+    After the backward pass (nothing was sent while it ran), with E = (d-1) P/(d w):
+        1. upload the d-1 shards the others own                      t_lat + E
+        2. download shard r from the d-1 others (a poll behind them)  t_lat + E + q, after what is
+           left of the optimizer-state prefetch (pf = max(0, t_lat + rho P/(d w) - m bb))
+        3. reduce and update shard r chunk by chunk, uploading each with its state:
+           t_lat + max(opt/d + u/C, opt/(dC) + u), u = (1+rho) P/(d w)
+        4. download the others' updated shards (a poll behind)          t_lat + E + q
+    With plain SGD (rho = 0) that is eq. (1), 3P/w - 2P/(dw) + 4 t_lat, plus two polls and the
+    update (opt/d: ZeRO-1, each worker updates its own shard; LambdaML's own workers each update
+    their whole replica from the merged gradient — the same bytes on the links, the same bits;
+    ``LambdaMLPublishedScatterReduce`` prices that, for LambdaML's measured runs).
+    The task ends holding version t+1: the next phase loads nothing. Memory as the pipelined
+    algorithm's: the exchanged chunks and the gathered vector, and r's new parameters and state.
     """
 
     name = "lambdaml_scatter_reduce"
+    fused = True
+
+    def stage(
+        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+    ) -> StageSync:
+        w, lat, rho, q = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio, plat.poll_delay_s
+        c = chunks_per_shard(d, d, p_bytes)
+        sf = _stateful(plat)
+        e = (d - 1) * p_bytes / (d * w)
+        pf = max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
+        up = lat + e  # phase 1
+        down = max(up, pf) + lat + e + q  # phase 2
+        u = (1 + rho) * p_bytes / (d * w)
+        own = lat + max(opt_s / d + u / c, opt_s / (d * c) + u)  # phase 3
+        tail = down + own + lat + e + q  # phase 4
+        polls = plat.polls_while_waiting(q)
+        return StageSync(
+            self.name,
+            d,
+            tail_s=tail,
+            task_s=0.0,
+            tasks=0,
+            shards=d * c,
+            tail_puts=(d - 1) * c + c * (1 + sf),
+            tail_gets=2 * (d - 1) * c * (1 + polls) + c * sf,
+            task_puts=0,
+            task_gets=0,
+            backward_extra_bytes=(2 * (d - 1) + 1 + 2 * rho) * p_bytes / d,
+            params_cached=True,
+        )
+
+
+# -- the measured systems' algorithms, for the model only (not run by our runtime) ------------------
+class LambdaMLPublishedScatterReduce(SyncAlgorithm):
+    """LambdaML's storage scatter-reduce as LambdaML's own workers run it (FuncPipe §3.3, eq. 1).
+
+    The phases of ``LambdaMLScatterReduce`` with LambdaML's update: every worker updates its whole
+    replica from the merged gradient (opt, not opt/d) and keeps its optimizer state in memory
+    (LambdaML's workers live through the job). In all 3P/w - 2P/(dw) + 4 t_lat + 2q + opt: eq. (1)
+    plus two polls and the update. Prices LambdaML's measured runs (benchmarks/paper_tables.py),
+    next to FuncPipe's published schedule, which updates whole replicas too; the LambdaML baseline
+    runs the runtime's ``lambdaml_scatter_reduce``.
+    """
+
+    name = "lambdaml_published_scatter_reduce"
     fused = True
 
     def stage(
@@ -283,7 +333,7 @@ class LambdaMLScatterReduce(SyncAlgorithm):
         )
 
 
-class FuncPipePublishedScatterReduce(LambdaMLScatterReduce):
+class FuncPipePublishedScatterReduce(LambdaMLPublishedScatterReduce):
     """FuncPipe's pipelined scatter-reduce as its paper runs it (§3.3, eq. 2), after the backward pass.
 
     n = d steps of t_lat + P/(d w) each (step 1 uploads a split, steps 2..n-1 upload one and download
@@ -341,12 +391,12 @@ class ParameterServer(SyncAlgorithm):
 # Priced for comparisons with the measured systems, never searched or emitted (not in ALL_SYNC; a
 # Plan refuses them): the seam admits them like any other algorithm.
 MODEL_ONLY_SYNC: dict[str, SyncAlgorithm] = {
-    a.name: a for a in (LambdaMLScatterReduce(), FuncPipePublishedScatterReduce(), ParameterServer())
+    a.name: a for a in (LambdaMLPublishedScatterReduce(), FuncPipePublishedScatterReduce(), ParameterServer())
 }
 
 
 SYNC_ALGORITHMS: dict[str, SyncAlgorithm] = {
-    a.name: a for a in (NoSync(), ScatterReduce(), PipelinedScatterReduce(), KReduce(), AllReduce())
+    a.name: a for a in (NoSync(), ScatterReduce(), PipelinedScatterReduce(), KReduce(), AllReduce(), LambdaMLScatterReduce())
 }
 # The names come from the runtime contract (planner/plan.py); this model prices exactly those, plus
 # "none" (d = 1). Listed in the search's order, which breaks ties between equal-cost plans.
@@ -387,7 +437,7 @@ def sync_choices(d: int, algos: Sequence[str] | None = None) -> list[SyncChoice]
     algos = algos or ALL_SYNC
     out: list[SyncChoice] = []
     for a in algos:
-        if a in ("scatter_reduce", "pipelined_scatter_reduce"):
+        if a in ("scatter_reduce", "pipelined_scatter_reduce", "lambdaml_scatter_reduce"):
             out.append(SyncChoice(a, d))
         elif a == "all_reduce":
             out.append(SyncChoice(a, 1))

@@ -17,6 +17,7 @@ from stagecoach.planner.baselines.classic import (
 from stagecoach.planner.model.perfmodel import Config, evaluate
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.model.syncmodel import SyncChoice
+from stagecoach.planner.plan import Plan
 from stagecoach.planner.profile.zoo import zoo_profile
 from stagecoach.planner.solve.objective import max_stages_for, objective_value
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
@@ -34,6 +35,15 @@ def test_lambdaml_is_the_papers_rule_largest_memory_and_largest_local_batch(resn
     c = e.config
     assert c.stages == 1 and c.tiers_mb == (10240,) and c.micro_batches == 1 and c.replicas * c.micro_batch == 64
     assert c.sync[0].algo == "lambdaml_scatter_reduce" and c.sync[0].k == c.replicas
+    # the runtime runs LambdaML's algorithm itself: the baseline is a plan, with no sync Map
+    plan = Plan(
+        balance=[sum(layer.count for layer in prof.layers)],
+        replicas=c.replicas,
+        micro_batches=1,
+        global_batch=64,
+        sync=[c.sync[0].plan_fields()[0]],
+    )
+    assert plan.sync == ("lambdaml_scatter_reduce",) and plan.aggregators == (c.replicas,) and plan.sync_tasks(0) == 0
     # the local batch is the largest divisor of G that fits by LambdaML's memory: the next one does not
     bigger = [b for b in range(c.micro_batch + 1, 65) if 64 % b == 0]
     assert bigger and all(lambdaml_memory_mb(prof, b, 64 // b, plat) > 10240 for b in bigger)
