@@ -5,12 +5,16 @@ Runs real jobs on the embedded local stack with Lambda's network emulated in eve
 request), a model with Adam, and two plans:
 
   d = 1   (2 stages x 1 replica x 2 micro-batches)  the backward task updates its stage alone
-  d = 4   (2 stages x 4 replicas x 2 micro-batches, scatter-reduce)
+  d = 4   (2 stages x 4 replicas x 2 micro-batches), scatter-reduce (a sync Map: sync task k owns
+          shard k) and pipelined scatter-reduce (fused: replica r owns shard r)
 
 each twice: ``before`` = ``Job(warm_state=False)`` (every iteration stores the stage's parameters
-and Adam state in S3 and the next one reads them back), ``after`` = ``Job(warm_state=True)`` (they
-stay in the workers' memory and reach S3 only as the window's checkpoint; docs/runtime.md "State
-that stays warm"). Warm state applies to d = 1 only, so the d = 4 rows are a control.
+and Adam state in S3 and the next one reads them back), ``after`` = ``Job(warm_state=True)``
+(docs/runtime.md "State that stays warm"): with d = 1 the parameters and the Adam state stay in the
+stage's worker; with d = 4 every replica and every sync task has a function of its own, and each
+sync task keeps its shard's Adam state and parameters in its container; the parameters' shards
+still go through S3 every iteration (the replicas read them), the state only as the window's
+checkpoint.
 
 Per iteration, from the tasks' own metrics (TaskMetrics): bytes up + down over every task, and
 seconds from its first task's start to the next iteration's (Run.time_breakdown). Iteration 0
@@ -60,9 +64,9 @@ def make_job(name: str, warm: bool, width: int, iterations: int) -> Job:
     )
 
 
-def measure(backend: LocalBackend, name: str, warm: bool, replicas: int, width: int, iterations: int) -> dict[str, float]:
+def measure(backend: LocalBackend, name: str, warm: bool, replicas: int, algo: str, width: int, iterations: int) -> dict[str, float]:
     job = make_job(name, warm, width, iterations)
-    sync = {} if replicas == 1 else {"sync": "scatter_reduce"}
+    sync = {} if replicas == 1 else {"sync": algo}
     r = job.run(stages=2, replicas=replicas, micro_batches=2, backend=backend, timeout_s=300, **sync)
     r.wait(progress=False, poll_s=1.0, timeout_s=3600)
     ms = r.metrics()
@@ -88,16 +92,17 @@ def main() -> None:
     print(f"model: 4 Linear layers, {params / 1e6:.2f} M parameters ({params * 4 / MB:.1f} MB float32), Adam; 2 stages, 2 micro-batches")
     print(f"{iterations} iterations in one window; steady = iterations 1..{iterations - 2}, last = the checkpoint-writing one")
     print()
-    print(f"{'plan':<6} {'path':<7} {'MB/iteration':>13} {'s/iteration':>12} {'last: MB':>9} {'last: span s':>13}")
+    print(f"{'plan':<22} {'path':<7} {'MB/iteration':>13} {'s/iteration':>12} {'last: MB':>9} {'last: span s':>13}")
     backend = LocalBackend(network=funcpipe_platform())
     try:
-        for d in (1, 4):
+        for d, algo in ((1, "none"), (4, "scatter_reduce"), (4, "pipelined_scatter_reduce")):
             for warm in (False, True):
                 t0 = time.time()
-                m = measure(backend, f"warm-d{d}-{'after' if warm else 'before'}", warm, d, width, iterations)
+                m = measure(backend, f"warm-d{d}-{algo[:4]}-{'after' if warm else 'before'}", warm, d, algo, width, iterations)
                 label = "after" if warm else "before"
+                plan = f"d = {d}" + ("" if d == 1 else f" {algo.replace('_scatter_reduce', ' s-r').replace('scatter_reduce', 's-r')}")
                 print(
-                    f"d = {d:<2} {label:<7} {m['bytes'] / MB:13.1f} {m['s']:12.2f} {m['last_bytes'] / MB:9.1f} {m['last_s']:13.2f}"
+                    f"{plan:<22} {label:<7} {m['bytes'] / MB:13.1f} {m['s']:12.2f} {m['last_bytes'] / MB:9.1f} {m['last_s']:13.2f}"
                     f"   ({time.time() - t0:.0f} s to run)",
                     flush=True,
                 )

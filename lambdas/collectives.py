@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -96,6 +96,23 @@ def fold(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 # -- the optimizer update of one chunk --------------------------------------------------------------
+@dataclass
+class Warm:
+    """A shard whose optimizer state stays in this container's memory between iterations
+    (docs/runtime.md "State that stays warm"): the worker that owns the shard updates it from the
+    state it holds and stores the new state in S3 only as a checkpoint.
+
+    state: each chunk's state at version t — held here (bytes), downloading because t is a
+           checkpoint (futures), or None (t = 0, or an optimizer without state).
+    store: whether version t+1 of the state goes to S3 (the window's checkpoint).
+    kept:  each chunk's state at version t+1 as the update made it, for the container to hold.
+    """
+
+    state: Sequence[bytes] | Sequence[Future[bytes | None]] | None
+    store: bool
+    kept: dict[int, bytes] = field(default_factory=dict)
+
+
 def prefetch_state(ch: Channel, spec: SyncSpec, shard: int) -> list[Future[bytes | None]] | None:
     """Start downloading the optimizer state of ``shard`` at version t (None: nothing to fetch)."""
     if spec.t == 0 or not stateful(spec.make_optimizer):
@@ -112,16 +129,22 @@ def update_chunk(
     grad: torch.Tensor,
     state: Mapping[int, Future[bytes | None]] | Sequence[Future[bytes | None]] | None,
     uploads: list[Future[None]] | None = None,
+    warm: Warm | None = None,
 ) -> torch.Tensor:
     """Apply the optimizer to one chunk, upload the new parameters and state (their futures are
-    added to ``uploads`` if given, for a caller that waits on them); returns the parameters."""
+    added to ``uploads`` if given, for a caller that waits on them); returns the parameters.
+    ``warm``: the state comes from it instead of ``state``, and is stored only if it says so."""
+    source = warm.state if warm is not None else state
     body = None
-    if state is not None:
-        body = state[c].result()
+    if source is not None:
+        got = source[c]
+        body = got if isinstance(got, bytes) else got.result()
         if body is None:
             raise FileNotFoundError(f"optimizer state {keys.optim(spec.job, spec.t, spec.stage, shard, c)} is missing")
     new_p, new_state = step_chunk(spec, shard, c, param, grad, body)
-    sent = store_chunk(ch, spec, shard, c, new_p, new_state, params=True, optim=True)
+    sent = store_chunk(ch, spec, shard, c, new_p, new_state, params=True, optim=warm is None or warm.store)
+    if warm is not None:
+        warm.kept[c] = new_state
     if uploads is not None:
         uploads += sent
     return new_p
@@ -292,16 +315,31 @@ def gradient_writer(ch: Channel, spec: SyncSpec, replica: int) -> Callable[[int,
 WINDOW_EXTRA = 1
 
 
-def reduce_shard(ch: Channel, spec: SyncSpec, shard: int, cached: torch.Tensor | None = None) -> None:
+def reduce_shard(
+    ch: Channel,
+    spec: SyncSpec,
+    shard: int,
+    cached: torch.Tensor | None = None,
+    held: Sequence[torch.Tensor] | None = None,
+    warm: Warm | None = None,
+) -> list[torch.Tensor]:
     """Sync task: sum shard ``shard`` over the d replicas chunk by chunk, update it, write version t+1.
 
     Chunk c+1 downloads while chunk c is reduced, updated and uploaded. The requests go out in
     chunk order with only a chunk's worth (plus one) in flight (``Channel.submit_window``):
     parallel transfers share the link, so requesting everything at once would have every chunk
     (and the optimizer state) arrive together near the end and leave the upload link idle. ``cached``: the stage's flat parameters at version t if this
-    container holds them (else they are downloaded).
+    container holds them; ``held``: else shard ``shard``'s chunks at version t if it does (a sync
+    task's own function updated them last iteration); else they are downloaded. ``warm``: the
+    shard's optimizer state is held in this container (none is downloaded). Returns the shard's
+    chunks at version t+1.
     """
-    stateful_opt = spec.t > 0 and stateful(spec.make_optimizer)
+    stateful_opt = spec.t > 0 and stateful(spec.make_optimizer) and warm is None
+    if held is not None and cached is None:
+        cached = torch.cat(list(held)) if held else torch.zeros(0)
+        base = spec.layout[shard][0][0] if spec.layout[shard] else 0
+    else:
+        base = 0
     chunks = spec.layout[shard]
     calls: list[Callable[[], Future[Any]]] = []
     for c in spec.chunks(shard):
@@ -315,13 +353,15 @@ def reduce_shard(ch: Channel, spec: SyncSpec, shard: int, cached: torch.Tensor |
             calls.append(functools.partial(ch.submit_wait, keys.params(spec.job, spec.t, spec.stage, shard, c), spec.deadline))
     per_chunk = spec.replicas + int(stateful_opt) + int(cached is None)
     futures = ch.submit_window(calls, window=per_chunk + WINDOW_EXTRA)
+    out = []
     for c, (a, b) in enumerate(chunks):
         got = futures[c * per_chunk : (c + 1) * per_chunk]
         total = fold([f.result()["g"] for f in got[: spec.replicas]])
         state = {c: got[spec.replicas]} if stateful_opt else None
-        p = cached[a:b] if cached is not None else got[-1].result()["p"]
-        update_chunk(ch, spec, shard, c, p, total, state)
+        p = cached[a - base : b - base] if cached is not None else got[-1].result()["p"]
+        out.append(update_chunk(ch, spec, shard, c, p, total, state, warm=warm))
     forget_old_version(ch, spec, shard)
+    return out
 
 
 # -- pipelined_scatter_reduce: fused into backward --------------------------------------------------------
@@ -341,12 +381,14 @@ class PipelinedExchange:
     then ``finish`` (reduce, update, upload, gather) returns the flat parameters at version t+1.
     """
 
-    def __init__(self, ch: Channel, spec: SyncSpec, replica: int) -> None:
+    def __init__(self, ch: Channel, spec: SyncSpec, replica: int, warm: Warm | None = None) -> None:
         if spec.shards != spec.replicas:
             raise ValueError(f"a scatter-reduce in the workers needs K = d shards, got K={spec.shards}, d={spec.replicas}")
         self.ch, self.spec, self.r = ch, spec, replica
         self.own: dict[int, torch.Tensor] = {}
-        self.state = prefetch_state(ch, spec, replica)
+        # shard r's optimizer state: held in this container (warm), else prefetched from S3
+        self.warm = warm
+        self.state = None if warm is not None else prefetch_state(ch, spec, replica)
         self.incoming: dict[tuple[int, int], Future[Any]] = {}
         self.gathered: dict[tuple[int, int], Future[Any]] = {}
 
@@ -397,7 +439,7 @@ class PipelinedExchange:
         mine = {}
         for c, (a, b) in enumerate(spec.layout[r]):
             parts = [self.own[c] if src == r else self.incoming[c, src].result()["g"] for src in range(d)]
-            mine[r, c] = update_chunk(ch, spec, r, c, params_t[a:b], fold(parts), self.state, uploads)
+            mine[r, c] = update_chunk(ch, spec, r, c, params_t[a:b], fold(parts), self.state, uploads, self.warm)
         forget_old_version(ch, spec, r)
         return mine
 

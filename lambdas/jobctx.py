@@ -51,9 +51,11 @@ class JobContext:
     param_index: dict[int, dict[int, int]] = field(default_factory=dict)  # id -> position in model.parameters()
     tied_version: dict[int, int] = field(default_factory=dict)  # the owners' version of the tied parameters held
     buffers_pending: set[int] = field(default_factory=set)  # meta-built stages whose initial buffers are not loaded yet
-    # warm optimizer state (docs/runtime.md "State that stays warm"): per stage, the version held
-    # and each chunk's state as optim_state.dump_state wrote it
-    optim_held: dict[int, tuple[int, list[bytes]]] = field(default_factory=dict)
+    # warm optimizer state (docs/runtime.md "State that stays warm"): per (stage, shard) this
+    # container owns, the version held and each chunk's state as optim_state.dump_state wrote it
+    optim_held: dict[tuple[int, int], tuple[int, list[bytes]]] = field(default_factory=dict)
+    # a sync task's own shard of the parameters (d > 1, a function per sync task): (version, chunks)
+    shard_held: dict[tuple[int, int], tuple[int, list[torch.Tensor]]] = field(default_factory=dict)
     retried_window: dict[str, bool] = field(default_factory=dict)  # window attempt -> an earlier attempt failed
 
     @property
@@ -192,10 +194,13 @@ class JobContext:
         )
 
     def warm(self, stage: int) -> bool:
-        """Whether ``stage``'s parameters and optimizer state stay in this container's memory
-        between iterations and reach S3 only as the window's checkpoint (docs/runtime.md "State
-        that stays warm"): with one replica, where one function's invocations are sequential."""
-        return self.spec.warm_state and self.plan.replicas == 1 and self.spec.window_length is not None
+        """Whether ``stage``'s state stays in the memory of the containers that own it between
+        iterations and reaches S3 only as the window's checkpoint (docs/runtime.md "State that
+        stays warm"): every worker has a function of its own (d = 1: the stage's; d > 1:
+        plan.per_worker_functions), so its invocations are sequential. With one replica that is the
+        parameters and the optimizer state; with d > 1 the optimizer state of the shard the
+        worker owns (the parameters' shards are read by the others, so they are stored anyway)."""
+        return self.spec.warm_state and self.spec.window_length is not None
 
     def warm_attempt(self, channel: Channel, stage: int, window_start: int, attempt: str) -> bool:
         """Whether this window attempt keeps ``stage``'s state warm: a warm stage's, unless an
@@ -242,7 +247,7 @@ class JobContext:
         for a warm stage, updated them itself."""
         module = self.stage_module(stage)
         self.ensure_initial_buffers(channel, stage)
-        if warm and not self.publishes_params(stage):
+        if warm and self.plan.replicas == 1 and not self.publishes_params(stage):
             self.require_warm(stage, version, window_start, self.loaded_version.get(stage))
         if self.loaded_version.get(stage) != version:
             flat = gather(channel, self.sync_spec(stage, version, 0, deadline), version)

@@ -112,8 +112,11 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
         state = None if warm else collectives.prefetch_state(ch, spec, 0)
         grads: dict[tuple[int, int], torch.Tensor] = {}
         stream = collectives.GradStream(params, spec.layout, collectives.write_order(spec), lambda k, c, g: grads.__setitem__((k, c), g))
-    elif algo in FUSED_SYNC:
-        exchange = collectives.EXCHANGES[algo](ch, spec, r)
+    elif algo in FUSED_SYNC:  # replica r owns shard r: with warm state, its optimizer state stays here
+        own = (
+            collectives.Warm(_optimizer_state(ctx, ch, spec, ev.window_start, r), ctx.checkpoint(t + 1, ev.window_start)) if warm else None
+        )
+        exchange = collectives.EXCHANGES[algo](ch, spec, r, own)
         stream = exchange.stream(params)
     else:
         stream = collectives.GradStream(params, spec.layout, collectives.write_order(spec), collectives.gradient_writer(ch, spec, r))
@@ -177,13 +180,15 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
             ch, spec, flat_params(params), flat, warm_state, store_params=store or ctx.publishes_params(s), store_state=store
         )
         ctx.set_params(s, t + 1, new)
-        ctx.optim_held[s] = (t + 1, states)
+        ctx.optim_held[s, 0] = (t + 1, states)
     elif plan.replicas == 1:
         flat = torch.cat([grads[0, c] for c in spec.chunks(0)])
         new = collectives.update_alone(ch, spec, flat_params(params), flat, state)
         ctx.set_params(s, t + 1, new)
     elif exchange is not None:
         ctx.set_params(s, t + 1, exchange.finish(flat_params(params)))
+        if exchange.warm is not None:
+            ctx.optim_held[s, r] = (t + 1, [exchange.warm.kept[c] for c in spec.chunks(r)])
     if record is not None and r == 0:  # after the exchange, which the other replicas wait on
         _commit_batch_stats(ctx, ch, ev, record, deadline)
     _forget_iteration(ctx, ch, t - 2, s, r)
@@ -194,17 +199,18 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
 
 
 def _optimizer_state(
-    ctx: JobContext, ch: Channel, spec: collectives.SyncSpec, window_start: int
+    ctx: JobContext, ch: Channel, spec: collectives.SyncSpec, window_start: int, shard: int = 0
 ) -> list[bytes] | list[Future[bytes | None]] | None:
-    """A warm stage's optimizer state at version t: in this container's memory, else downloading
-    from the checkpoint if t is one; else the version check fails and the window restarts."""
+    """The optimizer state at version t of a warm ``shard`` this container owns: in its memory,
+    else downloading from the checkpoint if t is one; else the version check fails and the window
+    restarts."""
     if spec.t == 0 or not collectives.stateful(spec.make_optimizer):
         return None
-    held = ctx.optim_held.get(spec.stage)
+    held = ctx.optim_held.get((spec.stage, shard))
     if held is not None and held[0] == spec.t:
         return held[1]
     ctx.require_warm(spec.stage, spec.t, window_start, held[0] if held else None)
-    return collectives.prefetch_state(ch, spec, 0)
+    return collectives.prefetch_state(ch, spec, shard)
 
 
 def _add_tied_grads(ctx: JobContext, ch: Channel, s: int, t: int, r: int, deadline: float) -> None:
@@ -239,7 +245,17 @@ def sync(ctx: JobContext, ch: Channel, ev: SyncEvent, deadline: float) -> dict[s
             f"{plan.replicas} replicas): there is no sync task for shard {ev.shard}"
         )
     spec = ctx.sync_spec(ev.stage, ev.t, ev.window_start, deadline)
-    collectives.reduce_shard(ch, spec, ev.shard, cached=ctx.cached_params(ev.stage, ev.t))
+    s, k, t = ev.stage, ev.shard, ev.t
+    if not ctx.warm_attempt(ch, s, ev.window_start, ev.attempt):
+        collectives.reduce_shard(ch, spec, k, cached=ctx.cached_params(s, t))
+        return {}
+    # the sync task's own function: shard k's state and parameters stay here (docs/runtime.md)
+    warm = collectives.Warm(_optimizer_state(ctx, ch, spec, ev.window_start, k), ctx.checkpoint(t + 1, ev.window_start))
+    mine = ctx.shard_held.get((s, k))
+    held = mine[1] if mine is not None and mine[0] == t else None
+    new = collectives.reduce_shard(ch, spec, k, cached=None if held is not None else ctx.cached_params(s, t), held=held, warm=warm)
+    ctx.optim_held[s, k] = (t + 1, [warm.kept[c] for c in spec.chunks(k)])
+    ctx.shard_held[s, k] = (t + 1, new)
     return {}
 
 

@@ -367,3 +367,31 @@ def _int_tuple(name: str, seq: Sequence[Any]) -> tuple[int, ...]:
         if not isinstance(v, int) or isinstance(v, bool):
             raise PlanError(f"plan.{name}={list(out)!r}: every entry must be an integer")
     return out
+
+
+# -- one function per worker (docs/runtime.md "State that stays warm") --------------------------------
+# With warm state and d > 1 every (stage, replica) worker and every (stage, shard) sync task has a
+# Lambda function of its own: a function's invocations are then sequential, so Lambda serves them
+# from one execution environment while it keeps it, and the state that worker owns (its shard's
+# optimizer state) stays in that environment's memory. With d = 1 the stage's one function already is.
+def per_worker_functions(plan: Plan, warm_state: bool) -> bool:
+    """Whether the job gets one function per worker (else one per stage, shared by its replicas)."""
+    return warm_state and plan.replicas > 1
+
+
+def worker_function(stage_function: str, kind: str, index: int) -> str:
+    """The function of a stage's worker: replica r of the forward and backward tasks (kind "r"),
+    sync task k (kind "k"). Replica 0 runs on the stage's own function, so the stage's function
+    name (the job state machine's remediation key) stays what it was."""
+    if kind not in ("r", "k"):
+        raise ValueError(f"kind is 'r' (replica) or 'k' (sync shard), not {kind!r}")
+    return stage_function if kind == "r" and index == 0 else f"{stage_function}-{kind}{index}"
+
+
+def stage_functions(plan: Plan, stage: int, stage_function: str, per_worker: bool) -> list[str]:
+    """Every function a stage's tasks run on: its own, and with one per worker, the replicas' and
+    the sync tasks' (what deploy creates, the remediation raises and cleanup deletes)."""
+    if not per_worker:
+        return [stage_function]
+    names = [worker_function(stage_function, "r", r) for r in range(plan.replicas)]
+    return names + [worker_function(stage_function, "k", k) for k in range(plan.sync_tasks(stage))]

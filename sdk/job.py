@@ -63,10 +63,12 @@ class Job:
                   the whole global batch's mean and unbiased variance (docs/exactness.md). Without
                   it such a model trains on one replica and one micro-batch only, exactly as
                   plain PyTorch; with one replica and one micro-batch it changes nothing.
-    warm_state:   with one replica, keep each stage's parameters and optimizer state in its
-                  worker's memory between iterations and store them in S3 only at window
-                  boundaries (docs/runtime.md "State that stays warm"); False: store every
-                  iteration's (the earlier behaviour, also what a restart-heavy run may prefer).
+    warm_state:   keep the state each worker owns in its container's memory between iterations
+                  and store it in S3 only at window boundaries (docs/runtime.md "State that stays
+                  warm"): with one replica a stage's parameters and optimizer state; with d > 1
+                  (then every replica and sync task gets a function of its own) each shard's
+                  optimizer state. False: store every iteration's, one function per stage (the
+                  earlier behaviour, also what a restart-heavy run may prefer).
     """
 
     model: Callable[[], nn.Module]

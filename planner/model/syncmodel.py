@@ -79,6 +79,15 @@ def _stateful(plat: Platform) -> int:
     return 1 if plat.optimizer_state_ratio > 0 else 0
 
 
+def _state_share(plat: Platform) -> float:
+    """The share of iterations whose optimizer state crosses S3 (docs/runtime.md "State that stays
+    warm"): with warm state (``plat.warm_checkpoint_every`` = N > 0) the worker that owns a shard
+    holds its state between iterations and loads and stores it once per window checkpoint, 1/N;
+    without, every iteration."""
+    n = plat.warm_checkpoint_every
+    return 1.0 / n if n > 0 else 1.0
+
+
 class NoSync(SyncAlgorithm):
     """d = 1: the backward task updates the stage itself (``collectives.update_alone``).
 
@@ -157,9 +166,10 @@ class ScatterReduce(SyncAlgorithm):
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
         c = chunks_per_shard(d, k, p_bytes)
         chunk = p_bytes / (k * c)
-        sf = _stateful(plat)
+        sf = _stateful(plat) * _state_share(plat)
+        rho_io = rho * _state_share(plat)  # the state's bytes that cross S3 per iteration
         tail = lat + max(chunk / w, p_bytes / w - last_backward_s)
-        task = 2 * lat + (d + rho) * p_bytes / (k * w) + opt_s / (k * c) + min(2, c) * (1 + rho) * chunk / w
+        task = 2 * lat + (d + rho_io) * p_bytes / (k * w) + opt_s / (k * c) + min(2, c) * (1 + rho_io) * chunk / w
         return StageSync(
             self.name,
             k,
@@ -214,15 +224,17 @@ class PipelinedScatterReduce(SyncAlgorithm):
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
         c = chunks_per_shard(d, d, p_bytes)
         chunk = p_bytes / (d * c) / w  # seconds of one chunk on a link
-        sf = _stateful(plat)
+        share = _state_share(plat)  # warm: the state crosses S3 once per checkpoint
+        sf = _stateful(plat) * share
+        rho_io = rho * share
         e = (d - 1) * p_bytes / (d * w)
         # the state prefetch (from the task's start) still on the download link
-        pf = max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
+        pf = share * max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
         up_left = max(chunk, e - last_backward_s)  # exchange uploads after the last backward pass
         # exchange downloads: behind the prefetch, and never before the peers' uploads landed
         x = max(max(pf, lat + chunk) + e, up_left + lat + chunk)
         own_start = max(up_left, x - e + e / c)  # the first chunk reduced: r's updated chunks go up
-        own_end = own_start + (1 + rho) * p_bytes / (d * w)
+        own_end = own_start + (1 + rho_io) * p_bytes / (d * w)
         gather_end = max(x + e, own_end + lat + chunk)  # the others' updated chunks, a chunk behind theirs
         tail = max(own_end, gather_end) + lat + opt_s / (d * c)
         polls = plat.polls_while_waiting(lat + chunk)  # a peer's chunk: its PUT latency and bytes
@@ -270,12 +282,13 @@ class LambdaMLScatterReduce(SyncAlgorithm):
     ) -> StageSync:
         w, lat, rho, q = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio, plat.poll_delay_s
         c = chunks_per_shard(d, d, p_bytes)
-        sf = _stateful(plat)
+        share = _state_share(plat)  # warm: the state crosses S3 once per checkpoint
+        sf = _stateful(plat) * share
         e = (d - 1) * p_bytes / (d * w)
-        pf = max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
+        pf = share * max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
         up = lat + e  # phase 1
         down = max(up, pf) + lat + e + q  # phase 2
-        u = (1 + rho) * p_bytes / (d * w)
+        u = (1 + rho * share) * p_bytes / (d * w)
         own = lat + max(opt_s / d + u / c, opt_s / (d * c) + u)  # phase 3
         tail = down + own + lat + e + q  # phase 4
         polls = plat.polls_while_waiting(q)
