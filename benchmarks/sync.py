@@ -7,6 +7,8 @@ synthetic gradient of the stage's size. Sync time runs from "every replica holds
 "every replica holds the updated parameters", which is what the next iteration waits for:
 
   pipelined_scatter_reduce  the backward tasks' fused exchange (one phase)
+  lambdaml_scatter_reduce   LambdaML's: the same exchange in the backward tasks, its phases one
+                            after another (one phase)
   scatter_reduce, k_reduce, all_reduce
                             backward writes K shards | K sync tasks reduce and update |
                             the next phase gathers the K shards; the phases are timed
@@ -150,7 +152,7 @@ class Bench:
         return max(g[2] for g in got) - min(g[1] for g in got), [g[3] for g in got]
 
     # -- the algorithms --------------------------------------------------------------------------------
-    def pipelined(self) -> tuple[float, list[str]]:
+    def fused(self, algo: str) -> tuple[float, list[str]]:
         self.prepare(self.d)
         spec = self.spec(self.d)
 
@@ -161,7 +163,7 @@ class Bench:
             ch = self.channel()
 
             def timed() -> Callable[[], str]:
-                ex = collectives.PipelinedExchange(ch, spec, r)
+                ex = collectives.EXCHANGES[algo](ch, spec, r)
                 ex.stream([holder]).finish()  # every chunk is ready: the gradient is complete
                 new = ex.finish(params)
                 ch.settle()
@@ -222,13 +224,13 @@ def limit_s(d: int, size_bytes: int, bw: float) -> float:
 
 
 def cases(d: int) -> list[tuple[str, int]]:
-    out = [("scatter_reduce", d), ("pipelined_scatter_reduce", d), ("all_reduce", 1)]
+    out = [("scatter_reduce", d), ("pipelined_scatter_reduce", d), ("lambdaml_scatter_reduce", d), ("all_reduce", 1)]
     out += [("k_reduce", k) for k in (2, 4) if 2 <= k < d]
     return out
 
 
 def measure(bench: Bench, algo: str, k: int) -> tuple[float, list[str]]:
-    return bench.pipelined() if algo == "pipelined_scatter_reduce" else bench.separate(k)
+    return bench.fused(algo) if algo in collectives.EXCHANGES else bench.separate(k)
 
 
 def main() -> None:
@@ -248,7 +250,7 @@ def main() -> None:
     )
     print(
         f"{'d':>2} {'MB':>4} {'scale':>5} {'limit s':>8}  "
-        + "  ".join(f"{a[:14]:>22}" for a in ("scatter_reduce", "pipelined_s_r", "all_reduce", "k_reduce(best K)"))
+        + "  ".join(f"{a[:16]:>22}" for a in ("scatter_reduce", "pipelined_s_r", "lambdaml_s_r", "all_reduce", "k_reduce(best K)"))
         + f"  {'pipelined/LambdaML':>18}  {'best':>24}  bits"
     )
     root = tempfile.mkdtemp(prefix="stagecoach-sync-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
@@ -267,11 +269,11 @@ def main() -> None:
                 digests.update(ds)
                 shutil.rmtree(store, ignore_errors=True)
             kr = min(((t, k) for (a, k), t in res.items() if a == "k_reduce"), default=None)
-            cols = [res["scatter_reduce", d], res["pipelined_scatter_reduce", d], res["all_reduce", 1]]
+            cols = [res["scatter_reduce", d], res["pipelined_scatter_reduce", d], res["lambdaml_scatter_reduce", d], res["all_reduce", 1]]
             cells = [f"{t:7.2f} s ({t / lim:4.2f}x)    " for t in cols]
             cells.append(f"{kr[0]:7.2f} s ({kr[0] / lim:4.2f}x) K={kr[1]}" if kr else f"{'-':>22}")
             best_key = min(res, key=res.get)
-            ratio = res["pipelined_scatter_reduce", d] / res["scatter_reduce", d]
+            ratio = res["pipelined_scatter_reduce", d] / res["lambdaml_scatter_reduce", d]
             pipe_vs_lambdaml[d, size] = ratio
             best_ratios.append(res[best_key] / lim)
             print(
@@ -282,7 +284,7 @@ def main() -> None:
         print()
         at8 = [v for (d, _), v in pipe_vs_lambdaml.items() if d == 8]
         if at8:
-            print(f"pipelined / LambdaML scatter-reduce at d = 8: {', '.join(f'{v:.2f}x' for v in at8)} (target <= 0.8x)")
+            print(f"pipelined / LambdaML's scatter-reduce at d = 8: {', '.join(f'{v:.2f}x' for v in at8)} (target <= 0.8x)")
         print(f"best algorithm / physical limit: min {min(best_ratios):.2f}x, max {max(best_ratios):.2f}x (target <= 1.15x)")
         if args.moto:
             moto_check(net, args.optimizer)

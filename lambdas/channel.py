@@ -238,6 +238,15 @@ class Channel:
         self.stats.count(bytes_down=len(body), gets=1)
         return body
 
+    def any_under(self, prefix: str) -> bool:
+        """Whether some object's key starts with ``prefix`` (one LIST request)."""
+        with self.stats.activity("down"):
+            t0 = time.perf_counter()
+            resp = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=prefix, MaxKeys=1)
+            self.net.latency(time.perf_counter() - t0)
+        self.stats.count(gets=1)
+        return bool(resp.get("KeyCount", 0))
+
     def wait_bytes(self, key: str, deadline: float) -> bytes:
         """GET until the object exists; back off exponentially up to ``poll_cap`` with jitter (so
         a job's waiters together stay within its GET budget); give up at ``deadline`` (epoch s)."""

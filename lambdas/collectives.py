@@ -9,12 +9,18 @@ bits (tests/test_collectives.py).
 - ``scatter_reduce`` (LambdaML), ``k_reduce`` (FasDL, 1 <= K <= d), ``all_reduce`` (K = 1): the
   backward task writes its gradient as K shards (``write_gradient``); a sync Map of K tasks
   reduces one shard each (``reduce_shard``); the next phase gathers the K updated shards.
-- ``pipelined_scatter_reduce`` (FuncPipe), fused into the backward task (``pipelined_exchange``):
+- ``pipelined_scatter_reduce`` (FuncPipe), fused into the backward task (``PipelinedExchange``):
   replica r owns shard r. It uploads the d-1 shards the others own while it downloads its own
   shard from them, in the paper's staggered order (in round c, replica r sends chunk c of shard
   r+i to the replica that fetches it at step i), reduces and updates each chunk as soon as the d-1
   copies have arrived, uploads it, and meanwhile downloads the others' updated chunks, so the
   container ends the task holding version t+1 and the next phase reads nothing.
+- ``lambdaml_scatter_reduce`` (LambdaML), fused into the backward task too (``LambdaMLExchange``):
+  the same shards, objects and reduction, in LambdaML's three phases one after another, each
+  starting when the previous has ended in this worker: after the whole backward pass, upload the
+  d-1 shards the others own; download shard r from the d-1 others, reduce and update it; upload
+  it; download the others' updated shards. No overlap with compute or between phases: what the
+  pipelined algorithm improves on, kept so that comparisons are against LambdaML's schedule.
 
 Overlap: ``GradStream`` hands a chunk to the uploader as soon as the last backward pass has
 produced every parameter gradient in it, so uploads run while lower layers still compute.
@@ -25,14 +31,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 from stagecoach.lambdas import keys
-from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.channel import Channel, results
 from stagecoach.lambdas.optim_state import apply_update, chunk_segments
 
 Layout = Sequence[Sequence[tuple[int, int]]]  # per shard, its chunks' [start, end) in the flat vector
@@ -90,6 +96,23 @@ def fold(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 # -- the optimizer update of one chunk --------------------------------------------------------------
+@dataclass
+class Warm:
+    """A shard whose optimizer state stays in this container's memory between iterations
+    (docs/runtime.md "State that stays warm"): the worker that owns the shard updates it from the
+    state it holds and stores the new state in S3 only as a checkpoint.
+
+    state: each chunk's state at version t — held here (bytes), downloading because t is a
+           checkpoint (futures), or None (t = 0, or an optimizer without state).
+    store: whether version t+1 of the state goes to S3 (the window's checkpoint).
+    kept:  each chunk's state at version t+1 as the update made it, for the container to hold.
+    """
+
+    state: Sequence[bytes] | Sequence[Future[bytes | None]] | None
+    store: bool
+    kept: dict[int, bytes] = field(default_factory=dict)
+
+
 def prefetch_state(ch: Channel, spec: SyncSpec, shard: int) -> list[Future[bytes | None]] | None:
     """Start downloading the optimizer state of ``shard`` at version t (None: nothing to fetch)."""
     if spec.t == 0 or not stateful(spec.make_optimizer):
@@ -105,19 +128,46 @@ def update_chunk(
     param: torch.Tensor,
     grad: torch.Tensor,
     state: Mapping[int, Future[bytes | None]] | Sequence[Future[bytes | None]] | None,
+    uploads: list[Future[None]] | None = None,
+    warm: Warm | None = None,
 ) -> torch.Tensor:
-    """Apply the optimizer to one chunk, upload the new parameters and state; returns the parameters."""
+    """Apply the optimizer to one chunk, upload the new parameters and state (their futures are
+    added to ``uploads`` if given, for a caller that waits on them); returns the parameters.
+    ``warm``: the state comes from it instead of ``state``, and is stored only if it says so."""
+    source = warm.state if warm is not None else state
     body = None
-    if state is not None:
-        body = state[c].result()
+    if source is not None:
+        got = source[c]
+        body = got if isinstance(got, bytes) else got.result()
         if body is None:
             raise FileNotFoundError(f"optimizer state {keys.optim(spec.job, spec.t, spec.stage, shard, c)} is missing")
-    a, b = spec.layout[shard][c]
-    new_p, new_state = apply_update(spec.make_optimizer, param, grad, body, chunk_segments(spec.groups, spec.group_hparams, a, b))
-    ch.submit_put(keys.params(spec.job, spec.t + 1, spec.stage, shard, c), {"p": new_p})
-    if stateful(spec.make_optimizer):
-        ch.submit_put_bytes(keys.optim(spec.job, spec.t + 1, spec.stage, shard, c), new_state)
+    new_p, new_state = step_chunk(spec, shard, c, param, grad, body)
+    sent = store_chunk(ch, spec, shard, c, new_p, new_state, params=True, optim=warm is None or warm.store)
+    if warm is not None:
+        warm.kept[c] = new_state
+    if uploads is not None:
+        uploads += sent
     return new_p
+
+
+def step_chunk(
+    spec: SyncSpec, shard: int, c: int, param: torch.Tensor, grad: torch.Tensor, body: bytes | None
+) -> tuple[torch.Tensor, bytes]:
+    """One optimizer step on chunk c of ``shard`` from its state ``body`` (None: no state yet)."""
+    a, b = spec.layout[shard][c]
+    return apply_update(spec.make_optimizer, param, grad, body, chunk_segments(spec.groups, spec.group_hparams, a, b))
+
+
+def store_chunk(
+    ch: Channel, spec: SyncSpec, shard: int, c: int, p: torch.Tensor, state: bytes, *, params: bool, optim: bool
+) -> list[Future[None]]:
+    """Upload version t+1 of a chunk's parameters (if ``params``) and optimizer state (if ``optim``)."""
+    out = []
+    if params:
+        out.append(ch.submit_put(keys.params(spec.job, spec.t + 1, spec.stage, shard, c), {"p": p}))
+    if optim and stateful(spec.make_optimizer):
+        out.append(ch.submit_put_bytes(keys.optim(spec.job, spec.t + 1, spec.stage, shard, c), state))
+    return out
 
 
 def forget_old_version(ch: Channel, spec: SyncSpec, shard: int) -> None:
@@ -265,16 +315,31 @@ def gradient_writer(ch: Channel, spec: SyncSpec, replica: int) -> Callable[[int,
 WINDOW_EXTRA = 1
 
 
-def reduce_shard(ch: Channel, spec: SyncSpec, shard: int, cached: torch.Tensor | None = None) -> None:
+def reduce_shard(
+    ch: Channel,
+    spec: SyncSpec,
+    shard: int,
+    cached: torch.Tensor | None = None,
+    held: Sequence[torch.Tensor] | None = None,
+    warm: Warm | None = None,
+) -> list[torch.Tensor]:
     """Sync task: sum shard ``shard`` over the d replicas chunk by chunk, update it, write version t+1.
 
     Chunk c+1 downloads while chunk c is reduced, updated and uploaded. The requests go out in
     chunk order with only a chunk's worth (plus one) in flight (``Channel.submit_window``):
     parallel transfers share the link, so requesting everything at once would have every chunk
     (and the optimizer state) arrive together near the end and leave the upload link idle. ``cached``: the stage's flat parameters at version t if this
-    container holds them (else they are downloaded).
+    container holds them; ``held``: else shard ``shard``'s chunks at version t if it does (a sync
+    task's own function updated them last iteration); else they are downloaded. ``warm``: the
+    shard's optimizer state is held in this container (none is downloaded). Returns the shard's
+    chunks at version t+1.
     """
-    stateful_opt = spec.t > 0 and stateful(spec.make_optimizer)
+    stateful_opt = spec.t > 0 and stateful(spec.make_optimizer) and warm is None
+    if held is not None and cached is None:
+        cached = torch.cat(list(held)) if held else torch.zeros(0)
+        base = spec.layout[shard][0][0] if spec.layout[shard] else 0
+    else:
+        base = 0
     chunks = spec.layout[shard]
     calls: list[Callable[[], Future[Any]]] = []
     for c in spec.chunks(shard):
@@ -288,13 +353,15 @@ def reduce_shard(ch: Channel, spec: SyncSpec, shard: int, cached: torch.Tensor |
             calls.append(functools.partial(ch.submit_wait, keys.params(spec.job, spec.t, spec.stage, shard, c), spec.deadline))
     per_chunk = spec.replicas + int(stateful_opt) + int(cached is None)
     futures = ch.submit_window(calls, window=per_chunk + WINDOW_EXTRA)
+    out = []
     for c, (a, b) in enumerate(chunks):
         got = futures[c * per_chunk : (c + 1) * per_chunk]
         total = fold([f.result()["g"] for f in got[: spec.replicas]])
         state = {c: got[spec.replicas]} if stateful_opt else None
-        p = cached[a:b] if cached is not None else got[-1].result()["p"]
-        update_chunk(ch, spec, shard, c, p, total, state)
+        p = cached[a - base : b - base] if cached is not None else got[-1].result()["p"]
+        out.append(update_chunk(ch, spec, shard, c, p, total, state, warm=warm))
     forget_old_version(ch, spec, shard)
+    return out
 
 
 # -- pipelined_scatter_reduce: fused into backward --------------------------------------------------------
@@ -314,26 +381,30 @@ class PipelinedExchange:
     then ``finish`` (reduce, update, upload, gather) returns the flat parameters at version t+1.
     """
 
-    def __init__(self, ch: Channel, spec: SyncSpec, replica: int) -> None:
+    def __init__(self, ch: Channel, spec: SyncSpec, replica: int, warm: Warm | None = None) -> None:
         if spec.shards != spec.replicas:
-            raise ValueError(f"pipelined scatter-reduce needs K = d shards, got K={spec.shards}, d={spec.replicas}")
+            raise ValueError(f"a scatter-reduce in the workers needs K = d shards, got K={spec.shards}, d={spec.replicas}")
         self.ch, self.spec, self.r = ch, spec, replica
         self.own: dict[int, torch.Tensor] = {}
-        self.state = prefetch_state(ch, spec, replica)
+        # shard r's optimizer state: held in this container (warm), else prefetched from S3
+        self.warm = warm
+        self.state = None if warm is not None else prefetch_state(ch, spec, replica)
         self.incoming: dict[tuple[int, int], Future[Any]] = {}
         self.gathered: dict[tuple[int, int], Future[Any]] = {}
 
-    def _start_downloads(self) -> None:
-        """Queue every download of the exchange, once the last backward pass begins (the peers are
-        at the same point): their requests are then in flight as the first chunks land."""
+    def _download_own(self) -> None:
+        """Queue the downloads of chunk c of shard r from every other replica: in the staggered
+        order, at step i of a round r reads from the replica r-i."""
         spec, ch, r, d = self.spec, self.ch, self.r, self.spec.replicas
-        # the staggered order: at step i of a round, r reads from the replica r-i
         self.incoming = {
             (c, src): ch.submit_wait(keys.gshard(spec.job, spec.t, spec.stage, src, r, c), spec.deadline)
             for c in spec.chunks(r)
             for src in ((r - i) % d for i in range(1, d))
         }
-        # the gather queues behind them: the link stays busy, and those chunks are ready about then
+
+    def _download_gathered(self) -> None:
+        """Queue the downloads of the other shards' updated chunks (version t+1), round by round."""
+        spec, ch, r, d = self.spec, self.ch, self.r, self.spec.replicas
         others = [
             (k, c) for c in range(max(len(x) for x in spec.layout)) for k in ((r + i) % d for i in range(1, d)) if c < len(spec.layout[k])
         ]
@@ -341,30 +412,85 @@ class PipelinedExchange:
             key: ch.submit_wait(keys.params(spec.job, spec.t + 1, spec.stage, key[0], key[1]), spec.deadline) for key in others
         }
 
+    def _start_downloads(self) -> None:
+        """Queue every download of the exchange, once the last backward pass begins (the peers are
+        at the same point): their requests are then in flight as the first chunks land; the
+        gather queues behind them, so the link stays busy, and those chunks are ready about then."""
+        self._download_own()
+        self._download_gathered()
+
+    def _send(self, k: int, c: int, g: torch.Tensor) -> Future[None]:
+        """Upload chunk c of shard k of this replica's gradient, for k's owner."""
+        return self.ch.submit_put(keys.gshard(self.spec.job, self.spec.t, self.spec.stage, self.r, k, c), {"g": g})
+
     def stream(self, params: Sequence[nn.Parameter]) -> GradStream:
         def emit(k: int, c: int, g: torch.Tensor) -> None:
             if k == self.r:
                 self.own[c] = g
             else:
-                self.ch.submit_put(keys.gshard(self.spec.job, self.spec.t, self.spec.stage, self.r, k, c), {"g": g})
+                self._send(k, c, g)
 
         return GradStream(params, self.spec.layout, exchange_order(self.spec, self.r), emit, on_arm=self._start_downloads)
 
-    def finish(self, params_t: torch.Tensor) -> torch.Tensor:
+    def _reduce_own(self, params_t: torch.Tensor, uploads: list[Future[None]] | None = None) -> dict[tuple[int, int], torch.Tensor]:
+        """Sum each chunk of shard r over the replicas in replica order, update it and upload it
+        (version t+1, parameters and state), as soon as its d-1 copies have arrived."""
         spec, ch, r, d = self.spec, self.ch, self.r, self.spec.replicas
-        if not self.incoming and d > 1:
-            self._start_downloads()
-        incoming, gathered = self.incoming, self.gathered
         mine = {}
         for c, (a, b) in enumerate(spec.layout[r]):
-            parts = [self.own[c] if src == r else incoming[c, src].result()["g"] for src in range(d)]
-            mine[r, c] = update_chunk(ch, spec, r, c, params_t[a:b], fold(parts), self.state)
+            parts = [self.own[c] if src == r else self.incoming[c, src].result()["g"] for src in range(d)]
+            mine[r, c] = update_chunk(ch, spec, r, c, params_t[a:b], fold(parts), self.state, uploads, self.warm)
         forget_old_version(ch, spec, r)
+        return mine
+
+    def _assemble(self, mine: dict[tuple[int, int], torch.Tensor]) -> torch.Tensor:
+        """The stage's flat parameters at version t+1: shard r's own chunks and the gathered others."""
         parts = []
-        for k in range(spec.shards):
-            for c in spec.chunks(k):
-                parts.append(mine[k, c] if k == r else gathered[k, c].result()["p"])
+        for k in range(self.spec.shards):
+            for c in self.spec.chunks(k):
+                parts.append(mine[k, c] if k == self.r else self.gathered[k, c].result()["p"])
         return torch.cat(parts)
+
+    def finish(self, params_t: torch.Tensor) -> torch.Tensor:
+        if not self.incoming and self.spec.replicas > 1:
+            self._start_downloads()
+        return self._assemble(self._reduce_own(params_t))
+
+
+class LambdaMLExchange(PipelinedExchange):
+    """LambdaML's scatter-reduce for replica r: the same shards, objects, reduction order and
+    update as ``PipelinedExchange`` (so the same bits), in LambdaML's phases one after another.
+
+    The last backward pass only collects the gradient's chunks; ``finish`` then runs, each phase
+    waiting for the previous one to end in this worker: (1) upload the d-1 shards the others own;
+    (2) download shard r from the d-1 others and (3) reduce, update and upload it; (4) download
+    the others' updated shards. The optimizer-state prefetch still overlaps the compute (as any
+    of our algorithms does): LambdaML's own workers hold their state in memory.
+    """
+
+    def stream(self, params: Sequence[nn.Parameter]) -> GradStream:
+        held: dict[tuple[int, int], torch.Tensor] = {}
+        self.held = held
+        return GradStream(params, self.spec.layout, exchange_order(self.spec, self.r), lambda k, c, g: held.__setitem__((k, c), g))
+
+    def finish(self, params_t: torch.Tensor) -> torch.Tensor:
+        r = self.r
+        results([self._send(k, c, self.held[k, c]) for k, c in exchange_order(self.spec, r) if k != r])  # phase 1
+        self.own = {c: g for (k, c), g in self.held.items() if k == r}
+        self._download_own()
+        results(list(self.incoming.values()))  # phase 2: the whole shard has arrived
+        uploads: list[Future[None]] = []
+        mine = self._reduce_own(params_t, uploads)
+        results(uploads)  # phase 3: the updated shard (and its state) is stored
+        self._download_gathered()  # phase 4
+        return self._assemble(mine)
+
+
+# the sync algorithms fused into the backward task (planner/plan.py FUSED_SYNC), by name
+EXCHANGES: dict[str, type[PipelinedExchange]] = {
+    "pipelined_scatter_reduce": PipelinedExchange,
+    "lambdaml_scatter_reduce": LambdaMLExchange,
+}
 
 
 # -- d = 1: the backward task updates the whole stage itself ----------------------------------------------
@@ -375,3 +501,33 @@ def update_alone(
     out = [update_chunk(ch, spec, 0, c, params_t[a:b], grad[a:b], state) for c, (a, b) in enumerate(spec.layout[0])]
     forget_old_version(ch, spec, 0)
     return torch.cat(out) if out else torch.zeros(0)
+
+
+def update_warm(
+    ch: Channel,
+    spec: SyncSpec,
+    params_t: torch.Tensor,
+    grad: torch.Tensor,
+    held: Sequence[bytes] | list[Future[bytes | None]] | None,
+    store_params: bool,
+    store_state: bool,
+) -> tuple[torch.Tensor, list[bytes]]:
+    """One replica, state kept warm (docs/runtime.md "State that stays warm"): update every chunk
+    from the optimizer state at version t — in this container's memory (bytes) or downloading
+    from the checkpoint (futures) — and upload version t+1 only as asked (a checkpoint, or
+    parameters later stages read). Returns the new flat parameters and each chunk's new state."""
+    out, states = [], []
+    for c, (a, b) in enumerate(spec.layout[0]):
+        body: bytes | None = None
+        if held is not None:
+            got = held[c]
+            body = got if isinstance(got, bytes) else got.result()
+            if body is None:
+                raise FileNotFoundError(f"optimizer state {keys.optim(spec.job, spec.t, spec.stage, 0, c)} is missing")
+        new_p, new_state = step_chunk(spec, 0, c, params_t[a:b], grad[a:b], body)
+        store_chunk(ch, spec, 0, c, new_p, new_state, params=store_params, optim=store_state)
+        out.append(new_p)
+        states.append(new_state)
+    if store_params and spec.t - 1 != spec.window_start:
+        forget_old_version(ch, spec, 0)  # version t-1 exists if it was stored (tied weights' owner)
+    return (torch.cat(out) if out else torch.zeros(0)), states

@@ -41,7 +41,10 @@ def _scalar(value: Any, what: str) -> float:
 
 def evaluate(ctx: JobContext, ch: Channel, ev: EvaluateEvent, deadline: float) -> dict[str, Any]:
     plan, s, r, v = ctx.plan, ev.stage, ev.replica, ev.t
-    layers = ctx.ensure_params(ch, s, v, deadline)
+    # a warm stage's version v is in its replica's container (the evaluate task runs on the
+    # replica's function, right after the backward task that made it)
+    warm = ctx.warm_attempt(ch, s, ev.window_start, ev.attempt)
+    layers = ctx.ensure_params(ch, s, v, deadline, ev.window_start, warm)
     ctx.ensure_running_stats(ch, s, v)  # what eval-mode BatchNorm normalises with
     io = ctx.stage_io(s, SPACE)
     first = plan.stage_layers(s).start

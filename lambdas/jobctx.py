@@ -60,6 +60,12 @@ class JobContext:
     param_index: dict[int, dict[int, int]] = field(default_factory=dict)  # id -> position in model.parameters()
     tied_version: dict[int, int] = field(default_factory=dict)  # the owners' version of the tied parameters held
     buffers_pending: set[int] = field(default_factory=set)  # meta-built stages whose initial buffers are not loaded yet
+    # warm optimizer state (docs/runtime.md "State that stays warm"): per (stage, shard) this
+    # container owns, the version held and each chunk's state as optim_state.dump_state wrote it
+    optim_held: dict[tuple[int, int], tuple[int, list[bytes]]] = field(default_factory=dict)
+    # a sync task's own shard of the parameters (d > 1, a function per sync task): (version, chunks)
+    shard_held: dict[tuple[int, int], tuple[int, list[torch.Tensor]]] = field(default_factory=dict)
+    retried_window: dict[str, bool] = field(default_factory=dict)  # window attempt -> an earlier attempt failed
 
     @property
     def dtype(self) -> torch.dtype:
@@ -214,11 +220,62 @@ class JobContext:
             self._schedule = Schedule(self.make_optimizer, self.make_scheduler, self.spec.optimizer_groups)
         return self._schedule
 
-    def ensure_params(self, channel: Channel, stage: int, version: int, deadline: float) -> nn.ModuleList:
+    def warm(self, stage: int) -> bool:
+        """Whether ``stage``'s state stays in the memory of the containers that own it between
+        iterations and reaches S3 only as the window's checkpoint (docs/runtime.md "State that
+        stays warm"): every worker has a function of its own (d = 1: the stage's; d > 1:
+        plan.per_worker_functions), so its invocations are sequential. With one replica that is the
+        parameters and the optimizer state; with d > 1 the optimizer state of the shard the
+        worker owns (the parameters' shards are read by the others, so they are stored anyway)."""
+        return self.spec.warm_state and self.spec.window_length is not None
+
+    def warm_attempt(self, channel: Channel, stage: int, window_start: int, attempt: str) -> bool:
+        """Whether this window attempt keeps ``stage``'s state warm: a warm stage's, unless an
+        earlier attempt at the same window failed (its abort marker exists). A window restarted
+        once runs stored, every version through S3, so a container recycled again costs a task
+        retry, not another restart: under many faults the window still completes. One LIST per
+        container and attempt."""
+        if not self.warm(stage):
+            return False
+        if not attempt:
+            return True
+        if attempt not in self.retried_window:
+            self.retried_window.clear()
+            self.retried_window[attempt] = channel.any_under(keys.window_aborts(self.job, window_start))
+        return not self.retried_window[attempt]
+
+    def checkpoint(self, version: int, window_start: int) -> bool:
+        """Whether ``version`` is stored in S3: the job's start, the window's first iteration
+        (the checkpoint a restart starts from) and the version after its last (the next one's)."""
+        if not self.spec.window_length:
+            return True
+        end = min(window_start + self.spec.window_length, self.spec.iterations)
+        return version in (0, window_start, end)
+
+    def publishes_params(self, stage: int) -> bool:
+        """Whether later stages read ``stage``'s parameters (tied weights): then every version is stored."""
+        return bool(self.ownership(stage).users(stage))
+
+    def require_warm(self, stage: int, version: int, window_start: int, held: int | None) -> None:
+        """The version check: a warm stage's ``version`` not in this container (recycled, never
+        warm, or behind) and not a checkpoint cannot be found anywhere: the window restarts."""
+        if held != version and not self.checkpoint(version, window_start):
+            raise WarmStateLost(
+                f"stage {stage}: this container holds version {held} of the stage's state, the task needs "
+                f"{version}, and only versions {window_start} (the window's checkpoint) and its end are in S3: "
+                "the window restarts from its checkpoint"
+            )
+
+    def ensure_params(
+        self, channel: Channel, stage: int, version: int, deadline: float, window_start: int = 0, warm: bool = False
+    ) -> nn.ModuleList:
         """Load the stage's parameters at ``version`` (every chunk of every shard) unless this
-        container has them: its last task may have gathered them (pipelined scatter-reduce)."""
+        container has them: its last task may have gathered them (pipelined scatter-reduce), or,
+        for a warm stage, updated them itself."""
         module = self.stage_module(stage)
         self.ensure_initial_buffers(channel, stage)
+        if warm and self.plan.replicas == 1 and not self.publishes_params(stage):
+            self.require_warm(stage, version, window_start, self.loaded_version.get(stage))
         if self.loaded_version.get(stage) != version:
             flat = gather(channel, self.sync_spec(stage, version, 0, deadline), version)
             self.set_params(stage, version, flat)
@@ -260,6 +317,10 @@ class JobContext:
 
     def targets(self, channel: Channel, stage: int, indices: torch.Tensor, split: str = "train") -> Any:
         return self.samples(channel, stage, split).targets(channel, indices)
+
+
+class WarmStateLost(RuntimeError):
+    """A warm stage's task found neither its state in memory nor a checkpoint of that version."""
 
 
 _CACHE: dict[tuple[str, str], JobContext] = {}

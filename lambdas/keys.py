@@ -125,3 +125,9 @@ def window_abort(job: str, attempt: str) -> str:
     """Written by a window execution whose phase failed (planner/emit/asl.py ABORT_KEY): that
     attempt's tasks still waiting for objects stop (lambdas/channel.py)."""
     return f"jobs/{job}/abort/{attempt}"
+
+
+def window_aborts(job: str, window_start: int) -> str:
+    """The prefix of the abort markers of every attempt at the window starting at ``window_start``
+    (the job state machine names attempts ``w{start}-{uuid}``)."""
+    return f"jobs/{job}/abort/w{window_start}-"

@@ -4,7 +4,8 @@ Forward (stage s, replica r): forward without grad, micro-batch by micro-batch, 
 Backward (s, r): micro-batches in reverse, recompute with grad (GPipe re-materialisation), send
 input-gradients back, accumulate parameter gradients scaled so they average over the global batch.
 The gradient then leaves by the stage's sync algorithm (lambdas/collectives.py): written as K
-shards for a sync Map, exchanged among the backward tasks themselves (pipelined scatter-reduce),
+shards for a sync Map, exchanged among the backward tasks themselves (pipelined or LambdaML's
+scatter-reduce),
 or, with d = 1, applied by the task directly.
 Sync (s, shard k): sum shard k over replicas in a fixed order, apply the optimizer to shard k.
 """
@@ -12,6 +13,7 @@ Sync (s, shard k): sum shard k over replicas in a fixed order, apply the optimiz
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -50,7 +52,8 @@ def _copy(x: Any) -> Any:
 def forward(ctx: JobContext, ch: Channel, ev: ForwardEvent, deadline: float) -> dict[str, Any]:
     if ev.stage >= ctx.plan.stages - 1:
         raise ValueError(f"stage {ev.stage} has no forward task: the last stage's forward runs in its backward")
-    layers = ctx.ensure_params(ch, ev.stage, ev.t, deadline)
+    warm = ctx.warm_attempt(ch, ev.stage, ev.window_start, ev.attempt)
+    layers = ctx.ensure_params(ch, ev.stage, ev.t, deadline, ev.window_start, warm)
     first = ctx.plan.stage_layers(ev.stage).start
     io = ctx.stage_io(ev.stage)
     record = _batch_stats(ctx, layers, first)
@@ -97,7 +100,8 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     plan = ctx.plan
     s, r, t = ev.stage, ev.replica, ev.t
     last = s == plan.stages - 1
-    layers = ctx.ensure_params(ch, s, t, deadline)
+    warm = ctx.warm_attempt(ch, s, ev.window_start, ev.attempt)
+    layers = ctx.ensure_params(ch, s, t, deadline, ev.window_start, warm)
     params = ctx.stage_params(s)
     for p in layers.parameters():  # the stage's own and those it shares with an earlier stage
         p.grad = None
@@ -106,11 +110,16 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     # what happens to each chunk of the gradient once the last backward pass has produced it
     exchange = None
     if plan.replicas == 1:
-        state = collectives.prefetch_state(ch, spec, 0)  # overlaps the compute below
+        # overlaps the compute below: the state in memory (warm) or downloading
+        warm_state = _optimizer_state(ctx, ch, spec, ev.window_start) if warm else None
+        state = None if warm else collectives.prefetch_state(ch, spec, 0)
         grads: dict[tuple[int, int], torch.Tensor] = {}
         stream = collectives.GradStream(params, spec.layout, collectives.write_order(spec), lambda k, c, g: grads.__setitem__((k, c), g))
-    elif algo in FUSED_SYNC:
-        exchange = collectives.PipelinedExchange(ch, spec, r)
+    elif algo in FUSED_SYNC:  # replica r owns shard r: with warm state, its optimizer state stays here
+        own = (
+            collectives.Warm(_optimizer_state(ctx, ch, spec, ev.window_start, r), ctx.checkpoint(t + 1, ev.window_start)) if warm else None
+        )
+        exchange = collectives.EXCHANGES[algo](ch, spec, r, own)
         stream = exchange.stream(params)
     else:
         stream = collectives.GradStream(params, spec.layout, collectives.write_order(spec), collectives.gradient_writer(ch, spec, r))
@@ -166,12 +175,22 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
         with torch.no_grad():
             for k, v in ctx.running_stats(s).items():
                 v.copy_(held[k])
-    if plan.replicas == 1:
+    if plan.replicas == 1 and warm:
+        flat = torch.cat([grads[0, c] for c in spec.chunks(0)])
+        store = ctx.checkpoint(t + 1, ev.window_start)
+        new, states = collectives.update_warm(
+            ch, spec, flat_params(params), flat, warm_state, store_params=store or ctx.publishes_params(s), store_state=store
+        )
+        ctx.set_params(s, t + 1, new)
+        ctx.optim_held[s, 0] = (t + 1, states)
+    elif plan.replicas == 1:
         flat = torch.cat([grads[0, c] for c in spec.chunks(0)])
         new = collectives.update_alone(ch, spec, flat_params(params), flat, state)
         ctx.set_params(s, t + 1, new)
     elif exchange is not None:
         ctx.set_params(s, t + 1, exchange.finish(flat_params(params)))
+        if exchange.warm is not None:
+            ctx.optim_held[s, r] = (t + 1, [exchange.warm.kept[c] for c in spec.chunks(r)])
     if record is not None and r == 0:  # after the exchange, which the other replicas wait on
         _commit_batch_stats(ctx, ch, ev, record, deadline)
     _forget_iteration(ctx, ch, t - 2, s, r)
@@ -181,6 +200,21 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
         if ctx.schedule is not None:  # the learning rate this iteration trained with, per parameter group
             out["lr"] = ctx.schedule.lrs(t)
     return out
+
+
+def _optimizer_state(
+    ctx: JobContext, ch: Channel, spec: collectives.SyncSpec, window_start: int, shard: int = 0
+) -> list[bytes] | list[Future[bytes | None]] | None:
+    """The optimizer state at version t of a warm ``shard`` this container owns: in its memory,
+    else downloading from the checkpoint if t is one; else the version check fails and the window
+    restarts."""
+    if spec.t == 0 or not collectives.stateful(spec.make_optimizer):
+        return None
+    held = ctx.optim_held.get((spec.stage, shard))
+    if held is not None and held[0] == spec.t:
+        return held[1]
+    ctx.require_warm(spec.stage, spec.t, window_start, held[0] if held else None)
+    return collectives.prefetch_state(ch, spec, shard)
 
 
 def _add_tied_grads(ctx: JobContext, ch: Channel, s: int, t: int, r: int, deadline: float) -> None:
@@ -215,7 +249,17 @@ def sync(ctx: JobContext, ch: Channel, ev: SyncEvent, deadline: float) -> dict[s
             f"{plan.replicas} replicas): there is no sync task for shard {ev.shard}"
         )
     spec = ctx.sync_spec(ev.stage, ev.t, ev.window_start, deadline)
-    collectives.reduce_shard(ch, spec, ev.shard, cached=ctx.cached_params(ev.stage, ev.t))
+    s, k, t = ev.stage, ev.shard, ev.t
+    if not ctx.warm_attempt(ch, s, ev.window_start, ev.attempt):
+        collectives.reduce_shard(ch, spec, k, cached=ctx.cached_params(s, t))
+        return {}
+    # the sync task's own function: shard k's state and parameters stay here (docs/runtime.md)
+    warm = collectives.Warm(_optimizer_state(ctx, ch, spec, ev.window_start, k), ctx.checkpoint(t + 1, ev.window_start))
+    mine = ctx.shard_held.get((s, k))
+    held = mine[1] if mine is not None and mine[0] == t else None
+    new = collectives.reduce_shard(ch, spec, k, cached=None if held is not None else ctx.cached_params(s, t), held=held, warm=warm)
+    ctx.optim_held[s, k] = (t + 1, [warm.kept[c] for c in spec.chunks(k)])
+    ctx.shard_held[s, k] = (t + 1, new)
     return {}
 
 

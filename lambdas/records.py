@@ -78,6 +78,9 @@ class JobSpec(_Record):
     # nn.Sequential, whose block outputs go whole to the next block
     flows: list[Flow] | None = None
     evaluation: EvalSpec | None = None
+    # parameters and optimizer state stay in the worker's memory between iterations and go to S3
+    # only as window checkpoints (Job.warm_state; docs/runtime.md "State that stays warm")
+    warm_state: bool = False
 
     def to_plan(self) -> Plan:
         return Plan.from_dict(self.plan)

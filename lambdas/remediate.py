@@ -24,7 +24,7 @@ from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.events import RemediateEvent
 from stagecoach.lambdas.records import JobSpec, LearntMemory, MemoryPressure, Remediation, plan_shape
 from stagecoach.planner.limits import LAMBDA_MAX_MB
-from stagecoach.planner.plan import next_memory_tier
+from stagecoach.planner.plan import next_memory_tier, per_worker_functions, stage_functions
 
 Kind = Literal["out_of_memory", "timeout", "crash"]
 
@@ -55,7 +55,7 @@ def remediate(ev: RemediateEvent, ch: Channel) -> dict[str, Any]:
     kind = classify(ev.error, ev.cause, pressure is not None)
     raised: dict[str, int] = {}
     if kind == "out_of_memory":
-        raised = _raise_memory(ev)
+        raised = _raise_memory(ev, ch)
         _learn(ch, ev, raised["to_mb"])
         ch.delete([keys.memory_pressure(ev.job, ev.stage)])  # the new tier starts without pressure
     record = Remediation(
@@ -72,7 +72,7 @@ def remediate(ev: RemediateEvent, ch: Channel) -> dict[str, Any]:
     return record.model_dump()
 
 
-def _raise_memory(ev: RemediateEvent) -> dict[str, int]:
+def _raise_memory(ev: RemediateEvent, ch: Channel) -> dict[str, int]:
     lam = boto3.client("lambda")
     current = lam.get_function_configuration(FunctionName=ev.function)["MemorySize"]
     new = next_memory_tier(current)
@@ -81,17 +81,30 @@ def _raise_memory(ev: RemediateEvent) -> dict[str, int]:
             f"stage {ev.stage} ran out of memory at Lambda's maximum ({LAMBDA_MAX_MB} MB): "
             "use more stages (fewer layers per stage) or smaller micro-batches"
         )
-    lam.update_function_configuration(FunctionName=ev.function, MemorySize=new)
-    # the waiter polls lambda:GetFunction until LastUpdateStatus is Successful
-    lam.get_waiter("function_updated_v2").wait(FunctionName=ev.function, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+    for name in _stage_functions(ev, ch):  # with a function per worker, every one of the stage's
+        lam.update_function_configuration(FunctionName=name, MemorySize=new)
+        # the waiter polls lambda:GetFunction until LastUpdateStatus is Successful
+        lam.get_waiter("function_updated_v2").wait(FunctionName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
     return {"from_mb": current, "to_mb": new}
 
 
-def _learn(ch: Channel, ev: RemediateEvent, new_mb: int) -> None:
+def _stage_functions(ev: RemediateEvent, ch: Channel) -> list[str]:
+    """The functions the stage's tasks run on: ``ev.function`` (the stage's), and with warm state
+    at d > 1 its replicas' and sync tasks' (planner/plan.py worker_function), from the job's spec."""
+    spec = _spec(ch, ev)
+    plan = spec.to_plan()
+    return stage_functions(plan, ev.stage, ev.function, per_worker_functions(plan, spec.warm_state))
+
+
+def _spec(ch: Channel, ev: RemediateEvent) -> JobSpec:
     body = ch.get_bytes(keys.job_spec(ev.job))
     if body is None:
         raise FileNotFoundError(f"job {ev.job!r} has no spec in s3://{ch.bucket}/{keys.job_spec(ev.job)}")
-    spec = JobSpec.model_validate_json(body)
+    return JobSpec.model_validate_json(body)
+
+
+def _learn(ch: Channel, ev: RemediateEvent, new_mb: int) -> None:
+    spec = _spec(ch, ev)
     plan = spec.to_plan()
     key = keys.learnt_memory(spec.name)
     old = ch.get_bytes(key)

@@ -25,13 +25,15 @@ from stagecoach.planner.limits import (
 )
 
 # Gradient synchronisation per stage (docs/runtime.md "Sync algorithms"):
-#   scatter_reduce            LambdaML: backward writes d shards, a sync Map of d tasks reduces them
+#   scatter_reduce            LambdaML's split, reduced by a sync Map: backward writes d shards, d sync tasks reduce them
 #   k_reduce                  FasDL: backward writes K shards, a sync Map of K aggregators (1 <= K <= d)
 #   all_reduce                K = 1: one aggregator reduces and updates the whole stage
 #   pipelined_scatter_reduce  FuncPipe: the d backward tasks exchange shards among themselves, uploading
 #                             and downloading at once in a staggered order; the stage has no sync Map
-SYNC_ALGORITHMS = ("scatter_reduce", "k_reduce", "all_reduce", "pipelined_scatter_reduce")
-FUSED_SYNC = ("pipelined_scatter_reduce",)
+#   lambdaml_scatter_reduce   LambdaML's own: the d backward tasks reduce their own shards among themselves
+#                             after the backward pass, in phases one after another; no sync Map
+SYNC_ALGORITHMS = ("scatter_reduce", "k_reduce", "all_reduce", "pipelined_scatter_reduce", "lambdaml_scatter_reduce")
+FUSED_SYNC = ("pipelined_scatter_reduce", "lambdaml_scatter_reduce")  # no sync Map: K = d, in the backward tasks
 PHASES = ("forward", "backward", "sync")
 # The memory ladder an out-of-memory stage climbs, one step per failure (FuncPipe's tiers, MB).
 MEMORY_TIERS_MB = (512, 1024, 2048, 3072, 4096, 6144, 8192, 10240)
@@ -375,3 +377,31 @@ def _int_tuple(name: str, seq: Sequence[Any]) -> tuple[int, ...]:
         if not isinstance(v, int) or isinstance(v, bool):
             raise PlanError(f"plan.{name}={list(out)!r}: every entry must be an integer")
     return out
+
+
+# -- one function per worker (docs/runtime.md "State that stays warm") --------------------------------
+# With warm state and d > 1 every (stage, replica) worker and every (stage, shard) sync task has a
+# Lambda function of its own: a function's invocations are then sequential, so Lambda serves them
+# from one execution environment while it keeps it, and the state that worker owns (its shard's
+# optimizer state) stays in that environment's memory. With d = 1 the stage's one function already is.
+def per_worker_functions(plan: Plan, warm_state: bool) -> bool:
+    """Whether the job gets one function per worker (else one per stage, shared by its replicas)."""
+    return warm_state and plan.replicas > 1
+
+
+def worker_function(stage_function: str, kind: str, index: int) -> str:
+    """The function of a stage's worker: replica r of the forward and backward tasks (kind "r"),
+    sync task k (kind "k"). Replica 0 runs on the stage's own function, so the stage's function
+    name (the job state machine's remediation key) stays what it was."""
+    if kind not in ("r", "k"):
+        raise ValueError(f"kind is 'r' (replica) or 'k' (sync shard), not {kind!r}")
+    return stage_function if kind == "r" and index == 0 else f"{stage_function}-{kind}{index}"
+
+
+def stage_functions(plan: Plan, stage: int, stage_function: str, per_worker: bool) -> list[str]:
+    """Every function a stage's tasks run on: its own, and with one per worker, the replicas' and
+    the sync tasks' (what deploy creates, the remediation raises and cleanup deletes)."""
+    if not per_worker:
+        return [stage_function]
+    names = [worker_function(stage_function, "r", r) for r in range(plan.replicas)]
+    return names + [worker_function(stage_function, "k", k) for k in range(plan.sync_tasks(stage))]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from stagecoach.deploy.cleanup import Removed, cleanup_job
 from stagecoach.deploy.resources import Clients, StackResources, check_name_lengths
 from stagecoach.deploy.start import check_concurrency, deploy_and_start, preflight
+from stagecoach.planner.plan import per_worker_functions
 from stagecoach.run import Run
 
 if TYPE_CHECKING:
@@ -45,7 +46,8 @@ class Backend(ABC):
 
     def launch(self, job: Job, plan: Plan, reserve_concurrency: bool = False) -> Run:
         """Deploy the job's functions and window state machine, start its job execution; a Run."""
-        check_name_lengths(self.resources.prefix, job.name, plan.stages)
+        workers = max([plan.replicas, *(plan.sync_tasks(s) for s in range(plan.stages))])
+        check_name_lengths(self.resources.prefix, job.name, plan.stages, workers if per_worker_functions(plan, job.warm_state) else 0)
         preflight(self.resources, self.clients)
         check_concurrency(plan, *self.available_concurrency())
         job_id, arn = deploy_and_start(job, plan, self.resources, self.deploy_clients(), reserve_concurrency=reserve_concurrency)

@@ -86,6 +86,12 @@ class Job:
                   the whole global batch's mean and unbiased variance (docs/exactness.md). Without
                   it such a model trains on one replica and one micro-batch only, exactly as
                   plain PyTorch; with one replica and one micro-batch it changes nothing.
+    warm_state:   keep the state each worker owns in its container's memory between iterations
+                  and store it in S3 only at window boundaries (docs/runtime.md "State that stays
+                  warm"): with one replica a stage's parameters and optimizer state; with d > 1
+                  (then every replica and sync task gets a function of its own) each shard's
+                  optimizer state. False: store every iteration's, one function per stage (the
+                  earlier behaviour, also what a restart-heavy run may prefer).
     """
 
     model: Callable[[], nn.Module]
@@ -106,6 +112,7 @@ class Job:
     name: str = "job"
     blocks: Sequence[str] | None = None
     deferred_batch_norm: bool = False
+    warm_state: bool = True
     _facts: exactness.ModelFacts | None = field(default=None, init=False, repr=False)
     _samples: LocalSamples | None = field(default=None, init=False, repr=False)
 
@@ -230,6 +237,8 @@ class Job:
                 raise JobError(f"job.{what}={v!r}: must be a {'non-negative' if what == 'seed' else 'positive'} integer")
         if not isinstance(self.deferred_batch_norm, bool):
             raise JobError(f"job.deferred_batch_norm={self.deferred_batch_norm!r}: must be True or False")
+        if not isinstance(self.warm_state, bool):
+            raise JobError(f"job.warm_state={self.warm_state!r}: must be True or False")
         if self.dtype not in DTYPE_NAMES:
             raise JobError(f"job.dtype={self.dtype}: use torch.float32 or torch.float64")
         samples = self.samples

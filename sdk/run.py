@@ -253,7 +253,8 @@ class Run:
 
     # -- results ---------------------------------------------------------------------------------
     def stage_vector(self, stage: int, version: int | None = None) -> torch.Tensor:
-        """Stage ``stage``'s flat parameters after ``version`` updates (default: the last)."""
+        """Stage ``stage``'s flat parameters after ``version`` updates (default: the last). With
+        warm state (d = 1) only checkpoints are stored: the windows' first versions and the last."""
         v = self.job.iterations if version is None else version
         model = self.job.build_model()
         numel = ownership(list(model), [self.plan.stage_layers(s) for s in range(self.plan.stages)]).numel(stage)

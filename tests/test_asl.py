@@ -17,6 +17,7 @@ PLANS = [
     Plan(balance=[3], replicas=3, micro_batches=2, global_batch=12),
     Plan(balance=[1, 1, 1], replicas=2, micro_batches=4, global_batch=16),
     Plan(balance=[1] * 5, replicas=10, micro_batches=1, global_batch=10),
+    Plan(balance=[1, 2], replicas=2, micro_batches=2, global_batch=8, sync=["lambdaml_scatter_reduce", "scatter_reduce"]),
 ]
 
 
@@ -97,6 +98,15 @@ def test_every_task_retries_lambda_service_errors_and_has_a_timeout():
         # every name AWS reports a killed worker under is caught for the remediation step
         caught = {e for c in t.get("Catch", []) for e in c["ErrorEquals"]}
         assert caught == {"Runtime.OutOfMemory", "Runtime.ExitError", "Lambda.Unknown"}
+
+
+@pytest.mark.parametrize("fused", ["pipelined_scatter_reduce", "lambdaml_scatter_reduce"])
+def test_a_stage_whose_backward_tasks_reduce_among_themselves_has_no_sync_map(fused):
+    plan = Plan(balance=[1, 2], replicas=2, micro_batches=2, global_batch=8, sync=[fused, "scatter_reduce"])
+    branches = asl.window_definition(plan, ["a", "b"])["States"]["BackwardSync"]["Branches"]
+    assert set(branches[0]["States"]) == {"Backward0"} and branches[0]["States"]["Backward0"]["End"]
+    assert set(branches[1]["States"]) == {"Backward1", "Sync1"}
+    assert plan.sync_tasks(0) == 0 and plan.sync_tasks(1) == 2
 
 
 def test_window_length_keeps_history_under_the_limit():

@@ -350,9 +350,13 @@ def test_deploy_start_inspect_cleanup(aws, tmp_path):
     plan = job.manual_plan(stages=2, replicas=2, micro_batches=2, memory_mb=1536, timeout_s=120)
     run = b.launch(job, plan)
     c = b.clients
-    # per-stage functions from the stack's image, memory and timeout from the plan
-    for s in range(2):
-        conf = c.lambda_.get_function(FunctionName=f"{STACK}-{run.job_id}-s{s}")
+    # warm state with d = 2: a function per (stage, replica) and per (stage, sync task), from the
+    # stack's image, memory and timeout from the plan (docs/runtime.md "State that stays warm")
+    workers = ["", "-r1", "-k0", "-k1"]
+    job_fns = sorted(f["FunctionName"] for f in c.lambda_.list_functions()["Functions"] if run.job_id in f["FunctionName"])
+    assert job_fns == sorted(f"{STACK}-{run.job_id}-s{s}{w}" for s in range(2) for w in workers)
+    for s, w in [(s, w) for s in range(2) for w in workers]:
+        conf = c.lambda_.get_function(FunctionName=f"{STACK}-{run.job_id}-s{s}{w}")
         assert conf["Configuration"]["MemorySize"] == 1536
         assert conf["Configuration"]["Timeout"] == plan.function_timeout_s(s)
         # the job's own role, under the stack's path, bounded by the stack's boundary
@@ -397,7 +401,7 @@ def test_deploy_start_inspect_cleanup(aws, tmp_path):
         b.cleanup(run.job_id)
     out = CliRunner().invoke(cleanup_command, [run.execution_arn, "--stack", STACK, "--region", REGION, "--force"])
     assert out.exit_code == 0, out.output
-    assert "removed 2 functions, 1 state machines" in out.output and "the job's role" in out.output
+    assert "removed 8 functions, 1 state machines" in out.output and "the job's role" in out.output
     assert c.sfn.describe_execution(executionArn=run.execution_arn)["status"] == "ABORTED"
     names = [f["FunctionName"] for f in c.lambda_.list_functions()["Functions"]]
     assert names == [f"{STACK}-worker"]
@@ -504,7 +508,7 @@ def test_deployer_policy_grants_every_call_of_a_job_s_life(aws, enforced_iam):
         assert ins.iterations_done == 2
         history.record(b.clients.s3, b.resources.bucket, job.name, run.job_id, run.plan, run.metrics())  # as Run.wait does
         removed = b.cleanup(run.job_id, stop_running=True)
-    assert len(removed.functions) == 2 and removed.state_machines and removed.objects
+    assert len(removed.functions) == 8 and removed.state_machines and removed.objects  # d = 2, warm: one per worker
     assert admin.clients.s3.get_object(Bucket=admin.resources.bucket, Key=history.history_key(job.name))
 
 

@@ -20,11 +20,12 @@ from torch import nn
 
 from stagecoach.lambdas import collectives, keys, training
 from stagecoach.lambdas.channel import Channel, ObjectWaitTimeout, Pools
-from stagecoach.lambdas.collectives import GradStream, PipelinedExchange, SyncSpec
+from stagecoach.lambdas.collectives import GradStream, LambdaMLExchange, PipelinedExchange, SyncSpec
 from stagecoach.lambdas.netem import Network, NetworkSpec, share
 from stagecoach.lambdas.optim_state import apply_update
 from stagecoach.lambdas.training import assign_flat, flat_params, stage_layout
 from stagecoach.planner import plan
+from stagecoach.planner.plan import FUSED_SYNC
 
 JOB = "coll"
 MICRO_BATCHES = 2
@@ -126,8 +127,8 @@ def distributed(algo: str, d: int, k: int, make_opt, iterations: int) -> tuple[l
                 stream = GradStream(params, layout, collectives.write_order(spec), lambda k_, c, g: grads.__setitem__((k_, c), g))
                 backward(model, r, d, stream)
                 new = collectives.update_alone(ch, spec, flat, torch.cat([grads[0, c] for c in spec.chunks(0)]), state)
-            elif algo == "pipelined_scatter_reduce":
-                ex = PipelinedExchange(ch, spec, r)
+            elif algo in FUSED_SYNC:
+                ex = collectives.EXCHANGES[algo](ch, spec, r)
                 backward(model, r, d, ex.stream(params))
                 new = ex.finish(flat)
             else:
@@ -137,7 +138,7 @@ def distributed(algo: str, d: int, k: int, make_opt, iterations: int) -> tuple[l
             return new
 
         held = run_in_threads([lambda r=r: replica(r) for r in range(d)])
-        if d > 1 and algo != "pipelined_scatter_reduce":
+        if d > 1 and algo not in FUSED_SYNC:
 
             def sync_task(kk: int, spec=spec):
                 ch = channel(s3)
@@ -160,6 +161,7 @@ def cases():
             continue
         yield "scatter_reduce", d, d
         yield "pipelined_scatter_reduce", d, d
+        yield "lambdaml_scatter_reduce", d, d
         yield "all_reduce", d, 1
         for k in range(2, d):
             yield "k_reduce", d, k
@@ -190,7 +192,14 @@ def test_algorithms_agree_with_each_other_bit_for_bit():
     make_opt = OPTIMIZERS["sgd-momentum"]
     results = {
         (a, k): distributed(a, 4, k, make_opt, iterations=3)[0][-1]
-        for a, k in [("scatter_reduce", 4), ("pipelined_scatter_reduce", 4), ("all_reduce", 1), ("k_reduce", 2), ("k_reduce", 3)]
+        for a, k in [
+            ("scatter_reduce", 4),
+            ("pipelined_scatter_reduce", 4),
+            ("lambdaml_scatter_reduce", 4),
+            ("all_reduce", 1),
+            ("k_reduce", 2),
+            ("k_reduce", 3),
+        ]
     }
     first = next(iter(results.values()))
     for key, v in results.items():
@@ -233,6 +242,31 @@ def test_pipelined_exchange_refuses_a_k_other_than_d():
     spec = SyncSpec(JOB, 0, 0, 4, stage_layout(66, 4, 2, 4), OPTIMIZERS["sgd"], 0, time.time() + 5)
     with pytest.raises(ValueError, match="K = d"):
         PipelinedExchange(channel(MemoryS3()), spec, 0)
+
+
+@pytest.mark.parametrize("algo", ["pipelined_scatter_reduce", "lambdaml_scatter_reduce"])
+def test_lambdamls_exchange_starts_after_the_backward_pass_and_the_pipelined_one_during_it(algo):
+    """LambdaML's phases begin when the backward pass has ended: nothing of the gradient is in S3
+    before ``finish``; FuncPipe's pipelined exchange has sent chunks of the d-1 others' shards by then."""
+    d, s3 = 2, MemoryS3()
+    p0 = flat_params(stage().parameters())
+    layout = stage_layout(p0.numel(), p0.element_size(), d, d)
+    spec = SyncSpec(JOB, 0, 0, d, layout, OPTIMIZERS["sgd"], 0, time.time() + 30)
+    ch = channel(s3)
+    ex = collectives.EXCHANGES[algo](ch, spec, 0)
+    assert isinstance(ex, LambdaMLExchange) == (algo == "lambdaml_scatter_reduce")
+    model = stage()
+    backward(model, 0, d, ex.stream(list(model.parameters())))
+    prefix = f"jobs/{JOB}/iter/0/gshard/"
+    if algo == "lambdaml_scatter_reduce":
+        assert not ch._pending and not s3.keys(prefix), "no request may start before the backward pass has ended"
+    else:
+        end = time.time() + 10
+        while len(s3.keys(prefix)) < len(layout[1]) and time.time() < end:  # the uploads started during it land
+            time.sleep(0.01)
+        sent = s3.keys(prefix)
+        assert len(sent) == len(layout[1]) and all("/r0/k1/" in key for key in sent)
+    ch.settle(failed=True)
 
 
 def test_a_shared_link_gives_concurrent_transfers_fair_shares():

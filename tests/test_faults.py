@@ -16,7 +16,7 @@ from stagecoach.reference import train_reference
 TIMEOUT_S = 20
 
 
-def make_job(name: str) -> Job:
+def make_job(name: str, warm: bool = True) -> Job:
     g = torch.Generator().manual_seed(11)
     x = torch.randn(64, 6, generator=g)
     y = torch.randint(0, 3, (64,), generator=g)
@@ -30,11 +30,12 @@ def make_job(name: str) -> Job:
         iterations=5,
         seed=5,
         name=name,
+        warm_state=warm,
     )
 
 
-def run(backend, name: str, **plan):
-    r = make_job(name).run(stages=2, replicas=2, micro_batches=2, timeout_s=TIMEOUT_S, backend=backend, **plan)
+def run(backend, name: str, warm: bool = True, **plan):
+    r = make_job(name, warm).run(stages=2, replicas=2, micro_batches=2, timeout_s=TIMEOUT_S, backend=backend, **plan)
     r.wait(progress=False, poll_s=1.0, timeout_s=900)
     return r
 
@@ -86,9 +87,12 @@ def test_killed_tasks_mid_exchange_of_the_fused_pipelined_sync_are_retried_bit_i
 
 
 def test_a_hung_task_is_timed_out_and_retried(clean):
+    """Without warm state (every version through S3) the retry recovers the hung task in another
+    container. With it, that container would not hold the shard's state: a window restart
+    (tests/test_warm_state.py)."""
     faulty = LocalBackend(faults={"once": [{"kind": "hang", "phase": "sync", "t": 1, "stage": 1, "shard": 0}]})
     try:
-        r = run(faulty, "hung")
+        r = run(faulty, "hung", warm=False)
         errors = task_errors(r)
         assert "States.Timeout" in errors, errors
         assert len(r.window_executions()) == 1, "the task retry, not a window restart, recovered it"
@@ -127,7 +131,10 @@ def test_a_stage_planned_with_too_little_memory_is_raised_a_tier_and_completes(b
     r.wait(progress=False, poll_s=1.0, timeout_s=900)
     c = backend.clients
     fn = r.spec().window_state_machine.split(":")[-1].replace("-window", "-s1")
-    assert c.lambda_.get_function_configuration(FunctionName=fn)["MemorySize"] == 512
+    # warm state with d = 2: a function per replica and per sync task, every one of stage 1's raised
+    for name in (fn, fn + "-r1", fn + "-k0", fn + "-k1"):
+        assert c.lambda_.get_function_configuration(FunctionName=name)["MemorySize"] == 512
+    assert c.lambda_.get_function_configuration(FunctionName=fn.replace("-s1", "-s0-r1"))["MemorySize"] == 1024
     steps = [e["stateEnteredEventDetails"]["name"] for e in r.history() if e["type"].endswith("StateEntered")]
     assert "Remediate" in steps and steps.count("RunWindow") == 2
     records = c.s3.list_objects_v2(Bucket=r.bucket, Prefix=f"jobs/{r.job_id}/remediations/")["Contents"]

@@ -208,6 +208,9 @@ def test_inspect_a_local_run_through_the_daemon(tmp_path, monkeypatch):
             iterations=3,
             seed=0,
             name="insp",
+            # the stored path, whose killed task a retry recovers (warm state would restart the
+            # window: tests/test_warm_state.py); this test is about how inspect shows the retry
+            warm_state=False,
         )
         run = job.run(plan=job.manual_plan(stages=2, replicas=1, memory_mb=1024, timeout_s=120), backend=backend)
         run.wait(progress=False, timeout_s=240)

@@ -23,6 +23,7 @@ CONFIGS = [(1, 1, 1), (2, 1, 4), (1, 3, 2), (3, 2, 4)]  # (stages, replicas, mic
 # every sync algorithm, alone and mixed per stage (stages, replicas, micro-batches, sync, K)
 SYNC_CONFIGS = [
     (2, 3, 2, "pipelined_scatter_reduce", None),
+    (2, 3, 2, "lambdaml_scatter_reduce", None),
     (2, 3, 2, "k_reduce", 2),
     (2, 3, 2, "all_reduce", None),
     (3, 2, 4, ("pipelined_scatter_reduce", "all_reduce", "k_reduce"), (2, 1, 2)),

@@ -2,7 +2,8 @@
 performance model evaluates (every comparison uses Stagecoach's model; docs/planner-baselines.md).
 
 As FuncPipe §5.1 defines them (the names FuncPipe uses):
-* LambdaML: pure data parallelism, one stage, LambdaML's storage scatter-reduce in the workers;
+* LambdaML: pure data parallelism, one stage, LambdaML's storage scatter-reduce in the workers
+  (the runtime's ``lambdaml_scatter_reduce``: no sync Map, phases one after another);
   "the maximum memory allocation and maximum local batch size within the memory limit for each
   worker": 10,240 MB, the largest local batch b that divides G and fits by LambdaML's memory
   (FuncPipe's eq. 3b for one stage: ``lambdaml_memory_mb``), d = G/b. Evaluated with our model.
@@ -41,7 +42,7 @@ from stagecoach.planner.profile.layers import ModelProfile, balanced_partition
 from stagecoach.planner.solve.objective import max_stages_for, objective_value
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
 
-LAMBDAML_SYNC = "lambdaml_scatter_reduce"  # model-only (syncmodel.LambdaMLScatterReduce)
+LAMBDAML_SYNC = "lambdaml_scatter_reduce"  # LambdaML's in-worker scatter-reduce, as the runtime runs it
 PS_SYNC = "parameter_server"  # model-only (syncmodel.ParameterServer)
 FUNCPIPE_RUNTIME_SYNC = "pipelined_scatter_reduce"  # FuncPipe's runtime, which TPDMP and Bayes run on
 # HybridPS's server (FuncPipe §5.1): one c5.9xlarge, Linux on-demand in us-east-1,

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stagecoach.planner.limits import HISTORY_MAX_EVENTS
-from stagecoach.planner.plan import Plan
+from stagecoach.planner.plan import Plan, worker_function
 
 HISTORY_LIMIT = HISTORY_MAX_EVENTS
 # Share of the history a window may plan to use; the rest absorbs retries (each retry of a Task
@@ -181,17 +181,23 @@ def _map(name: str, items_path: str, selector: dict[str, Any], task: dict[str, A
     return state
 
 
-def window_definition(plan: Plan, functions: Sequence[str], evals: Sequence[int] = ()) -> dict[str, Any]:
-    """The window state machine of ``plan``; ``functions[s]`` is stage s's Lambda function name or ARN.
+def window_definition(plan: Plan, functions: Sequence[str], per_worker: bool = False, evals: Sequence[int] = ()) -> dict[str, Any]:
+    """The window state machine of ``plan``; ``functions[s]`` is stage s's Lambda function name or
+    ARN. ``per_worker`` (plan.per_worker_functions): every replica and sync task of a stage runs on
+    a function of its own (plan.worker_function), named in its Map item as Forward's are.
     ``evals``: the versions (iterations done) after which to evaluate on the validation set: an
-    Evaluate Map of every (stage, replica) runs after the iteration that reaches one
-    (lambdas/evaluation.py), decided in the state machine with States.ArrayContains."""
+    Evaluate Map of every (stage, replica) runs after the iteration that reaches one, each on its
+    replica's function (lambdas/evaluation.py), decided in the state machine with States.ArrayContains."""
     if len(functions) != plan.stages:
         raise ValueError(f"need one function per stage ({plan.stages}), got {len(functions)}")
     s_count, d = plan.stages, plan.replicas
     ranks = list(range(d))
-    fw_items = [{"stage": s, "replica": r, "fn": functions[s]} for s in range(s_count - 1) for r in ranks]
-    ev_items = [{"stage": s, "replica": r, "fn": functions[s]} for s in range(s_count) for r in ranks]
+
+    def fn(s: int, kind: str, i: int) -> str:
+        return worker_function(functions[s], kind, i) if per_worker else functions[s]
+
+    fw_items = [{"stage": s, "replica": r, "fn": fn(s, "r", r)} for s in range(s_count - 1) for r in ranks]
+    ev_items = [{"stage": s, "replica": r, "fn": fn(s, "r", r)} for s in range(s_count) for r in ranks]
     carry = {
         "job.$": "$.job",
         "bucket.$": "$.bucket",
@@ -201,6 +207,7 @@ def window_definition(plan: Plan, functions: Sequence[str], evals: Sequence[int]
         "ranks.$": "$.ranks",
         "shards.$": "$.shards",
         "fw.$": "$.fw",
+        **({"bw.$": "$.bw"} if per_worker else {}),
     }
     if evals:
         carry.update({"evals.$": "$.evals", "ev.$": "$.ev"})
@@ -217,9 +224,17 @@ def window_definition(plan: Plan, functions: Sequence[str], evals: Sequence[int]
                 # this attempt's execution name: the key of its abort marker (restarts get their own)
                 "attempt.$": "$$.Execution.Name",
                 "ranks": ranks,
-                "shards": {f"s{st}": list(range(plan.sync_tasks(st))) for st in range(s_count)},
+                "shards": {
+                    f"s{st}": [{"shard": k, "fn": fn(st, "k", k)} for k in range(plan.sync_tasks(st))]
+                    if per_worker
+                    else list(range(plan.sync_tasks(st)))
+                    for st in range(s_count)
+                },
                 "fw": fw_items,
                 **({"evals": sorted(set(evals)), "ev": ev_items} if evals else {}),
+                **(
+                    {"bw": {f"s{st}": [{"replica": r, "fn": fn(st, "r", r)} for r in ranks] for st in range(s_count)}} if per_worker else {}
+                ),
             },
             "Next": "Loop",
         },
@@ -245,21 +260,28 @@ def window_definition(plan: Plan, functions: Sequence[str], evals: Sequence[int]
         states["Forward"]["Catch"] = [dict(ABORT_CATCH)]
     branches = []
     for s in range(s_count):
-        has_sync = plan.sync_tasks(s) > 0  # d = 1 and the fused pipelined sync have no sync Map
+        has_sync = plan.sync_tasks(s) > 0  # d = 1 and the fused syncs (pipelined, LambdaML's) have no sync Map
         stage_states: dict[str, Any] = {}
+        if per_worker:  # each item names its function
+            bw_items, bw_sel = f"$.bw.s{s}", {"stage": s, "replica.$": "$$.Map.Item.Value.replica", "fn.$": "$$.Map.Item.Value.fn"}
+            sy_sel = {"stage": s, "shard.$": "$$.Map.Item.Value.shard", "fn.$": "$$.Map.Item.Value.fn"}
+        else:
+            bw_items, bw_sel = "$.ranks", {"stage": s, "replica.$": "$$.Map.Item.Value"}
+            sy_sel = {"stage": s, "shard.$": "$$.Map.Item.Value"}
+        stage_fn = None if per_worker else functions[s]
         stage_states[f"Backward{s}"] = _map(
             f"Backward{s}",
-            "$.ranks",
-            {"stage": s, "replica.$": "$$.Map.Item.Value"},
-            _task("backward", functions[s], plan.timeouts_s[s]["backward"], "replica"),
+            bw_items,
+            bw_sel,
+            _task("backward", stage_fn, plan.timeouts_s[s]["backward"], "replica"),
             f"Sync{s}" if has_sync else None,
         )
         if has_sync:
             stage_states[f"Sync{s}"] = _map(
                 f"Sync{s}",
                 f"$.shards.s{s}",
-                {"stage": s, "shard.$": "$$.Map.Item.Value"},
-                _task("sync", functions[s], plan.timeouts_s[s]["sync"], "shard"),
+                sy_sel,
+                _task("sync", stage_fn, plan.timeouts_s[s]["sync"], "shard"),
                 None,
             )
         branches.append({"StartAt": f"Backward{s}", "States": stage_states})

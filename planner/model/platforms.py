@@ -99,6 +99,12 @@ class Platform:
     # planner treats it as infeasible.
     timeout_margin: float = TIMEOUT_SAFETY
     optimizer_state_ratio: float = 2.0  # optimizer state bytes / parameter bytes: Adam's m and v (0: SGD)
+    # State that stays warm (docs/runtime.md; Job.warm_state, the default): with d = 1 a stage's
+    # parameters and optimizer state stay in its worker's memory and reach S3 once per window, as
+    # its checkpoint. Iterations per checkpoint: a window's length (planner/emit/asl.py
+    # window_length: 19,992 history events / events per iteration, ~270 at d = 1 with 4 stages);
+    # 200 is a round lower figure. 0: every iteration (Job(warm_state=False), the earlier runtime).
+    warm_checkpoint_every: int = 200
     # A waiting worker's polling (lambdas/channel.py wait_bytes): the first pause, and the longest
     # (for plans of at most 20 concurrent workers; larger ones poll slower, so fewer GETs).
     poll_first_s: float = 0.005

@@ -79,12 +79,26 @@ def _stateful(plat: Platform) -> int:
     return 1 if plat.optimizer_state_ratio > 0 else 0
 
 
+def _state_share(plat: Platform) -> float:
+    """The share of iterations whose optimizer state crosses S3 (docs/runtime.md "State that stays
+    warm"): with warm state (``plat.warm_checkpoint_every`` = N > 0) the worker that owns a shard
+    holds its state between iterations and loads and stores it once per window checkpoint, 1/N;
+    without, every iteration."""
+    n = plat.warm_checkpoint_every
+    return 1.0 / n if n > 0 else 1.0
+
+
 class NoSync(SyncAlgorithm):
     """d = 1: the backward task updates the stage itself (``collectives.update_alone``).
 
     Its parameters are in memory; the state (rho P) is prefetched while it computes. After the
     backward pass: the update, then PUT parameters and state: opt + t_lat + (1+rho) P/w, plus
     whatever of the prefetch the compute did not hide. The container keeps version t+1.
+
+    With warm state (``plat.warm_checkpoint_every`` = N > 0; ``collectives.update_warm``) the state
+    is in memory too and both go to S3 once per N iterations (the window's checkpoint): per
+    iteration opt + (t_lat + (1+rho) P/w) / N, and (2 + sf) / N requests (the restart's reload of
+    the checkpoint is a fault's cost, not an iteration's).
     """
 
     name = "none"
@@ -94,11 +108,28 @@ class NoSync(SyncAlgorithm):
     ) -> StageSync:
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
         sf = _stateful(plat)
+        store = lat + (1 + rho) * p_bytes / w
+        n = plat.warm_checkpoint_every
+        if n > 0:
+            return StageSync(
+                self.name,
+                1,
+                tail_s=opt_s + store / n,
+                task_s=0.0,
+                tasks=0,
+                shards=1,
+                tail_puts=(1 + sf) / n,
+                tail_gets=sf / n,
+                task_puts=0,
+                task_gets=0,
+                backward_extra_bytes=(1 + 2 * rho) * p_bytes,
+                params_cached=True,
+            )
         prefetch = max(0.0, lat + rho * p_bytes / w - backward_compute_s) if sf else 0.0
         return StageSync(
             self.name,
             1,
-            tail_s=prefetch + opt_s + lat + (1 + rho) * p_bytes / w,
+            tail_s=prefetch + opt_s + store,
             task_s=0.0,
             tasks=0,
             shards=1,
@@ -135,9 +166,10 @@ class ScatterReduce(SyncAlgorithm):
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
         c = chunks_per_shard(d, k, p_bytes)
         chunk = p_bytes / (k * c)
-        sf = _stateful(plat)
+        sf = _stateful(plat) * _state_share(plat)
+        rho_io = rho * _state_share(plat)  # the state's bytes that cross S3 per iteration
         tail = lat + max(chunk / w, p_bytes / w - last_backward_s)
-        task = 2 * lat + (d + rho) * p_bytes / (k * w) + opt_s / (k * c) + min(2, c) * (1 + rho) * chunk / w
+        task = 2 * lat + (d + rho_io) * p_bytes / (k * w) + opt_s / (k * c) + min(2, c) * (1 + rho_io) * chunk / w
         return StageSync(
             self.name,
             k,
@@ -192,15 +224,17 @@ class PipelinedScatterReduce(SyncAlgorithm):
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
         c = chunks_per_shard(d, d, p_bytes)
         chunk = p_bytes / (d * c) / w  # seconds of one chunk on a link
-        sf = _stateful(plat)
+        share = _state_share(plat)  # warm: the state crosses S3 once per checkpoint
+        sf = _stateful(plat) * share
+        rho_io = rho * share
         e = (d - 1) * p_bytes / (d * w)
         # the state prefetch (from the task's start) still on the download link
-        pf = max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
+        pf = share * max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
         up_left = max(chunk, e - last_backward_s)  # exchange uploads after the last backward pass
         # exchange downloads: behind the prefetch, and never before the peers' uploads landed
         x = max(max(pf, lat + chunk) + e, up_left + lat + chunk)
         own_start = max(up_left, x - e + e / c)  # the first chunk reduced: r's updated chunks go up
-        own_end = own_start + (1 + rho) * p_bytes / (d * w)
+        own_end = own_start + (1 + rho_io) * p_bytes / (d * w)
         gather_end = max(x + e, own_end + lat + chunk)  # the others' updated chunks, a chunk behind theirs
         tail = max(own_end, gather_end) + lat + opt_s / (d * c)
         polls = plat.polls_while_waiting(lat + chunk)  # a peer's chunk: its PUT latency and bytes
@@ -220,22 +254,73 @@ class PipelinedScatterReduce(SyncAlgorithm):
         )
 
 
-# -- the measured systems' algorithms, for the model only (not run by our runtime) ------------------
 class LambdaMLScatterReduce(SyncAlgorithm):
-    """LambdaML's storage scatter-reduce as FuncPipe §3.3 describes it (its eq. 1), in the workers.
+    """LambdaML's storage scatter-reduce in the workers (FuncPipe §3.3, eq. 1), as our runtime runs
+    it (``collectives.LambdaMLExchange``): fused into the backward task, K = d, replica r owns shard
+    r, every phase starting when the previous one has ended in this worker.
 
-    After the backward pass each replica, one phase after another: uploads the d-1 splits the others
-    own (t_lat + E, E = (d-1) P/(d w)); downloads its own split from the d-1 others once they land
-    (t_lat + E + q) and merges it; uploads the merged split (t_lat + P/(d w)); downloads the others'
-    (t_lat + E + q); updates its whole replica (opt: every worker holds the model). In all
-    3P/w - 2P/(dw) + 4 t_lat + 2q + opt: eq. (1) plus two polls and the update. The worker ends
-    holding version t+1 and its optimizer state (LambdaML's workers live through the job).
-
-    Not a runtime algorithm (yet): the model prices it to express LambdaML's measured runs and the
-    LambdaML baseline by its paper's rule (benchmarks/paper_tables.py, baselines/classic.py).
+    After the backward pass (nothing was sent while it ran), with E = (d-1) P/(d w):
+        1. upload the d-1 shards the others own                      t_lat + E
+        2. download shard r from the d-1 others (a poll behind them)  t_lat + E + q, after what is
+           left of the optimizer-state prefetch (pf = max(0, t_lat + rho P/(d w) - m bb))
+        3. reduce and update shard r chunk by chunk, uploading each with its state:
+           t_lat + max(opt/d + u/C, opt/(dC) + u), u = (1+rho) P/(d w)
+        4. download the others' updated shards (a poll behind)          t_lat + E + q
+    With plain SGD (rho = 0) that is eq. (1), 3P/w - 2P/(dw) + 4 t_lat, plus two polls and the
+    update (opt/d: ZeRO-1, each worker updates its own shard; LambdaML's own workers each update
+    their whole replica from the merged gradient — the same bytes on the links, the same bits;
+    ``LambdaMLPublishedScatterReduce`` prices that, for LambdaML's measured runs).
+    The task ends holding version t+1: the next phase loads nothing. Memory as the pipelined
+    algorithm's: the exchanged chunks and the gathered vector, and r's new parameters and state.
     """
 
     name = "lambdaml_scatter_reduce"
+    fused = True
+
+    def stage(
+        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+    ) -> StageSync:
+        w, lat, rho, q = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio, plat.poll_delay_s
+        c = chunks_per_shard(d, d, p_bytes)
+        share = _state_share(plat)  # warm: the state crosses S3 once per checkpoint
+        sf = _stateful(plat) * share
+        e = (d - 1) * p_bytes / (d * w)
+        pf = share * max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
+        up = lat + e  # phase 1
+        down = max(up, pf) + lat + e + q  # phase 2
+        u = (1 + rho * share) * p_bytes / (d * w)
+        own = lat + max(opt_s / d + u / c, opt_s / (d * c) + u)  # phase 3
+        tail = down + own + lat + e + q  # phase 4
+        polls = plat.polls_while_waiting(q)
+        return StageSync(
+            self.name,
+            d,
+            tail_s=tail,
+            task_s=0.0,
+            tasks=0,
+            shards=d * c,
+            tail_puts=(d - 1) * c + c * (1 + sf),
+            tail_gets=2 * (d - 1) * c * (1 + polls) + c * sf,
+            task_puts=0,
+            task_gets=0,
+            backward_extra_bytes=(2 * (d - 1) + 1 + 2 * rho) * p_bytes / d,
+            params_cached=True,
+        )
+
+
+# -- the measured systems' algorithms, for the model only (not run by our runtime) ------------------
+class LambdaMLPublishedScatterReduce(SyncAlgorithm):
+    """LambdaML's storage scatter-reduce as LambdaML's own workers run it (FuncPipe §3.3, eq. 1).
+
+    The phases of ``LambdaMLScatterReduce`` with LambdaML's update: every worker updates its whole
+    replica from the merged gradient (opt, not opt/d) and keeps its optimizer state in memory
+    (LambdaML's workers live through the job). In all 3P/w - 2P/(dw) + 4 t_lat + 2q + opt: eq. (1)
+    plus two polls and the update. Prices LambdaML's measured runs (benchmarks/paper_tables.py),
+    next to FuncPipe's published schedule, which updates whole replicas too; the LambdaML baseline
+    runs the runtime's ``lambdaml_scatter_reduce``.
+    """
+
+    name = "lambdaml_published_scatter_reduce"
     fused = True
 
     def stage(
@@ -261,7 +346,7 @@ class LambdaMLScatterReduce(SyncAlgorithm):
         )
 
 
-class FuncPipePublishedScatterReduce(LambdaMLScatterReduce):
+class FuncPipePublishedScatterReduce(LambdaMLPublishedScatterReduce):
     """FuncPipe's pipelined scatter-reduce as its paper runs it (§3.3, eq. 2), after the backward pass.
 
     n = d steps of t_lat + P/(d w) each (step 1 uploads a split, steps 2..n-1 upload one and download
@@ -319,12 +404,12 @@ class ParameterServer(SyncAlgorithm):
 # Priced for comparisons with the measured systems, never searched or emitted (not in ALL_SYNC; a
 # Plan refuses them): the seam admits them like any other algorithm.
 MODEL_ONLY_SYNC: dict[str, SyncAlgorithm] = {
-    a.name: a for a in (LambdaMLScatterReduce(), FuncPipePublishedScatterReduce(), ParameterServer())
+    a.name: a for a in (LambdaMLPublishedScatterReduce(), FuncPipePublishedScatterReduce(), ParameterServer())
 }
 
 
 SYNC_ALGORITHMS: dict[str, SyncAlgorithm] = {
-    a.name: a for a in (NoSync(), ScatterReduce(), PipelinedScatterReduce(), KReduce(), AllReduce())
+    a.name: a for a in (NoSync(), ScatterReduce(), PipelinedScatterReduce(), KReduce(), AllReduce(), LambdaMLScatterReduce())
 }
 # The names come from the runtime contract (planner/plan.py); this model prices exactly those, plus
 # "none" (d = 1). Listed in the search's order, which breaks ties between equal-cost plans.
@@ -365,7 +450,7 @@ def sync_choices(d: int, algos: Sequence[str] | None = None) -> list[SyncChoice]
     algos = algos or ALL_SYNC
     out: list[SyncChoice] = []
     for a in algos:
-        if a in ("scatter_reduce", "pipelined_scatter_reduce"):
+        if a in ("scatter_reduce", "pipelined_scatter_reduce", "lambdaml_scatter_reduce"):
             out.append(SyncChoice(a, d))
         elif a == "all_reduce":
             out.append(SyncChoice(a, 1))

@@ -8,8 +8,15 @@ from typing import Any
 from stagecoach.planner.model.syncmodel import SyncChoice
 from stagecoach.planner.solve.sweep import PlannedConfig, PlanningResult
 
-SYNC_SHORT = {"none": "-", "scatter_reduce": "SR", "pipelined_scatter_reduce": "PSR", "all_reduce": "AR", "k_reduce": "KR"}
-SYNC_LEGEND = "sync per stage: SR scatter-reduce, PSR pipelined scatter-reduce, KRk k-reduce with K=k, AR all-reduce, - none (d = 1)"
+SYNC_SHORT = {
+    "none": "-",
+    "scatter_reduce": "SR",
+    "pipelined_scatter_reduce": "PSR",
+    "lambdaml_scatter_reduce": "LSR",
+    "all_reduce": "AR",
+    "k_reduce": "KR",
+}
+SYNC_LEGEND = "sync per stage: SR scatter-reduce, PSR pipelined scatter-reduce, LSR LambdaML's scatter-reduce, KRk k-reduce with K=k, AR all-reduce, - none (d = 1)"
 
 
 def sync_short(c: SyncChoice) -> str:

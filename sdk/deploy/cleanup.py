@@ -25,6 +25,7 @@ from stagecoach.deploy.resources import (
 from stagecoach.deploy.roles import delete_job_role
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.records import JobSpec
+from stagecoach.planner.plan import per_worker_functions, stage_functions
 
 Log = Callable[[str], None]
 
@@ -158,7 +159,9 @@ def cleanup_job(
     except c.sfn.exceptions.StateMachineDoesNotExist:
         pass
     if spec is not None:
-        functions = [function_name(res, job_id, s) for s in range(spec.to_plan().stages)]
+        plan = spec.to_plan()
+        per_worker = per_worker_functions(plan, spec.warm_state)
+        functions = [name for s in range(plan.stages) for name in stage_functions(plan, s, function_name(res, job_id, s), per_worker)]
     else:  # the launch failed before job.json: find its functions by name
         prefix = function_name(res, job_id, 0)[:-1]
         functions = [

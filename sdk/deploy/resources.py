@@ -74,10 +74,12 @@ def read_json(s3: Any, bucket: str, key: str) -> Any:
     return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
 
 
-def check_name_lengths(stack: str, job_name: str, stages: int) -> None:
-    """Refuse before creating anything if a function or state machine name would be too long."""
+def check_name_lengths(stack: str, job_name: str, stages: int, workers: int = 0) -> None:
+    """Refuse before creating anything if a function or state machine name would be too long.
+    ``workers``: with a function per worker, the most replicas or sync tasks of a stage (their
+    functions add "-r{i}" / "-k{i}", planner/plan.py worker_function)."""
     job_id_len = len(job_name) + 9  # "-" + 8 hex (deploy.new_job_id)
-    fn = len(stack) + 1 + job_id_len + 2 + len(str(max(0, stages - 1)))
+    fn = len(stack) + 1 + job_id_len + 2 + len(str(max(0, stages - 1))) + (2 + len(str(workers - 1)) if workers > 1 else 0)
     sm = len(stack) + 1 + job_id_len + len("-window")
     if fn > MAX_FUNCTION_NAME or sm > MAX_STATE_MACHINE_NAME:
         raise DeployError(

@@ -16,7 +16,7 @@ from stagecoach.deploy.upload import upload_job
 from stagecoach.lambdas import keys
 from stagecoach.planner.emit import asl
 from stagecoach.planner.emit.job_input import JobInput
-from stagecoach.planner.plan import Plan
+from stagecoach.planner.plan import Plan, per_worker_functions, stage_functions
 
 if TYPE_CHECKING:
     from stagecoach.job import Job
@@ -104,11 +104,11 @@ def create_stage_function(res: StackResources, c: Clients, name: str, job_id: st
     )
 
 
-def reserved_concurrency(plan: Plan, stage: int) -> int:
-    """What ``reserve_concurrency`` reserves for a stage's function: its most tasks at once (the
-    replicas, or the sync Map's K), twice, for the tasks of a failed window winding down while its
-    restart runs."""
-    return 2 * max(plan.replicas, plan.sync_tasks(stage))
+def reserved_concurrency(plan: Plan, stage: int, per_worker: bool = False) -> int:
+    """What ``reserve_concurrency`` reserves for each of a stage's functions: its most tasks at once
+    (the replicas, or the sync Map's K; 1 with a function per worker), twice, for the tasks of a
+    failed window winding down while its restart runs."""
+    return 2 * (1 if per_worker else max(plan.replicas, plan.sync_tasks(stage)))
 
 
 def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients, reserve_concurrency: bool = False) -> tuple[str, str]:
@@ -120,16 +120,19 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients, rese
     try:
         role = create_job_role(res, c, job_id)  # the job's own: its objects only (deploy/roles.py)
         functions = []
+        per_worker = per_worker_functions(plan, job.warm_state)  # warm state with d > 1: one per worker
         for s in range(plan.stages):
-            name = function_name(res, job_id, s)
-            create_stage_function(res, c, name, job_id, plan.memory_mb[s], plan.function_timeout_s(s), role)
-            created_functions.append(name)
-            if reserve_concurrency:
-                c.lambda_.put_function_concurrency(FunctionName=name, ReservedConcurrentExecutions=reserved_concurrency(plan, s))
-            functions.append(name)
+            for name in stage_functions(plan, s, function_name(res, job_id, s), per_worker):
+                create_stage_function(res, c, name, job_id, plan.memory_mb[s], plan.function_timeout_s(s), role)
+                created_functions.append(name)
+                if reserve_concurrency:
+                    c.lambda_.put_function_concurrency(
+                        FunctionName=name, ReservedConcurrentExecutions=reserved_concurrency(plan, s, per_worker)
+                    )
+            functions.append(function_name(res, job_id, s))
         window = c.sfn.create_state_machine(
             name=window_state_machine_name(res, job_id),
-            definition=json.dumps(asl.window_definition(plan, functions, job.eval_versions())),
+            definition=json.dumps(asl.window_definition(plan, functions, per_worker, evals=job.eval_versions())),
             roleArn=res.states_role_arn,
             type="STANDARD",
             tags=[{"key": STACK_TAG, "value": res.prefix}, {"key": JOB_TAG, "value": job_id}],

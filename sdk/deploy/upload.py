@@ -120,6 +120,7 @@ def upload_job(
         deferred_batch_norm=job.deferred_batch_norm,
         flows=job.flows,
         evaluation=_evaluation(job, c, res),
+        warm_state=job.warm_state,
     )
     code = pickle_job_code(job)
     c.s3.put_object(Bucket=res.bucket, Key=keys.job_code(job_id), Body=code)

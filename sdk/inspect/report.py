@@ -19,6 +19,7 @@ from stagecoach.inspect.events import FailedTask, failed_tasks
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.records import JobSpec, Remediation, TaskMetrics
 from stagecoach.metrics import _losses, iteration_breakdown, phase_timings
+from stagecoach.planner.plan import FUSED_SYNC
 from stagecoach.run import Run
 
 
@@ -194,7 +195,7 @@ def _sync_label(p: dict[str, Any]) -> str:
     n = len(p["balance"])
     sync = list(p.get("sync") or ["scatter_reduce"] * n)
     ks = list(p.get("aggregators") or [p["replicas"]] * n)
-    labels = [s if s == "pipelined_scatter_reduce" else f"{s} (K={k})" for s, k in zip(sync, ks)]
+    labels = [s if s in FUSED_SYNC else f"{s} (K={k})" for s, k in zip(sync, ks)]  # fused: K = d
     return labels[0] if len(set(labels)) == 1 else ", ".join(f"s{i}: {lab}" for i, lab in enumerate(labels))
 
 

@@ -5,6 +5,7 @@ import pytest
 from stagecoach.planner.baselines.classic import (
     BASELINES,
     PS_USD_PER_HOUR,
+    _balanced,
     hybridps,
     lambdaml,
     lambdaml_ga,
@@ -15,8 +16,10 @@ from stagecoach.planner.baselines.classic import (
 )
 from stagecoach.planner.model.perfmodel import Config, evaluate
 from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.model.syncmodel import SyncChoice
+from stagecoach.planner.plan import Plan
 from stagecoach.planner.profile.zoo import zoo_profile
-from stagecoach.planner.solve.objective import objective_value
+from stagecoach.planner.solve.objective import max_stages_for, objective_value
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS
 
 
@@ -32,6 +35,15 @@ def test_lambdaml_is_the_papers_rule_largest_memory_and_largest_local_batch(resn
     c = e.config
     assert c.stages == 1 and c.tiers_mb == (10240,) and c.micro_batches == 1 and c.replicas * c.micro_batch == 64
     assert c.sync[0].algo == "lambdaml_scatter_reduce" and c.sync[0].k == c.replicas
+    # the runtime runs LambdaML's algorithm itself: the baseline is a plan, with no sync Map
+    plan = Plan(
+        balance=[sum(layer.count for layer in prof.layers)],
+        replicas=c.replicas,
+        micro_batches=1,
+        global_batch=64,
+        sync=[c.sync[0].plan_fields()[0]],
+    )
+    assert plan.sync == ("lambdaml_scatter_reduce",) and plan.aggregators == (c.replicas,) and plan.sync_tasks(0) == 0
     # the local batch is the largest divisor of G that fits by LambdaML's memory: the next one does not
     bigger = [b for b in range(c.micro_batch + 1, 65) if 64 % b == 0]
     assert bigger and all(lambdaml_memory_mb(prof, b, 64 // b, plat) > 10240 for b in bigger)
@@ -64,16 +76,32 @@ def test_hybridps_pays_for_its_parameter_server(resnet):
 
 
 def test_tpdmp_returns_one_of_its_per_weight_optima(resnet):
+    """TPDMP's pick is the optimum of one of FuncPipe's weights over its whole grid (d, stages,
+    one tier), on FuncPipe's runtime (pipelined scatter-reduce; no sync with one replica). Which d
+    wins is the model's business: with warm state a single replica pays its state's S3 traffic
+    once per checkpoint, and the cheapest weight's optimum is then d = 1."""
     prof, plat = resnet
     e = tpdmp(prof, 64, plat)
     c = e.config
-    assert c.micro_batch == 4 and all(s.algo == "pipelined_scatter_reduce" for s in c.sync)
+    assert c.micro_batch == 4 and all(s.algo == ("none" if c.replicas == 1 else "pipelined_scatter_reduce") for s in c.sync)
     assert len(set(c.tiers_mb)) == 1  # one tier for all stages: a grid over the allocation
-    # no configuration of its grid with the same (d, stages) beats it under every weight
-    for t in plat.tiers_mb:
-        other = evaluate(prof, Config(c.balance, (t,) * c.stages, c.replicas, 4, c.micro_batches, c.sync), plat)
-        if other.feasible:
-            assert any(
-                objective_value(e.cost, e.time_s, a1, a2) <= objective_value(other.cost, other.time_s, a1, a2) + 1e-9
-                for a1, a2 in FUNCPIPE_WEIGHTS
-            )
+    # no configuration of its grid beats it under every weight
+    L = len(prof.layers)
+    for d in (1, 2, 4, 8, 16, 32):
+        m = 64 // (d * 4)
+        for S in range(1, max_stages_for(d, L, 8) + 1):
+            bal = _balanced(prof, plat, S, 4)
+            for t in plat.tiers_mb:
+                sync = (SyncChoice("none", 1) if d == 1 else SyncChoice("pipelined_scatter_reduce", d),) * S
+                other = evaluate(prof, Config(bal, (t,) * S, d, 4, m, sync), plat)
+                if other.feasible:
+                    assert any(
+                        objective_value(e.cost, e.time_s, a1, a2) <= objective_value(other.cost, other.time_s, a1, a2) + 1e-9
+                        for a1, a2 in FUNCPIPE_WEIGHTS
+                    ), (c, other.config)
+
+
+def test_tpdmp_without_a_single_replica_runs_funcpipes_pipelined_scatter_reduce(resnet):
+    prof, plat = resnet
+    c = tpdmp(prof, 64, plat, replicas=(2, 4, 8, 16, 32)).config
+    assert c.replicas > 1 and all(s.algo == "pipelined_scatter_reduce" and s.k == c.replicas for s in c.sync)

@@ -36,4 +36,4 @@ def test_rows_fitted_to_score_nothing_and_the_scored_error_is_within_target(tabl
 def test_the_measured_runtimes_are_expressed_not_our_runtime(tables):
     plat = tables.measured_runtime(aws_platform())
     assert not plat.recompute_forward and plat.optimizer_state_ratio == 0 and plat.invoke_overhead_s == 0
-    assert tables.LAMBDAML == "lambdaml_scatter_reduce" and tables.FUNCPIPE_SR == "funcpipe_scatter_reduce"
+    assert tables.LAMBDAML == "lambdaml_published_scatter_reduce" and tables.FUNCPIPE_SR == "funcpipe_scatter_reduce"
