@@ -39,6 +39,7 @@ from torch import nn
 
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel, results
+from stagecoach.lambdas.clipping import Clip
 from stagecoach.lambdas.optim_state import apply_update, chunk_segments
 
 Layout = Sequence[Sequence[tuple[int, int]]]  # per shard, its chunks' [start, end) in the flat vector
@@ -61,6 +62,8 @@ class SyncSpec:
     # hyperparameters; empty for an optimizer of one group (optim_state.chunk_segments)
     groups: tuple[tuple[int, int, int], ...] = ()
     group_hparams: tuple[dict[str, Any], ...] = ()
+    clip: Clip | None = None  # clip the global gradient norm before updating (lambdas/clipping.py)
+    norms: list[float] = field(default_factory=list)  # the global norm this task computed (metrics)
 
     @property
     def shards(self) -> int:
@@ -111,6 +114,16 @@ class Warm:
     state: Sequence[bytes] | Sequence[Future[bytes | None]] | None
     store: bool
     kept: dict[int, bytes] = field(default_factory=dict)
+
+
+def clipped(ch: Channel, spec: SyncSpec, shard: int, totals: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A reduced shard's chunks scaled by the global clipping coefficient, which waits for every
+    updating task's shard norm (lambdas/clipping.py); unchanged without clipping."""
+    if spec.clip is None:
+        return totals
+    norm, coef = spec.clip.coefficient(ch, spec.job, spec.t, spec.stage, shard, totals, spec.deadline)
+    spec.norms.append(norm)
+    return [g * coef for g in totals]
 
 
 def prefetch_state(ch: Channel, spec: SyncSpec, shard: int) -> list[Future[bytes | None]] | None:
@@ -353,10 +366,13 @@ def reduce_shard(
             calls.append(functools.partial(ch.submit_wait, keys.params(spec.job, spec.t, spec.stage, shard, c), spec.deadline))
     per_chunk = spec.replicas + int(stateful_opt) + int(cached is None)
     futures = ch.submit_window(calls, window=per_chunk + WINDOW_EXTRA)
+    per = [futures[c * per_chunk : (c + 1) * per_chunk] for c in range(len(chunks))]
+    # clipping needs the whole shard reduced before any chunk updates; else each updates as it comes
+    totals = clipped(ch, spec, shard, [fold([f.result()["g"] for f in got[: spec.replicas]]) for got in per]) if spec.clip else None
     out = []
     for c, (a, b) in enumerate(chunks):
-        got = futures[c * per_chunk : (c + 1) * per_chunk]
-        total = fold([f.result()["g"] for f in got[: spec.replicas]])
+        got = per[c]
+        total = totals[c] if totals is not None else fold([f.result()["g"] for f in got[: spec.replicas]])
         state = {c: got[spec.replicas]} if stateful_opt else None
         p = cached[a - base : b - base] if cached is not None else got[-1].result()["p"]
         out.append(update_chunk(ch, spec, shard, c, p, total, state, warm=warm))
@@ -437,9 +453,14 @@ class PipelinedExchange:
         (version t+1, parameters and state), as soon as its d-1 copies have arrived."""
         spec, ch, r, d = self.spec, self.ch, self.r, self.spec.replicas
         mine = {}
+
+        def total(c: int) -> torch.Tensor:
+            return fold([self.own[c] if src == r else self.incoming[c, src].result()["g"] for src in range(d)])
+
+        totals = clipped(ch, spec, r, [total(c) for c in spec.chunks(r)]) if spec.clip else None
         for c, (a, b) in enumerate(spec.layout[r]):
-            parts = [self.own[c] if src == r else self.incoming[c, src].result()["g"] for src in range(d)]
-            mine[r, c] = update_chunk(ch, spec, r, c, params_t[a:b], fold(parts), self.state, uploads, self.warm)
+            g = totals[c] if totals is not None else total(c)
+            mine[r, c] = update_chunk(ch, spec, r, c, params_t[a:b], g, self.state, uploads, self.warm)
         forget_old_version(ch, spec, r)
         return mine
 

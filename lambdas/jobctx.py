@@ -16,6 +16,7 @@ from torch import nn
 
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.clipping import Clip
 from stagecoach.lambdas.collectives import Layout, SyncSpec, gather, read_range
 from stagecoach.lambdas.datafetch import RemoteSamples
 from stagecoach.lambdas.optim_state import group_runs
@@ -209,7 +210,17 @@ class JobContext:
             deadline,
             groups=self.runs[stage],
             group_hparams=tuple(self.schedule.at(t) if self.schedule is not None else self.spec.optimizer_groups or ()),
+            clip=self.clip,
         )
+
+    @property
+    def clip(self) -> Clip | None:
+        """Clipping by the global gradient norm (Job.clip_grad_norm): every (stage, shard) that
+        one task reduces and updates takes part (lambdas/clipping.py)."""
+        if self.spec.clip_grad_norm is None:
+            return None
+        updaters = tuple((s, k) for s in range(self.plan.stages) for k in range(self.plan.grad_shards(s)))
+        return Clip(self.spec.clip_grad_norm, updaters)
 
     @property
     def schedule(self) -> Schedule | None:

@@ -62,6 +62,12 @@ def grad(job: str, t: int, stage: int, replica: int, mb: int, to: int | None = N
     return key if to is None else f"{key}/to{to}"
 
 
+def grad_norm(job: str, t: int, stage: int, shard: int) -> str:
+    """The squared norm of shard ``shard`` of stage ``stage``'s reduced gradient in iteration t
+    (lambdas/clipping.py): every updating task reads everyone's before it updates."""
+    return f"jobs/{job}/iter/{t}/norm/s{stage}/k{shard}"
+
+
 def eval_result(job: str, version: int, replica: int) -> str:
     """What replica ``replica``'s last stage measured evaluating the parameters after ``version``
     iterations on its slice of the validation set (lambdas/records.py EvalResult)."""

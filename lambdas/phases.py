@@ -175,6 +175,8 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
         with torch.no_grad():
             for k, v in ctx.running_stats(s).items():
                 v.copy_(held[k])
+    if plan.replicas == 1:  # the stage's one shard, reduced: clipped by the global norm if asked
+        grads.update(zip([(0, c) for c in spec.chunks(0)], collectives.clipped(ch, spec, 0, [grads[0, c] for c in spec.chunks(0)])))
     if plan.replicas == 1 and warm:
         flat = torch.cat([grads[0, c] for c in spec.chunks(0)])
         store = ctx.checkpoint(t + 1, ev.window_start)
@@ -194,7 +196,7 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     if record is not None and r == 0:  # after the exchange, which the other replicas wait on
         _commit_batch_stats(ctx, ch, ev, record, deadline)
     _forget_iteration(ctx, ch, t - 2, s, r)
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"grad_norm": spec.norms[-1]} if spec.norms else {}
     if last:
         out["loss"] = sum(losses) / len(losses)
         if ctx.schedule is not None:  # the learning rate this iteration trained with, per parameter group
@@ -250,9 +252,10 @@ def sync(ctx: JobContext, ch: Channel, ev: SyncEvent, deadline: float) -> dict[s
         )
     spec = ctx.sync_spec(ev.stage, ev.t, ev.window_start, deadline)
     s, k, t = ev.stage, ev.shard, ev.t
+    out: dict[str, Any] = {}
     if not ctx.warm_attempt(ch, s, ev.window_start, ev.attempt):
         collectives.reduce_shard(ch, spec, k, cached=ctx.cached_params(s, t))
-        return {}
+        return {"grad_norm": spec.norms[-1]} if spec.norms else out
     # the sync task's own function: shard k's state and parameters stay here (docs/runtime.md)
     warm = collectives.Warm(_optimizer_state(ctx, ch, spec, ev.window_start, k), ctx.checkpoint(t + 1, ev.window_start))
     mine = ctx.shard_held.get((s, k))
@@ -260,7 +263,7 @@ def sync(ctx: JobContext, ch: Channel, ev: SyncEvent, deadline: float) -> dict[s
     new = collectives.reduce_shard(ch, spec, k, cached=None if held is not None else ctx.cached_params(s, t), held=held, warm=warm)
     ctx.optim_held[s, k] = (t + 1, [warm.kept[c] for c in spec.chunks(k)])
     ctx.shard_held[s, k] = (t + 1, new)
-    return {}
+    return {"grad_norm": spec.norms[-1]} if spec.norms else out
 
 
 def _forget_iteration(ctx: JobContext, ch: Channel, t: int, stage: int, replica: int) -> None:

@@ -78,6 +78,7 @@ class JobSpec(_Record):
     # nn.Sequential, whose block outputs go whole to the next block
     flows: list[Flow] | None = None
     evaluation: EvalSpec | None = None
+    clip_grad_norm: float | None = None  # Job.clip_grad_norm (lambdas/clipping.py)
     # parameters and optimizer state stay in the worker's memory between iterations and go to S3
     # only as window checkpoints (Job.warm_state; docs/runtime.md "State that stays warm")
     warm_state: bool = False
@@ -116,6 +117,7 @@ class TaskMetrics(_Record):
     model_bytes: int | None = None
     loss: float | None = None  # the last stage's backward: mean loss over its micro-batches
     lr: list[float] | None = None  # ... and, under a scheduler, each parameter group's learning rate
+    grad_norm: float | None = None  # an updating task, under clipping: the global gradient norm before clipping
 
 
 class MemoryPressure(_Record):

@@ -70,6 +70,9 @@ class Job:
                   ``optimizer.step(); scheduler.step()`` in a plain loop); every task that updates
                   parameters applies iteration t's group hyperparameters (lambdas/schedule.py);
                   each iteration's learning rates are in the metrics (Run.learning_rates()).
+    clip_grad_norm: ``max_norm``: before any update, the gradient of the whole model (every stage,
+                  every shard) is scaled as torch.nn.utils.clip_grad_norm_(model.parameters(),
+                  max_norm) scales it; the norm per iteration is in the metrics (Run.grad_norms()).
     validation:   a data set like ``train`` evaluated on Lambda (forward only, eval mode) every
                   ``eval_every`` iterations and after the last: the loss and each of ``metrics``
                   ({"name": fn(output, target) -> scalar mean over the batch}, e.g.
@@ -105,6 +108,7 @@ class Job:
     transform: Callable[[Any], Any] | None = None
     epochs: int | None = None
     scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
+    clip_grad_norm: float | None = None
     validation: Any = None
     eval_every: int | None = None
     metrics: dict[str, Callable[[Any, Any], Any]] | None = None
@@ -253,6 +257,10 @@ class Job:
         self._check_epochs(len(samples))
         self._check_evaluation()
         self._check_scheduler()
+        if self.clip_grad_norm is not None and (
+            isinstance(self.clip_grad_norm, bool) or not isinstance(self.clip_grad_norm, (int, float)) or not self.clip_grad_norm > 0
+        ):
+            raise JobError(f"job.clip_grad_norm={self.clip_grad_norm!r}: give the largest gradient norm, a positive number (e.g. 1.0)")
         for what in ("model", "loss", "optimizer"):
             if not callable(getattr(self, what)):
                 raise JobError(

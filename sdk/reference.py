@@ -49,6 +49,8 @@ def train_reference(job: Job, replicas: int = 1, micro_batches: int = 1) -> nn.S
                     x, y = samples.batch(idx, job.transform, job.seed, epoch)
                     out = run_layers(layers, 0, as_dtype(x, job.dtype), job.seed, t, r, j)
                     (job.loss(out, y) / per).backward()
+        if job.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), job.clip_grad_norm)
         optimizer.step()
         if scheduler is not None:
             scheduler.step()

@@ -203,6 +203,18 @@ class Run:
             out.append(lrs[0])
         return out
 
+    def grad_norms(self) -> list[float]:
+        """Per finished iteration, the global gradient norm before clipping (Job.clip_grad_norm)."""
+        self._fetch_metrics()
+        by_it = self._by_iteration()
+        out = []
+        for t in range(self.iterations_done()):
+            norms = [m.grad_norm for m in by_it[t] if m.grad_norm is not None]
+            if not norms:
+                break
+            out.append(norms[0])
+        return out
+
     def iterations_done(self) -> int:
         """Iterations whose every stage has finished its last phase: the sync tasks, or the backward
         tasks where there is no sync Map (d = 1, or a sync fused into backward)."""

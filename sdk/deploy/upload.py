@@ -120,6 +120,7 @@ def upload_job(
         deferred_batch_norm=job.deferred_batch_norm,
         flows=job.flows,
         evaluation=_evaluation(job, c, res),
+        clip_grad_norm=float(job.clip_grad_norm) if job.clip_grad_norm is not None else None,
         warm_state=job.warm_state,
     )
     code = pickle_job_code(job)
