@@ -451,14 +451,16 @@ class Job:
         allocates to build its stage (nothing beyond the stage when it builds on the meta device,
         the whole model when the factory needs the full build: exactness.meta_build_refusal;
         ModelProfile.build_bytes), and the training set's bytes as stored, by which the planner
-        knows whether workers keep it or read it by sample (ModelProfile.data_bytes)."""
+        knows whether workers keep it or read it by sample (ModelProfile.data_bytes); and whether
+        the job clips its gradient norm (a barrier the performance model charges)."""
         first = self.samples[0]
         data = float(len(self.samples) * sum(len(encode(part)) for part in first))
+        clip = self.clip_grad_norm is not None
         if self.facts.full_build is None:
-            return dataclasses.replace(profile, data_bytes=data)
+            return dataclasses.replace(profile, data_bytes=data, clip_grad_norm=clip)
         model = self.build_model()
         whole = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-        return dataclasses.replace(profile, build_bytes=float(whole), data_bytes=data)
+        return dataclasses.replace(profile, build_bytes=float(whole), data_bytes=data, clip_grad_norm=clip)
 
     def manual_plan(
         self,

@@ -77,3 +77,22 @@ def test_clipping_equals_clip_grad_norm_(runs, name):
     got = run.trained_model().state_dict()
     assert max(float((got[k] - v).abs().max()) for k, v in net.state_dict().items()) < 1e-5
     assert run.grad_norms() == pytest.approx(norms, rel=1e-9)
+
+
+def test_the_performance_model_charges_the_norm_exchange():
+    from dataclasses import replace
+
+    from stagecoach.planner.model.perfmodel import Config, SyncChoice, evaluate
+    from stagecoach.planner.model.platforms import aws_platform
+    from stagecoach.planner.profile.meta import profile_meta
+
+    job = make_job("clip-model")
+    profile = profile_meta(job.build_model(), X[0])
+    plat = aws_platform()
+    cfg = Config(
+        balance=(3, 2), replicas=2, micro_batch=3, micro_batches=2, tiers_mb=(1024, 1024), sync=(SyncChoice("scatter_reduce", 2),) * 2
+    )
+    plain, clipped = evaluate(profile, cfg, plat), evaluate(replace(profile, clip_grad_norm=True), cfg, plat)
+    assert clipped.time_s - plain.time_s == pytest.approx(2 * plat.storage_latency_s + plat.poll_delay_s)
+    u = 4  # two stages, two sync tasks each
+    assert (clipped.s3_puts - plain.s3_puts, clipped.s3_gets - plain.s3_gets) == (u, u * (u - 1))

@@ -310,7 +310,7 @@ def evaluate(profile: ModelProfile, cfg: Config, plat: Platform) -> Estimate:
     for s, n in enumerate(cfg.balance):
         terms.append(layer_terms(profile, i, i + n, s == 0, s == S - 1, cfg.tiers_mb[s], cfg.sync[s], d, b, m, plat))
         i += n
-    return compose(cfg, terms, plat)
+    return compose(cfg, terms, plat, clip=profile.clip_grad_norm)
 
 
 def phase_overhead(plat: Platform, d: int) -> float:
@@ -319,8 +319,9 @@ def phase_overhead(plat: Platform, d: int) -> float:
     return plat.invoke_overhead_s + plat.dispatch_s * (d - 1)
 
 
-def compose(cfg: Config, terms: Sequence[StageTerms], plat: Platform) -> Estimate:
-    """Compose per-stage terms into the iteration's time, cost and feasibility (§3-§4)."""
+def compose(cfg: Config, terms: Sequence[StageTerms], plat: Platform, clip: bool = False) -> Estimate:
+    """Compose per-stage terms into the iteration's time, cost and feasibility (§3-§4). ``clip``:
+    the job clips the global gradient norm (§3.3)."""
     S, d, m = cfg.stages, cfg.replicas, cfg.micro_batches
     o = phase_overhead(plat, d)
     # forward flow shop over stages 0..S-2 (§3.1): a micro-batch crosses every stage (steps and
@@ -342,14 +343,25 @@ def compose(cfg: Config, terms: Sequence[StageTerms], plat: Platform) -> Estimat
         BT[s] = o + terms[S - 1].load_s + acc + t.bwd_step_s + t.bwd_hop_own_s + (m - 1) * bmax + t.sync.tail_s
         acc += t.bwd_step_s + t.bwd_hop_s
     t_bs = max(BT[s] + ((o + terms[s].sync.task_s) if terms[s].sync.tasks else 0.0) for s in range(S))
+    # §3.3 clipping: every updating task PUTs its shard's squared norm and GETs the others' before
+    # updating: a PUT and a GET round (and a poll) on the iteration's end, spent waiting by each
+    updaters = [t.sync.tasks if t.sync.tasks else d for t in terms]
+    clip_s = 2 * plat.storage_latency_s + plat.poll_delay_s if clip else 0.0
+    t_bs += clip_s
     # billing (§4): per task, from the handler's start (invoke overhead not billed)
     fwd_task = [F[s] - o if s < S - 1 else 0.0 for s in range(S)]
     bwd_task = [BT[s] - o for s in range(S)]
     sync_task = [t.sync.task_s for t in terms]
-    gbs = sum(plat.price_per_s(cfg.tiers_mb[s]) * (d * (fwd_task[s] + bwd_task[s]) + terms[s].sync.tasks * sync_task[s]) for s in range(S))
+    gbs = sum(
+        plat.price_per_s(cfg.tiers_mb[s]) * (d * (fwd_task[s] + bwd_task[s]) + terms[s].sync.tasks * sync_task[s] + updaters[s] * clip_s)
+        for s in range(S)
+    )
     invocations = sum(t.invocations for t in terms)
     transitions = float(global_transitions(S) + sum(t.transitions for t in terms))
     puts, gets = sum(t.puts for t in terms), sum(t.gets for t in terms)
+    if clip:
+        u = sum(updaters)
+        puts, gets = puts + u, gets + u * (u - 1)
     c_req = plat.price_request * invocations
     c_tr = plat.price_transition * transitions
     c_s3 = plat.price_put * puts + plat.price_get * gets

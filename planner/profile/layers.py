@@ -159,6 +159,8 @@ class ModelProfile:
     # the training set's bytes as stored (samples and their record headers): a set too large to
     # keep in a worker (planner/plan.py data_resident) is read by sample, which the model charges
     data_bytes: float = 0.0
+    # the job clips its global gradient norm: a barrier among the updating tasks (perfmodel §3.3)
+    clip_grad_norm: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -224,6 +226,7 @@ class ModelProfile:
             "build_bytes": self.build_bytes,
             "flows": [f.to_dict() for f in self.flows],
             "data_bytes": self.data_bytes,
+            "clip_grad_norm": self.clip_grad_norm,
         }
 
     @classmethod
@@ -237,6 +240,7 @@ class ModelProfile:
             build_bytes=float(d.get("build_bytes", 0.0)),
             flows=tuple(Flow.from_dict(f) for f in d.get("flows", [])),
             data_bytes=float(d.get("data_bytes", 0.0)),
+            clip_grad_norm=bool(d.get("clip_grad_norm", False)),
         )
 
 
