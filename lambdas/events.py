@@ -48,7 +48,14 @@ class EvaluateEvent(_Task):
     replica: int = Field(ge=0)
 
 
-TaskEvent = Annotated[ForwardEvent | BackwardEvent | SyncEvent | EvaluateEvent, Field(discriminator="phase")]
+class CheckpointEvent(_Task):
+    """Write stage ``stage``'s part of a loadable state_dict after ``t`` iterations (lambdas/checkpoint.py)."""
+
+    phase: Literal["checkpoint"]
+    replica: int = Field(ge=0)
+
+
+TaskEvent = Annotated[ForwardEvent | BackwardEvent | SyncEvent | EvaluateEvent | CheckpointEvent, Field(discriminator="phase")]
 
 
 class RemediateEvent(BaseModel):

@@ -22,7 +22,16 @@ from pydantic import TypeAdapter
 
 from stagecoach.lambdas import boundary, keys
 from stagecoach.lambdas.channel import Channel, poll_cap_s
-from stagecoach.lambdas.events import BackwardEvent, EvaluateEvent, ForwardEvent, ProfileEvent, RemediateEvent, SyncEvent, TaskEvent
+from stagecoach.lambdas.events import (
+    BackwardEvent,
+    CheckpointEvent,
+    EvaluateEvent,
+    ForwardEvent,
+    ProfileEvent,
+    RemediateEvent,
+    SyncEvent,
+    TaskEvent,
+)
 from stagecoach.lambdas.jobctx import job_context
 from stagecoach.lambdas.optim_state import warm_up
 from stagecoach.lambdas.phases import PHASES
@@ -33,7 +42,7 @@ from stagecoach.lambdas.training import build_model
 from stagecoach.lambdas.watchdog import MemoryWatch
 
 logger = Logger(service="stagecoach-worker")
-_TASK_EVENT: TypeAdapter[ForwardEvent | BackwardEvent | SyncEvent | EvaluateEvent] = TypeAdapter(TaskEvent)
+_TASK_EVENT: TypeAdapter[ForwardEvent | BackwardEvent | SyncEvent | EvaluateEvent | CheckpointEvent] = TypeAdapter(TaskEvent)
 warm_up()  # at import: Lambda's init phase, and locally the zygote every worker is forked from
 
 _container: tuple[int, str, float] | None = None  # (pid, id, started): set on the first invocation
@@ -103,7 +112,9 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     # Give up waiting for another worker's object just before the Task's own timeout: a lost object
     # is then reported as ObjectWaitTimeout (the window restarts) rather than retried as a timeout.
     # (an evaluate task's Task timeout is its function's: planner/emit/asl.py)
-    task_timeout = ctx.plan.function_timeout_s(ev.stage) if ev.phase == "evaluate" else ctx.plan.timeouts_s[ev.stage][ev.phase]
+    task_timeout = (
+        ctx.plan.function_timeout_s(ev.stage) if ev.phase in ("evaluate", "checkpoint") else ctx.plan.timeouts_s[ev.stage][ev.phase]
+    )
     deadline = t0 + min(context.get_remaining_time_in_millis() / 1000.0 - 0.5, task_timeout - 1.0)
     try:
         with MemoryWatch(_client(), ev.bucket, ev.job, ev.stage, int(context.memory_limit_in_mb)):

@@ -86,7 +86,7 @@ class JobContext:
             self.own[stage] = built.own
             self.param_index[stage] = built.param_index
             self.stages[stage] = nn.ModuleList(built.layers).train()
-            if self.spec.build == "full":
+            if self.spec.build == "full" and not self.spec.init_from:
                 self.stats_version[stage] = 0  # a freshly built model holds the initial statistics, as every container's does
             else:
                 self.buffers_pending.add(stage)

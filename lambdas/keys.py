@@ -68,6 +68,15 @@ def grad_norm(job: str, t: int, stage: int, shard: int) -> str:
     return f"jobs/{job}/iter/{t}/norm/s{stage}/k{shard}"
 
 
+def checkpoint(job: str, version: int, stage: int) -> str:
+    """Stage ``stage``'s part of the model's state_dict after ``version`` iterations (Job.checkpoint_every)."""
+    return f"jobs/{job}/checkpoints/v{version}/s{stage}.safetensors"
+
+
+def checkpoints_prefix(job: str) -> str:
+    return f"jobs/{job}/checkpoints/"
+
+
 def eval_result(job: str, version: int, replica: int) -> str:
     """What replica ``replica``'s last stage measured evaluating the parameters after ``version``
     iterations on its slice of the validation set (lambdas/records.py EvalResult)."""

@@ -21,6 +21,7 @@ import torch
 
 from stagecoach.lambdas import boundary, collectives, deferred_bn, keys
 from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.checkpoint import checkpoint
 from stagecoach.lambdas.evaluation import evaluate
 from stagecoach.lambdas.events import BackwardEvent, ForwardEvent, SyncEvent
 from stagecoach.lambdas.jobctx import JobContext
@@ -282,4 +283,4 @@ def _forget_iteration(ctx: JobContext, ch: Channel, t: int, stage: int, replica:
 
 
 Phase = Callable[[JobContext, Channel, Any, float], dict[str, Any]]
-PHASES: dict[str, Phase] = {"forward": forward, "backward": backward, "sync": sync, "evaluate": evaluate}
+PHASES: dict[str, Phase] = {"forward": forward, "backward": backward, "sync": sync, "evaluate": evaluate, "checkpoint": checkpoint}

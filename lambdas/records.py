@@ -79,6 +79,10 @@ class JobSpec(_Record):
     flows: list[Flow] | None = None
     evaluation: EvalSpec | None = None
     clip_grad_norm: float | None = None  # Job.clip_grad_norm (lambdas/clipping.py)
+    # the job starts from given weights (Job.init_from): a container that builds the whole model
+    # loads its stage's initial buffers from the client's upload, as a meta-built one does
+    init_from: bool = False
+    checkpoint_every: int | None = None  # Job.checkpoint_every (lambdas/checkpoint.py)
     # parameters and optimizer state stay in the worker's memory between iterations and go to S3
     # only as window checkpoints (Job.warm_state; docs/runtime.md "State that stays warm")
     warm_state: bool = False
@@ -90,7 +94,7 @@ class JobSpec(_Record):
 class TaskMetrics(_Record):
     """``jobs/{job}/metrics/...``: one per finished task (docs/runtime.md "Metrics")."""
 
-    phase: Literal["forward", "backward", "sync", "evaluate"]
+    phase: Literal["forward", "backward", "sync", "evaluate", "checkpoint"]
     t: int
     stage: int
     index: int  # the replica (forward, backward) or the shard (sync)

@@ -7,12 +7,14 @@ backend, so the same job runs locally and on AWS unchanged.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from stagecoach import exactness
@@ -70,6 +72,13 @@ class Job:
                   ``optimizer.step(); scheduler.step()`` in a plain loop); every task that updates
                   parameters applies iteration t's group hyperparameters (lambdas/schedule.py);
                   each iteration's learning rates are in the metrics (Run.learning_rates()).
+    init_from:    pretrained weights to start from: a state_dict of the model (the user's own
+                  module's names, e.g. ``run.trained_model().state_dict()``) or the path of a
+                  safetensors file of one (``run.save()``'s model.safetensors); every parameter and
+                  buffer must be in it, with its shape.
+    checkpoint_every: keep a loadable state_dict (safetensors, the user's names) every N
+                  iterations, written by the workers (Run.checkpoints(), Run.checkpoint(t); it
+                  stays after the run and can start another: init_from=run.checkpoint(t)).
     clip_grad_norm: ``max_norm``: before any update, the gradient of the whole model (every stage,
                   every shard) is scaled as torch.nn.utils.clip_grad_norm_(model.parameters(),
                   max_norm) scales it; the norm per iteration is in the metrics (Run.grad_norms()).
@@ -109,6 +118,8 @@ class Job:
     epochs: int | None = None
     scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
     clip_grad_norm: float | None = None
+    init_from: Any = None  # a safetensors file's path or a state_dict: the starting weights
+    checkpoint_every: int | None = None
     validation: Any = None
     eval_every: int | None = None
     metrics: dict[str, Callable[[Any, Any], Any]] | None = None
@@ -171,6 +182,12 @@ class Job:
     def evaluation_set(self) -> Any:
         """What the evaluate tasks run on: ``validation``, else ``test``, else None."""
         return self.validation if self.validation is not None else self.test
+
+    def checkpoint_versions(self) -> list[int]:
+        """The versions (iterations done) kept as loadable state_dicts: every ``checkpoint_every``."""
+        if not self.checkpoint_every:
+            return []
+        return list(range(self.checkpoint_every, self.iterations + 1, self.checkpoint_every))
 
     def eval_versions(self) -> list[int]:
         """The versions (iterations done) evaluated: every ``eval_every`` and the last."""
@@ -257,6 +274,10 @@ class Job:
         self._check_epochs(len(samples))
         self._check_evaluation()
         self._check_scheduler()
+        if self.checkpoint_every is not None and (
+            not isinstance(self.checkpoint_every, int) or isinstance(self.checkpoint_every, bool) or self.checkpoint_every < 1
+        ):
+            raise JobError(f"job.checkpoint_every={self.checkpoint_every!r}: must be a positive number of iterations")
         if self.clip_grad_norm is not None and (
             isinstance(self.clip_grad_norm, bool) or not isinstance(self.clip_grad_norm, (int, float)) or not self.clip_grad_norm > 0
         ):
@@ -309,6 +330,8 @@ class Job:
         chain = self.build_model()
         assert isinstance(chain, Blocks)
         user = build_model(self.model, self.seed, self.dtype)
+        if self.init_from is not None:  # the chain starts from them too
+            self._load_initial(user)
         try:
             exactness.check_split(user, chain, chain.original_state_dict(keep_vars=True), self.loss, x, y, self.dtype)
         except exactness.NotExact as e:
@@ -373,7 +396,41 @@ class Job:
             )
         if len(model) == 0:
             raise JobError("job.model() returned an empty nn.Sequential")
+        if self.init_from is not None:
+            self._load_initial(model)
         return model
+
+    def _initial_state(self) -> Mapping[str, torch.Tensor]:
+        """``init_from`` as a state_dict (read from its file if it is a path)."""
+        source = self.init_from
+        if isinstance(source, (str, os.PathLike)):
+            try:
+                source = load_file(os.fspath(source))
+            except Exception as e:
+                raise JobError(f"job.init_from={os.fspath(self.init_from)!r} is not a readable safetensors file: {e}") from None
+        if not isinstance(source, Mapping) or not all(isinstance(v, torch.Tensor) for v in source.values()):
+            raise JobError("job.init_from: give a state_dict (name -> tensor) or the path of a safetensors file of one")
+        return source
+
+    def _load_initial(self, model: nn.Module) -> None:
+        """``init_from``'s values into the model's parameters and buffers, by the user's names
+        (a chain cut at ``blocks`` holds them under those names too)."""
+        source = self._initial_state()
+        target = model.original_state_dict(keep_vars=True) if isinstance(model, Blocks) else model.state_dict(keep_vars=True)
+        missing, extra = sorted(set(target) - set(source)), sorted(set(source) - set(target))
+        if missing or extra:
+            raise JobError(
+                f"job.init_from does not fit the model: missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
+                f"unexpected {extra[:5]}{' ...' if len(extra) > 5 else ''}: give the state_dict of job.model()'s own module"
+            )
+        bad = [k for k in target if tuple(source[k].shape) != tuple(target[k].shape)]
+        if bad:
+            raise JobError(
+                f"job.init_from[{bad[0]!r}] has shape {tuple(source[bad[0]].shape)}, the model's is {tuple(target[bad[0]].shape)}"
+            )
+        with torch.no_grad():
+            for k, t in target.items():
+                t.copy_(source[k].to(t.dtype))
 
     def user_model(self, blocks: nn.Sequential) -> nn.Module:
         """The model as the user wrote it, holding ``blocks``' parameters and buffers (for a job

@@ -19,7 +19,7 @@ def _by_iteration(metrics: Iterable[TaskMetrics]) -> dict[int, list[TaskMetrics]
     is not part of it)."""
     out: dict[int, list[TaskMetrics]] = defaultdict(list)
     for m in metrics:
-        if m.phase != "evaluate":
+        if m.phase in ("forward", "backward", "sync"):  # not evaluate or checkpoint tasks
             out[int(m.t)].append(m)
     return out
 

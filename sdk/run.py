@@ -172,7 +172,7 @@ class Run:
         """The training tasks by iteration (evaluate tasks are Run.evaluations' business)."""
         out: dict[int, list[TaskMetrics]] = defaultdict(list)
         for m in self._metrics:
-            if m.phase != "evaluate":
+            if m.phase in ("forward", "backward", "sync"):  # not evaluate or checkpoint tasks
                 out[m.t].append(m)
         return out
 
@@ -190,6 +190,28 @@ class Run:
                 r = EvalResult.model_validate_json(body)
                 by_version[r.version].append(r)
         return [combine(rs) for v, rs in sorted(by_version.items()) if len({r.replica for r in rs}) == self.plan.replicas]
+
+    def checkpoints(self) -> list[int]:
+        """The versions (iterations done) whose state_dict the workers kept (Job.checkpoint_every)."""
+        stages: dict[int, set[int]] = defaultdict(set)
+        for page in self._c.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=keys.checkpoints_prefix(self.job_id)):
+            for o in page.get("Contents", []):
+                v, s = o["Key"][len(keys.checkpoints_prefix(self.job_id)) :].split("/")
+                stages[int(v[1:])].add(int(s[1:].split(".")[0]))
+        n = self.spec().to_plan().stages
+        return sorted(v for v, ss in stages.items() if len(ss) == n)
+
+    def checkpoint(self, version: int) -> dict[str, torch.Tensor]:
+        """The model's state_dict after ``version`` iterations, under its own names: load it with
+        model.load_state_dict, or start a job from it with Job(init_from=...)."""
+        if version not in self.checkpoints():
+            raise ValueError(f"run {self.job_id} kept no checkpoint of version {version}: it has {self.checkpoints()}")
+        out: dict[str, torch.Tensor] = {}
+        for s in range(self.spec().to_plan().stages):
+            body = self._c.s3.get_object(Bucket=self.bucket, Key=keys.checkpoint(self.job_id, version, s))["Body"].read()
+            for k, v in st_load(body).items():
+                out.setdefault(k, v)
+        return out
 
     def learning_rates(self) -> list[list[float]]:
         """Per finished iteration, each parameter group's learning rate (under a scheduler)."""

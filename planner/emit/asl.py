@@ -87,13 +87,15 @@ def _map_events(items: int) -> int:
     return EV_MAP + items * (EV_MAP_ITEM + EV_TASK)
 
 
-def events_per_iteration(plan: Plan, evals: Sequence[int] = ()) -> int:
-    """History events one fault-free iteration adds to a window execution (with ``evals``: the
-    check for an evaluation, and an evaluate Map in every iteration, as a bound)."""
+def events_per_iteration(plan: Plan, evals: Sequence[int] = (), saves: Sequence[int] = ()) -> int:
+    """History events one fault-free iteration adds to a window execution (with ``evals`` and
+    ``saves``: the checks, and an Evaluate and a Checkpoint Map in every iteration, as a bound)."""
     s, d = plan.stages, plan.replicas
     n = EV_PASS  # Loop (Choice)
     if evals:
-        n += 2 * EV_PASS + _map_events(s * d)  # EvalDue (Pass), EvalChoice, Evaluate
+        n += 2 * EV_PASS + _map_events(s * d)  # EvaluateDue (Pass), EvaluateChoice, Evaluate
+    if saves:
+        n += 2 * EV_PASS + _map_events(s)  # CheckpointDue, CheckpointChoice, Checkpoint
     if s > 1:
         n += _map_events((s - 1) * d)  # Forward
     n += EV_PARALLEL + s * _map_events(d)  # backward Maps
@@ -102,13 +104,13 @@ def events_per_iteration(plan: Plan, evals: Sequence[int] = ()) -> int:
     return n
 
 
-def window_length(plan: Plan, limit: int = HISTORY_LIMIT, evals: Sequence[int] = ()) -> int:
+def window_length(plan: Plan, limit: int = HISTORY_LIMIT, evals: Sequence[int] = (), saves: Sequence[int] = ()) -> int:
     """Iterations per window execution so its history stays well under ``limit`` events."""
     usable = int(limit * HISTORY_BUDGET) - EV_WINDOW_FIXED
-    n = usable // events_per_iteration(plan, evals)
+    n = usable // events_per_iteration(plan, evals, saves)
     if n < 1:
         raise ValueError(
-            f"one iteration of this plan needs {events_per_iteration(plan, evals)} history events, more than a "
+            f"one iteration of this plan needs {events_per_iteration(plan, evals, saves)} history events, more than a "
             f"window can hold ({usable}): use fewer stages or replicas"
         )
     return n
@@ -181,13 +183,17 @@ def _map(name: str, items_path: str, selector: dict[str, Any], task: dict[str, A
     return state
 
 
-def window_definition(plan: Plan, functions: Sequence[str], per_worker: bool = False, evals: Sequence[int] = ()) -> dict[str, Any]:
+def window_definition(
+    plan: Plan, functions: Sequence[str], per_worker: bool = False, evals: Sequence[int] = (), saves: Sequence[int] = ()
+) -> dict[str, Any]:
     """The window state machine of ``plan``; ``functions[s]`` is stage s's Lambda function name or
     ARN. ``per_worker`` (plan.per_worker_functions): every replica and sync task of a stage runs on
     a function of its own (plan.worker_function), named in its Map item as Forward's are.
     ``evals``: the versions (iterations done) after which to evaluate on the validation set: an
     Evaluate Map of every (stage, replica) runs after the iteration that reaches one, each on its
-    replica's function (lambdas/evaluation.py), decided in the state machine with States.ArrayContains."""
+    replica's function (lambdas/evaluation.py), decided in the state machine with States.ArrayContains.
+    ``saves``: likewise, the versions of which a Checkpoint Map (replica 0 of every stage) keeps
+    a loadable state_dict (lambdas/checkpoint.py)."""
     if len(functions) != plan.stages:
         raise ValueError(f"need one function per stage ({plan.stages}), got {len(functions)}")
     s_count, d = plan.stages, plan.replicas
@@ -211,6 +217,8 @@ def window_definition(plan: Plan, functions: Sequence[str], per_worker: bool = F
     }
     if evals:
         carry.update({"evals.$": "$.evals", "ev.$": "$.ev"})
+    if saves:
+        carry.update({"saves.$": "$.saves", "sv.$": "$.sv"})
     first_phase = "Forward" if s_count > 1 else "BackwardSync"
     states: dict[str, Any] = {
         "Init": {
@@ -232,6 +240,11 @@ def window_definition(plan: Plan, functions: Sequence[str], per_worker: bool = F
                 },
                 "fw": fw_items,
                 **({"evals": sorted(set(evals)), "ev": ev_items} if evals else {}),
+                **(
+                    {"saves": sorted(set(saves)), "sv": [{"stage": st, "replica": 0, "fn": fn(st, "r", 0)} for st in range(s_count)]}
+                    if saves
+                    else {}
+                ),
                 **(
                     {"bw": {f"s{st}": [{"replica": r, "fn": fn(st, "r", r)} for r in ranks] for st in range(s_count)}} if per_worker else {}
                 ),
@@ -300,28 +313,40 @@ def window_definition(plan: Plan, functions: Sequence[str], per_worker: bool = F
         "Next": "Failed",
     }
     states["Failed"] = {"Type": "Fail", "ErrorPath": "$.caught.Error", "CausePath": "$.caught.Cause"}
-    states["Advance"] = {"Type": "Pass", "Parameters": {**carry, "t.$": "States.MathAdd($.t, 1)"}, "Next": "EvalDue" if evals else "Loop"}
-    if evals:
-        states["EvalDue"] = {
+    # after the iteration that reaches a listed version: keep a checkpoint, then evaluate
+    # (a Pass computes States.ArrayContains, a Choice branches on it: ASL has no modulo)
+    after = [
+        ("Checkpoint", "checkpoint", "$.saves", "$.sv", saves),
+        ("Evaluate", "evaluate", "$.evals", "$.ev", evals),
+    ]
+    chain = [a for a in after if a[4]]
+    states["Advance"] = {
+        "Type": "Pass",
+        "Parameters": {**carry, "t.$": "States.MathAdd($.t, 1)"},
+        "Next": f"{chain[0][0]}Due" if chain else "Loop",
+    }
+    # a checkpoint or evaluate task runs under its function's timeout (it walks its whole share)
+    long_timeout = max(plan.function_timeout_s(s) for s in range(s_count))
+    for i, (name, phase, versions, items, _) in enumerate(chain):
+        nxt = f"{chain[i + 1][0]}Due" if i + 1 < len(chain) else "Loop"
+        states[f"{name}Due"] = {
             "Type": "Pass",
-            "Parameters": {**carry, "t.$": "$.t", "due.$": "States.ArrayContains($.evals, $.t)"},
-            "Next": "EvalChoice",
+            "Parameters": {**carry, "t.$": "$.t", "due.$": f"States.ArrayContains({versions}, $.t)"},
+            "Next": f"{name}Choice",
         }
-        states["EvalChoice"] = {
+        states[f"{name}Choice"] = {
             "Type": "Choice",
-            "Choices": [{"Variable": "$.due", "BooleanEquals": True, "Next": "Evaluate"}],
-            "Default": "Loop",
+            "Choices": [{"Variable": "$.due", "BooleanEquals": True, "Next": name}],
+            "Default": nxt,
         }
-        # an evaluate task walks its replica's slice of the validation set: its function's timeout
-        ev_timeout = max(plan.function_timeout_s(s) for s in range(s_count))
-        states["Evaluate"] = _map(
-            "Evaluate",
-            "$.ev",
+        states[name] = _map(
+            name,
+            items,
             {"stage.$": "$$.Map.Item.Value.stage", "replica.$": "$$.Map.Item.Value.replica", "fn.$": "$$.Map.Item.Value.fn"},
-            _task("evaluate", None, ev_timeout, "replica"),
-            "Loop",
+            _task(phase, None, long_timeout, "replica"),
+            nxt,
         )
-        states["Evaluate"]["Catch"] = [dict(ABORT_CATCH)]
+        states[name]["Catch"] = [dict(ABORT_CATCH)]
     states["Done"] = {"Type": "Succeed"}
     return {
         "Comment": f"Stagecoach window: {s_count} stages x {d} replicas, {plan.micro_batches} micro-batches, "

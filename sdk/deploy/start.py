@@ -26,8 +26,8 @@ def window_timeout_s(plan: Plan, length: int, evaluates: bool = False) -> int:
     """A window must finish within its iterations' worst case (every phase at its timeout, and an
     evaluation after each if the job evaluates: its function's timeout) plus slack."""
     per_iter = max(t["forward"] for t in plan.timeouts_s) + max(t["backward"] + t["sync"] for t in plan.timeouts_s)
-    if evaluates:
-        per_iter += max(plan.function_timeout_s(s) for s in range(plan.stages))
+    if evaluates:  # an evaluation and a checkpoint after every iteration, as a bound
+        per_iter += 2 * max(plan.function_timeout_s(s) for s in range(plan.stages))
     return min(365 * 24 * 3600, length * per_iter + 300)
 
 
@@ -132,13 +132,15 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients, rese
             functions.append(function_name(res, job_id, s))
         window = c.sfn.create_state_machine(
             name=window_state_machine_name(res, job_id),
-            definition=json.dumps(asl.window_definition(plan, functions, per_worker, evals=job.eval_versions())),
+            definition=json.dumps(
+                asl.window_definition(plan, functions, per_worker, evals=job.eval_versions(), saves=job.checkpoint_versions())
+            ),
             roleArn=res.states_role_arn,
             type="STANDARD",
             tags=[{"key": STACK_TAG, "value": res.prefix}, {"key": JOB_TAG, "value": job_id}],
         )["stateMachineArn"]
         created_sm.append(window)
-        length = asl.window_length(plan, evals=job.eval_versions())
+        length = asl.window_length(plan, evals=job.eval_versions(), saves=job.checkpoint_versions())
         spec = upload_job(job, plan, res, c, job_id, length, window)
         c.s3.put_object(Bucket=res.bucket, Key=keys.job_spec(job_id), Body=spec.model_dump_json(indent=2).encode())
         job_input = JobInput(
@@ -147,7 +149,7 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients, rese
             windowStateMachineArn=window,
             iterations=job.iterations,
             windowLength=length,
-            windowTimeout=window_timeout_s(plan, length, evaluates=bool(job.eval_versions())),
+            windowTimeout=window_timeout_s(plan, length, evaluates=bool(job.eval_versions()) or bool(job.checkpoint_versions())),
             windowsPerExecution=asl.windows_per_execution(),
             functionPrefix=function_name(res, job_id, 0)[:-1],
             controlFunction=res.control_function,

@@ -121,6 +121,8 @@ def upload_job(
         flows=job.flows,
         evaluation=_evaluation(job, c, res),
         clip_grad_norm=float(job.clip_grad_norm) if job.clip_grad_norm is not None else None,
+        init_from=job.init_from is not None,
+        checkpoint_every=job.checkpoint_every,
         warm_state=job.warm_state,
     )
     code = pickle_job_code(job)
@@ -137,7 +139,7 @@ def upload_job(
         # (BatchNorm's running statistics, positional tables...): the factory's, from this build
         layers, first = [model[i] for i in plan.stage_layers(s)], plan.stage_layers(s).start
         buffers = stage_buffers(layers, first)
-        if spec.build == "meta" and buffers:
+        if (spec.build == "meta" or spec.init_from) and buffers:
             c.s3.put_object(Bucket=res.bucket, Key=keys.initial_buffers(job_id, s), Body=_safetensors(buffers))
         # version 0 of the running statistics, as every later version is stored: a task of
         # iteration 0 that updated them and failed, retried in the same container, reloads them
