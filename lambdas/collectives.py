@@ -91,8 +91,9 @@ def stateful(make_optimizer: MakeOptimizer) -> bool:
 
 
 def fold(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """g_0 + g_1 + ... in this order: the one reduction order every algorithm uses."""
-    total = parts[0].clone()
+    """g_0 + g_1 + ... in this order: the one reduction order every algorithm uses. bfloat16
+    gradients (mixed precision) are summed in float32, the master weights' dtype."""
+    total = parts[0].float() if parts[0].dtype == torch.bfloat16 else parts[0].clone()
     for g in parts[1:]:
         total += g
     return total

@@ -32,6 +32,7 @@ from stagecoach.lambdas.training import (
     epoch_of,
     flat_params,
     load_running_stats,
+    master_dtype,
     running_stats,
     stage_layout,
 )
@@ -60,7 +61,10 @@ class JobContext:
     own: dict[int, Ownership] = field(default_factory=dict)
     param_index: dict[int, dict[int, int]] = field(default_factory=dict)  # id -> position in model.parameters()
     tied_version: dict[int, int] = field(default_factory=dict)  # the owners' version of the tied parameters held
-    buffers_pending: set[int] = field(default_factory=set)  # meta-built stages whose initial buffers are not loaded yet
+    buffers_pending: set[int] = field(default_factory=set)
+    master: dict[int, torch.Tensor] = field(
+        default_factory=dict
+    )  # mixed precision: fp32 flat parameters  # meta-built stages whose initial buffers are not loaded yet
     # warm optimizer state (docs/runtime.md "State that stays warm"): per (stage, shard) this
     # container owns, the version held and each chunk's state as optim_state.dump_state wrote it
     optim_held: dict[tuple[int, int], tuple[int, list[bytes]]] = field(default_factory=dict)
@@ -185,7 +189,8 @@ class JobContext:
         """How stage ``stage``'s flat vector is cut into K shards of chunks (training.stage_layout)."""
         own = next(iter(self.own.values())) if self.own else self.ownership(stage)
         numel = own.numel(stage)
-        return stage_layout(numel, torch.empty(0, dtype=self.dtype).element_size(), self.plan.grad_shards(stage), self.plan.replicas)
+        itemsize = torch.empty(0, dtype=master_dtype(self.dtype)).element_size()  # the stored parameters'
+        return stage_layout(numel, itemsize, self.plan.grad_shards(stage), self.plan.replicas)
 
     def group_runs(self, stage: int) -> tuple[tuple[int, int, int], ...]:
         """The stage's flat vector as (start, end, parameter group) runs; () for one group (unless
@@ -294,15 +299,25 @@ class JobContext:
         return module
 
     def set_params(self, stage: int, version: int, flat: torch.Tensor) -> None:
-        """Install the stage's flat parameters at ``version`` in this container's module."""
+        """Install the stage's flat parameters at ``version`` in this container's module (under
+        mixed precision: keep them as the master copy, the module computing in bfloat16)."""
         assign_flat(self.stage_params(stage), flat)
+        if flat.dtype != self.dtype:
+            self.master[stage] = flat
         self.loaded_version[stage] = version
+
+    def master_params(self, stage: int) -> torch.Tensor:
+        """The stage's flat parameters as stored and updated: the master copy under mixed
+        precision, else the module's own."""
+        if self.dtype != master_dtype(self.dtype):
+            return self.master[stage]
+        return flat_params(self.stage_params(stage))
 
     def cached_params(self, stage: int, version: int) -> torch.Tensor | None:
         """The stage's flat parameters at ``version`` if this container holds them."""
         if self.loaded_version.get(stage) != version:
             return None
-        return flat_params(self.stage_params(stage))
+        return self.master_params(stage)
 
     def samples(self, channel: Channel, stage: int, split: str = "train") -> RemoteSamples:
         """A data set as this container reads it (lambdas/datafetch.py): kept whole when small

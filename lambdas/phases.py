@@ -26,7 +26,7 @@ from stagecoach.lambdas.evaluation import evaluate
 from stagecoach.lambdas.events import BackwardEvent, ForwardEvent, SyncEvent
 from stagecoach.lambdas.jobctx import JobContext
 from stagecoach.lambdas.stageio import StageIO
-from stagecoach.lambdas.training import batch_indices, flat_params, micro_batch, tracked_norms
+from stagecoach.lambdas.training import batch_indices, micro_batch, tracked_norms
 from stagecoach.planner.plan import FUSED_SYNC
 
 
@@ -182,16 +182,16 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
         flat = torch.cat([grads[0, c] for c in spec.chunks(0)])
         store = ctx.checkpoint(t + 1, ev.window_start)
         new, states = collectives.update_warm(
-            ch, spec, flat_params(params), flat, warm_state, store_params=store or ctx.publishes_params(s), store_state=store
+            ch, spec, ctx.master_params(s), flat, warm_state, store_params=store or ctx.publishes_params(s), store_state=store
         )
         ctx.set_params(s, t + 1, new)
         ctx.optim_held[s, 0] = (t + 1, states)
     elif plan.replicas == 1:
         flat = torch.cat([grads[0, c] for c in spec.chunks(0)])
-        new = collectives.update_alone(ch, spec, flat_params(params), flat, state)
+        new = collectives.update_alone(ch, spec, ctx.master_params(s), flat, state)
         ctx.set_params(s, t + 1, new)
     elif exchange is not None:
-        ctx.set_params(s, t + 1, exchange.finish(flat_params(params)))
+        ctx.set_params(s, t + 1, exchange.finish(ctx.master_params(s)))
         if exchange.warm is not None:
             ctx.optim_held[s, r] = (t + 1, [exchange.warm.kept[c] for c in spec.chunks(r)])
     if record is not None and r == 0:  # after the exchange, which the other replicas wait on

@@ -19,7 +19,15 @@ from stagecoach.lambdas import boundary
 from stagecoach.planner.plan import chunk_count
 
 # The dtypes a job may train in, by the names its spec carries.
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+def master_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the stored parameters and the optimizer's state: float32 under bfloat16
+    (mixed precision: bf16 compute and transfers, fp32 master weights), else the job's own."""
+    return torch.float32 if dtype == torch.bfloat16 else dtype
+
+
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 

@@ -26,7 +26,7 @@ from stagecoach.lambdas.graph_split import Blocks, SplitError, SplitFactory, sug
 from stagecoach.lambdas.profiling import measure_model
 from stagecoach.lambdas.samples import LocalSamples, as_dtype, encode
 from stagecoach.lambdas.schedule import stand_in
-from stagecoach.lambdas.training import DTYPE_NAMES, build_model
+from stagecoach.lambdas.training import DTYPE_NAMES, build_model, master_dtype
 from stagecoach.planner.model.platforms import Platform, aws_platform
 from stagecoach.planner.plan import PHASES, Plan, PlanError, even_balance
 from stagecoach.planner.profile.flows import Flow
@@ -123,7 +123,7 @@ class Job:
     validation: Any = None
     eval_every: int | None = None
     metrics: dict[str, Callable[[Any, Any], Any]] | None = None
-    dtype: torch.dtype = torch.float32
+    dtype: torch.dtype = torch.float32  # torch.bfloat16: mixed precision (lambdas/training.py master_dtype)
     name: str = "job"
     blocks: Sequence[str] | None = None
     deferred_batch_norm: bool = False
@@ -261,7 +261,10 @@ class Job:
         if not isinstance(self.warm_state, bool):
             raise JobError(f"job.warm_state={self.warm_state!r}: must be True or False")
         if self.dtype not in DTYPE_NAMES:
-            raise JobError(f"job.dtype={self.dtype}: use torch.float32 or torch.float64")
+            raise JobError(
+                f"job.dtype={self.dtype}: use torch.float32, torch.float64, or torch.bfloat16 (mixed precision: bf16 compute "
+                "and transfers, float32 master weights and optimizer state)"
+            )
         samples = self.samples
         if self.test is not None:
             _samples(self.test, "test")
@@ -378,10 +381,12 @@ class Job:
             )
         return SplitFactory(self.model, tuple(self.blocks), tuple(x.shape[1:]), x.dtype, self.dtype)
 
-    def build_model(self) -> nn.Sequential:
-        """The model at its initial parameters, as a chain of blocks: the factory run under the job's seed."""
+    def build_model(self, dtype: torch.dtype | None = None) -> nn.Sequential:
+        """The model at its initial parameters, as a chain of blocks: the factory run under the
+        job's seed, in the job's dtype (``dtype``: another, e.g. the master weights' float32 of a
+        bfloat16 job)."""
         try:
-            model = build_model(self.factory, self.seed, self.dtype)
+            model = build_model(self.factory if dtype is None else self._factory_in(dtype), self.seed, dtype or self.dtype)
         except SplitError as e:
             raise JobError(str(e)) from None
         except JobError:
@@ -432,12 +437,17 @@ class Job:
             for k, t in target.items():
                 t.copy_(source[k].to(t.dtype))
 
+    def _factory_in(self, dtype: torch.dtype) -> Callable[[], nn.Module]:
+        factory = self.factory
+        return dataclasses.replace(factory, dtype=dtype) if isinstance(factory, SplitFactory) else factory
+
     def user_model(self, blocks: nn.Sequential) -> nn.Module:
         """The model as the user wrote it, holding ``blocks``' parameters and buffers (for a job
         without ``blocks``, the chain itself): what a trained run hands back."""
         if not isinstance(blocks, Blocks):
             return blocks
-        model = build_model(self.model, self.seed, self.dtype)
+        dtype = next((p.dtype for p in blocks.parameters()), self.dtype)
+        model = build_model(self.model, self.seed, dtype)
         state = blocks.original_state_dict()
         model.load_state_dict({k: state[k] for k in model.state_dict()})
         return model
@@ -513,6 +523,8 @@ class Job:
         first = self.samples[0]
         data = float(len(self.samples) * sum(len(encode(part)) for part in first))
         clip = self.clip_grad_norm is not None
+        ratio = torch.empty(0, dtype=master_dtype(self.dtype)).element_size() / torch.empty(0, dtype=self.dtype).element_size()
+        profile = dataclasses.replace(profile, master_ratio=ratio)
         if self.facts.full_build is None:
             return dataclasses.replace(profile, data_bytes=data, clip_grad_norm=clip)
         model = self.build_model()

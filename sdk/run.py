@@ -19,7 +19,7 @@ from stagecoach.deploy.chain import follow
 from stagecoach.evaluation import Evaluation, combine
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.records import EvalResult, JobSpec, TaskMetrics
-from stagecoach.lambdas.training import assign_flat, load_running_stats, ownership, running_stats, stage_layout
+from stagecoach.lambdas.training import assign_flat, load_running_stats, master_dtype, ownership, running_stats, stage_layout
 from stagecoach.metrics import iteration_breakdown
 
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
@@ -292,7 +292,7 @@ class Run:
         v = self.job.iterations if version is None else version
         model = self.job.build_model()
         numel = ownership(list(model), [self.plan.stage_layers(s) for s in range(self.plan.stages)]).numel(stage)
-        itemsize = torch.empty(0, dtype=self.job.dtype).element_size()
+        itemsize = torch.empty(0, dtype=master_dtype(self.job.dtype)).element_size()  # as stored
         parts = []
         for k, chunks in enumerate(stage_layout(numel, itemsize, self.plan.grad_shards(stage), self.plan.replicas)):
             for c in range(len(chunks)):
@@ -303,7 +303,7 @@ class Run:
     def trained_model(self) -> nn.Module:
         """The model with the parameters, and the running statistics (BatchNorm), after the last
         iteration: the user's own module (for a job with ``blocks``, not the chain it was cut into)."""
-        model = self.job.build_model()
+        model = self.job.build_model(master_dtype(self.job.dtype))  # the stored weights' dtype (fp32 under bf16)
         layers = list(model)
         own = ownership(layers, [self.plan.stage_layers(s) for s in range(self.plan.stages)])
         for s in range(self.plan.stages):

@@ -156,6 +156,7 @@ def stage_terms(
     build_bytes: float = 0.0,
     outgrad_ps: float | None = None,
     data_streamed: bool = False,
+    master_ratio: float = 1.0,
 ) -> StageTerms:
     """One stage's terms from its aggregated layer facts (sums over its layers; in/ingrad of its
     first layer, out of its last; per-sample bytes; ``fwd_s``/``bwd_s`` one micro-batch at the tier).
@@ -165,7 +166,9 @@ def stage_terms(
     of the output). ``data_streamed``: the training set is too large to keep (planner/plan.py
     data_resident), so the first stage reads each micro-batch's inputs and the last its targets by
     ranged GETs, one per sample, all of a micro-batch's at once (else they read the set once per
-    container, which this model does not charge).
+    container, which this model does not charge). ``master_ratio``: stored parameter bytes per
+    computed parameter byte (2 under bfloat16: fp32 master weights), for the parameter loads and
+    the master copy a container holds.
 
     Per micro-batch a task GETs what it needs (waiting for it), computes, and PUTs its result in
     the background while the next micro-batch computes (docs/performance-model.md §3): a step
@@ -195,14 +198,14 @@ def stage_terms(
     # a sync that leaves version t+1 in the backward task's container (d = 1, pipelined
     # scatter-reduce) spares the next phase's task of the stage its parameter load and GETs
     cached = bool(getattr(sy, "params_cached", False))
-    load = 0.0 if cached else lat + p_bytes / w
+    load = 0.0 if cached else lat + master_ratio * p_bytes / w
     shard_gets = 0 if cached else sy.shards
     # one micro-batch's recomputed activations (GPipe); all m micro-batches' without recompute
     act = b * (saved_ps * (1 if (last or plat.recompute_forward) else m) + 2 * in_ps + 2 * out_ps)
     # What a container holds (docs/performance-model.md §2): only its stage, built on the meta
     # device; a sync task runs in a warm container of the stage's function, which still holds the
     # stage's parameters and the gradients its backward task left (2 P) beside the sync's buffers.
-    backward = param_copies(d, plat) * p_bytes + buffer_bytes + act + sy.backward_extra_bytes
+    backward = (param_copies(d, plat) + master_ratio - 1) * p_bytes + buffer_bytes + act + sy.backward_extra_bytes
     sync = 2 * p_bytes + buffer_bytes + sy.task_bytes if sy.tasks else 0.0
     mem = max(backward, sync, build_bytes)
     # while a micro-batch's input (or its output's gradient) is on its way from the neighbour, the
@@ -276,6 +279,7 @@ def layer_terms(
         build_bytes=profile.build_bytes,
         outgrad_ps=io.outgrad_ps,
         data_streamed=not data_resident(profile.data_bytes, tier),
+        master_ratio=profile.master_ratio,
     )
 
 

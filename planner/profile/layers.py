@@ -161,6 +161,8 @@ class ModelProfile:
     data_bytes: float = 0.0
     # the job clips its global gradient norm: a barrier among the updating tasks (perfmodel §3.3)
     clip_grad_norm: bool = False
+    # stored parameter bytes per computed one: 2 for a bfloat16 job, whose master weights are fp32
+    master_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -227,6 +229,7 @@ class ModelProfile:
             "flows": [f.to_dict() for f in self.flows],
             "data_bytes": self.data_bytes,
             "clip_grad_norm": self.clip_grad_norm,
+            "master_ratio": self.master_ratio,
         }
 
     @classmethod
@@ -241,6 +244,7 @@ class ModelProfile:
             flows=tuple(Flow.from_dict(f) for f in d.get("flows", [])),
             data_bytes=float(d.get("data_bytes", 0.0)),
             clip_grad_norm=bool(d.get("clip_grad_norm", False)),
+            master_ratio=float(d.get("master_ratio", 1.0)),
         )
 
 

@@ -136,6 +136,7 @@ def candidate_groups(
                         build_bytes=profile.build_bytes,
                         outgrad_ps=io.outgrad_ps,
                         data_streamed=not data_resident(profile.data_bytes, tier),
+                        master_ratio=profile.master_ratio,
                     )
                     if st.memory_bytes > cap or st.sync.task_s > maxT:
                         continue

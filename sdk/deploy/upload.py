@@ -19,7 +19,7 @@ from stagecoach.lambdas import keys
 from stagecoach.lambdas.records import DatasetRef, EvalSpec, JobSpec
 from stagecoach.lambdas.samples import LocalSamples
 from stagecoach.lambdas.stagebuild import stage_buffers
-from stagecoach.lambdas.training import DTYPE_NAMES, flat_params, ownership, running_stats, stage_layout
+from stagecoach.lambdas.training import DTYPE_NAMES, flat_params, master_dtype, ownership, running_stats, stage_layout
 from stagecoach.planner.plan import Plan
 
 if TYPE_CHECKING:
@@ -129,9 +129,12 @@ def upload_job(
     c.s3.put_object(Bucket=res.bucket, Key=keys.job_code(job_id), Body=code)
     c.s3.put_object(Bucket=res.bucket, Key=keys.plan(job_id), Body=plan.to_json().encode())
     model = job.build_model()
-    own = ownership(list(model), [plan.stage_layers(s) for s in range(plan.stages)])
+    master = job.build_model(master_dtype(job.dtype)) if master_dtype(job.dtype) != job.dtype else model  # fp32 under bf16
+    own = ownership(list(master), [plan.stage_layers(s) for s in range(plan.stages)])
     for s in range(plan.stages):
-        flat = flat_params(own.owned[s])  # what the stage owns: a parameter shared with an earlier stage is that stage's
+        flat = flat_params(
+            own.owned[s]
+        )  # the stored (master) parameters  # what the stage owns: a parameter shared with an earlier stage is that stage's
         for k, chunks in enumerate(stage_layout(flat.numel(), flat.element_size(), plan.grad_shards(s), plan.replicas)):
             for ci, (a, b) in enumerate(chunks):
                 c.s3.put_object(Bucket=res.bucket, Key=keys.params(job_id, 0, s, k, ci), Body=_safetensors({"p": flat[a:b]}))
