@@ -29,6 +29,7 @@ class EvalSpec(_Record):
     dataset: DatasetRef
     versions: list[int]  # the parameters after these many iterations (every eval_every, and the last)
     metrics: list[str]  # the names of Job.metrics, in order
+    every: int | None = None  # Job.eval_every (a resumed job with more iterations keeps evaluating by it)
 
 
 class EvalResult(_Record):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["Job", "Run", "Plan", "PlanError", "JobError", "RunFailed"]
+__all__ = ["Job", "Run", "Plan", "PlanError", "JobError", "RunFailed", "attach", "resume", "list_jobs"]
 __version__ = "0.1.0"
 
 _WHERE = {
@@ -22,6 +22,9 @@ _WHERE = {
     "RunFailed": "stagecoach.run",
     "Plan": "stagecoach.planner.plan",
     "PlanError": "stagecoach.planner.plan",
+    "attach": "stagecoach.lifecycle",
+    "resume": "stagecoach.lifecycle",
+    "list_jobs": "stagecoach.lifecycle",
 }
 
 

@@ -7,12 +7,14 @@ and which ARNs it can read. Launching a job and cleaning one up are written once
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from stagecoach.deploy.cleanup import Removed, cleanup_job
-from stagecoach.deploy.resources import Clients, StackResources, check_name_lengths
+from stagecoach.deploy.resources import Clients, DeployError, StackResources, check_name_lengths
+from stagecoach.deploy.resume import JobStatus, job_executions, list_jobs, resume_job
 from stagecoach.deploy.start import check_concurrency, deploy_and_start, preflight
 from stagecoach.planner.plan import per_worker_functions
 from stagecoach.run import Run
@@ -52,6 +54,32 @@ class Backend(ABC):
         check_concurrency(plan, *self.available_concurrency())
         job_id, arn = deploy_and_start(job, plan, self.resources, self.deploy_clients(), reserve_concurrency=reserve_concurrency)
         return Run(self, job, plan, job_id, arn)
+
+    def attach(self, job_id: str, job: Job | None = None) -> Run:
+        """The Run of a job started elsewhere (its latest execution; ``job``: its Job, for the
+        trained model; the Job's iterations follow the deployed spec's)."""
+        execs = job_executions(self.clients, self.resources, job_id)
+        if not execs:
+            raise DeployError(f"no job {job_id} in stack {self.resources.prefix} ({self.name}): `stagecoach list` shows its jobs")
+        return self._run(job_id, job, execs[-1]["executionArn"])
+
+    def resume(self, job_id: str, iterations: int | None = None, job: Job | None = None) -> Run:
+        """Continue a stopped, failed or finished job from its last complete checkpoint, to its
+        iterations or to ``iterations`` in all (sdk/deploy/resume.py)."""
+        arn, _, _ = resume_job(self.clients, self.resources, job_id, iterations)
+        return self._run(job_id, job, arn)
+
+    def jobs(self) -> list[JobStatus]:
+        """The stack's jobs, newest first, with their status."""
+        return list_jobs(self.clients, self.resources)
+
+    def _run(self, job_id: str, job: Job | None, arn: str) -> Run:
+        run = Run(self, None, None, job_id, arn)
+        spec = run.spec()
+        run.plan = spec.to_plan()
+        if job is not None:
+            run.job = dataclasses.replace(job, iterations=spec.iterations, epochs=None)
+        return run
 
     def cleanup(
         self, job_id: str, keep_results: bool = False, stop_running: bool = False, log: Callable[[str], None] | None = None

@@ -71,8 +71,9 @@ class Run:
     def wait(self, progress: bool = True, poll_s: float = 1.0, timeout_s: float | None = None) -> str:
         """Block until the run ends; show iteration, loss and phase times. Raises RunFailed."""
 
-        bar = tqdm(total=self.job.iterations, unit="it", disable=not progress, dynamic_ncols=True)
-        versions = set(self.job.eval_versions()) if hasattr(self.job, "eval_versions") else set()
+        spec = self.spec()  # the job's as deployed (a resumed job's iterations included)
+        bar = tqdm(total=spec.iterations, unit="it", disable=not progress, dynamic_ncols=True)
+        versions = set(spec.evaluation.versions) if spec.evaluation is not None else set()
         evaluates, latest = progress and bool(versions), None
         start = time.time()
         done = 0
@@ -102,7 +103,7 @@ class Run:
         if status != "SUCCEEDED":
             raise RunFailed(f"run {self.job_id} {status}: {self.failure()}")
         # the next run of this job sets its task timeouts from this one
-        learnt.record(self._c.s3, self.bucket, self.job.name, self.job_id, self.plan, self.metrics())
+        learnt.record(self._c.s3, self.bucket, spec.name, self.job_id, self.plan, self.metrics())
         return status
 
     def failure(self) -> str:
@@ -300,9 +301,18 @@ class Run:
                 parts.append(st_load(body)["p"])
         return torch.cat(parts)
 
+    def _job(self) -> Any:
+        if self.job is None:
+            raise ValueError(
+                f"run {self.job_id} was attached without its Job: the model's code is the job file's; "
+                f"attach with stagecoach.attach({self.job_id!r}, job=job) (or read run.checkpoint(t) / run.stage_vector(s))"
+            )
+        return self.job
+
     def trained_model(self) -> nn.Module:
         """The model with the parameters, and the running statistics (BatchNorm), after the last
         iteration: the user's own module (for a job with ``blocks``, not the chain it was cut into)."""
+        self._job()
         model = self.job.build_model(master_dtype(self.job.dtype))  # the stored weights' dtype (fp32 under bf16)
         layers = list(model)
         own = ownership(layers, [self.plan.stage_layers(s) for s in range(self.plan.stages)])

@@ -9,6 +9,7 @@ import click
 
 from stagecoach.cli.cleanup import cleanup_command
 from stagecoach.cli.inspect import inspect_command
+from stagecoach.cli.lifecycle import list_command, resume_command
 from stagecoach.cli.local import local_group
 from stagecoach.cli.plan import plan_command
 from stagecoach.cli.train import train_command
@@ -25,5 +26,7 @@ main.add_command(plan_command, name="plan")
 main.add_command(inspect_command, name="inspect")
 main.add_command(cleanup_command, name="cleanup")
 main.add_command(local_group, name="local")
+main.add_command(resume_command, name="resume")
+main.add_command(list_command, name="list")
 
 __all__ = ["main"]

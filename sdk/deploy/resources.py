@@ -92,7 +92,7 @@ def job_id_from(ref: str) -> str:
     """A job id from itself or from any of its job executions' ARNs (named after the job, then
     ``{job}-c{link}`` for each continuation, deploy/chain.py)."""
     job_id = ref.rsplit(":", 1)[-1] if ref.startswith("arn:") else ref
-    job_id = re.sub(r"-c[0-9]+$", "", job_id) if ref.startswith("arn:") else job_id
+    job_id = re.sub(r"(-[cr][0-9]+)+$", "", job_id) if ref.startswith("arn:") else job_id  # continuations, resumptions
     if not JOB_ID.fullmatch(job_id):
         raise DeployError(f"{ref!r} is not a job: give a job id (NAME-xxxxxxxx, as `stagecoach train` prints it) or its job execution ARN")
     return job_id

@@ -60,7 +60,12 @@ def _evaluation(job: Job, c: Clients, res: StackResources) -> EvalSpec | None:
         return None
     samples = LocalSamples(data, "validation")
     ds_id = upload_samples(c.s3, res.bucket, samples, progress=sys.stderr.isatty(), what="validation")
-    return EvalSpec(dataset=DatasetRef(id=ds_id, n_train=len(samples)), versions=job.eval_versions(), metrics=list(job.metrics or {}))
+    return EvalSpec(
+        dataset=DatasetRef(id=ds_id, n_train=len(samples)),
+        versions=job.eval_versions(),
+        metrics=list(job.metrics or {}),
+        every=job.eval_every,
+    )
 
 
 def pickle_job_code(job: Job) -> bytes:

@@ -1,0 +1,168 @@
+"""Continue a job from its last complete checkpoint, and find the stack's jobs.
+
+A job's functions, window state machine, code, data and spec stay in the stack until
+`stagecoach cleanup`, and its parameters (and optimizer state, and running statistics) are
+stored at least at every window's first version and after its last (docs/runtime.md "Checkpoints,
+cleanup, idempotence"). So a job that stopped, failed, or finished can go on: a new execution of
+the job state machine, named ``{job}-r{n}``, starts at the latest version whose every object is
+there, and runs to the job's iterations — or to a new total, which is written into the job's spec
+(and its window's lists of evaluations and checkpoints) before anything starts. The versions are
+deterministic (data order, dropout, schedules are functions of the seed and the iteration), so the
+continued run ends bit-identical to one that never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from stagecoach.deploy.resources import Clients, DeployError, StackResources, function_name
+from stagecoach.lambdas import keys
+from stagecoach.lambdas.records import EvalSpec, JobSpec
+from stagecoach.planner.emit.job_input import JobInput
+
+RUNNING = {"RUNNING"}
+
+
+def _listing(c: Clients, bucket: str, prefix: str) -> list[str]:
+    out: list[str] = []
+    for page in c.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        out += [o["Key"][len(prefix) :] for o in page.get("Contents", [])]
+    return out
+
+
+def last_checkpoint(c: Clients, bucket: str, job: str) -> int:
+    """The latest version whose parameters (every chunk of every shard of every stage), optimizer
+    state (for a stateful optimizer) and running statistics (where the model has them) are stored."""
+    params: dict[int, int] = defaultdict(int)
+    for rest in _listing(c, bucket, f"jobs/{job}/params/"):
+        params[int(rest.split("/")[0][1:])] += 1
+    optim: dict[int, int] = defaultdict(int)
+    for rest in _listing(c, bucket, f"jobs/{job}/optim/"):
+        optim[int(rest.split("/")[0][1:])] += 1
+    buffers: dict[int, int] = defaultdict(int)
+    for rest in _listing(c, bucket, f"jobs/{job}/buffers/"):
+        buffers[int(rest.split("/")[0][1:])] += 1
+    whole = params.get(0, 0)
+    if not whole:
+        raise DeployError(f"job {job} has no stored parameters (s3://{bucket}/jobs/{job}/params/): was it cleaned up?")
+    stateful = bool(optim)
+    complete = [
+        v
+        for v, n in params.items()
+        if n == whole and (v == 0 or not stateful or optim.get(v) == whole) and buffers.get(v, 0) == buffers.get(0, 0)
+    ]
+    return max(complete)
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """One job of the stack, as `stagecoach list` shows it."""
+
+    job: str
+    name: str
+    status: str  # the latest execution's: RUNNING, SUCCEEDED, FAILED, ABORTED, STOPPED...
+    started: str
+    iterations: int
+    execution_arn: str
+
+
+def _executions(c: Clients, res: StackResources) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for page in c.sfn.get_paginator("list_executions").paginate(stateMachineArn=res.job_state_machine_arn):
+        out += page["executions"]
+    return out
+
+
+def _job_of(execution_name: str) -> str:
+    """The job id of a job execution: ``{job}``, ``{job}-c{n}`` (a continuation), ``{job}-r{n}`` (a resumption)."""
+    return re.sub(r"(-[cr]\d+)+$", "", execution_name)
+
+
+def job_executions(c: Clients, res: StackResources, job: str) -> list[dict[str, Any]]:
+    """The job's executions (every link and resumption), oldest first."""
+    mine = [e for e in _executions(c, res) if _job_of(e["name"]) == job]
+    return sorted(mine, key=lambda e: e["startDate"])
+
+
+def list_jobs(c: Clients, res: StackResources) -> list[JobStatus]:
+    """The stack's jobs, newest first, each with its latest execution's status."""
+    by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in _executions(c, res):
+        by_job[_job_of(e["name"])].append(e)
+    out = []
+    for job, execs in by_job.items():
+        latest = max(execs, key=lambda e: e["startDate"])
+        first = min(execs, key=lambda e: e["startDate"])
+        try:
+            spec = JobSpec.model_validate_json(c.s3.get_object(Bucket=res.bucket, Key=keys.job_spec(job))["Body"].read())
+            name, iterations = spec.name, spec.iterations
+        except c.s3.exceptions.NoSuchKey:
+            name, iterations = "(cleaned up)", 0
+        out.append(JobStatus(job, name, latest["status"], str(first["startDate"]), iterations, latest["executionArn"]))
+    return sorted(out, key=lambda j: j.started, reverse=True)
+
+
+def resume_job(c: Clients, res: StackResources, job: str, iterations: int | None = None) -> tuple[str, int, int]:
+    """Start the job again from its last complete checkpoint; returns (execution ARN, the version
+    it starts from, its iterations)."""
+    running = [e for e in job_executions(c, res, job) if e["status"] in RUNNING]
+    if running:
+        raise DeployError(f"job {job} is still running ({running[-1]['executionArn']}): stop it first (`stagecoach stop {job}`)")
+    try:
+        spec = JobSpec.model_validate_json(c.s3.get_object(Bucket=res.bucket, Key=keys.job_spec(job))["Body"].read())
+    except c.s3.exceptions.NoSuchKey:
+        raise DeployError(f"job {job} has no spec in s3://{res.bucket}/jobs/{job}/: it was cleaned up (or never ran here)") from None
+    window, length = spec.window_state_machine, spec.window_length
+    if window is None or length is None:
+        raise DeployError(f"job {job} is a profiling job: it has no iterations to resume")
+    start = last_checkpoint(c, res.bucket, job)
+    total = spec.iterations if iterations is None else iterations
+    if total <= start:
+        raise DeployError(f"job {job} has its parameters after {start} iterations already: give --iterations above {start} to train on")
+    if total != spec.iterations:
+        spec = _extend(c, res, spec, total)
+    execs = job_executions(c, res, job)
+    first = json.loads(c.sfn.describe_execution(executionArn=execs[0]["executionArn"]).get("input") or "{}")
+    n = 1 + sum(1 for e in execs if re.search(r"-r\d+$", e["name"]))
+    job_input = JobInput(
+        job=job,
+        bucket=res.bucket,
+        windowStateMachineArn=window,
+        iterations=total,
+        windowLength=length,
+        windowTimeout=int(first["windowTimeout"]),
+        windowsPerExecution=int(first["windowsPerExecution"]),
+        functionPrefix=function_name(res, job, 0)[:-1],
+        controlFunction=res.control_function,
+        start=start,
+    )
+    arn = c.sfn.start_execution(stateMachineArn=res.job_state_machine_arn, name=f"{job}-r{n}", input=job_input.model_dump_json())[
+        "executionArn"
+    ]
+    return arn, start, total
+
+
+def _extend(c: Clients, res: StackResources, spec: JobSpec, total: int) -> JobSpec:
+    """A new total of iterations: in the spec the workers read, and in the window's lists of
+    versions to evaluate (every ``eval_every`` and the last) and to keep (every ``checkpoint_every``)."""
+    evaluation = spec.evaluation
+    if evaluation is not None:
+        every = evaluation.every or total
+        versions = sorted({v for v in evaluation.versions if v <= total} | set(range(every, total + 1, every)) | {total})
+        evaluation = EvalSpec(dataset=evaluation.dataset, versions=versions, metrics=evaluation.metrics, every=evaluation.every)
+    new = spec.model_copy(update={"iterations": total, "evaluation": evaluation})
+    sm = spec.window_state_machine
+    assert sm is not None
+    definition = json.loads(c.sfn.describe_state_machine(stateMachineArn=sm)["definition"])
+    init = definition["States"]["Init"]["Parameters"]
+    if evaluation is not None and "evals" in init:
+        init["evals"] = evaluation.versions
+    if spec.checkpoint_every and "saves" in init:
+        init["saves"] = list(range(spec.checkpoint_every, total + 1, spec.checkpoint_every))
+    c.sfn.update_state_machine(stateMachineArn=sm, definition=json.dumps(definition))
+    c.s3.put_object(Bucket=res.bucket, Key=keys.job_spec(spec.job), Body=new.model_dump_json(indent=2).encode())
+    return new
