@@ -111,3 +111,18 @@ def window_abort(job: str, attempt: str) -> str:
     """Written by a window execution whose phase failed (planner/emit/asl.py ABORT_KEY): that
     attempt's tasks still waiting for objects stop (lambdas/channel.py)."""
     return f"jobs/{job}/abort/{attempt}"
+
+
+def stop_request(job: str) -> str:
+    """Asks the job to stop at its next iteration boundary (records.StopRequest; lambdas/gate.py)."""
+    return f"jobs/{job}/stop/request.json"
+
+
+def stopped(job: str) -> str:
+    """Where and why the job stopped (records.StopRecord): the version its checkpoint holds."""
+    return f"jobs/{job}/stop/stopped.json"
+
+
+def cost_tally(job: str) -> str:
+    """The engine's running cost count of a job with a cost cap (records.CostTally)."""
+    return f"jobs/{job}/cost/tally.json"
