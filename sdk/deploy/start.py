@@ -7,15 +7,19 @@ creations idempotent). If anything fails, whatever was created is removed.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from stagecoach.deploy.cleanup import rollback
+from stagecoach.deploy.requests import RequestCounter
 from stagecoach.deploy.resources import HANDLER, Clients, DeployError, StackResources, function_name, new_job_id, window_state_machine_name
 from stagecoach.deploy.roles import JOB_TAG, STACK_TAG, create_function_when_role_ready, create_job_role
 from stagecoach.deploy.upload import upload_job
 from stagecoach.lambdas import keys
+from stagecoach.lambdas.cost import Prices
 from stagecoach.planner.emit import asl
 from stagecoach.planner.emit.job_input import JobInput
+from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.plan import Plan
 
 if TYPE_CHECKING:
@@ -108,9 +112,12 @@ def reserved_concurrency(plan: Plan, stage: int) -> int:
     return 2 * max(plan.replicas, plan.sync_tasks(stage))
 
 
-def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients, reserve_concurrency: bool = False) -> tuple[str, str]:
+def deploy_and_start(
+    job: Job, plan: Plan, res: StackResources, c: Clients, reserve_concurrency: bool = False, max_cost_usd: float | None = None
+) -> tuple[str, str]:
     """Create the job's resources and start it; returns (job id, job execution ARN). The caller
-    has checked the stack (:func:`preflight`)."""
+    has checked the stack (:func:`preflight`). ``max_cost_usd``: the job's cost cap, which its
+    iteration gate enforces (lambdas/gate.py)."""
     job_id = new_job_id(job.name)
     created_functions: list[str] = []
     created_sm: list[str] = []
@@ -133,7 +140,12 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients, rese
         )["stateMachineArn"]
         created_sm.append(window)
         length = asl.window_length(plan)
-        spec = upload_job(job, plan, res, c, job_id, length, window)
+        with RequestCounter(c.s3) as launched:
+            spec = upload_job(job, plan, res, c, job_id, length, window)
+        # the job is metered at the prices of its functions' architecture, as of now
+        prices = Prices.of(aws_platform("x86_64" if res.architecture == "x86_64" else "arm64"))
+        requests = {"puts": launched.puts + 1, "gets": launched.gets}  # + the spec's own PUT
+        spec = spec.model_copy(update={"max_cost_usd": max_cost_usd, "prices": asdict(prices), "launch_requests": requests})
         c.s3.put_object(Bucket=res.bucket, Key=keys.job_spec(job_id), Body=spec.model_dump_json(indent=2).encode())
         job_input = JobInput(
             job=job_id,

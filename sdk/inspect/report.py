@@ -14,9 +14,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stagecoach.backend import Backend
+from stagecoach.cost import CostReport
 from stagecoach.inspect.events import FailedTask, failed_tasks
 from stagecoach.lambdas import keys
-from stagecoach.lambdas.records import JobSpec, Remediation, TaskMetrics
+from stagecoach.lambdas.records import JobSpec, Remediation, StopRecord, TaskMetrics
 from stagecoach.metrics import _losses, iteration_breakdown, phase_timings
 from stagecoach.run import Run
 
@@ -43,11 +44,16 @@ class Inspection:
     failed_tasks: list[FailedTask] = field(default_factory=list)
     remediations: list[Remediation] = field(default_factory=list)  # killed workers: what was decided
     metrics: list[TaskMetrics] = field(default_factory=list, repr=False)
+    cost: CostReport | None = None  # measured so far (None for a job launched before cost metering)
+    stop: StopRecord | None = None  # where and why the job stopped, if it did
+    max_cost_usd: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("metrics")
         d["remediations"] = [r.model_dump() for r in self.remediations]
+        d["cost"] = self.cost.to_dict() if self.cost else None
+        d["stop"] = self.stop.model_dump() if self.stop else None
         return d
 
 
@@ -162,10 +168,11 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
             failures = failures[:max_failures]
             break
     r = backend.resources
+    status = run.status()  # STOPPED where Step Functions says FAILED with the stop error
     return Inspection(
         execution_arn=execution_arn,
         job_id=run.job_id,
-        status=d["status"],
+        status=status,
         console_url=r.console.format(region=r.region, arn=execution_arn),
         started=str(d.get("startDate", "")),
         stopped=str(d["stopDate"]) if d.get("stopDate") else None,
@@ -181,6 +188,9 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
         failed_tasks=failures,
         remediations=_remediations(backend, run.job_id),
         metrics=metrics,
+        cost=run.cost() if spec.prices is not None else None,
+        stop=run.stopped() if status == "STOPPED" else None,
+        max_cost_usd=spec.max_cost_usd,
     )
 
 
@@ -213,8 +223,21 @@ def format_report(ins: Inspection) -> str:
             f"window {('?' if w['index'] is None else w['index'] + 1)}/{ins.windows}: iterations [{w['start']}, {w['end']}) "
             f"{w['status']} (attempt {w['attempts']})"
         )
-    if ins.error:
+    if ins.stop:
+        lines.append(
+            f"stopped before iteration {ins.stop.version} ({'cost cap' if ins.stop.reason == 'max_cost' else 'on request'}"
+            + (f": {ins.stop.detail}" if ins.stop.detail else "")
+            + f"); checkpoint: version {ins.stop.version} of the parameters and optimizer state"
+        )
+    elif ins.error:
         lines.append(f"error: {ins.error}")
+    if ins.cost:
+        cap = f"; cap ${ins.max_cost_usd:.4f}" if ins.max_cost_usd is not None else ""
+        lines.append(f"cost: measured {ins.cost.summary()}{cap}")
+        lines.append(f"  {ins.cost.quantities()}")
+        pred = (p.get("prediction") or {}).get("usd_per_iteration")
+        if pred:
+            lines.append(f"  the planner predicted ${pred:.6f} per iteration; measured ${ins.cost.per_iteration_usd():.6f}")
     if ins.phase_timings:
         lines.append("phase timings (mean per iteration after the first; task parts are means per task):")
         lines.append(f"  {'phase':9} {'span s':>8} {'task s':>8} {'max s':>8} {'compute':>8} {'transfer':>9} {'wait':>8} {'tasks':>6}")
