@@ -9,6 +9,7 @@ import time
 import click
 import torch
 
+from stagecoach import cost as costs
 from stagecoach.backend import Backend
 from stagecoach.cli.jobfile import load_job_file
 from stagecoach.cli.options import backend_for, region_option, stack_option
@@ -47,6 +48,12 @@ def accuracy(model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor]) ->
     is_flag=True,
     help="local backend: give every worker Lambda's bandwidth and S3 latency (the planner's AWS constants)",
 )
+@click.option(
+    "--max-cost",
+    type=float,
+    callback=lambda _ctx, _param, v: _positive_usd(v),
+    help="USD: stop the job at the next iteration boundary once its measured cost passes this (it keeps its checkpoint)",
+)
 @click.option("--out", default="stagecoach-runs", show_default=True, help="directory for results")
 def train_command(
     file: str,
@@ -62,6 +69,7 @@ def train_command(
     stack: str | None,
     region: str | None,
     emulate_network: bool,
+    max_cost: float | None,
     out: str,
 ) -> None:
     """Train the `job` defined in FILE; print progress, final loss, test accuracy and where results are.
@@ -99,20 +107,29 @@ def train_command(
             f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}, memory {list(plan.memory_mb)} MB, "
             f"sync {_sync_label(plan)}"
         )
+        platform = aws_platform()
+        predicted = costs.predict(plan, job.predict(plan, platform), job.iterations, platform, capped=max_cost is not None)
+        click.echo(f"cost on AWS: predicted {predicted.summary()}" + (f"; cap ${max_cost:.4f}" if max_cost is not None else ""))
         chosen = _backend(backend, stack, region, emulate_network)
-        run = job.run(plan=plan, backend=chosen)
+        run = job.run(plan=plan, backend=chosen, max_cost=max_cost)
     except (JobError, PlanError, DeployError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"job {run.job_id}: execution {run.execution_arn}")
     click.echo(f"console: {run.console_url}")
     try:
-        run.wait(progress=True)
+        status = run.wait(progress=True)
     except (RunFailed, DeployError) as e:  # DeployError: e.g. AccessDenied while watching on AWS
         raise click.ClickException(str(e)) from None
     wall = time.time() - t0
+    if status == "STOPPED":
+        record = run.stopped()
+        if record is not None:
+            why = "its measured cost passed the cap" if record.reason == "max_cost" else "on request"
+            click.echo(f"stopped before iteration {record.version} ({why}): the results are version {record.version}'s checkpoint")
     losses = run.losses()
     directory = run.save(os.path.join(out, run.job_id))
-    click.echo(f"final loss {losses[-1]:.4f} (first {losses[0]:.4f}) after {len(losses)} iterations")
+    if losses:
+        click.echo(f"final loss {losses[-1]:.4f} (first {losses[0]:.4f}) after {len(losses)} iterations")
     if job.test is not None:
         click.echo(f"test accuracy {accuracy(run.trained_model(), job.test):.4f}")
     b = run.time_breakdown()
@@ -123,6 +140,9 @@ def train_command(
             f"{b['orchestration_s'] / it:.0%}, in tasks: compute {b['compute_s'] / it:.0%}, "
             f"S3 transfer {b['transfer_s'] / it:.0%}, waiting on other workers {b['wait_s'] / it:.0%}"
         )
+    measured = run.cost()
+    click.echo(f"cost on AWS: measured {measured.summary()}; predicted ${predicted.usd:.4f} for {predicted.iterations}")
+    click.echo(f"  {measured.quantities()} (AWS list prices of {measured.prices.as_of})")
     click.echo(f"results: {directory} (model.safetensors, plan.json, metrics.jsonl, losses.json)")
 
 
@@ -146,6 +166,12 @@ def _with_sync(plan: Plan, sync: str | None, aggregators: int | None) -> Plan:
         raise click.BadParameter(f"--aggregators only applies to --sync k_reduce, not {algo}", param_hint="--aggregators")
     k = aggregators or (1 if algo == "all_reduce" else plan.replicas)
     return dataclasses.replace(plan, sync=(algo,) * plan.stages, aggregators=(k,) * plan.stages)
+
+
+def _positive_usd(value: float | None) -> float | None:
+    if value is not None and not (0 < value < float("inf")):
+        raise click.BadParameter(f"{value}: give a positive number of US dollars, e.g. --max-cost 0.50", param_hint="--max-cost")
+    return value
 
 
 def _sync_label(plan: Plan) -> str:
