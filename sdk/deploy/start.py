@@ -27,9 +27,10 @@ if TYPE_CHECKING:
 
 
 def window_timeout_s(plan: Plan, length: int) -> int:
-    """A window must finish within its iterations' worst case (every phase at its timeout) plus slack."""
-    per_iter = max(t["forward"] for t in plan.timeouts_s) + max(t["backward"] + t["sync"] for t in plan.timeouts_s)
-    return min(365 * 24 * 3600, length * per_iter + 300)
+    """A window must finish within its iterations' worst case (every phase and the iteration gate
+    at its timeout) plus slack."""
+    per_iter = max(t["forward"] for t in plan.timeouts_s) + max(t["backward"] + t["sync"] for t in plan.timeouts_s) + asl.GATE_TIMEOUT_S
+    return min(365 * 24 * 3600, (length + 1) * per_iter + 300)
 
 
 def check_concurrency(plan: Plan, available: int | None, where: str) -> None:
