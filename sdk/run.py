@@ -103,7 +103,7 @@ class Run:
             if record is not None:
                 return record.version
         if status == "SUCCEEDED":
-            return int(self.job.iterations)
+            return int(self.job.iterations if self.job is not None else self.spec().iterations)
         return self.iterations_done()
 
     def wait(self, progress: bool = True, poll_s: float = 1.0, timeout_s: float | None = None) -> str:
