@@ -178,6 +178,11 @@ def test_a_cost_cap_stops_the_job_at_an_iteration_boundary_with_its_checkpoint(b
     # its own reading while it watched; retries: none here)
     measured = run.cost()
     assert measured.usd >= tally["usd"] * 0.98
+    from stagecoach.inspect.report import format_report, inspect_execution
+
+    report = format_report(inspect_execution(backend, run.execution_arn))
+    assert f"job {run.job_id}: STOPPED" in report and f"stopped before iteration {v} (cost cap: measured $" in report
+    assert f"cap ${cap:.4f}, the engine's meter ${tally['usd']:.4f}" in report
 
 
 def test_run_stop_ends_the_job_at_the_next_iteration_boundary(backend):

@@ -17,7 +17,7 @@ from stagecoach.backend import Backend
 from stagecoach.cost import CostReport
 from stagecoach.inspect.events import FailedTask, failed_tasks
 from stagecoach.lambdas import keys
-from stagecoach.lambdas.records import JobSpec, Remediation, StopRecord, TaskMetrics
+from stagecoach.lambdas.records import CostTally, JobSpec, Remediation, StopRecord, TaskMetrics
 from stagecoach.metrics import _losses, iteration_breakdown, phase_timings
 from stagecoach.run import Run
 
@@ -47,6 +47,7 @@ class Inspection:
     cost: CostReport | None = None  # measured so far (None for a job launched before cost metering)
     stop: StopRecord | None = None  # where and why the job stopped, if it did
     max_cost_usd: float | None = None
+    metered_usd: float | None = None  # the engine's running tally, what the cap is checked against
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -191,7 +192,18 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
         cost=run.cost() if spec.prices is not None else None,
         stop=run.stopped() if status == "STOPPED" else None,
         max_cost_usd=spec.max_cost_usd,
+        metered_usd=_metered(backend, run.job_id) if spec.max_cost_usd is not None else None,
     )
+
+
+def _metered(backend: Backend, job_id: str) -> float | None:
+    """The engine's running tally of a capped job (lambdas/gate.py), None before its first gate."""
+    s3 = backend.clients.s3
+    try:
+        body = s3.get_object(Bucket=backend.resources.bucket, Key=keys.cost_tally(job_id))["Body"].read()
+    except s3.exceptions.NoSuchKey:
+        return None
+    return CostTally.model_validate_json(body).usd
 
 
 def _sync_label(p: dict[str, Any]) -> str:
@@ -232,7 +244,10 @@ def format_report(ins: Inspection) -> str:
     elif ins.error:
         lines.append(f"error: {ins.error}")
     if ins.cost:
-        cap = f"; cap ${ins.max_cost_usd:.4f}" if ins.max_cost_usd is not None else ""
+        cap = ""
+        if ins.max_cost_usd is not None:
+            metered = f", the engine's meter ${ins.metered_usd:.4f}" if ins.metered_usd is not None else ""
+            cap = f"; cap ${ins.max_cost_usd:.4f}{metered}"
         lines.append(f"cost: measured {ins.cost.summary()}{cap}")
         lines.append(f"  {ins.cost.quantities()}")
         pred = (p.get("prediction") or {}).get("usd_per_iteration")
