@@ -4,6 +4,7 @@ through the real state machines on the local stack; the billing arithmetic check
 import copy
 import json
 import math
+import re
 import textwrap
 import time
 
@@ -262,3 +263,20 @@ def test_train_prints_the_predicted_cost_of_a_manual_plan_and_the_measured_one(b
         assert phase in predicted and phase in measured, (phase, predicted, measured)
     assert "for 3 iterations" in predicted and "; predicted $" in measured
     assert "GB-s" in r.output and "state transitions" in r.output
+
+
+def test_train_with_a_tiny_cap_stops_early_and_says_so(backend, tmp_path, monkeypatch):
+    from stagecoach.cli import main
+
+    (tmp_path / "job.py").write_text(JOB_FILE.replace("iterations=3", "iterations=20"))
+    monkeypatch.chdir(tmp_path)
+    # the launch and the first states cost about $0.0004, an iteration of this plan about $0.00016
+    r = CliRunner().invoke(main, ["train", "job.py", "--stages", "1", "--max-cost", "0.0006"])
+    assert r.exit_code == 0, r.output
+    assert "; cap $0.0006" in r.output
+    # (CliRunner may glue the progress bar, written to stderr, to the line)
+    found = re.search(r"stopped before iteration (\d+) \(its measured cost passed the cap\)", r.output)
+    assert found, r.output
+    v = int(found.group(1))
+    assert 1 <= v < 20
+    assert f"after {v} iterations" in r.output and "measured $" in r.output
