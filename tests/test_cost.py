@@ -229,6 +229,11 @@ def test_stop_command_and_inspect_show_a_stopped_job_and_its_cost(backend, monke
     assert f"job {run.job_id}: STOPPED" in r.output
     assert f"stopped before iteration {v} (on request); checkpoint: version {v}" in r.output
     assert "cost: measured $" in r.output and "state transitions" in r.output
+    r = CliRunner().invoke(main, ["inspect", run.execution_arn, "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["status"] == "STOPPED" and d["stop"]["version"] == v and d["stop"]["reason"] == "requested"
+    assert d["cost"]["usd"] > 0 and set(d["cost"]["phase_usd"]) == {"forward", "backward", "sync", "orchestration", "client"}
 
 
 JOB_FILE = textwrap.dedent(
