@@ -287,7 +287,10 @@ class Run:
         return costs.measure(self.spec(), metrics, [self.history(windows=True)], self.iterations_done(), self._watch_requests)
 
     def predicted_cost(self) -> costs.CostReport:
-        """The performance model's cost of the whole run on AWS, for this plan (docs/cost.md)."""
+        """The performance model's cost of the whole run on AWS, for this plan (docs/cost.md).
+        Needs the Job (it profiles the model): not available on a Run opened from an ARN."""
+        if self.job is None:
+            raise RuntimeError(f"run {self.job_id} was opened without its Job: predicting its cost needs the model (Job.predict)")
         platform = aws_platform()
         spec = self.spec()
         return costs.predict(self.plan, self.job.predict(self.plan, platform), self.job.iterations, platform, spec.max_cost_usd is not None)

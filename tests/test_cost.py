@@ -285,3 +285,24 @@ def test_train_with_a_tiny_cap_stops_early_and_says_so(backend, tmp_path, monkey
     v = int(found.group(1))
     assert 1 <= v < 20
     assert f"after {v} iterations" in r.output and "measured $" in r.output
+
+
+@pytest.mark.parametrize(
+    "manual",
+    [
+        dict(stages=1),
+        dict(stages=3, replicas=2, micro_batches=2),
+        dict(stages=2, replicas=4, sync="pipelined_scatter_reduce"),
+        dict(stages=3, replicas=4, sync="k_reduce", aggregators=2),
+    ],
+    ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()),
+)
+def test_the_performance_model_counts_the_transitions_and_invocations_the_emitter_emits(manual):
+    from stagecoach.planner.emit import asl
+
+    job = tiny_job("model-tr", 1)
+    plan = job.manual_plan(**manual)
+    est = job.predict(plan)
+    assert est.transitions == asl.transitions_per_iteration(plan)
+    tasks = (plan.stages - 1) * plan.replicas + plan.stages * plan.replicas + sum(plan.sync_tasks(s) for s in range(plan.stages))
+    assert est.invocations == tasks
