@@ -107,10 +107,11 @@ def train_command(
             f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}, memory {list(plan.memory_mb)} MB, "
             f"sync {_sync_label(plan)}"
         )
-        platform = aws_platform()
+        chosen = _backend(backend, stack, region, emulate_network)
+        # at the prices of the stack's architecture, as the run will be metered (deploy/start.py)
+        platform = aws_platform("x86_64" if chosen.resources.architecture == "x86_64" else "arm64")
         predicted = costs.predict(plan, job.predict(plan, platform), job.iterations, platform, capped=max_cost is not None)
         click.echo(f"cost on AWS: predicted {predicted.summary()}" + (f"; cap ${max_cost:.4f}" if max_cost is not None else ""))
-        chosen = _backend(backend, stack, region, emulate_network)
         run = job.run(plan=plan, backend=chosen, max_cost=max_cost)
     except (JobError, PlanError, DeployError) as e:
         raise click.ClickException(str(e)) from None
