@@ -278,7 +278,7 @@ def test_train_with_a_tiny_cap_stops_early_and_says_so(backend, tmp_path, monkey
     # the launch and the first states cost about $0.0004, an iteration of this plan about $0.00016
     r = CliRunner().invoke(main, ["train", "job.py", "--stages", "1", "--max-cost", "0.0006"])
     assert r.exit_code == 0, r.output
-    assert "; cap $0.0006" in r.output
+    assert "; cap $0.0006" in r.output and "the cap is predicted to stop the job after about" in r.output
     # (CliRunner may glue the progress bar, written to stderr, to the line)
     found = re.search(r"stopped before iteration (\d+) \(its measured cost passed the cap\)", r.output)
     assert found, r.output

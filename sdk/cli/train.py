@@ -112,6 +112,9 @@ def train_command(
         platform = aws_platform("x86_64" if chosen.resources.architecture == "x86_64" else "arm64")
         predicted = costs.predict(plan, job.predict(plan, platform), job.iterations, platform, capped=max_cost is not None)
         click.echo(f"cost on AWS: predicted {predicted.summary()}" + (f"; cap ${max_cost:.4f}" if max_cost is not None else ""))
+        if max_cost is not None and max_cost < predicted.usd:
+            k = int(max_cost / predicted.per_iteration_usd())
+            click.echo(f"  the cap is predicted to stop the job after about {k} of its {job.iterations} iterations")
         run = job.run(plan=plan, backend=chosen, max_cost=max_cost)
     except (JobError, PlanError, DeployError) as e:
         raise click.ClickException(str(e)) from None
