@@ -306,3 +306,35 @@ def test_the_performance_model_counts_the_transitions_and_invocations_the_emitte
     assert est.transitions == asl.transitions_per_iteration(plan)
     tasks = (plan.stages - 1) * plan.replicas + plan.stages * plan.replicas + sum(plan.sync_tasks(s) for s in range(plan.stages))
     assert est.invocations == tasks
+
+
+def test_stop_from_another_process_through_the_local_daemon(tmp_path, monkeypatch):
+    """`stagecoach local start`; a job on it; `stagecoach stop JOB` run as a separate process (as
+    from another shell) ends it at a boundary; Ctrl-C's message names exactly that command."""
+    import os
+    import subprocess
+    import sys
+
+    from stagecoach.cli.local import local_group
+    from stagecoach.local.backend import LocalBackend
+
+    monkeypatch.setenv("STAGECOACH_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(LocalBackend, "_shared", None)  # not this session's own stack
+    runner = CliRunner()
+    r = runner.invoke(local_group, ["start"])
+    assert r.exit_code == 0, r.output
+    try:
+        daemon = LocalBackend()
+        run = tiny_job("cost-daemon", 60).run(stages=1, backend=daemon)
+        assert f"stagecoach stop {run.job_id}" in run.interrupted_message()
+        deadline = time.time() + 120
+        while iterations_done(run) < 1 and time.time() < deadline:
+            time.sleep(0.2)
+        exe = os.path.join(os.path.dirname(sys.executable), "stagecoach")
+        p = subprocess.run([exe, "stop", run.job_id], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and "stop requested" in p.stdout, p.stdout + p.stderr
+        assert run.wait(progress=False, timeout_s=300) == "STOPPED"
+        assert 1 <= run.stopped().version < 60
+    finally:
+        r = runner.invoke(local_group, ["stop"])
+        assert r.exit_code == 0, r.output
