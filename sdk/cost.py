@@ -13,9 +13,9 @@ list prices the planner uses (planner/model/platforms.py, with their sources and
 
 Predicted (``predict``): the performance model's estimate of one iteration (planner/model/
 perfmodel.py ``evaluate``, for any plan: the planner's or a manual one) times the iterations, plus
-the per-window states and the gate. The model counts S3 requests per iteration but not per phase:
-they are reported as one ``s3`` line, and the measured report shows its S3 requests the same way
-for comparison. The launch's uploads are not predicted (a few dozen PUTs).
+the per-window states and the gate, and each task's PUT of its metrics object. The model counts
+the tasks' other S3 requests per iteration but not per phase: the summary reports S3 requests as
+one figure, for the measured cost too. The launch's uploads are not predicted (a few dozen PUTs).
 
 Measured (``measure``): every task's metrics (billed duration rounded up to the millisecond x its
 memory, requests), the gate's own report of its work (its invocation's output in the window's
@@ -147,7 +147,10 @@ def predict(plan: Plan, estimate: Estimate, iterations: int, platform: Platform,
     inv = {"forward": (S - 1) * d, "backward": S * d, "sync": sum(plan.sync_tasks(s) for s in range(S))}
     tr = phase_transitions(plan)
     n = iterations
-    phases = {p: Usage(gb_s=gbs[p] * n, invocations=inv[p] * n, transitions=tr[p] * n) for p in ("forward", "backward", "sync")}
+    # each task also PUTs its metrics object (lambdas/handler.py), which the model's requests leave out
+    phases = {
+        p: Usage(gb_s=gbs[p] * n, invocations=inv[p] * n, transitions=tr[p] * n, puts=inv[p] * n) for p in ("forward", "backward", "sync")
+    }
     windows = math.ceil(iterations / asl.window_length(plan))
     gate = gate_usage(plan, platform, capped)
     gates = iterations + windows  # one before each iteration and one at each window's end
