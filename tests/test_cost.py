@@ -219,7 +219,7 @@ def test_stop_command_and_inspect_show_a_stopped_job_and_its_cost(backend, monke
     r = CliRunner().invoke(main, ["stop", run.job_id])
     assert r.exit_code == 0 and "stop requested" in r.output, r.output
     assert run.wait(progress=False, timeout_s=300) == "STOPPED"
-    r = CliRunner().invoke(main, ["stop", run.job_id])
+    r = CliRunner().invoke(main, ["stop", run.execution_arn])  # the ARN names the (local) stack
     assert r.exit_code == 0 and "already ended (STOPPED)" in r.output, r.output
     r = CliRunner().invoke(main, ["stop", "nosuch-0123abcd"])
     assert r.exit_code == 1 and "no job nosuch-0123abcd" in r.output, r.output

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from botocore.exceptions import ClientError
 
-from stagecoach.cli.options import backend_for, backend_option, region_option, stack_option
+from stagecoach.cli.options import backend_for, backend_option, infer_from_arn, region_option, stack_option
 from stagecoach.deploy.chain import follow
 from stagecoach.deploy.resources import DeployError, job_id_from
 from stagecoach.lambdas import keys
@@ -18,11 +18,13 @@ from stagecoach.run import job_status, request_stop
 @stack_option
 @region_option
 def stop_command(job: str, backend: str | None, stack: str | None, region: str | None) -> None:
-    """Stop a job at its next iteration boundary. JOB: a job id or its execution ARN.
+    """Stop a job at its next iteration boundary. JOB: a job id (with --stack on AWS) or its execution ARN.
 
     The job's iteration gate finds the request before its next iteration and ends the job there,
     with status STOPPED and the parameters and optimizer state of the version it reached (what a
     later resume starts from). Returns at once; `stagecoach inspect` shows where it stopped."""
+    if job.startswith("arn:"):  # an execution ARN names its stack and region, as for inspect
+        backend, stack, region = infer_from_arn(job, backend, stack, region)
     b = backend_for(backend, stack, region, need_daemon=True)
     try:
         if job.startswith("arn:"):
