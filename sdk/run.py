@@ -107,7 +107,9 @@ class Run:
         return self.iterations_done()
 
     def wait(self, progress: bool = True, poll_s: float = 1.0, timeout_s: float | None = None) -> str:
-        """Block until the run ends; show iteration, loss and phase times. Raises RunFailed."""
+        """Block until the run ends; show iteration, loss and phase times. Returns "SUCCEEDED", or
+        "STOPPED" for a job that ended at an iteration boundary (``stop()``, its cost cap); raises
+        RunFailed otherwise. Ctrl-C stops nothing: it prints the commands that reach the job."""
 
         bar = tqdm(total=self.job.iterations, unit="it", disable=not progress, dynamic_ncols=True)
         start = time.time()
