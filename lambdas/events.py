@@ -58,6 +58,21 @@ class CheckpointEvent(_Task):
 TaskEvent = Annotated[ForwardEvent | BackwardEvent | SyncEvent | EvaluateEvent | CheckpointEvent, Field(discriminator="phase")]
 
 
+class GateEvent(BaseModel):
+    """From the window state machine before each iteration t (and once at its end, t = end): may
+    the job go on? (lambdas/gate.py)"""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    phase: Literal["gate"]
+    job: str = Field(pattern=_NAME)
+    bucket: str = Field(pattern=_BUCKET)
+    t: int = Field(ge=0)
+    end: int = Field(ge=0)
+    window_start: int = Field(ge=0)
+    attempt: str = Field(default="", pattern=r"^[A-Za-z0-9_-]{0,80}$")
+
+
 class RemediateEvent(BaseModel):
     """From the job state machine after a window failed with a stage's worker killed: ``error``
     and ``cause`` are what Step Functions reported for the killed task."""

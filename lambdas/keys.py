@@ -146,3 +146,18 @@ def window_aborts(job: str, window_start: int) -> str:
     """The prefix of the abort markers of every attempt at the window starting at ``window_start``
     (the job state machine names attempts ``w{start}-{uuid}``)."""
     return f"jobs/{job}/abort/w{window_start}-"
+
+
+def stop_request(job: str) -> str:
+    """Asks the job to stop at its next iteration boundary (records.StopRequest; lambdas/gate.py)."""
+    return f"jobs/{job}/stop/request.json"
+
+
+def stopped(job: str) -> str:
+    """Where and why the job stopped (records.StopRecord): the version its checkpoint holds."""
+    return f"jobs/{job}/stop/stopped.json"
+
+
+def cost_tally(job: str) -> str:
+    """The engine's running cost count of a job with a cost cap (records.CostTally)."""
+    return f"jobs/{job}/cost/tally.json"

@@ -87,6 +87,14 @@ class JobSpec(_Record):
     # parameters and optimizer state stay in the worker's memory between iterations and go to S3
     # only as window checkpoints (Job.warm_state; docs/runtime.md "State that stays warm")
     warm_state: bool = False
+    # the cost cap (``--max-cost``): the iteration gate stops the job at the next iteration
+    # boundary once the metered cost passes it (lambdas/gate.py); None: no cap
+    max_cost_usd: float | None = None
+    # the prices the job is metered at (lambdas/cost.py Prices, from the planner's platform for the
+    # functions' architecture), fixed at launch so a later price change never re-prices a job
+    prices: dict[str, Any] | None = None
+    # the client's S3 requests while launching the job ("puts", "gets"): part of its cost
+    launch_requests: dict[str, int] | None = None
 
     def to_plan(self) -> Plan:
         return Plan.from_dict(self.plan)
@@ -123,6 +131,40 @@ class TaskMetrics(_Record):
     loss: float | None = None  # the last stage's backward: mean loss over its micro-batches
     lr: list[float] | None = None  # ... and, under a scheduler, each parameter group's learning rate
     grad_norm: float | None = None  # an updating task, under clipping: the global gradient norm before clipping
+
+
+class StopRequest(_Record):
+    """``jobs/{job}/stop/request.json``: asks the job to stop at its next iteration boundary.
+    Written by the client (``Run.stop()``, ``stagecoach stop``) or by the iteration gate when the
+    metered cost passed the job's cap; read by the gate before every iteration (lambdas/gate.py)."""
+
+    reason: Literal["requested", "max_cost"]
+    time: float
+    detail: str = ""
+
+
+class StopRecord(_Record):
+    """``jobs/{job}/stop/stopped.json``: the job stopped before iteration ``version``, so its
+    checkpoint is version ``version`` of the parameters, optimizer state and running statistics
+    (complete: every task of iteration ``version`` - 1 had finished). What a resume starts from."""
+
+    version: int
+    reason: Literal["requested", "max_cost"]
+    time: float
+    detail: str = ""
+    attempt: str = ""  # the window execution that stopped
+
+
+class CostTally(_Record):
+    """``jobs/{job}/cost/tally.json``: the engine's running count of what the job has used, kept by
+    the iteration gate of a job with a cost cap (lambdas/gate.py). ``through``: iterations
+    [0, through) are counted; ``last_gate``: the gate call counted last ("attempt:t"), so a
+    retried gate does not count twice."""
+
+    through: int
+    last_gate: str
+    usage: dict[str, float]  # lambdas/cost.py Usage fields
+    usd: float
 
 
 class MemoryPressure(_Record):

@@ -43,16 +43,24 @@ class Backend(ABC):
         """How many Lambda invocations may run at once for a job here (None: unknown), and where."""
         return None, "this backend"
 
+    def job_commands(self, job_id: str, execution_arn: str) -> list[tuple[str, str]] | None:
+        """The CLI commands that reach a running job from another process, as (what, command)
+        pairs; None where the job cannot outlive this process (an embedded local stack)."""
+        return None
+
     def check_arn(self, arn: str) -> None:  # noqa: B027 - an optional hook: the local stack reads every ARN it made
         """Raise if ``arn`` cannot be read through this backend (another region or account)."""
 
-    def launch(self, job: Job, plan: Plan, reserve_concurrency: bool = False) -> Run:
-        """Deploy the job's functions and window state machine, start its job execution; a Run."""
+    def launch(self, job: Job, plan: Plan, reserve_concurrency: bool = False, max_cost_usd: float | None = None) -> Run:
+        """Deploy the job's functions and window state machine, start its job execution; a Run.
+        ``max_cost_usd``: stop the job at the iteration boundary after its cost passes this."""
         workers = max([plan.replicas, *(plan.sync_tasks(s) for s in range(plan.stages))])
         check_name_lengths(self.resources.prefix, job.name, plan.stages, workers if per_worker_functions(plan, job.warm_state) else 0)
         preflight(self.resources, self.clients)
         check_concurrency(plan, *self.available_concurrency())
-        job_id, arn = deploy_and_start(job, plan, self.resources, self.deploy_clients(), reserve_concurrency=reserve_concurrency)
+        job_id, arn = deploy_and_start(
+            job, plan, self.resources, self.deploy_clients(), reserve_concurrency=reserve_concurrency, max_cost_usd=max_cost_usd
+        )
         return Run(self, job, plan, job_id, arn)
 
     def attach(self, job_id: str, job: Job | None = None) -> Run:

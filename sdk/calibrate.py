@@ -10,7 +10,7 @@ predict:
 - ``invoke_s``: from the state before a phase to the first task's handler running (the Map state's
   entry and a warm Lambda invocation through moto and the local runtime);
 - ``dispatch_s``: between the starts of consecutive tasks of one Map (moto starts them one by one);
-- ``iteration_s``: per iteration, what the window's bookkeeping states add on top (Loop, Advance).
+- ``iteration_s``: per iteration, what the window's bookkeeping states add on top (the iteration gate, Go?, Advance).
 """
 
 from __future__ import annotations

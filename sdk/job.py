@@ -27,7 +27,9 @@ from stagecoach.lambdas.profiling import measure_model
 from stagecoach.lambdas.samples import LocalSamples, as_dtype, encode
 from stagecoach.lambdas.schedule import stand_in
 from stagecoach.lambdas.training import DTYPE_NAMES, build_model, master_dtype
+from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate
 from stagecoach.planner.model.platforms import Platform, aws_platform
+from stagecoach.planner.model.syncmodel import SyncChoice
 from stagecoach.planner.plan import PHASES, Plan, PlanError, even_balance
 from stagecoach.planner.profile.flows import Flow
 from stagecoach.planner.profile.layers import ModelProfile
@@ -464,7 +466,14 @@ class Job:
         return self.facts.blocks
 
     # -- running ---------------------------------------------------------------------------------
-    def run(self, plan: Plan | None = None, backend: Backend | str | None = None, reserve_concurrency: bool = False, **manual: Any) -> Run:
+    def run(
+        self,
+        plan: Plan | None = None,
+        backend: Backend | str | None = None,
+        reserve_concurrency: bool = False,
+        max_cost: float | None = None,
+        **manual: Any,
+    ) -> Run:
         """Deploy and start the job; returns a Run to wait on and inspect.
 
         ``plan``: a Plan; else a manual one from ``stages``, ``replicas``, ``micro_batches``,
@@ -472,7 +481,11 @@ class Job:
         micro-batch, scatter-reduce; see ``manual_plan``). ``reserve_concurrency``: reserve each
         stage function the concurrency its tasks need (twice its most tasks at once, for a window
         restart), so other functions of the account cannot starve a phase of its workers.
+        ``max_cost``: USD; the job stops at the first iteration boundary after its measured cost
+        passes it, keeping its checkpoint (the engine checks it, whether or not a client watches:
+        docs/cost.md).
         """
+        check_max_cost(max_cost)
         self.validate()
         plan = plan if plan is not None else self.manual_plan(**manual)
         plan.validate(layers=self.layers)
@@ -481,7 +494,20 @@ class Job:
         self.check_plan(plan)
         backend = get_backend(backend)
         plan = learnt.refine(plan, self.name, backend.clients.s3, backend.resources.bucket)
-        return backend.launch(self, plan, reserve_concurrency=reserve_concurrency)
+        return backend.launch(self, plan, reserve_concurrency=reserve_concurrency, max_cost_usd=max_cost)
+
+    def predict(self, plan: Plan, platform: Platform | None = None) -> Estimate:
+        """The performance model's estimate of one iteration of ``plan`` on AWS (or ``platform``),
+        for any plan, the planner's or one written by hand: the model's layers are timed here at
+        the plan's micro-batch size (one thread = one vCPU), as ``plan()`` times them."""
+        platform = platform or aws_platform()
+        x = self.train[0]
+        sample = x[0].to(self.dtype) if x.is_floating_point() else x[0]
+        b = plan.micro_batch_size
+        profile = self.with_build_bytes(measure_model(self.build_model(), sample, micro_batch_sizes=(b,), name=self.name))
+        choices = tuple(SyncChoice("none", 1) if plan.replicas == 1 else SyncChoice(a, k) for a, k in zip(plan.sync, plan.aggregators))
+        cfg = Config(tuple(plan.balance), tuple(plan.memory_mb), plan.replicas, b, plan.micro_batches, choices)
+        return evaluate(profile, cfg, platform)
 
     def plan(
         self, platform: Platform | None = None, profile_on: Backend | str | None = None, tiers: Sequence[int] | None = None, **options: Any
@@ -553,6 +579,14 @@ class Job:
             memory_mb=(memory_mb,) * stages,
             timeouts_s=tuple({p: timeout_s for p in PHASES} for _ in range(stages)),
         )
+
+
+def check_max_cost(max_cost: float | None) -> None:
+    """A cost cap must be a positive number of US dollars."""
+    if max_cost is None:
+        return
+    if isinstance(max_cost, bool) or not isinstance(max_cost, (int, float)) or not (0 < max_cost < float("inf")):
+        raise JobError(f"max_cost={max_cost!r}: give a positive number of US dollars, e.g. max_cost=0.50")
 
 
 def _first_input(samples: LocalSamples) -> Any:

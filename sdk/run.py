@@ -14,15 +14,20 @@ from safetensors.torch import save_model
 from torch import nn
 from tqdm import tqdm
 
+from stagecoach import cost as costs
 from stagecoach import history as learnt
 from stagecoach.deploy.chain import follow
 from stagecoach.evaluation import Evaluation, combine
 from stagecoach.lambdas import keys
-from stagecoach.lambdas.records import EvalResult, JobSpec, TaskMetrics
+from stagecoach.lambdas.records import EvalResult, JobSpec, StopRecord, StopRequest, TaskMetrics
 from stagecoach.lambdas.training import assign_flat, load_running_stats, master_dtype, ownership, running_stats, stage_layout
 from stagecoach.metrics import iteration_breakdown
+from stagecoach.planner.emit.asl import STOPPED_ERROR
+from stagecoach.planner.model.platforms import aws_platform
 
-TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
+# "STOPPED": the job ended at an iteration boundary on request or at its cost cap, its checkpoint
+# kept (Step Functions reports it as FAILED with the error Stagecoach.Stopped; Run tells them apart)
+TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "STOPPED"}
 
 
 class RunFailed(RuntimeError):
@@ -39,6 +44,7 @@ class Run:
         self._links = [execution_arn]
         self._metrics: list[TaskMetrics] = []
         self._seen: set[str] = set()
+        self._watch_requests = {"puts": 0, "gets": 0}  # this Run's own S3 requests (list, get): part of the cost
 
     @property
     def _c(self) -> Any:
@@ -66,10 +72,45 @@ class Run:
         return list(self._links)
 
     def status(self) -> str:
-        return self.describe()["status"]
+        """The job's status: Step Functions' (RUNNING, SUCCEEDED, FAILED, TIMED_OUT, ABORTED), or
+        STOPPED when it ended at an iteration boundary by ``stop()`` or its cost cap."""
+        return job_status(self.describe())
+
+    # -- stopping --------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask the job to stop at its next iteration boundary, keeping its checkpoint.
+
+        Returns at once (like SageMaker's ``stop_training_job``); ``wait()`` then returns
+        "STOPPED". The job's iteration gate, before each iteration, finds the request and ends the
+        window (lambdas/gate.py), so the job stops whether or not this client is still there;
+        ``stopped()`` then says at which version. A second call changes nothing.
+        """
+        request_stop(self._c.s3, self.bucket, self.job_id)
+
+    def stopped(self) -> StopRecord | None:
+        """Where and why the job stopped (the version of its checkpoint), or None if it has not."""
+        try:
+            body = self._c.s3.get_object(Bucket=self.bucket, Key=keys.stopped(self.job_id))["Body"].read()
+        except self._c.s3.exceptions.NoSuchKey:
+            return None
+        return StopRecord.model_validate_json(body)
+
+    def version(self) -> int:
+        """The version of the parameters the job reached: its iterations if it finished, the
+        checkpoint it stopped at if it stopped, else the iterations done so far."""
+        status = self.status()
+        if status == "STOPPED":
+            record = self.stopped()
+            if record is not None:
+                return record.version
+        if status == "SUCCEEDED":
+            return int(self.job.iterations if self.job is not None else self.spec().iterations)
+        return self.iterations_done()
 
     def wait(self, progress: bool = True, poll_s: float = 1.0, timeout_s: float | None = None) -> str:
-        """Block until the run ends; show iteration, loss and phase times. Raises RunFailed."""
+        """Block until the run ends; show iteration, loss and phase times. Returns "SUCCEEDED", or
+        "STOPPED" for a job that ended at an iteration boundary (``stop()``, its cost cap); raises
+        RunFailed otherwise. Ctrl-C stops nothing: it prints the commands that reach the job."""
 
         spec = self.spec()  # the job's as deployed (a resumed job's iterations included)
         bar = tqdm(total=spec.iterations, unit="it", disable=not progress, dynamic_ncols=True)
@@ -77,6 +118,7 @@ class Run:
         evaluates, latest = progress and bool(versions), None
         start = time.time()
         done = 0
+        status = "RUNNING"
         try:
             while True:
                 status = self.status()
@@ -98,13 +140,33 @@ class Run:
                 if timeout_s is not None and time.time() - start > timeout_s:
                     raise TimeoutError(f"run {self.job_id} still {status} after {timeout_s} s")
                 time.sleep(poll_s)
+        except KeyboardInterrupt:
+            # asks nothing and stops nothing: say how to reach the job from elsewhere
+            bar.close()
+            print(self.interrupted_message(), flush=True)
+            raise
         finally:
             bar.close()
+        if status == "STOPPED":
+            return status
         if status != "SUCCEEDED":
             raise RunFailed(f"run {self.job_id} {status}: {self.failure()}")
         # the next run of this job sets its task timeouts from this one
         learnt.record(self._c.s3, self.bucket, spec.name, self.job_id, self.plan, self.metrics())
         return status
+
+    def interrupted_message(self) -> str:
+        """What Ctrl-C in ``wait`` prints: the job goes on (where it can outlive this process),
+        and the commands that stop or inspect it from another shell."""
+        commands = self.backend.job_commands(self.job_id, self.execution_arn)
+        if commands is None:
+            return (
+                f"\ninterrupted: job {self.job_id} ran on the local stack inside this process, which ends with it "
+                "(start `stagecoach local start` first to keep jobs running across commands)"
+            )
+        lines = [f"\ninterrupted: job {self.job_id} keeps running (nothing was stopped). From any shell:"]
+        lines += [f"  {what:<40} {cmd}" for what, cmd in commands]
+        return "\n".join(lines)
 
     def failure(self) -> str:
         """The execution's error, and the first failed task's error and cause inside its windows."""
@@ -157,9 +219,11 @@ class Run:
             kw["StartAfter"] = f"{prefix}it{start - 1:08d}/~"
         paginator = self._c.s3.get_paginator("list_objects_v2")
         for page in paginator.paginate(**kw):
+            self._watch_requests["puts"] += 1  # a LIST is billed as S3's PUT class
             for o in page.get("Contents", []):
                 if o["Key"] in self._seen:
                     continue
+                self._watch_requests["gets"] += 1
                 body = self._c.s3.get_object(Bucket=self.bucket, Key=o["Key"])["Body"].read()
                 self._metrics.append(TaskMetrics.model_validate_json(body))
                 self._seen.add(o["Key"])
@@ -286,11 +350,28 @@ class Run:
         self._fetch_metrics()
         return [self.iteration_summary(t).get("loss", float("nan")) for t in range(self.iterations_done())]
 
+    # -- cost ------------------------------------------------------------------------------------
+    def cost(self) -> costs.CostReport:
+        """The measured cost so far, per phase (sdk/cost.py): the tasks' billed GB-seconds and
+        requests, the state transitions in every execution's history, the iteration gates, and the
+        client's own S3 requests (the launch's, and this Run's while watching)."""
+        metrics = self.metrics()
+        return costs.measure(self.spec(), metrics, [self.history(windows=True)], self.iterations_done(), self._watch_requests)
+
+    def predicted_cost(self) -> costs.CostReport:
+        """The performance model's cost of the whole run on AWS, for this plan (docs/cost.md).
+        Needs the Job (it profiles the model): not available on a Run opened from an ARN."""
+        if self.job is None:
+            raise RuntimeError(f"run {self.job_id} was opened without its Job: predicting its cost needs the model (Job.predict)")
+        spec = self.spec()
+        platform = aws_platform("x86_64" if self.backend.resources.architecture == "x86_64" else "arm64")
+        return costs.predict(self.plan, self.job.predict(self.plan, platform), self.job.iterations, platform, spec.max_cost_usd is not None)
+
     # -- results ---------------------------------------------------------------------------------
     def stage_vector(self, stage: int, version: int | None = None) -> torch.Tensor:
-        """Stage ``stage``'s flat parameters after ``version`` updates (default: the last). With
-        warm state (d = 1) only checkpoints are stored: the windows' first versions and the last."""
-        v = self.job.iterations if version is None else version
+        """Stage ``stage``'s flat parameters after ``version`` updates (default: the version the job
+        reached: its last iteration, or the checkpoint it stopped at)."""
+        v = self.version() if version is None else version
         model = self.job.build_model()
         numel = ownership(list(model), [self.plan.stage_layers(s) for s in range(self.plan.stages)]).numel(stage)
         itemsize = torch.empty(0, dtype=master_dtype(self.job.dtype)).element_size()  # as stored
@@ -310,18 +391,20 @@ class Run:
         return self.job
 
     def trained_model(self) -> nn.Module:
-        """The model with the parameters, and the running statistics (BatchNorm), after the last
-        iteration: the user's own module (for a job with ``blocks``, not the chain it was cut into)."""
+        """The model with the parameters, and the running statistics (BatchNorm), of the version
+        the job reached (``version()``: the last iteration, or the checkpoint a stopped job kept):
+        the user's own module (for a job with ``blocks``, not the chain it was cut into)."""
         self._job()
+        version = self.version()
         model = self.job.build_model(master_dtype(self.job.dtype))  # the stored weights' dtype (fp32 under bf16)
         layers = list(model)
         own = ownership(layers, [self.plan.stage_layers(s) for s in range(self.plan.stages)])
         for s in range(self.plan.stages):
-            assign_flat(own.owned[s], self.stage_vector(s))  # a parameter shared by stages is its owner's
+            assign_flat(own.owned[s], self.stage_vector(s, version))  # a parameter shared by stages is its owner's
             stage = [layers[i] for i in self.plan.stage_layers(s)]
             first = self.plan.stage_layers(s).start
             if running_stats(stage, first):
-                body = self._c.s3.get_object(Bucket=self.bucket, Key=keys.buffers(self.job_id, self.job.iterations, s))["Body"].read()
+                body = self._c.s3.get_object(Bucket=self.bucket, Key=keys.buffers(self.job_id, version, s))["Body"].read()
                 load_running_stats(stage, first, st_load(body))
         return self.job.user_model(model)
 
@@ -338,3 +421,24 @@ class Run:
         with open(os.path.join(directory, "losses.json"), "w") as f:
             json.dump(self.losses(), f)
         return directory
+
+
+def job_status(description: dict[str, Any]) -> str:
+    """A job execution's status as Stagecoach names it: Step Functions', except STOPPED for an
+    execution that failed with the stop error (the job ended at an iteration boundary)."""
+    if description["status"] == "FAILED" and description.get("error") == STOPPED_ERROR:
+        return "STOPPED"
+    return str(description["status"])
+
+
+def request_stop(s3: Any, bucket: str, job_id: str) -> bool:
+    """Write the job's stop request unless one exists (the gate's own, for the cost cap, is kept);
+    True if this call wrote it."""
+    key = keys.stop_request(job_id)
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+        return False
+    except s3.exceptions.ClientError:
+        pass
+    s3.put_object(Bucket=bucket, Key=key, Body=StopRequest(reason="requested", time=time.time()).model_dump_json().encode())
+    return True

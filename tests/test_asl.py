@@ -35,7 +35,7 @@ def test_structure(name):
 
 def test_structural_check_catches_broken_graphs():
     d = asl.window_definition(PLANS[3], ["a", "b", "c"])
-    d["States"]["Loop"]["Default"] = "Nowhere"
+    d["States"]["Go?"]["Default"] = "Nowhere"
     d["States"]["Orphan"] = {"Type": "Pass", "End": True}
     del d["States"]["BackwardSync"]["Branches"][0]["States"]["Backward0"]["ItemProcessor"]["States"]["Backward0Task"]["TimeoutSeconds"]
     problems = "\n".join(check_definition(d))
@@ -89,6 +89,10 @@ def test_every_task_retries_lambda_service_errors_and_has_a_timeout():
 
     walk(d["States"])
     tasks = [t for t in tasks if t["Resource"] == "arn:aws:states:::lambda:invoke"]  # not the Abort marker's PUT
+    gate = d["States"]["Gate"]
+    tasks.remove(gate)  # the iteration gate: no task of the window runs while it does
+    assert gate["TimeoutSeconds"] == asl.GATE_TIMEOUT_S and gate["Retry"][0] == asl.LAMBDA_RETRY
+    assert gate["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.caught", "Next": "Failed"}]
     assert len(tasks) == 1 + 3 * 2  # forward, and backward + sync per stage
     for t in tasks:
         assert t["TimeoutSeconds"] == 300

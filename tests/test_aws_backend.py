@@ -17,6 +17,7 @@ from torch import nn
 
 from stagecoach.deploy.cleanup import Removed
 from stagecoach.deploy.resources import DeployError
+from stagecoach.lambdas import keys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REGION = "us-east-1"
@@ -396,6 +397,15 @@ def test_deploy_start_inspect_cleanup(aws, tmp_path):
     assert out.exit_code == 0, out.output
     assert json.loads(out.output)["iterations_done"] == 3
 
+    # stop (moto's account is the local stack's, so the stack is named, not inferred from the ARN);
+    # the request is what the job's iteration gate reads
+    from stagecoach.cli.stop import stop_command
+
+    out = CliRunner().invoke(stop_command, [run.job_id, "--stack", STACK, "--region", REGION])
+    assert out.exit_code == 0 and "stop requested" in out.output, out.output
+    body = c.s3.get_object(Bucket=b.resources.bucket, Key=keys.stop_request(run.job_id))["Body"].read()
+    assert json.loads(body)["reason"] == "requested"
+
     # cleanup refuses a running job, then stops it with --force; everything of the job is gone
     with pytest.raises(DeployError, match="still running"):
         b.cleanup(run.job_id)
@@ -507,6 +517,9 @@ def test_deployer_policy_grants_every_call_of_a_job_s_life(aws, enforced_iam):
         ins = inspect_execution(b, run.execution_arn)
         assert ins.iterations_done == 2
         history.record(b.clients.s3, b.resources.bucket, job.name, run.job_id, run.plan, run.metrics())  # as Run.wait does
+        assert run.cost().phases["client"].puts > 0  # the measured cost: metrics, histories, the launch's requests
+        run.stop()  # the stop request, as Run.stop() and `stagecoach stop` write it
+        assert b.clients.s3.get_object(Bucket=b.resources.bucket, Key=keys.stop_request(run.job_id))
         removed = b.cleanup(run.job_id, stop_running=True)
     assert len(removed.functions) == 8 and removed.state_machines and removed.objects  # d = 2, warm: one per worker
     assert admin.clients.s3.get_object(Bucket=admin.resources.bucket, Key=history.history_key(job.name))

@@ -24,6 +24,7 @@ NOT_HERE = {
     "stagecoach train examples/bert.py": "tests/test_cli.py runs it (fewer iterations)",
     "stagecoach inspect EXECUTION_ARN": "needs an execution of a real run (tests/test_inspect.py runs inspect on one)",
     "stagecoach cleanup JOB_ID --stack": "needs an AWS account",
+    "stagecoach stop JOB_ID --stack": "needs an AWS account (tests/test_cost.py runs `stagecoach stop` on the local stack)",
 }
 
 

@@ -271,6 +271,10 @@ def test_job_roles_cover_every_key_the_workers_use_and_nothing_else(template):
         keys.gshard(job, 3, 1, 0, 0, 0),
         keys.metrics(job, 3, "sync", 1, 0),
         keys.memory_pressure(job, 1),
+        # the iteration gate (lambdas/gate.py), on the stage-0 function: its role, no new one
+        keys.stop_request(job),
+        keys.stopped(job),
+        keys.cost_tally(job),
     ]
     res = stack_resources()
     boundary = role_statements(template, "JobRoleBoundary")
@@ -640,6 +644,8 @@ def test_deployer_policy_covers_the_keys_the_sdk_uses():
         keys.data_shard("abc"),
         history.history_key("digits"),
         history.memory_key("digits"),
+        keys.stop_request(job),  # Run.stop(), `stagecoach stop`
+        keys.stopped(job),
     ):
         for action in ("s3:GetObject", "s3:PutObject"):
             assert grants(sts, action, f"arn:aws:s3:::{BUCKET}/{key}"), (action, key)

@@ -3,9 +3,13 @@
 The window state machine runs iterations [start, end) of one job; each iteration is three phases
 as states (docs/runtime.md "States"):
 
-    Loop (Choice) -> Forward (Map over every worker but the last stage's)
-                  -> BackwardSync (Parallel, a branch per stage: Map(backward) -> Map(sync))
-                  -> Advance (Pass: t + 1) -> Loop
+    Gate (Task) -> Go? (Choice) -> Forward (Map over every worker but the last stage's)
+                -> BackwardSync (Parallel, a branch per stage: Map(backward) -> Map(sync))
+                -> Advance (Pass: t + 1) -> Gate
+
+The Gate, before each iteration, asks the job's stage-0 function whether the job may go on
+(lambdas/gate.py: a stop request, or a cost cap passed); if not, the window ends in ``Stopped``
+at that iteration boundary, with the parameters of the version reached complete (docs/cost.md).
 
 The job state machine (statemachines/job.asl.json, deployed by SAM) runs the windows one after the
 other with states:startExecution.sync:2, so no single execution nears the 25,000-event history
@@ -80,18 +84,45 @@ EV_MAP_ITEM = 2  # MapIterationStarted, MapIterationSucceeded
 EV_MAP = 4  # MapStateEntered, MapStateStarted, MapStateSucceeded, MapStateExited
 EV_PARALLEL = 4  # ParallelStateEntered, ParallelStateStarted, ParallelStateSucceeded, ParallelStateExited
 EV_PASS = 2  # PassStateEntered, PassStateExited (Choice: ChoiceStateEntered/Exited, likewise)
-EV_WINDOW_FIXED = 1 + EV_PASS + EV_PASS + EV_PASS + 1  # started, Init, last Loop, Done, succeeded
+EV_WINDOW_FIXED = 1 + EV_PASS + EV_TASK + EV_PASS + EV_PASS + 1  # started, Init, last Gate and Go?, Done, succeeded
+
+# The error a window and the job end with when the job stops at an iteration boundary (a stop
+# request or the cost cap): distinct from every failure, so the job's status can say "stopped".
+STOPPED_ERROR = "Stagecoach.Stopped"
+GATE_TIMEOUT_S = 60
+
+# State transitions (what Step Functions Standard bills: one per state entered, and one per
+# retry): the window's per-iteration bookkeeping (Gate, Go?, Advance) and its fixed states (Init,
+# the last Gate and Go?, Done); the job's per window (Next?, Bounds, Clamp, Full/LastWindow,
+# RunWindow, Advance) and fixed (the last Next?, Done). planner/model/perfmodel.py mirrors the first.
+TRANSITIONS_ITERATION_BOOKKEEPING = 3
+TRANSITIONS_WINDOW_FIXED = 4
+TRANSITIONS_JOB_PER_WINDOW = 6
+TRANSITIONS_JOB_FIXED = 2
 
 
 def _map_events(items: int) -> int:
     return EV_MAP + items * (EV_MAP_ITEM + EV_TASK)
 
 
+def transitions_per_iteration(plan: Plan) -> int:
+    """State transitions of one fault-free iteration: the bookkeeping, the forward Map and its
+    tasks, the Parallel, every backward and sync Map and their tasks (the states
+    ``events_per_iteration`` counts the events of)."""
+    s, d = plan.stages, plan.replicas
+    n = TRANSITIONS_ITERATION_BOOKKEEPING + 1  # + the Parallel
+    if s > 1:
+        n += 1 + (s - 1) * d
+    n += s * (1 + d)
+    n += sum(1 + plan.sync_tasks(st) for st in range(s) if plan.sync_tasks(st))
+    return n
+
+
 def events_per_iteration(plan: Plan, evals: Sequence[int] = (), saves: Sequence[int] = ()) -> int:
     """History events one fault-free iteration adds to a window execution (with ``evals`` and
     ``saves``: the checks, and an Evaluate and a Checkpoint Map in every iteration, as a bound)."""
     s, d = plan.stages, plan.replicas
-    n = EV_PASS  # Loop (Choice)
+    n = EV_TASK + EV_PASS  # Gate (Task), Go? (Choice)
     if evals:
         n += 2 * EV_PASS + _map_events(s * d)  # EvaluateDue (Pass), EvaluateChoice, Evaluate
     if saves:
@@ -249,12 +280,45 @@ def window_definition(
                     {"bw": {f"s{st}": [{"replica": r, "fn": fn(st, "r", r)} for r in ranks] for st in range(s_count)}} if per_worker else {}
                 ),
             },
-            "Next": "Loop",
+            "Next": "Gate",
         },
-        "Loop": {
+        # before each iteration, and once more at the window's end (metering its last iteration)
+        "Gate": {
+            "Type": "Task",
+            "Resource": "arn:aws:states:::lambda:invoke",
+            "Parameters": {
+                "FunctionName": functions[0],
+                "Payload": {
+                    "phase": "gate",
+                    "job.$": "$.job",
+                    "bucket.$": "$.bucket",
+                    "t.$": "$.t",
+                    "end.$": "$.end",
+                    "window_start.$": "$.window_start",
+                    "attempt.$": "$.attempt",
+                },
+            },
+            "TimeoutSeconds": GATE_TIMEOUT_S,
+            "Retry": [dict(LAMBDA_RETRY), dict(WORKER_RETRY), dict(KILLED_RETRY)],
+            "ResultSelector": {"stop.$": "$.Payload.stop"},
+            "ResultPath": "$.gate",
+            # no task of the window is running: fail without the abort marker
+            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.caught", "Next": "Failed"}],
+            "Next": "Go?",
+        },
+        "Go?": {
             "Type": "Choice",
-            "Choices": [{"Variable": "$.t", "NumericLessThanPath": "$.end", "Next": first_phase}],
-            "Default": "Done",
+            "Choices": [
+                {"Variable": "$.t", "NumericGreaterThanEqualsPath": "$.end", "Next": "Done"},
+                {"Variable": "$.gate.stop", "BooleanEquals": True, "Next": "Stopped"},
+            ],
+            "Default": first_phase,
+        },
+        # the job stops at this iteration boundary: version t is complete (the gate recorded it)
+        "Stopped": {
+            "Type": "Fail",
+            "Error": STOPPED_ERROR,
+            "CausePath": "States.Format('stopped before iteration {}', $.t)",
         },
     }
     if s_count > 1:
@@ -323,12 +387,12 @@ def window_definition(
     states["Advance"] = {
         "Type": "Pass",
         "Parameters": {**carry, "t.$": "States.MathAdd($.t, 1)"},
-        "Next": f"{chain[0][0]}Due" if chain else "Loop",
+        "Next": f"{chain[0][0]}Due" if chain else "Gate",
     }
     # a checkpoint or evaluate task runs under its function's timeout (it walks its whole share)
     long_timeout = max(plan.function_timeout_s(s) for s in range(s_count))
     for i, (name, phase, versions, items, _) in enumerate(chain):
-        nxt = f"{chain[i + 1][0]}Due" if i + 1 < len(chain) else "Loop"
+        nxt = f"{chain[i + 1][0]}Due" if i + 1 < len(chain) else "Gate"
         states[f"{name}Due"] = {
             "Type": "Pass",
             "Parameters": {**carry, "t.$": "$.t", "due.$": f"States.ArrayContains({versions}, $.t)"},
@@ -470,10 +534,20 @@ def job_definition(window_attempts: int = 4, backoff_s: int = 2) -> dict[str, An
                             {"Variable": "$.child.Error", "StringEquals": KILLED_ERROR},
                         ],
                         "Next": "ReadStage",
-                    }
+                    },
+                    # the window stopped at an iteration boundary (a stop request, the cost cap): not
+                    # a failure to retry; the job ends with the same error, which Run reads as STOPPED
+                    {
+                        "And": [
+                            {"Variable": "$.child.Error", "IsPresent": True},
+                            {"Variable": "$.child.Error", "StringEquals": STOPPED_ERROR},
+                        ],
+                        "Next": "Stopped",
+                    },
                 ],
                 "Default": "CanRestart",
             },
+            "Stopped": {"Type": "Fail", "Error": STOPPED_ERROR, "CausePath": "$.child.Cause"},
             "ReadStage": {
                 "Type": "Pass",
                 "Parameters": {**window, "killed.$": "States.StringToJson($.child.Cause)"},

@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # Step Functions state transitions of the emitted ASL (planner/emit/asl.py is the authority; these
 # mirror its shape: a Map costs its own state plus one Task per iteration, a Parallel its state).
-TRANSITIONS_PER_ITERATION = 2  # the window's per-iteration bookkeeping states (Loop Choice, Advance Pass)
+TRANSITIONS_PER_ITERATION = 3  # the window's per-iteration bookkeeping states (Gate Task, Go? Choice, Advance Pass)
 TRANSITIONS_PER_MAP = 1
 TRANSITIONS_PER_PARALLEL = 1
 TRANSITIONS_PER_TASK = 1

@@ -78,7 +78,7 @@ class Platform:
     invoke_overhead_s: float = 0.08
     # Between the starts of consecutive tasks of one Map state (its iterations start one by one).
     dispatch_s: float = 0.005
-    # Per iteration, the window's bookkeeping states (Loop Choice, Advance Pass) on the critical path.
+    # Per iteration, the window's bookkeeping states (the Gate task, Go? Choice, Advance Pass) on the critical path.
     iteration_overhead_s: float = 0.05
     # A worker waiting for another's object notices it this long after it lands, on average: half
     # a poll cycle (lambdas/channel.py: the longest back-off, 20 ms, plus a 404's round trip).

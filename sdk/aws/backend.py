@@ -86,6 +86,14 @@ class AwsBackend(Backend):
             raise
         return int(limit["UnreservedConcurrentExecutions"]), f"account {self.account} in {self.region}"
 
+    def job_commands(self, job_id: str, execution_arn: str) -> list[tuple[str, str]] | None:
+        where = f"--stack {self.stack} --region {self.region}"
+        return [
+            ("stop it at the next iteration boundary:", f"stagecoach stop {job_id} {where}"),
+            ("inspect it (status, phases, loss, cost):", f"stagecoach inspect {execution_arn}"),
+            ("remove it when done:", f"stagecoach cleanup {job_id} {where}"),
+        ]
+
     def long_call_client(self, service: str) -> Any:
         """A client whose calls may wait up to Lambda's 15 minutes (a synchronous profile invocation)."""
         return self._client(service, read_timeout=905)

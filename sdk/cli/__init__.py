@@ -1,4 +1,4 @@
-"""The ``stagecoach`` command: train and plan a job file, inspect and clean up runs, run a local stack.
+"""The ``stagecoach`` command: train and plan a job file, inspect, stop and clean up runs, run a local stack.
 
 Each command lives in a module of its own; this module only assembles the group.
 """
@@ -12,6 +12,7 @@ from stagecoach.cli.inspect import inspect_command
 from stagecoach.cli.lifecycle import list_command, resume_command
 from stagecoach.cli.local import local_group
 from stagecoach.cli.plan import plan_command
+from stagecoach.cli.stop import stop_command
 from stagecoach.cli.train import train_command
 
 
@@ -24,6 +25,7 @@ def main() -> None:
 main.add_command(train_command, name="train")
 main.add_command(plan_command, name="plan")
 main.add_command(inspect_command, name="inspect")
+main.add_command(stop_command, name="stop")
 main.add_command(cleanup_command, name="cleanup")
 main.add_command(local_group, name="local")
 main.add_command(resume_command, name="resume")

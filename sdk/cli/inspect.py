@@ -7,11 +7,10 @@ import json
 import click
 from botocore.exceptions import ClientError
 
-from stagecoach.cli.options import backend_for, backend_option, region_option, stack_option
+from stagecoach.cli.options import backend_for, backend_option, infer_from_arn, region_option, stack_option
 from stagecoach.deploy.resources import DeployError
 from stagecoach.inspect.plots import write_plots
 from stagecoach.inspect.report import InspectError, format_report, inspect_execution
-from stagecoach.local.process import ACCOUNT as LOCAL_ACCOUNT
 
 
 @click.command(name="inspect")
@@ -31,15 +30,7 @@ def inspect_command(
             f"{execution_arn!r} is not a job execution ARN: give the one `stagecoach train` "
             "prints (arn:aws:states:REGION:ACCOUNT:execution:STACK-job:JOB)"
         )
-    if backend is None and stack is None:
-        backend = "local" if parts[4] == LOCAL_ACCOUNT else None
-        if backend is None and parts[6].endswith("-job"):
-            # an AWS ARN without --stack: the job state machine is named "<stack>-job", and the
-            # ARN's region beats an AWS_REGION from the environment (an explicit --region is kept)
-            stack, backend = parts[6][: -len("-job")], "aws"
-            source = click.get_current_context().get_parameter_source("region")
-            if region is None or source is click.core.ParameterSource.ENVIRONMENT:
-                region = parts[3]
+    backend, stack, region = infer_from_arn(execution_arn, backend, stack, region)
     b = backend_for(backend, stack, region, need_daemon=True)
     try:
         ins = inspect_execution(b, execution_arn)

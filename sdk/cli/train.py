@@ -8,6 +8,7 @@ import time
 
 import click
 
+from stagecoach import cost as costs
 from stagecoach.backend import Backend
 from stagecoach.cli.jobfile import load_job_file
 from stagecoach.cli.options import backend_for, region_option, stack_option
@@ -38,6 +39,12 @@ from stagecoach.run import RunFailed
     is_flag=True,
     help="local backend: give every worker Lambda's bandwidth and S3 latency (the planner's AWS constants)",
 )
+@click.option(
+    "--max-cost",
+    type=float,
+    callback=lambda _ctx, _param, v: _positive_usd(v),
+    help="USD: stop the job at the next iteration boundary once its measured cost passes this (it keeps its checkpoint)",
+)
 @click.option("--out", default="stagecoach-runs", show_default=True, help="directory for results")
 def train_command(
     file: str,
@@ -53,6 +60,7 @@ def train_command(
     stack: str | None,
     region: str | None,
     emulate_network: bool,
+    max_cost: float | None,
     out: str,
 ) -> None:
     """Train the `job` defined in FILE; print progress, final loss, test accuracy and where results are.
@@ -91,19 +99,32 @@ def train_command(
             f"sync {_sync_label(plan)}"
         )
         chosen = _backend(backend, stack, region, emulate_network)
-        run = job.run(plan=plan, backend=chosen)
+        # at the prices of the stack's architecture, as the run will be metered (deploy/start.py)
+        platform = aws_platform("x86_64" if chosen.resources.architecture == "x86_64" else "arm64")
+        predicted = costs.predict(plan, job.predict(plan, platform), job.iterations, platform, capped=max_cost is not None)
+        click.echo(f"cost on AWS: predicted {predicted.summary()}" + (f"; cap ${max_cost:.4f}" if max_cost is not None else ""))
+        if max_cost is not None and max_cost < predicted.usd:
+            k = int(max_cost / predicted.per_iteration_usd())
+            click.echo(f"  the cap is predicted to stop the job after about {k} of its {job.iterations} iterations")
+        run = job.run(plan=plan, backend=chosen, max_cost=max_cost)
     except (JobError, PlanError, DeployError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"job {run.job_id}: execution {run.execution_arn}")
     click.echo(f"console: {run.console_url}")
     try:
-        run.wait(progress=True)
+        status = run.wait(progress=True)
     except (RunFailed, DeployError) as e:  # DeployError: e.g. AccessDenied while watching on AWS
         raise click.ClickException(str(e)) from None
     wall = time.time() - t0
+    if status == "STOPPED":
+        record = run.stopped()
+        if record is not None:
+            why = "its measured cost passed the cap" if record.reason == "max_cost" else "on request"
+            click.echo(f"stopped before iteration {record.version} ({why}): the results are version {record.version}'s checkpoint")
     losses = run.losses()
     directory = run.save(os.path.join(out, run.job_id))
-    click.echo(f"final loss {losses[-1]:.4f} (first {losses[0]:.4f}) after {len(losses)} iterations")
+    if losses:
+        click.echo(f"final loss {losses[-1]:.4f} (first {losses[0]:.4f}) after {len(losses)} iterations")
     evaluations = run.evaluations()
     if evaluations and evaluations[-1].version == job.iterations:  # the end-of-run evaluation, on Lambda
         click.echo(evaluations[-1].describe("validation" if job.validation is not None else "test"))
@@ -115,6 +136,9 @@ def train_command(
             f"{b['orchestration_s'] / it:.0%}, in tasks: compute {b['compute_s'] / it:.0%}, "
             f"S3 transfer {b['transfer_s'] / it:.0%}, waiting on other workers {b['wait_s'] / it:.0%}"
         )
+    measured = run.cost()
+    click.echo(f"cost on AWS: measured {measured.summary()}; predicted ${predicted.usd:.4f} for {predicted.iterations}")
+    click.echo(f"  {measured.quantities()} (AWS list prices of {measured.prices.as_of})")
     click.echo(f"results: {directory} (model.safetensors, plan.json, metrics.jsonl, losses.json)")
 
 
@@ -138,6 +162,12 @@ def _with_sync(plan: Plan, sync: str | None, aggregators: int | None) -> Plan:
         raise click.BadParameter(f"--aggregators only applies to --sync k_reduce, not {algo}", param_hint="--aggregators")
     k = aggregators or (1 if algo == "all_reduce" else plan.replicas)
     return dataclasses.replace(plan, sync=(algo,) * plan.stages, aggregators=(k,) * plan.stages)
+
+
+def _positive_usd(value: float | None) -> float | None:
+    if value is not None and not (0 < value < float("inf")):
+        raise click.BadParameter(f"{value}: give a positive number of US dollars, e.g. --max-cost 0.50", param_hint="--max-cost")
+    return value
 
 
 def _sync_label(plan: Plan) -> str:

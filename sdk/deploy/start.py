@@ -7,15 +7,19 @@ creations idempotent). If anything fails, whatever was created is removed.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from stagecoach.deploy.cleanup import rollback
+from stagecoach.deploy.requests import RequestCounter
 from stagecoach.deploy.resources import HANDLER, Clients, DeployError, StackResources, function_name, new_job_id, window_state_machine_name
 from stagecoach.deploy.roles import JOB_TAG, STACK_TAG, create_function_when_role_ready, create_job_role
 from stagecoach.deploy.upload import upload_job
 from stagecoach.lambdas import keys
+from stagecoach.lambdas.cost import Prices
 from stagecoach.planner.emit import asl
 from stagecoach.planner.emit.job_input import JobInput
+from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.plan import Plan, per_worker_functions, stage_functions
 
 if TYPE_CHECKING:
@@ -23,12 +27,13 @@ if TYPE_CHECKING:
 
 
 def window_timeout_s(plan: Plan, length: int, evaluates: bool = False) -> int:
-    """A window must finish within its iterations' worst case (every phase at its timeout, and an
-    evaluation after each if the job evaluates: its function's timeout) plus slack."""
-    per_iter = max(t["forward"] for t in plan.timeouts_s) + max(t["backward"] + t["sync"] for t in plan.timeouts_s)
+    """A window must finish within its iterations' worst case (every phase and the iteration gate
+    at its timeout, and an evaluation and a checkpoint after each if the job has them: their
+    function's timeout) plus slack."""
+    per_iter = max(t["forward"] for t in plan.timeouts_s) + max(t["backward"] + t["sync"] for t in plan.timeouts_s) + asl.GATE_TIMEOUT_S
     if evaluates:  # an evaluation and a checkpoint after every iteration, as a bound
         per_iter += 2 * max(plan.function_timeout_s(s) for s in range(plan.stages))
-    return min(365 * 24 * 3600, length * per_iter + 300)
+    return min(365 * 24 * 3600, (length + 1) * per_iter + 300)
 
 
 def check_concurrency(plan: Plan, available: int | None, where: str) -> None:
@@ -111,9 +116,12 @@ def reserved_concurrency(plan: Plan, stage: int, per_worker: bool = False) -> in
     return 2 * (1 if per_worker else max(plan.replicas, plan.sync_tasks(stage)))
 
 
-def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients, reserve_concurrency: bool = False) -> tuple[str, str]:
+def deploy_and_start(
+    job: Job, plan: Plan, res: StackResources, c: Clients, reserve_concurrency: bool = False, max_cost_usd: float | None = None
+) -> tuple[str, str]:
     """Create the job's resources and start it; returns (job id, job execution ARN). The caller
-    has checked the stack (:func:`preflight`)."""
+    has checked the stack (:func:`preflight`). ``max_cost_usd``: the job's cost cap, which its
+    iteration gate enforces (lambdas/gate.py)."""
     job_id = new_job_id(job.name)
     created_functions: list[str] = []
     created_sm: list[str] = []
@@ -141,7 +149,12 @@ def deploy_and_start(job: Job, plan: Plan, res: StackResources, c: Clients, rese
         )["stateMachineArn"]
         created_sm.append(window)
         length = asl.window_length(plan, evals=job.eval_versions(), saves=job.checkpoint_versions())
-        spec = upload_job(job, plan, res, c, job_id, length, window)
+        with RequestCounter(c.s3) as launched:
+            spec = upload_job(job, plan, res, c, job_id, length, window)
+        # the job is metered at the prices of its functions' architecture, as of now
+        prices = Prices.of(aws_platform("x86_64" if res.architecture == "x86_64" else "arm64"))
+        requests = {"puts": launched.puts + 1, "gets": launched.gets}  # + the spec's own PUT
+        spec = spec.model_copy(update={"max_cost_usd": max_cost_usd, "prices": asdict(prices), "launch_requests": requests})
         c.s3.put_object(Bucket=res.bucket, Key=keys.job_spec(job_id), Body=spec.model_dump_json(indent=2).encode())
         job_input = JobInput(
             job=job_id,

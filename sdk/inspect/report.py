@@ -14,10 +14,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stagecoach.backend import Backend
+from stagecoach.cost import CostReport
 from stagecoach.evaluation import Evaluation
 from stagecoach.inspect.events import FailedTask, failed_tasks
 from stagecoach.lambdas import keys
-from stagecoach.lambdas.records import JobSpec, Remediation, TaskMetrics
+from stagecoach.lambdas.records import CostTally, JobSpec, Remediation, StopRecord, TaskMetrics
 from stagecoach.metrics import _losses, iteration_breakdown, phase_timings
 from stagecoach.planner.plan import FUSED_SYNC
 from stagecoach.run import Run
@@ -46,11 +47,17 @@ class Inspection:
     remediations: list[Remediation] = field(default_factory=list)  # killed workers: what was decided
     evaluations: list[Evaluation] = field(default_factory=list)  # the validation set's loss and metrics per version
     metrics: list[TaskMetrics] = field(default_factory=list, repr=False)
+    cost: CostReport | None = None  # measured so far (None for a job launched before cost metering)
+    stop: StopRecord | None = None  # where and why the job stopped, if it did
+    max_cost_usd: float | None = None
+    metered_usd: float | None = None  # the engine's running tally, what the cap is checked against
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("metrics")
         d["remediations"] = [r.model_dump() for r in self.remediations]
+        d["cost"] = self.cost.to_dict() if self.cost else None
+        d["stop"] = self.stop.model_dump() if self.stop else None
         return d
 
 
@@ -165,10 +172,11 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
             failures = failures[:max_failures]
             break
     r = backend.resources
+    status = run.status()  # STOPPED where Step Functions says FAILED with the stop error
     return Inspection(
         execution_arn=execution_arn,
         job_id=run.job_id,
-        status=d["status"],
+        status=status,
         console_url=r.console.format(region=r.region, arn=execution_arn),
         started=str(d.get("startDate", "")),
         stopped=str(d["stopDate"]) if d.get("stopDate") else None,
@@ -185,7 +193,21 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
         remediations=_remediations(backend, run.job_id),
         evaluations=run.evaluations(),
         metrics=metrics,
+        cost=run.cost() if spec.prices is not None else None,
+        stop=run.stopped() if status == "STOPPED" else None,
+        max_cost_usd=spec.max_cost_usd,
+        metered_usd=_metered(backend, run.job_id) if spec.max_cost_usd is not None else None,
     )
+
+
+def _metered(backend: Backend, job_id: str) -> float | None:
+    """The engine's running tally of a capped job (lambdas/gate.py), None before its first gate."""
+    s3 = backend.clients.s3
+    try:
+        body = s3.get_object(Bucket=backend.resources.bucket, Key=keys.cost_tally(job_id))["Body"].read()
+    except s3.exceptions.NoSuchKey:
+        return None
+    return CostTally.model_validate_json(body).usd
 
 
 def _sync_label(p: dict[str, Any]) -> str:
@@ -217,8 +239,24 @@ def format_report(ins: Inspection) -> str:
             f"window {('?' if w['index'] is None else w['index'] + 1)}/{ins.windows}: iterations [{w['start']}, {w['end']}) "
             f"{w['status']} (attempt {w['attempts']})"
         )
-    if ins.error:
+    if ins.stop:
+        lines.append(
+            f"stopped before iteration {ins.stop.version} ({'cost cap' if ins.stop.reason == 'max_cost' else 'on request'}"
+            + (f": {ins.stop.detail}" if ins.stop.detail else "")
+            + f"); checkpoint: version {ins.stop.version} of the parameters and optimizer state"
+        )
+    elif ins.error:
         lines.append(f"error: {ins.error}")
+    if ins.cost:
+        cap = ""
+        if ins.max_cost_usd is not None:
+            metered = f", the engine's meter ${ins.metered_usd:.4f}" if ins.metered_usd is not None else ""
+            cap = f"; cap ${ins.max_cost_usd:.4f}{metered}"
+        lines.append(f"cost: measured {ins.cost.summary()}{cap}")
+        lines.append(f"  {ins.cost.quantities()}")
+        pred = (p.get("prediction") or {}).get("usd_per_iteration")
+        if pred:
+            lines.append(f"  the planner predicted ${pred:.6f} per iteration; measured ${ins.cost.per_iteration_usd():.6f}")
     if ins.phase_timings:
         lines.append("phase timings (mean per iteration after the first; task parts are means per task):")
         lines.append(f"  {'phase':9} {'span s':>8} {'task s':>8} {'max s':>8} {'compute':>8} {'transfer':>9} {'wait':>8} {'tasks':>6}")

@@ -120,6 +120,15 @@ class LocalBackend(Backend):
             name=f"{PREFIX}-job", definition=json.dumps(asl.job_definition()), roleArn=res.states_role_arn
         )
 
+    def job_commands(self, job_id: str, execution_arn: str) -> list[tuple[str, str]] | None:
+        if isinstance(self.stack, OwnedStack):  # inside this process: the job ends with it
+            return None
+        return [
+            ("stop it at the next iteration boundary:", f"stagecoach stop {job_id}"),
+            ("inspect it (status, phases, loss, cost):", f"stagecoach inspect {execution_arn}"),
+            ("remove it when done:", f"stagecoach cleanup {job_id}"),
+        ]
+
     def available_concurrency(self) -> tuple[int | None, str]:
         """The emulated account's limit (moto implements no GetAccountSettings)."""
         return self.fidelity.account_concurrency, "the local stack's account (Fidelity.account_concurrency)"

@@ -1,2 +1,3 @@
 def handler(event, context):
-    return {"ok": event.get("phase")}
+    # the window's iteration gate reads "stop" (planner/emit/asl.py Gate)
+    return {"ok": event.get("phase"), "stop": False}

@@ -1,0 +1,136 @@
+"""The iteration gate: before each iteration the window asks whether the job may go on.
+
+The window state machine invokes it (on the job's stage-0 function, which its role may already
+invoke and whose role already reaches the job's objects, and only those) before every iteration t
+and once more when the window has run its last one (planner/emit/asl.py ``Gate``). It answers
+``{"stop": true}`` when the job should end at this boundary:
+
+- a stop request exists (``jobs/{job}/stop/request.json``: ``Run.stop()``, ``stagecoach stop``);
+- the job has a cost cap (``JobSpec.max_cost_usd``) and what it has used so far passes it: the
+  gate then writes the stop request itself (reason ``max_cost``), so the job stops whoever is
+  watching, or nobody (the client may be gone).
+
+Stopping happens only between iterations: every task of iteration t-1 has finished, so version t
+of the parameters, optimizer state and running statistics is complete, and nothing of iteration t
+has started. The gate records ``jobs/{job}/stop/stopped.json`` (version t) for a later resume,
+and the window ends in its ``Stopped`` state.
+
+Metering (only for a job with a cap): the gate adds iteration t-1's task metrics (their keys are
+known from the plan: no LIST) and the iteration's state transitions (by the emitter's count) to a
+running tally (``jobs/{job}/cost/tally.json``), with its own invocation, and the window's and the
+job's fixed transitions once per window. The tally misses what a failed window attempt used
+before it failed and the retries of states; the client's measured cost (sdk/cost.py) counts
+transitions from the execution histories instead. docs/cost.md.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any
+
+from stagecoach.lambdas import keys
+from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.cost import Prices, Usage, gb_seconds, task_usage
+from stagecoach.lambdas.events import GateEvent
+from stagecoach.lambdas.records import CostTally, JobSpec, StopRecord, StopRequest, TaskMetrics
+from stagecoach.planner.emit import asl
+from stagecoach.planner.plan import Plan
+
+_SPECS: dict[tuple[str, str], JobSpec] = {}
+
+
+def _spec(ch: Channel, job: str) -> JobSpec:
+    key = (ch.bucket, job)
+    if key not in _SPECS:
+        body = ch.get_bytes(keys.job_spec(job))
+        if body is None:
+            raise FileNotFoundError(f"job {job!r} has no spec in s3://{ch.bucket}/{keys.job_spec(job)}")
+        _SPECS.clear()
+        _SPECS[key] = JobSpec.model_validate_json(body)
+    return _SPECS[key]
+
+
+def task_keys(job: str, plan: Plan, t: int) -> list[str]:
+    """The metrics objects every task of iteration t writes (handler.py), from the plan alone."""
+    out = [keys.metrics(job, t, "forward", s, r) for s in range(plan.stages - 1) for r in range(plan.replicas)]
+    out += [keys.metrics(job, t, "backward", s, r) for s in range(plan.stages) for r in range(plan.replicas)]
+    out += [keys.metrics(job, t, "sync", s, k) for s in range(plan.stages) for k in range(plan.sync_tasks(s))]
+    return out
+
+
+def iteration_usage(ch: Channel, job: str, plan: Plan, t: int) -> Usage:
+    """What iteration t's tasks used, from their metrics, plus its state transitions."""
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        bodies = list(pool.map(ch.get_bytes, task_keys(job, plan, t)))
+    usage = Usage(transitions=asl.transitions_per_iteration(plan))
+    for body in bodies:
+        if body is not None:
+            usage = usage + task_usage(TaskMetrics.model_validate_json(body))
+    return usage
+
+
+def launch_usage(spec: JobSpec) -> Usage:
+    req = spec.launch_requests or {}
+    return Usage(puts=int(req.get("puts", 0)), gets=int(req.get("gets", 0)))
+
+
+def meter(ch: Channel, spec: JobSpec, ev: GateEvent, started: float, memory_mb: int) -> CostTally:
+    """Add what the job used since the last gate to its tally, and store it."""
+    plan = spec.to_plan()
+    body = ch.get_bytes(keys.cost_tally(ev.job))
+    tally = CostTally.model_validate_json(body) if body is not None else None
+    gate_id = f"{ev.attempt}:{ev.t}"
+    if tally is not None and tally.last_gate == gate_id:  # this gate, retried: counted already
+        return tally
+    if tally is not None:
+        u = tally.usage
+        usage = Usage(
+            gb_s=float(u["gb_s"]),
+            invocations=int(u["invocations"]),
+            transitions=int(u["transitions"]),
+            puts=int(u["puts"]),
+            gets=int(u["gets"]),
+        )
+    else:  # the first gate: the launch's requests and the job execution's fixed transitions
+        usage = launch_usage(spec) + Usage(transitions=asl.TRANSITIONS_JOB_FIXED)
+    through = tally.through if tally else 0
+    if ev.t > ev.window_start:
+        metered = [ev.t - 1]  # just run by this window attempt (again, if the window restarted)
+    else:
+        metered = list(range(through, ev.t))  # the previous window's last, unless its final gate counted it
+        usage = usage + Usage(transitions=asl.TRANSITIONS_WINDOW_FIXED + asl.TRANSITIONS_JOB_PER_WINDOW)
+    for t in metered:
+        usage = usage + iteration_usage(ch, ev.job, plan, t)
+    # the gate itself: its invocation, its requests so far and the one PUT to come, its time so far
+    st = ch.stats
+    usage = usage + Usage(gb_s=gb_seconds(time.time() - started, memory_mb), invocations=1, puts=st.puts + 1, gets=st.gets)
+    prices = Prices(**spec.prices) if spec.prices else None
+    usd = usage.usd(prices) if prices else 0.0
+    tally = CostTally(through=max(through, ev.t), last_gate=gate_id, usage=asdict(usage), usd=usd)
+    ch.put_bytes(keys.cost_tally(ev.job), tally.model_dump_json().encode())
+    return tally
+
+
+def gate(ev: GateEvent, ch: Channel, started: float, memory_mb: int) -> dict[str, Any]:
+    """May the job run iteration ``ev.t``? ``{"stop": bool}`` for the window's Go? choice."""
+    spec = _spec(ch, ev.job)
+    body = ch.get_bytes(keys.stop_request(ev.job))
+    request = StopRequest.model_validate_json(body) if body is not None else None
+    out: dict[str, Any] = {"stop": False}
+    if spec.max_cost_usd is not None:
+        tally = meter(ch, spec, ev, started, memory_mb)
+        out["usd"] = tally.usd
+        if request is None and tally.usd > spec.max_cost_usd and ev.t < spec.iterations:
+            request = StopRequest(
+                reason="max_cost",
+                time=time.time(),
+                detail=f"measured ${tally.usd:.6f} passed the cap ${spec.max_cost_usd:.6f} after {ev.t} iterations",
+            )
+            ch.put_bytes(keys.stop_request(ev.job), request.model_dump_json().encode())
+    if request is not None and ev.t < ev.end:  # at the window's end the next window's first gate stops
+        record = StopRecord(version=ev.t, reason=request.reason, time=time.time(), detail=request.detail, attempt=ev.attempt)
+        ch.put_bytes(keys.stopped(ev.job), record.model_dump_json().encode())
+        out["stop"] = True
+    return out

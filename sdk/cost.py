@@ -1,0 +1,247 @@
+"""A run's cost, predicted before it starts and measured after, per phase (docs/cost.md).
+
+Both are ``CostReport``s of billable quantities (lambdas/cost.py ``Usage``: Lambda GB-seconds,
+invocations, Step Functions state transitions, S3 requests) priced by lambdas/cost.py at the AWS
+list prices the planner uses (planner/model/platforms.py, with their sources and date), per phase:
+
+- ``forward``, ``backward``, ``sync``: the tasks of those phases and the states that run them (a
+  phase's Map states and their items; ``backward`` includes the BackwardSync Parallel);
+- ``orchestration``: the window's bookkeeping (the iteration gate, lambdas/gate.py, and its
+  Choice, Advance, Init, Done), the job state machine's states, and every retry of a state;
+- ``client``: the S3 requests of the client itself — the launch's uploads and, measured, what this
+  ``Run`` read while watching (listing and reading the task metrics).
+
+Predicted (``predict``): the performance model's estimate of one iteration (planner/model/
+perfmodel.py ``evaluate``, for any plan: the planner's or a manual one) times the iterations, plus
+the per-window states and the gate, and each task's PUT of its metrics object. The model counts
+the tasks' other S3 requests per iteration but not per phase: the summary reports S3 requests as
+one figure, for the measured cost too. The launch's uploads are not predicted (a few dozen PUTs).
+
+Measured (``measure``): every task's metrics (billed duration rounded up to the millisecond x its
+memory, requests), the gate's own report of its work (its invocation's output in the window's
+history), and the state transitions counted in the execution histories: one per state entered,
+one per retry (a Task scheduled again without being entered again).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+from stagecoach.lambdas.cost import Prices, Usage, gb_seconds, usage_by_phase
+from stagecoach.lambdas.records import JobSpec, TaskMetrics
+from stagecoach.planner.emit import asl
+from stagecoach.planner.model.perfmodel import Estimate
+from stagecoach.planner.model.platforms import Platform
+from stagecoach.planner.plan import Plan
+
+PHASES = ("forward", "backward", "sync", "orchestration", "client")
+
+
+@dataclass(frozen=True)
+class CostReport:
+    """What a run costs (``kind``: "predicted" or "measured"), per phase, in billable quantities."""
+
+    kind: Literal["predicted", "measured"]
+    iterations: int  # predicted: the run's; measured: the iterations done
+    phases: Mapping[str, Usage]  # PHASES -> usage
+    prices: Prices
+    # S3 requests the prediction does not place in a phase (the performance model counts them per
+    # iteration only); empty for a measured report
+    unsplit: Usage = field(default_factory=Usage)
+
+    @property
+    def usd(self) -> float:
+        return self.total.usd(self.prices)
+
+    @property
+    def total(self) -> Usage:
+        out = self.unsplit
+        for u in self.phases.values():
+            out = out + u
+        return out
+
+    def phase_usd(self, s3: bool = True) -> dict[str, float]:
+        """USD per phase; ``s3=False``: without S3 requests (compare with ``s3_usd``)."""
+        return {p: (u if s3 else replace(u, puts=0, gets=0)).usd(self.prices) for p, u in self.phases.items()}
+
+    @property
+    def s3_usd(self) -> float:
+        t = self.total
+        return Usage(puts=t.puts, gets=t.gets).usd(self.prices)
+
+    def per_iteration_usd(self) -> float:
+        return self.usd / self.iterations if self.iterations else 0.0
+
+    def summary(self) -> str:
+        """One line: the total, each phase without S3, then S3 requests (as the prediction has them)."""
+        parts = ", ".join(f"{p} ${v:.4f}" for p, v in self.phase_usd(s3=False).items() if v > 0)
+        return f"${self.usd:.4f} for {self.iterations} iterations ({parts}, S3 requests ${self.s3_usd:.4f})"
+
+    def quantities(self) -> str:
+        t = self.total
+        return (
+            f"Lambda {t.gb_s:,.1f} GB-s and {t.invocations:,} invocations, {t.transitions:,} state transitions, "
+            f"{t.puts:,} PUT/LIST and {t.gets:,} GET requests"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "iterations": self.iterations,
+            "usd": self.usd,
+            "phase_usd": self.phase_usd(),
+            "phases": {p: asdict(u) for p, u in self.phases.items()},
+            "unsplit": asdict(self.unsplit),
+            "total": asdict(self.total),
+            "prices": asdict(self.prices),
+        }
+
+
+# -- predicted -------------------------------------------------------------------------------------
+def gate_usage(plan: Plan, platform: Platform, capped: bool) -> Usage:
+    """One iteration gate, as lambdas/gate.py works: a GET of the stop request; with a cost cap
+    also the tally (GET, PUT) and the iteration's task metrics (GETs, 16 at a time). Its time: a
+    storage round trip per sequential request."""
+    tasks = len(_task_counts(plan))
+    gets = 1 + (1 + tasks if capped else 0)
+    puts = 1 if capped else 0
+    rounds = 1 + (2 + math.ceil(tasks / 16) if capped else 0)
+    return Usage(gb_s=gb_seconds(rounds * platform.storage_latency_s, plan.memory_mb[0]), invocations=1, puts=puts, gets=gets)
+
+
+def _task_counts(plan: Plan) -> list[tuple[str, int]]:
+    """(phase, stage) of every task of one iteration."""
+    out = [("forward", s) for s in range(plan.stages - 1) for _ in range(plan.replicas)]
+    out += [("backward", s) for s in range(plan.stages) for _ in range(plan.replicas)]
+    out += [("sync", s) for s in range(plan.stages) for _ in range(plan.sync_tasks(s))]
+    return out
+
+
+def phase_transitions(plan: Plan) -> dict[str, int]:
+    """Per phase, the state transitions of one fault-free iteration (asl.transitions_per_iteration)."""
+    s, d = plan.stages, plan.replicas
+    out = {
+        "forward": (1 + (s - 1) * d) if s > 1 else 0,
+        "backward": 1 + s * (1 + d),
+        "sync": sum(1 + plan.sync_tasks(st) for st in range(s) if plan.sync_tasks(st)),
+        "orchestration": asl.TRANSITIONS_ITERATION_BOOKKEEPING,
+    }
+    assert sum(out.values()) == asl.transitions_per_iteration(plan)
+    return out
+
+
+def predict(plan: Plan, estimate: Estimate, iterations: int, platform: Platform, capped: bool = False) -> CostReport:
+    """The whole run's predicted cost from the performance model's per-iteration ``estimate`` of
+    ``plan``: the tasks' billed seconds per phase, the states, the gate, per window and per job."""
+    S, d = plan.stages, plan.replicas
+    per_s = [m / 1024.0 for m in plan.memory_mb]
+    gbs = {
+        "forward": sum(d * estimate.stage_forward_s[s] * per_s[s] for s in range(S - 1)),
+        "backward": sum(d * estimate.stage_backward_s[s] * per_s[s] for s in range(S)),
+        "sync": sum(plan.sync_tasks(s) * estimate.stage_sync_s[s] * per_s[s] for s in range(S)),
+    }
+    inv = {"forward": (S - 1) * d, "backward": S * d, "sync": sum(plan.sync_tasks(s) for s in range(S))}
+    tr = phase_transitions(plan)
+    n = iterations
+    # each task also PUTs its metrics object (lambdas/handler.py), which the model's requests leave out
+    phases = {
+        p: Usage(gb_s=gbs[p] * n, invocations=inv[p] * n, transitions=tr[p] * n, puts=inv[p] * n) for p in ("forward", "backward", "sync")
+    }
+    windows = math.ceil(iterations / asl.window_length(plan))
+    gate = gate_usage(plan, platform, capped)
+    gates = iterations + windows  # one before each iteration and one at each window's end
+    orchestration = Usage(
+        gb_s=gate.gb_s * gates,
+        invocations=gates,
+        transitions=tr["orchestration"] * n
+        + windows * (asl.TRANSITIONS_WINDOW_FIXED + asl.TRANSITIONS_JOB_PER_WINDOW)
+        + asl.TRANSITIONS_JOB_FIXED,
+        puts=gate.puts * gates,
+        gets=gate.gets * gates,
+    )
+    phases["orchestration"] = orchestration
+    phases["client"] = Usage()
+    unsplit = Usage(puts=round(estimate.s3_puts * n), gets=round(estimate.s3_gets * n))
+    return CostReport("predicted", iterations, phases, Prices.of(platform), unsplit=unsplit)
+
+
+# -- measured --------------------------------------------------------------------------------------
+def state_phase(name: str) -> str:
+    """The phase a state of the window state machine belongs to (planner/emit/asl.py names)."""
+    if name.startswith("Forward"):
+        return "forward"
+    if name.startswith("Backward"):  # BackwardSync, Backward{s}, Backward{s}Task, ...
+        return "backward"
+    if name.startswith("Sync"):
+        return "sync"
+    return "orchestration"
+
+
+def history_usage(events: Iterable[Mapping[str, Any]]) -> dict[str, Usage]:
+    """From one execution's history: state transitions per phase (one per state entered, one per
+    retry of a Task), and the iteration gates' own invocations and work (their output)."""
+    out: dict[str, Usage] = {}
+    entered_tasks = scheduled = 0
+    for ev in events:
+        kind = ev.get("type", "")
+        if kind.endswith("StateEntered"):
+            phase = state_phase(ev.get("stateEnteredEventDetails", {}).get("name", ""))
+            out[phase] = out.get(phase, Usage()) + Usage(transitions=1)
+            entered_tasks += kind == "TaskStateEntered"
+        elif kind == "TaskScheduled":
+            scheduled += 1
+        elif kind == "TaskSucceeded":
+            report = _gate_report(ev.get("taskSucceededEventDetails", {}).get("output"))
+            if report is not None:
+                out["orchestration"] = out.get("orchestration", Usage()) + report
+    retries = max(0, scheduled - entered_tasks)
+    if retries:
+        out["orchestration"] = out.get("orchestration", Usage()) + Usage(transitions=retries)
+    return out
+
+
+def _gate_report(output: str | None) -> Usage | None:
+    """The usage an iteration gate reports in its output (lambdas/gate.py), or None for any other task."""
+    if not output:
+        return None
+    try:
+        payload = json.loads(output).get("Payload")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(payload, dict) or payload.get("phase") != "gate" or "work" not in payload:
+        return None
+    w = payload["work"]
+    return Usage(gb_s=gb_seconds(w["duration_s"], w["memory_mb"]), invocations=1, puts=int(w["puts"]), gets=int(w["gets"]))
+
+
+def measure(
+    spec: JobSpec,
+    metrics: Sequence[TaskMetrics],
+    histories: Iterable[Iterable[Mapping[str, Any]]],
+    iterations_done: int,
+    client_requests: Mapping[str, int] | None = None,
+    prices: Prices | None = None,
+) -> CostReport:
+    """The measured cost of a run so far: ``metrics`` of its tasks, the ``histories`` of its job
+    and window executions, and what the client did (the launch's requests from the spec, plus
+    ``client_requests`` of the watching Run)."""
+    phases: dict[str, Usage] = {p: Usage() for p in PHASES}
+    for p, u in usage_by_phase(metrics).items():
+        phases[p] = phases[p] + u
+    for events in histories:
+        for p, u in history_usage(events).items():
+            phases[p] = phases[p] + u
+    launch = spec.launch_requests or {}
+    watch = client_requests or {}
+    phases["client"] = Usage(
+        puts=int(launch.get("puts", 0)) + int(watch.get("puts", 0)), gets=int(launch.get("gets", 0)) + int(watch.get("gets", 0))
+    )
+    if prices is None:
+        if spec.prices is None:
+            raise ValueError(f"job {spec.job} records no prices (launched before cost metering); pass prices=")
+        prices = Prices(**spec.prices)
+    return CostReport("measured", iterations_done, phases, prices)

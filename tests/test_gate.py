@@ -1,0 +1,196 @@
+"""The iteration gate on an in-memory S3 (tests/memory_s3.py): when it stops a job, and how it
+meters a capped one — once per gate even when retried, again for iterations a restarted window
+re-runs — with every expected number written out by hand. Ctrl-C in Run.wait stops nothing."""
+
+import json
+import types
+
+import pytest
+from memory_s3 import MemoryS3
+
+from stagecoach.lambdas import keys
+from stagecoach.lambdas.channel import Channel, Pools
+from stagecoach.lambdas.events import GateEvent
+from stagecoach.lambdas.gate import gate
+from stagecoach.lambdas.netem import Network
+from stagecoach.lambdas.records import DatasetRef, JobSpec, StopRequest, TaskMetrics
+from stagecoach.planner.plan import Plan
+
+JOB = "gt-0123abcd"
+GB_S, REQUEST, TRANSITION, PUT, GET = 0.0000166667, 0.20 / 1e6, 0.025 / 1000, 0.005 / 1000, 0.0004 / 1000
+PRICES = {"gb_s": GB_S, "request": REQUEST, "transition": TRANSITION, "put": PUT, "get": GET, "as_of": "test"}
+# 2 stages x 2 replicas, scatter-reduce: 2 forward, 4 backward, 4 sync tasks per iteration
+PLAN = Plan(balance=[1, 1], replicas=2, micro_batches=1, global_batch=4, memory_mb=[1024, 2048])
+# Gate, Go?, Advance; Forward Map + 2 items; Parallel; 2 x (Backward Map + 2); 2 x (Sync Map + 2)
+TRANSITIONS_PER_ITERATION = 3 + 3 + 1 + 6 + 6
+
+
+@pytest.fixture(autouse=True)
+def fresh_container(monkeypatch):
+    """Each test is a new container: the gate caches the job's spec per container. Its clock
+    stands still, so every gate lasts exactly 10.4 ms (billed 11 ms)."""
+    from stagecoach.lambdas import gate as gate_module
+
+    gate_module._SPECS.clear()
+    monkeypatch.setattr(gate_module, "time", types.SimpleNamespace(time=lambda: 1000.0))
+
+
+def spec(max_cost=None, iterations=10):
+    return JobSpec(
+        job=JOB,
+        name="gt",
+        seed=0,
+        iterations=iterations,
+        global_batch=4,
+        dtype="float32",
+        layers=2,
+        dataset=DatasetRef(id="d", n_train=4),
+        plan=PLAN.to_dict(),
+        created=0.0,
+        max_cost_usd=max_cost,
+        prices=PRICES,
+        launch_requests={"puts": 10, "gets": 2},
+    )
+
+
+def channel(s3):
+    return Channel(s3, "bucket", net=Network(None), pools=Pools())
+
+
+def put_iteration(s3, t):
+    """Every task of iteration t: 0.1005 s (billed 101 ms), 3 PUTs and 5 GETs each."""
+    tasks = [("forward", 0, r) for r in range(2)] + [(p, s, i) for p in ("backward", "sync") for s in range(2) for i in range(2)]
+    for phase, stage, index in tasks:
+        m = TaskMetrics(
+            phase=phase, t=t, stage=stage, index=index, start=0.0, end=0.1005, duration_s=0.1005,
+            upload_s=0.0, download_s=0.0, transfer_s=0.0, wait_s=0.0, bytes_up=0, bytes_down=0, puts=3, gets=5,
+            compute_s=0.1, container="c", container_started=0.0, invocation=1, cold=False,
+            memory_mb=PLAN.memory_mb[stage], max_rss_mb=100.0,
+        )  # fmt: skip
+        s3.put_object(Bucket="bucket", Key=keys.metrics(JOB, t, phase, stage, index), Body=m.model_dump_json().encode())
+
+
+# one iteration's tasks: forward 2 x 101 ms at 1 GB, backward and sync 2 x 101 ms at 1 GB + 2 at 2 GB each
+ITERATION_USD = (
+    (2 * 0.101 * 1 + 2 * (2 * 0.101 * 1 + 2 * 0.101 * 2)) * GB_S
+    + 10 * REQUEST
+    + 10 * (3 + 1) * PUT  # + each task's metrics object
+    + 10 * 5 * GET
+    + TRANSITIONS_PER_ITERATION * TRANSITION
+)
+
+
+def ev(t, end=10, window_start=0, attempt="w0-a"):
+    return GateEvent(phase="gate", job=JOB, bucket="bucket", t=t, end=end, window_start=window_start, attempt=attempt)
+
+
+def tally(s3):
+    return json.loads(s3.objects[keys.cost_tally(JOB)])
+
+
+def run_gate(s3, e):
+    return gate(e, channel(s3), 1000.0 - 0.0104, 1024)
+
+
+def test_without_a_request_the_job_goes_on_and_nothing_is_metered():
+    s3 = MemoryS3()
+    s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=spec().model_dump_json().encode())
+    assert run_gate(s3, ev(0)) == {"stop": False}
+    assert keys.cost_tally(JOB) not in s3.objects and keys.stopped(JOB) not in s3.objects
+
+
+def test_a_stop_request_stops_before_the_iteration_and_records_the_version():
+    s3 = MemoryS3()
+    s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=spec().model_dump_json().encode())
+    req = StopRequest(reason="requested", time=1.0)
+    s3.put_object(Bucket="bucket", Key=keys.stop_request(JOB), Body=req.model_dump_json().encode())
+    # at the window's end the window just ends: the next window's first gate stops the job
+    assert run_gate(s3, ev(10, end=10))["stop"] is False and keys.stopped(JOB) not in s3.objects
+    assert run_gate(s3, ev(4, attempt="w0-b"))["stop"] is True
+    record = json.loads(s3.objects[keys.stopped(JOB)])
+    assert record["version"] == 4 and record["reason"] == "requested" and record["attempt"] == "w0-b"
+
+
+def test_the_cap_meters_each_iteration_once_and_stops_past_it():
+    s3 = MemoryS3()
+    first = 10 * PUT + 2 * GET + (2 + 4 + 6) * TRANSITION  # launch; the job's and the window's fixed states
+    # the gates, 11 ms at 1 GB each: the first GETs the spec, the stop request and the (missing)
+    # tally; a later one the stop request, the tally and the iteration's 10 metrics; each PUTs the tally
+    gate0 = 0.011 * GB_S + REQUEST + 3 * GET + PUT
+    gate = 0.011 * GB_S + REQUEST + 12 * GET + PUT
+    cap = first + gate0 + 2 * (ITERATION_USD + gate) + 1e-6  # passed once a third iteration is metered
+    s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=spec(max_cost=cap).model_dump_json().encode())
+    out = run_gate(s3, ev(0))
+    assert out["stop"] is False and tally(s3)["usd"] == pytest.approx(first + gate0, rel=1e-9)
+    for t in (0, 1):
+        put_iteration(s3, t)
+        assert run_gate(s3, ev(t + 1))["stop"] is False
+    after2 = tally(s3)
+    assert after2["through"] == 2 and after2["usage"]["transitions"] == 12 + 2 * TRANSITIONS_PER_ITERATION
+    assert after2["usage"]["invocations"] == 3 + 2 * 10
+    assert after2["usd"] == pytest.approx(first + gate0 + 2 * (ITERATION_USD + gate), rel=1e-9)
+    # the same gate again (a Lambda retry): counted once
+    assert run_gate(s3, ev(2))["stop"] is False and tally(s3) == after2
+    put_iteration(s3, 2)
+    out = run_gate(s3, ev(3))
+    assert out["stop"] is True and out["usd"] > cap
+    assert json.loads(s3.objects[keys.stop_request(JOB)])["reason"] == "max_cost"
+    assert json.loads(s3.objects[keys.stopped(JOB)])["version"] == 3
+
+
+def test_a_restarted_window_is_metered_again_and_the_last_iteration_never_stops():
+    s3 = MemoryS3()
+    s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=spec(max_cost=1.0, iterations=3).model_dump_json().encode())
+    run_gate(s3, ev(0, end=3))
+    put_iteration(s3, 0)
+    run_gate(s3, ev(1, end=3))
+    before = tally(s3)
+    # the window failed in iteration 1 and restarts from 0: its gates at 0 and 1 count iteration 0 again
+    run_gate(s3, ev(0, end=3, attempt="w0-retry"))
+    run_gate(s3, ev(1, end=3, attempt="w0-retry"))
+    again = tally(s3)
+    # a window's fixed states and a window's worth of the job's (the restart path's, roughly), iteration 0's
+    assert again["usage"]["transitions"] == before["usage"]["transitions"] + 4 + 6 + TRANSITIONS_PER_ITERATION
+    assert again["usage"]["invocations"] == before["usage"]["invocations"] + 2 + 10
+    # past the cap at the job's end: no stop request (nothing is left to stop)
+    s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=spec(max_cost=1e-9, iterations=3).model_dump_json().encode())
+    from stagecoach.lambdas import gate as gate_module
+
+    gate_module._SPECS.clear()  # a new container reads the new spec
+    for t in (1, 2):
+        put_iteration(s3, t)
+    assert run_gate(s3, ev(3, end=3, attempt="w0-retry"))["stop"] is False
+    assert keys.stop_request(JOB) not in s3.objects
+
+
+def test_ctrl_c_in_wait_stops_nothing_and_prints_the_commands_on_aws(monkeypatch, capsys):
+    from stagecoach.aws.backend import AwsBackend
+    from stagecoach.run import Run
+
+    aws = types.SimpleNamespace(stack="mystack", region="eu-west-1")
+    backend = types.SimpleNamespace(job_commands=lambda job, arn: AwsBackend.job_commands(aws, job, arn))
+    job = types.SimpleNamespace(iterations=10)
+    arn = "arn:aws:states:eu-west-1:123456789012:execution:mystack-job:gt-0123abcd"
+    run = Run(backend, job, PLAN, JOB, arn)
+    stops = []
+    monkeypatch.setattr(run, "status", lambda: "RUNNING")
+    monkeypatch.setattr(run, "_fetch_metrics", lambda: None)
+    monkeypatch.setattr(run, "stop", lambda: stops.append(1))
+
+    def interrupt(_s):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("stagecoach.run.time.sleep", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        run.wait(progress=False)
+    out = capsys.readouterr().out
+    assert not stops and "keeps running (nothing was stopped)" in out
+    assert f"stagecoach stop {JOB} --stack mystack --region eu-west-1" in out
+    assert f"stagecoach inspect {arn}" in out and f"stagecoach cleanup {JOB} --stack mystack --region eu-west-1" in out
+    assert "attach" not in out  # there is no attach command yet
+
+    local = types.SimpleNamespace(job_commands=lambda job, arn: None)  # the embedded stack
+    run.backend = local
+    with pytest.raises(KeyboardInterrupt):
+        run.wait(progress=False)
+    assert "inside this process" in capsys.readouterr().out
