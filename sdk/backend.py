@@ -71,10 +71,10 @@ class Backend(ABC):
             raise DeployError(f"no job {job_id} in stack {self.resources.prefix} ({self.name}): `stagecoach list` shows its jobs")
         return self._run(job_id, job, execs[-1]["executionArn"])
 
-    def resume(self, job_id: str, iterations: int | None = None, job: Job | None = None) -> Run:
+    def resume(self, job_id: str, iterations: int | None = None, job: Job | None = None, max_cost_usd: float | None = None) -> Run:
         """Continue a stopped, failed or finished job from its last complete checkpoint, to its
-        iterations or to ``iterations`` in all (sdk/deploy/resume.py)."""
-        arn, _, _ = resume_job(self.clients, self.resources, job_id, iterations)
+        iterations or to ``iterations`` in all (sdk/deploy/resume.py); ``max_cost_usd``: a new cap."""
+        arn, _, _ = resume_job(self.clients, self.resources, job_id, iterations, max_cost_usd)
         return self._run(job_id, job, arn)
 
     def jobs(self) -> list[JobStatus]:

@@ -38,7 +38,8 @@ from stagecoach.planner.model.perfmodel import Estimate
 from stagecoach.planner.model.platforms import Platform
 from stagecoach.planner.plan import Plan
 
-PHASES = ("forward", "backward", "sync", "orchestration", "client")
+PHASES = ("forward", "backward", "sync", "evaluate", "checkpoint", "orchestration", "client")
+OPTIONAL_PHASES = ("evaluate", "checkpoint")  # a job's evaluation on Lambda and kept checkpoints
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,13 @@ class CostReport:
         return out
 
     def phase_usd(self, s3: bool = True) -> dict[str, float]:
-        """USD per phase; ``s3=False``: without S3 requests (compare with ``s3_usd``)."""
-        return {p: (u if s3 else replace(u, puts=0, gets=0)).usd(self.prices) for p, u in self.phases.items()}
+        """USD per phase; ``s3=False``: without S3 requests (compare with ``s3_usd``). Evaluation
+        and checkpoints appear only for a job that has them."""
+        return {
+            p: (u if s3 else replace(u, puts=0, gets=0)).usd(self.prices)
+            for p, u in self.phases.items()
+            if p not in OPTIONAL_PHASES or u != Usage()
+        }
 
     @property
     def s3_usd(self) -> float:
@@ -178,6 +184,10 @@ def state_phase(name: str) -> str:
         return "backward"
     if name.startswith("Sync"):
         return "sync"
+    if name in ("Evaluate", "EvaluateTask", "EvaluateKilled", "EvaluateFailed"):  # the Due/Choice states are bookkeeping
+        return "evaluate"
+    if name in ("Checkpoint", "CheckpointTask", "CheckpointKilled", "CheckpointFailed"):
+        return "checkpoint"
     return "orchestration"
 
 

@@ -504,7 +504,7 @@ class Job:
         x = self.train[0]
         sample = x[0].to(self.dtype) if x.is_floating_point() else x[0]
         b = plan.micro_batch_size
-        profile = self.with_build_bytes(measure_model(self.build_model(), sample, micro_batch_sizes=(b,), name=self.name))
+        profile = self.with_job_bytes(measure_model(self.build_model(), sample, micro_batch_sizes=(b,), name=self.name))
         choices = tuple(SyncChoice("none", 1) if plan.replicas == 1 else SyncChoice(a, k) for a, k in zip(plan.sync, plan.aggregators))
         cfg = Config(tuple(plan.balance), tuple(plan.memory_mb), plan.replicas, b, plan.micro_batches, choices)
         return evaluate(profile, cfg, platform)

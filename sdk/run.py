@@ -17,6 +17,7 @@ from tqdm import tqdm
 from stagecoach import cost as costs
 from stagecoach import history as learnt
 from stagecoach.deploy.chain import follow
+from stagecoach.deploy.resume import last_checkpoint
 from stagecoach.evaluation import Evaluation, combine
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.records import EvalResult, JobSpec, StopRecord, StopRequest, TaskMetrics
@@ -102,7 +103,10 @@ class Run:
         if status == "STOPPED":
             record = self.stopped()
             if record is not None:
-                return record.version
+                # with warm state the versions inside a window live in the workers' memory: the
+                # latest stored one (the window's checkpoint) is what a stopped job keeps, and what
+                # `resume` continues from (sdk/deploy/resume.py)
+                return min(record.version, last_checkpoint(self._c, self.bucket, self.job_id))
         if status == "SUCCEEDED":
             return int(self.job.iterations if self.job is not None else self.spec().iterations)
         return self.iterations_done()
@@ -112,9 +116,10 @@ class Run:
         "STOPPED" for a job that ended at an iteration boundary (``stop()``, its cost cap); raises
         RunFailed otherwise. Ctrl-C stops nothing: it prints the commands that reach the job."""
 
-        spec = self.spec()  # the job's as deployed (a resumed job's iterations included)
-        bar = tqdm(total=spec.iterations, unit="it", disable=not progress, dynamic_ncols=True)
-        versions = set(spec.evaluation.versions) if spec.evaluation is not None else set()
+        # the Job's (a resumed job's has the deployed total), else the deployed spec's
+        total = self.job.iterations if self.job is not None else self.spec().iterations
+        bar = tqdm(total=total, unit="it", disable=not progress, dynamic_ncols=True)
+        versions = set(self.job.eval_versions()) if hasattr(self.job, "eval_versions") else set()
         evaluates, latest = progress and bool(versions), None
         start = time.time()
         done = 0
@@ -152,7 +157,8 @@ class Run:
         if status != "SUCCEEDED":
             raise RunFailed(f"run {self.job_id} {status}: {self.failure()}")
         # the next run of this job sets its task timeouts from this one
-        learnt.record(self._c.s3, self.bucket, spec.name, self.job_id, self.plan, self.metrics())
+        name = self.job.name if self.job is not None else self.spec().name
+        learnt.record(self._c.s3, self.bucket, name, self.job_id, self.plan, self.metrics())
         return status
 
     def interrupted_message(self) -> str:

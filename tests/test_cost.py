@@ -2,6 +2,7 @@
 through the real state machines on the local stack; the billing arithmetic checked by hand."""
 
 import copy
+import dataclasses
 import json
 import math
 import re
@@ -154,7 +155,9 @@ def test_a_cost_cap_stops_the_job_at_an_iteration_boundary_with_its_checkpoint(b
     """The cap is passed after a few iterations: the gate stops the job before the next one, with
     status STOPPED and the parameters of the version reached equal to plain PyTorch's."""
     iterations = 12
-    job = tiny_job("cost-cap", iterations)
+    # the stored path (every version in S3) keeps the very version it stopped at; with warm state
+    # a stopped job keeps its window's checkpoint instead (tests/test_lifecycle.py)
+    job = dataclasses.replace(tiny_job("cost-cap", iterations), warm_state=False)
     # the launch and the job's first states cost about $0.0004, each iteration 6 transitions
     # ($0.00015) and a little Lambda time: the cap falls after two or three iterations
     cap = 0.00078
@@ -188,7 +191,7 @@ def test_a_cost_cap_stops_the_job_at_an_iteration_boundary_with_its_checkpoint(b
 
 def test_run_stop_ends_the_job_at_the_next_iteration_boundary(backend):
     iterations = 1000  # far more than run before the stop
-    job = tiny_job("cost-stop", iterations)
+    job = dataclasses.replace(tiny_job("cost-stop", iterations), warm_state=False)  # every version stored
     run = job.run(stages=1, backend=backend)
     deadline = time.time() + 120
     while iterations_done(run) < 2 and time.time() < deadline:

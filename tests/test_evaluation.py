@@ -60,7 +60,7 @@ def test_versions_batches_and_the_state_machine():
     plan = job.manual_plan(stages=2, replicas=2, micro_batches=2)
     d = asl.window_definition(plan, ["f0", "f1"], evals=job.eval_versions())
     assert d["States"]["Init"]["Parameters"]["evals"] == [2, 4, 5]
-    assert d["States"]["Advance"]["Next"] == "EvaluateDue" and d["States"]["Evaluate"]["Next"] == "Loop"
+    assert d["States"]["Advance"]["Next"] == "EvaluateDue" and d["States"]["Evaluate"]["Next"] == "Gate"
     assert d["States"]["EvaluateDue"]["Parameters"]["due.$"] == "States.ArrayContains($.evals, $.t)"
     assert asl.window_length(plan, evals=[5]) < asl.window_length(plan)  # the history budget counts it
 

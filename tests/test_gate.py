@@ -187,7 +187,7 @@ def test_ctrl_c_in_wait_stops_nothing_and_prints_the_commands_on_aws(monkeypatch
     assert not stops and "keeps running (nothing was stopped)" in out
     assert f"stagecoach stop {JOB} --stack mystack --region eu-west-1" in out
     assert f"stagecoach inspect {arn}" in out and f"stagecoach cleanup {JOB} --stack mystack --region eu-west-1" in out
-    assert "attach" not in out  # there is no attach command yet
+    assert "stagecoach.attach('gt-0123abcd', backend='aws:mystack')" in out and "stagecoach resume gt-0123abcd --stack mystack" in out
 
     local = types.SimpleNamespace(job_commands=lambda job, arn: None)  # the embedded stack
     run.backend = local

@@ -3,6 +3,8 @@ bit-identical to one that ran them all at once (data order, dropout masks, the s
 state are all functions of the seed and the iteration); a job is found from anywhere by its id.
 """
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -56,3 +58,23 @@ def test_a_resumed_job_ends_bit_identical_to_an_uninterrupted_one(backend):
     assert listed[whole.job_id].name == "life-whole"
     with pytest.raises(DeployError, match="no job life-none-1a2b3c4d"):
         backend.attach("life-none-1a2b3c4d")
+
+
+def test_a_stopped_job_resumes_to_the_parameters_of_an_uninterrupted_one(backend):
+    """Stopped at an iteration boundary (Run.stop: the iteration gate), listed as STOPPED, then
+    resumed to 3 iterations past the checkpoint it kept: bit-identical to those iterations at once."""
+    long = make_job("life-stop", 1000).run(backend=backend, **PLAN)  # far more than it runs before the stop
+    while not long.metrics() or long.iterations_done() < 2:  # metrics() reads what the tasks wrote so far
+        time.sleep(0.5)
+    long.stop()
+    assert long.wait(progress=False, poll_s=1.0, timeout_s=600) == "STOPPED"
+    assert {j.job: j.status for j in backend.jobs()}[long.job_id] == "STOPPED"
+    kept = long.version()
+    assert 0 <= kept <= long.iterations_done()
+    total = kept + 3
+    whole = make_job("life-whole2", total).run(backend=backend, **PLAN)
+    resumed = backend.resume(long.job_id, iterations=total, job=make_job("life-stop", 1000))
+    assert resumed.wait(progress=False, poll_s=2.0, timeout_s=600) == "SUCCEEDED"
+    whole.wait(progress=False, poll_s=2.0, timeout_s=600)
+    got, want = resumed.trained_model().state_dict(), whole.trained_model().state_dict()
+    assert all(torch.equal(got[k], want[k]) for k in want)

@@ -91,6 +91,8 @@ class AwsBackend(Backend):
         return [
             ("stop it at the next iteration boundary:", f"stagecoach stop {job_id} {where}"),
             ("inspect it (status, phases, loss, cost):", f"stagecoach inspect {execution_arn}"),
+            ("follow it from Python:", f"stagecoach.attach({job_id!r}, backend='aws:{self.stack}')"),
+            ("continue it once stopped or failed:", f"stagecoach resume {job_id} {where}"),
             ("remove it when done:", f"stagecoach cleanup {job_id} {where}"),
         ]
 

@@ -70,6 +70,14 @@ class JobStatus:
     execution_arn: str
 
 
+def _exists(c: Clients, bucket: str, key: str) -> bool:
+    try:
+        c.s3.head_object(Bucket=bucket, Key=key)
+        return True
+    except c.s3.exceptions.ClientError:
+        return False
+
+
 def _executions(c: Clients, res: StackResources) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for page in c.sfn.get_paginator("list_executions").paginate(stateMachineArn=res.job_state_machine_arn):
@@ -102,13 +110,20 @@ def list_jobs(c: Clients, res: StackResources) -> list[JobStatus]:
             name, iterations = spec.name, spec.iterations
         except c.s3.exceptions.NoSuchKey:
             name, iterations = "(cleaned up)", 0
-        out.append(JobStatus(job, name, latest["status"], str(first["startDate"]), iterations, latest["executionArn"]))
+        status = latest["status"]
+        if status == "FAILED" and _exists(c, res.bucket, keys.stopped(job)):
+            status = "STOPPED"  # the gate ended it at an iteration boundary (lambdas/gate.py)
+        out.append(JobStatus(job, name, status, str(first["startDate"]), iterations, latest["executionArn"]))
     return sorted(out, key=lambda j: j.started, reverse=True)
 
 
-def resume_job(c: Clients, res: StackResources, job: str, iterations: int | None = None) -> tuple[str, int, int]:
+def resume_job(
+    c: Clients, res: StackResources, job: str, iterations: int | None = None, max_cost_usd: float | None = None
+) -> tuple[str, int, int]:
     """Start the job again from its last complete checkpoint; returns (execution ARN, the version
-    it starts from, its iterations)."""
+    it starts from, its iterations). A stopped job's stop request and record are removed first
+    (lambdas/gate.py would stop it again at once); ``max_cost_usd``: a new cost cap (the engine's
+    tally of what the job has cost so far goes on)."""
     running = [e for e in job_executions(c, res, job) if e["status"] in RUNNING]
     if running:
         raise DeployError(f"job {job} is still running ({running[-1]['executionArn']}): stop it first (`stagecoach stop {job}`)")
@@ -125,6 +140,10 @@ def resume_job(c: Clients, res: StackResources, job: str, iterations: int | None
         raise DeployError(f"job {job} has its parameters after {start} iterations already: give --iterations above {start} to train on")
     if total != spec.iterations:
         spec = _extend(c, res, spec, total)
+    if max_cost_usd is not None:
+        spec = spec.model_copy(update={"max_cost_usd": max_cost_usd})
+        c.s3.put_object(Bucket=res.bucket, Key=keys.job_spec(job), Body=spec.model_dump_json(indent=2).encode())
+    c.s3.delete_objects(Bucket=res.bucket, Delete={"Objects": [{"Key": keys.stop_request(job)}, {"Key": keys.stopped(job)}], "Quiet": True})
     execs = job_executions(c, res, job)
     first = json.loads(c.sfn.describe_execution(executionArn=execs[0]["executionArn"]).get("input") or "{}")
     n = 1 + sum(1 for e in execs if re.search(r"-r\d+$", e["name"]))

@@ -126,6 +126,8 @@ class LocalBackend(Backend):
         return [
             ("stop it at the next iteration boundary:", f"stagecoach stop {job_id}"),
             ("inspect it (status, phases, loss, cost):", f"stagecoach inspect {execution_arn}"),
+            ("follow it from Python:", f"stagecoach.attach({job_id!r})"),
+            ("continue it once stopped or failed:", f"stagecoach resume {job_id}"),
             ("remove it when done:", f"stagecoach cleanup {job_id}"),
         ]
 

@@ -23,6 +23,11 @@ emulates (docs/local-stack.md has the table with sources):
   ("The role defined for the function cannot be assumed by Lambda."), as while IAM propagates it.
 - ``idle_reclaim_s``: an execution environment idle this long is shut down (Lambda reclaims idle
   ones after minutes, and promises no time; the next invocation is a cold start).
+- ``max_environments``: at most this many execution environments (worker processes) exist at once
+  on this machine; starting one more first shuts down the longest-idle ones (Lambda may reclaim
+  an idle environment at any time). Default: what fits in 60% of the machine's memory at ~300 MB
+  each. A run with many functions (one per worker: warm state at d > 1) would otherwise keep an
+  idle process per function for ``idle_reclaim_s`` and a test session could run out of memory.
 - ``account_concurrency``: at most this many invocations run at once in the "account"; one more is
   throttled as Lambda throttles it (HTTP 429 TooManyRequestsException, Reason
   ConcurrentInvocationLimitExceeded). AWS's default quota is 1,000; new accounts may have 10.
@@ -47,6 +52,18 @@ INPUT_LIMIT = EXECUTION_INPUT_MAX_BYTES
 ACCOUNT_CONCURRENCY = LAMBDA_ACCOUNT_CONCURRENCY
 
 
+ENVIRONMENT_BYTES = 300 * 2**20  # a worker process's resident set, torch imported (measured: 270-290 MB)
+
+
+def default_max_environments() -> int:
+    """Worker processes that fit in 60% of this machine's memory (at least 16)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 64
+    return max(16, int(0.6 * total // ENVIRONMENT_BYTES))
+
+
 @dataclass(frozen=True)
 class Fidelity:
     sync_casing: bool = True
@@ -58,6 +75,7 @@ class Fidelity:
     enforce_iam: bool = True
     role_propagation_s: float = 1.0
     idle_reclaim_s: float = 120.0
+    max_environments: int = 0  # 0: from this machine's memory (default_max_environments)
 
     def __post_init__(self) -> None:
         allowed = ("seeded", *OOM_SHAPES, *TIMEOUT_SHAPES)
@@ -66,6 +84,9 @@ class Fidelity:
         for name in ("history_limit", "input_limit", "account_concurrency", "idle_reclaim_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    def environments_cap(self) -> int:
+        return self.max_environments or default_max_environments()
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))

@@ -224,6 +224,7 @@ class LocalLambdaRuntime:
         return z
 
     def _start(self, spec: FunctionSpec) -> _Worker:
+        self._make_room()
         env = self._env(spec)
         w = self._zygote(spec, env).fork(env)
         with self._lock:
@@ -243,6 +244,18 @@ class LocalLambdaRuntime:
         w.idle_since = time.monotonic()
         with self._lock:
             self._idle.setdefault(spec, []).append(w)
+
+    def _make_room(self) -> None:
+        """Before a new environment: shut down the longest-idle ones while the machine holds
+        ``Fidelity.max_environments`` (Lambda may reclaim an idle environment at any time)."""
+        cap = self.fidelity.environments_cap()
+        with self._lock:
+            excess = len(self._all) + 1 - cap
+            idle = sorted((w for ws in self._idle.values() for w in ws), key=lambda w: w.idle_since)[: max(0, excess)]
+            for ws in self._idle.values():
+                ws[:] = [w for w in ws if w not in idle]
+        for w in idle:
+            self._kill(w)
 
     def _reclaim_idle(self) -> None:
         """Shut down execution environments idle for ``Fidelity.idle_reclaim_s``, as Lambda does
