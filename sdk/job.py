@@ -240,7 +240,8 @@ class Job:
         ``memory_mb``, ``sync`` and ``aggregators`` (defaults: one stage, one replica, one
         micro-batch, scatter-reduce; see ``manual_plan``). ``reserve_concurrency``: reserve each
         stage function the concurrency its tasks need (twice its most tasks at once, for a window
-        restart), so other functions of the account cannot starve a phase of its workers.
+        restart; 2 per function when every worker has its own), so other functions of the account
+        cannot starve a phase of its workers.
         """
         self.validate()
         plan = plan if plan is not None else self.manual_plan(**manual)
