@@ -46,6 +46,7 @@ from stagecoach.planner.plan import PHASES
 from stagecoach.planner.profile.layers import balanced_partition
 
 TIER = 2048  # any: local workers compute at one thread whatever their memory
+MID_WINDOW = 10**9  # iterations per checkpoint as the measured iterations see it: none of them stores one
 
 
 def mlp(width: int, depth: int, classes: int = 10) -> Callable[[], nn.Sequential]:
@@ -107,6 +108,7 @@ class Case:
 CASES = [
     Case("mlp-wide pipelined", mlp(1024, 4), (1024,), 2, 2, 2, 4, "pipelined_scatter_reduce"),
     Case("mlp-wide scatter", mlp(1024, 4), (1024,), 2, 2, 2, 4, "scatter_reduce"),
+    Case("mlp-wide lambdaml", mlp(1024, 4), (1024,), 2, 2, 2, 4, "lambdaml_scatter_reduce"),
     Case("mlp-wide all-reduce", mlp(1024, 4), (1024,), 1, 3, 1, 4, "all_reduce"),
     Case("mlp-deep pipeline d=1", mlp(512, 8), (512,), 4, 1, 4, 4, "scatter_reduce", optimizer="sgd-momentum"),
     Case("mlp-wide k-reduce K=2", mlp(1024, 4), (1024,), 2, 3, 2, 2, "k_reduce", 2),
@@ -145,7 +147,11 @@ def predict(case: Case, job: Job, plat: Platform) -> tuple[float, Plan]:
     k = case.k or (1 if case.sync == "all_reduce" else case.replicas)
     choice = SyncChoice("none", 1) if case.replicas == 1 else SyncChoice(case.sync, k)
     cfg = Config(balance, (TIER,) * case.stages, case.replicas, case.micro_batch, case.micro_batches, (choice,) * case.stages)
-    est = evaluate(profile, cfg, plat.replace(optimizer_state_ratio=OPTIMIZERS[case.optimizer][1]))
+    # the run's state stays warm (Job.warm_state) and it is one window: the measured iterations
+    # (after the warm-up, before the last, which iteration_breakdown cannot time) store no
+    # checkpoint, so none is charged (an N far beyond the run, not the planner's 200)
+    mid_window = plat.replace(optimizer_state_ratio=OPTIMIZERS[case.optimizer][1], warm_checkpoint_every=MID_WINDOW)
+    est = evaluate(profile, cfg, mid_window)
     plan = Plan(
         balance=balance,
         replicas=case.replicas,
@@ -201,7 +207,7 @@ def main() -> None:
         if errors:
             print(
                 f"\nmean absolute error {statistics.mean(errors):.1%} over {len(errors)} configurations "
-                f"(target <= 5%; FuncPipe 11.3%, FasDL < 6%); max {max(errors):.1%}"
+                f"(issue 14: <= 3%, none above 8%; FuncPipe 11.3%, FasDL < 6%); max {max(errors):.1%}"
             )
     finally:
         backend.stack.close()

@@ -36,7 +36,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from stagecoach.lambdas.netem import Network, network
-from stagecoach.planner.limits import JOB_POLL_BUDGET_PER_S
+from stagecoach.planner.limits import JOB_POLL_BUDGET_PER_S, UPLOADS_IN_FLIGHT
 
 # Iteration objects carry this tag; the bucket's lifecycle rule expires tagged objects as a safety net
 # (S3 lifecycle filters cannot match jobs/*/iter/ by prefix).
@@ -54,7 +54,7 @@ def poll_cap_s(waiters: int) -> float:
 
 # Requests in flight per direction: enough to keep a ~78 MB/s link busy through S3's first-byte
 # latency with chunks of a few MB, few enough that objects arrive in the order they are needed.
-UPLOADS_IN_FLIGHT = 4
+# (UPLOADS_IN_FLIGHT lives in planner/limits.py: the performance model prices its grouping.)
 DOWNLOADS_IN_FLIGHT = 8
 # Pipeline hand-offs (activations, input gradients) another stage is waiting on go in a lane of
 # their own, so they never queue behind the gradient shards the last backward pass streams out.

@@ -398,6 +398,8 @@ class PipelinedExchange:
     then ``finish`` (reduce, update, upload, gather) returns the flat parameters at version t+1.
     """
 
+    gather_early = True  # queue the gather while reducing (LambdaML's phases: after its own upload)
+
     def __init__(self, ch: Channel, spec: SyncSpec, replica: int, warm: Warm | None = None) -> None:
         if spec.shards != spec.replicas:
             raise ValueError(f"a scatter-reduce in the workers needs K = d shards, got K={spec.shards}, d={spec.replicas}")
@@ -430,11 +432,12 @@ class PipelinedExchange:
         }
 
     def _start_downloads(self) -> None:
-        """Queue every download of the exchange, once the last backward pass begins (the peers are
-        at the same point): their requests are then in flight as the first chunks land; the
-        gather queues behind them, so the link stays busy, and those chunks are ready about then."""
+        """Queue the exchange's downloads once the last backward pass begins (the peers are at the
+        same point): their requests are then in flight as the first chunks land. The gather is
+        queued when this replica has updated its first chunk (``_reduce_own``): the peers, at the
+        same point, cannot have stored theirs earlier, and a wait started sooner only polls (each
+        poll a GET, which the job pays for and a shared S3 endpoint serves)."""
         self._download_own()
-        self._download_gathered()
 
     def _send(self, k: int, c: int, g: torch.Tensor) -> Future[None]:
         """Upload chunk c of shard k of this replica's gradient, for k's owner."""
@@ -462,6 +465,8 @@ class PipelinedExchange:
         for c, (a, b) in enumerate(spec.layout[r]):
             g = totals[c] if totals is not None else total(c)
             mine[r, c] = update_chunk(ch, spec, r, c, params_t[a:b], g, self.state, uploads, self.warm)
+            if self.gather_early and not self.gathered:
+                self._download_gathered()
         forget_old_version(ch, spec, r)
         return mine
 
@@ -476,7 +481,10 @@ class PipelinedExchange:
     def finish(self, params_t: torch.Tensor) -> torch.Tensor:
         if not self.incoming and self.spec.replicas > 1:
             self._start_downloads()
-        return self._assemble(self._reduce_own(params_t))
+        mine = self._reduce_own(params_t)
+        if not self.gathered:  # a shard without chunks
+            self._download_gathered()
+        return self._assemble(mine)
 
 
 class LambdaMLExchange(PipelinedExchange):
@@ -489,6 +497,8 @@ class LambdaMLExchange(PipelinedExchange):
     the others' updated shards. The optimizer-state prefetch still overlaps the compute (as any
     of our algorithms does): LambdaML's own workers hold their state in memory.
     """
+
+    gather_early = False
 
     def stream(self, params: Sequence[nn.Parameter]) -> GradStream:
         held: dict[tuple[int, int], torch.Tensor] = {}

@@ -44,3 +44,9 @@ def timeout_refusal(stage: int, phase: str, seconds: float, safety: float, predi
         f"exceeds Lambda's {LAMBDA_MAX_TIMEOUT_S} s limit: use more stages (less work per task), more "
         "replicas (fewer samples per task) or smaller micro-batches"
     )
+
+
+# The runtime's uploads in flight per worker (lambdas/channel.py): chunks handed to the uploader
+# together share the link and land together, so a stream of chunks moves in groups of this many
+# (the performance model's pipelining lag, planner/model/syncmodel.py).
+UPLOADS_IN_FLIGHT = 4

@@ -480,10 +480,10 @@ class Job:
         ``memory_mb``, ``sync`` and ``aggregators`` (defaults: one stage, one replica, one
         micro-batch, scatter-reduce; see ``manual_plan``). ``reserve_concurrency``: reserve each
         stage function the concurrency its tasks need (twice its most tasks at once, for a window
-        restart), so other functions of the account cannot starve a phase of its workers.
-        ``max_cost``: USD; the job stops at the first iteration boundary after its measured cost
-        passes it, keeping its checkpoint (the engine checks it, whether or not a client watches:
-        docs/cost.md).
+        restart; 2 per function when every worker has its own), so other functions of the account
+        cannot starve a phase of its workers. ``max_cost``: USD; the job stops at the first
+        iteration boundary after its measured cost passes it, keeping its checkpoint (the engine
+        checks it, whether or not a client watches: docs/cost.md).
         """
         check_max_cost(max_cost)
         self.validate()

@@ -391,3 +391,24 @@ def test_submit_window_fails_the_rest_once_the_task_has_failed():
     for f in futures[1:]:
         with pytest.raises(ObjectWaitTimeout):
             f.result(timeout=5)
+
+
+def test_the_pipelined_exchange_queues_its_gather_only_once_it_has_updated_a_chunk():
+    """The peers' updated chunks cannot exist before this replica's first one: a wait started at
+    the exchange's start would only poll (each poll a GET)."""
+    d, s3 = 2, MemoryS3()
+    p0 = flat_params(stage().parameters())
+    layout = stage_layout(p0.numel(), p0.element_size(), d, d)
+    for kk, chunks in enumerate(layout):
+        for c, (a, b) in enumerate(chunks):
+            channel(s3).put_tensors(keys.params(JOB, 0, 0, kk, c), {"p": p0[a:b]})
+    spec = SyncSpec(JOB, 0, 0, d, layout, OPTIMIZERS["sgd"], 0, time.time() + 30)
+    exchanges = [PipelinedExchange(channel(s3), spec, r) for r in range(d)]
+    models = [stage() for _ in range(d)]
+    for r in range(d):
+        backward(models[r], r, d, exchanges[r].stream(list(models[r].parameters())))
+    assert all(ex.incoming and not ex.gathered for ex in exchanges)  # the exchange's own downloads only
+    got = run_in_threads([lambda ex=ex: ex.finish(p0) for ex in exchanges])
+    assert all(ex.gathered for ex in exchanges) and torch.equal(got[0], got[1])
+    for ex in exchanges:
+        ex.ch.settle()

@@ -258,6 +258,9 @@ def test_a_job_can_reserve_the_concurrency_its_stages_need(backend):
     run = job.run(stages=2, replicas=3, sync="k_reduce", aggregators=2, backend=backend, reserve_concurrency=True)
     assert run.wait(progress=False, timeout_s=300) == "SUCCEEDED"
     lam = backend.clients.lambda_
+    # warm state with d = 3: a function per replica and per sync task, each running one task at a
+    # time, so each reserves 2 (one function per stage would reserve twice max(d = 3, K = 2) = 6)
     for s in range(2):
-        got = lam.get_function_concurrency(FunctionName=f"{backend.resources.prefix}-{run.job_id}-s{s}")
-        assert got["ReservedConcurrentExecutions"] == 2 * 3  # twice max(d = 3, K = 2)
+        for w in ("", "-r1", "-r2", "-k0", "-k1"):
+            got = lam.get_function_concurrency(FunctionName=f"{backend.resources.prefix}-{run.job_id}-s{s}{w}")
+            assert got["ReservedConcurrentExecutions"] == 2

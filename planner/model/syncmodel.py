@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stagecoach.planner.limits import UPLOADS_IN_FLIGHT
 from stagecoach.planner.plan import SYNC_ALGORITHMS as RUNTIME_SYNC
 from stagecoach.planner.plan import chunk_count
 
@@ -205,11 +206,13 @@ class PipelinedScatterReduce(SyncAlgorithm):
     downloads its own shard's chunks from the others (E on its download link, after the state
     prefetch that is still running) in the staggered order; it reduces, updates and PUTs each
     chunk of shard r ((1+rho) P/d on the upload link, from the first reduced chunk on), and
-    downloads the others' updated chunks (E again), each a chunk and a latency behind its PUT.
-    After the backward pass, with u = max(chunk, E - g_last) the exchange uploads left:
-        X   = max(max(prefetch left, t_lat + chunk) + E, u + t_lat + chunk)   exchange downloaded
-        own = max(u, X - E + E/C) + (1 + rho) P/(d w)                        r's chunks uploaded
-        tail = max(own, X + E, own + t_lat + chunk) + t_lat + opt/(dC)
+    downloads the others' updated chunks (E again), each a group and a latency behind its PUT.
+    Chunks handed to the uploader together (UPLOADS_IN_FLIGHT = 4) share the link and land
+    together, so the pipeline's lag is a group: a = min(4, (d-1) C) chunks, a' = min(4, C).
+    After the backward pass, with u = max(a, E - g_last) the exchange uploads left:
+        X   = max(max(prefetch left, t_lat + a) + E, u + t_lat + a)   exchange downloaded
+        own = max(u, X - E + a) + (1 + rho) P/(d w)                  r's chunks uploaded
+        tail = max(own, X + E, own + t_lat + a') + t_lat + opt/(dC)
     The task ends holding version t+1: the next phase loads nothing. FuncPipe's own model:
     2s/w + (2+n) t_lat. Memory on top of the backward task: the exchanged chunks and the gathered
     vector, (d-1)/d P each, and r's new parameters and state: (2(d-1) + 1 + 2 rho) P/d.
@@ -230,12 +233,16 @@ class PipelinedScatterReduce(SyncAlgorithm):
         e = (d - 1) * p_bytes / (d * w)
         # the state prefetch (from the task's start) still on the download link
         pf = share * max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
-        up_left = max(chunk, e - last_backward_s)  # exchange uploads after the last backward pass
+        # chunks handed to the uploader together (UPLOADS_IN_FLIGHT of them) share the link and
+        # land together: the exchange moves in groups, and its lag is a group, not a chunk
+        lag = min(UPLOADS_IN_FLIGHT, (d - 1) * c) * chunk
+        own_lag = min(UPLOADS_IN_FLIGHT, c) * chunk
+        up_left = max(lag, e - last_backward_s)  # exchange uploads after the last backward pass
         # exchange downloads: behind the prefetch, and never before the peers' uploads landed
-        x = max(max(pf, lat + chunk) + e, up_left + lat + chunk)
-        own_start = max(up_left, x - e + e / c)  # the first chunk reduced: r's updated chunks go up
+        x = max(max(pf, lat + lag) + e, up_left + lat + lag)
+        own_start = max(up_left, x - e + lag)  # the first group reduced: r's updated chunks go up
         own_end = own_start + (1 + rho_io) * p_bytes / (d * w)
-        gather_end = max(x + e, own_end + lat + chunk)  # the others' updated chunks, a chunk behind theirs
+        gather_end = max(x + e, own_end + lat + own_lag)  # the others' updated chunks, a group behind theirs
         tail = max(own_end, gather_end) + lat + opt_s / (d * c)
         polls = plat.polls_while_waiting(lat + chunk)  # a peer's chunk: its PUT latency and bytes
         return StageSync(

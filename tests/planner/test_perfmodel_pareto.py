@@ -67,3 +67,23 @@ def test_pareto_front_and_delta_rule():
     assert delta(10, 1.0, 4.9, 4.0) < 0.8
     assert recommend(front) is front[2]
     assert recommend(front[:1]) is front[0]
+
+
+def test_the_pipelined_exchange_moves_in_groups_of_the_uploads_in_flight():
+    """Chunks handed to the uploader together share the link and land together: with a few chunks
+    the exchange is LambdaML's four transfers one after another; with many it pipelines."""
+    from stagecoach.planner.limits import UPLOADS_IN_FLIGHT
+    from stagecoach.planner.model.syncmodel import SYNC_ALGORITHMS, chunks_per_shard
+
+    plat = aws_platform().replace(optimizer_state_ratio=0.0)
+    w, lat = plat.bandwidth_Bps, plat.storage_latency_s
+    pipelined = SYNC_ALGORITHMS["pipelined_scatter_reduce"]
+    small, large = 8 * 2**20, 512 * 2**20  # one stage, d = 2
+    assert chunks_per_shard(2, 2, small) <= UPLOADS_IN_FLIGHT < chunks_per_shard(2, 2, large)
+    for p, chained in ((small, True), (large, False)):
+        e = p / (2 * w)  # (d-1)/d of the stage on a link
+        tail = pipelined.stage(2, 2, p, 0.0, 10.0, plat, 0.0).tail_s
+        if chained:  # up, down, up, down: one group is the whole exchange
+            assert tail == pytest.approx(4 * e + 3 * lat)
+        else:  # the groups are a fifth of it: well under four transfers
+            assert 2 * e < tail < 3 * e
