@@ -51,7 +51,7 @@ JOB_CASES = [
     (dict(optimizer="adamw2"), "optimizer='adamw2' is not callable"),
     (dict(optimizer=lambda p: "sgd"), "not a torch.optim.Optimizer"),
     (dict(name="My Job"), "job name"),
-    (dict(dtype=torch.float16), "float32 or torch.float64"),
+    (dict(dtype=torch.float16), "use torch.float32, torch.float64, or torch.bfloat16"),
 ]
 
 
