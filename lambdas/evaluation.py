@@ -67,7 +67,10 @@ def evaluate(ctx: JobContext, ch: Channel, ev: EvaluateEvent, deadline: float) -
                 samples += n
     finally:
         layers.train()
-    if io.last:
-        record = EvalResult(version=v, replica=r, samples=samples, loss_sum=loss_sum, metric_sums=sums)
-        ch.put_bytes(keys.eval_result(ctx.job, v, r), record.model_dump_json().encode())
-    return {}
+    if not io.last:
+        return {}
+    record = EvalResult(version=v, replica=r, samples=samples, loss_sum=loss_sum, metric_sums=sums)
+    ch.put_bytes(keys.eval_result(ctx.job, v, r), record.model_dump_json().encode())
+    # the replica's means, in its task metrics too (Run.metrics(); Run.evaluations() combines replicas)
+    n = max(samples, 1)
+    return {"loss": loss_sum / n, "eval_metrics": {k: x / n for k, x in sums.items()}} if samples else {}

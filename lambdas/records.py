@@ -130,6 +130,7 @@ class TaskMetrics(_Record):
     model_bytes: int | None = None
     loss: float | None = None  # the last stage's backward: mean loss over its micro-batches
     lr: list[float] | None = None  # ... and, under a scheduler, each parameter group's learning rate
+    eval_metrics: dict[str, float] | None = None  # an evaluate task of the last stage: its slice's metric means
     grad_norm: float | None = None  # an updating task, under clipping: the global gradient norm before clipping
 
 

@@ -100,6 +100,11 @@ def test_evaluations_on_lambda_equal_plain_pytorch_in_eval_mode(backend):
     # the evaluate tasks are reported apart from the iterations they run between
     phases = {m.phase for m in run.metrics()}
     assert "evaluate" in phases and len(run.losses()) == job.iterations
+    # each last-stage evaluate task reports its replica's means in its metrics (Run.metrics())
+    last = [m for m in run.metrics() if m.phase == "evaluate" and m.t == 5 and m.loss is not None]
+    assert len(last) == 2 and set(last[0].eval_metrics) == {"mae"}
+    by_replica = {m.index: m.loss for m in last}  # replica 0 holds samples 0-9, replica 1 samples 10-18
+    assert (10 * by_replica[0] + 9 * by_replica[1]) / 19 == pytest.approx(got[-1].loss, rel=1e-12)
     # and `stagecoach inspect` reports them
     from stagecoach.inspect.report import format_report, inspect_execution
 
