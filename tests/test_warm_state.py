@@ -19,7 +19,7 @@ WINDOW = 2  # windows [0, 2), [2, 4), [4, 5): checkpoints 0, 2, 4, 5
 @pytest.fixture(scope="module", autouse=True)
 def short_windows():
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(asl, "window_length", lambda plan, limit=asl.HISTORY_LIMIT, evals=(): WINDOW)
+        mp.setattr(asl, "window_length", lambda plan, limit=asl.HISTORY_LIMIT, **kw: WINDOW)
         yield
 
 
