@@ -34,6 +34,7 @@ def make_job(name: str, iterations: int) -> Job:
 PLAN = dict(stages=2, replicas=2, micro_batches=2)
 
 
+@pytest.mark.slow  # three runs; the default set resumes a stopped job (below)
 def test_a_resumed_job_ends_bit_identical_to_an_uninterrupted_one(backend):
     whole = make_job("life-whole", 8).run(backend=backend, **PLAN)
     first = make_job("life-part", 4).run(backend=backend, **PLAN)

@@ -101,17 +101,23 @@ def test_a_scheduler_that_needs_a_metric_is_refused():
         make_job("sched-bad", lambda p: torch.optim.SGD(p, lr=0.1), lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o)).validate()
 
 
+DEFAULT = "onecycle-groups-scatter"  # the others (d = 1, pipelined) run in the slow set
+
+
 @pytest.fixture(scope="module")
-def runs(backend):
+def runs(backend, request):
+    wanted = {i.callspec.params["case"] for i in request.session.items if getattr(i, "callspec", None) and "case" in i.callspec.params}
     started = {}
     for name, (opt, sched, plan) in CASES.items():
+        if name not in wanted:
+            continue
         started[name] = make_job(f"sched-{name[:12]}", opt, sched).run(backend=backend, **plan)
     for run in started.values():
         run.wait(progress=False, poll_s=2.0, timeout_s=600)
     return started
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [c if c == DEFAULT else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_schedules_train_like_plain_pytorch(runs, case):
     run = runs[case]
     net, lrs = plain_pytorch(run.job)
