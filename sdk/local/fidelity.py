@@ -23,11 +23,11 @@ emulates (docs/local-stack.md has the table with sources):
   ("The role defined for the function cannot be assumed by Lambda."), as while IAM propagates it.
 - ``idle_reclaim_s``: an execution environment idle this long is shut down (Lambda reclaims idle
   ones after minutes, and promises no time; the next invocation is a cold start).
-- ``max_environments``: at most this many execution environments (worker processes) exist at once
-  on this machine; starting one more first shuts down the longest-idle ones (Lambda may reclaim
-  an idle environment at any time). Default: what fits in 60% of the machine's memory at ~300 MB
-  each. A run with many functions (one per worker: warm state at d > 1) would otherwise keep an
-  idle process per function for ``idle_reclaim_s`` and a test session could run out of memory.
+- ``max_environments``: if set, at most this many execution environments (worker processes) exist
+  at once on this machine; starting one more first shuts down the longest-idle ones (Lambda may
+  reclaim an idle environment at any time). Off by default: an evicted warm worker restarts its
+  window (correct, slower); ``default_max_environments()`` is what 60% of the machine's memory
+  holds at ~300 MB each, for sessions that run several stacks at once.
 - ``account_concurrency``: at most this many invocations run at once in the "account"; one more is
   throttled as Lambda throttles it (HTTP 429 TooManyRequestsException, Reason
   ConcurrentInvocationLimitExceeded). AWS's default quota is 1,000; new accounts may have 10.
@@ -75,7 +75,7 @@ class Fidelity:
     enforce_iam: bool = True
     role_propagation_s: float = 1.0
     idle_reclaim_s: float = 120.0
-    max_environments: int = 0  # 0: from this machine's memory (default_max_environments)
+    max_environments: int = 0  # 0: no cap; default_max_environments() gives what this machine's memory holds
 
     def __post_init__(self) -> None:
         allowed = ("seeded", *OOM_SHAPES, *TIMEOUT_SHAPES)
@@ -86,7 +86,7 @@ class Fidelity:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
     def environments_cap(self) -> int:
-        return self.max_environments or default_max_environments()
+        return self.max_environments or 1 << 30
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
