@@ -125,7 +125,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         raise BadEvent(f"malformed worker event {json.dumps(event)[:300]}: {e}") from None
     logger.append_keys(job=ev.job, phase=ev.phase, t=ev.t, stage=ev.stage)
     ch = Channel(_client(), ev.bucket)
-    ctx = job_context(ch, ev.job)
+    ctx = job_context(ch, ev.job, ev.t)
     ch.poll_cap = poll_cap_s(ctx.plan.peak_invocations())
     ch.abort_key = keys.window_abort(ev.job, ev.attempt) if ev.attempt else None
     # Give up waiting for another worker's object just before the Task's own timeout: a lost object

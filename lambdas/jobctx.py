@@ -352,9 +352,16 @@ class WarmStateLost(RuntimeError):
 _CACHE: dict[tuple[str, str], JobContext] = {}
 
 
-def job_context(channel: Channel, job: str) -> JobContext:
-    """The job's context, loaded from its own bucket once per container."""
+def job_context(channel: Channel, job: str, t: int | None = None) -> JobContext:
+    """The job's context, loaded from its own bucket once per container. ``t``: the task's
+    iteration; one at or past the spec's iterations means the job was resumed to more of them
+    (sdk/deploy/resume.py rewrote its spec): the spec is read again, the container's warm state kept."""
     key = (channel.bucket, job)
+    ctx = _CACHE.get(key)
+    if ctx is not None and t is not None and t >= ctx.spec.iterations:
+        body = channel.get_bytes(keys.job_spec(job))
+        if body is not None:
+            ctx.spec = JobSpec.model_validate_json(body)
     if key not in _CACHE:
         spec_body = channel.get_bytes(keys.job_spec(job))
         code_body = channel.get_bytes(keys.job_code(job))

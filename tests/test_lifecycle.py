@@ -36,8 +36,11 @@ PLAN = dict(stages=2, replicas=2, micro_batches=2)
 
 @pytest.mark.slow  # three runs; the default set resumes a stopped job (below)
 def test_a_resumed_job_ends_bit_identical_to_an_uninterrupted_one(backend):
-    whole = make_job("life-whole", 8).run(backend=backend, **PLAN)
-    first = make_job("life-part", 4).run(backend=backend, **PLAN)
+    """One replica, warm state: the resumed tasks land in the first run's warm containers, which
+    must read the rewritten spec (8 iterations) to store version 8 as the final checkpoint."""
+    one = dict(stages=2, micro_batches=2)
+    whole = make_job("life-whole", 8).run(backend=backend, **one)
+    first = make_job("life-part", 4).run(backend=backend, **one)
     for run in (whole, first):
         run.wait(progress=False, poll_s=2.0, timeout_s=600)
     assert last_checkpoint(backend.clients, backend.resources.bucket, first.job_id) == 4
