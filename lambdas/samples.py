@@ -33,7 +33,6 @@ from stagecoach.lambdas import boundary
 from stagecoach.lambdas.training import derive_seed
 
 SHARD_BYTES = 8 << 20  # a shard's target size: a few MiB, many samples per object, one PUT each
-PARTS = ("input", "target", "both")
 
 
 @dataclass(frozen=True)

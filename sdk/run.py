@@ -45,6 +45,7 @@ class Run:
         self._links = [execution_arn]
         self._metrics: list[TaskMetrics] = []
         self._seen: set[str] = set()
+        self._evals: dict[str, EvalResult] = {}
         self._watch_requests = {"puts": 0, "gets": 0}  # this Run's own S3 requests (list, get): part of the cost
 
     @property
@@ -253,13 +254,15 @@ class Run:
         spec = self.spec()
         if spec.evaluation is None:
             return []
-        by_version: dict[int, list[EvalResult]] = defaultdict(list)
         paginator = self._c.s3.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=f"{keys.job_prefix(self.job_id)}eval/"):
             for o in page.get("Contents", []):
-                body = self._c.s3.get_object(Bucket=self.bucket, Key=o["Key"])["Body"].read()
-                r = EvalResult.model_validate_json(body)
-                by_version[r.version].append(r)
+                if o["Key"] not in self._evals:  # each record read once, however often the bar asks
+                    body = self._c.s3.get_object(Bucket=self.bucket, Key=o["Key"])["Body"].read()
+                    self._evals[o["Key"]] = EvalResult.model_validate_json(body)
+        by_version: dict[int, list[EvalResult]] = defaultdict(list)
+        for r in self._evals.values():
+            by_version[r.version].append(r)
         return [combine(rs) for v, rs in sorted(by_version.items()) if len({r.replica for r in rs}) == self.plan.replicas]
 
     def checkpoints(self) -> list[int]:

@@ -9,12 +9,12 @@ through the chain. Trained on the real state machines it equals plain PyTorch (f
 
 import pytest
 import torch
+from test_any_model import plain_pytorch  # the user's own module in a plain PyTorch loop
 from torch import nn
 
 from stagecoach import Job
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import load_tensors
-from stagecoach.lambdas.training import batch_indices
 from stagecoach.planner.profile.flows import Flow, Route, Transfer, merged_flows, routes, stage_bytes
 
 
@@ -92,19 +92,6 @@ def test_a_stage_counts_only_what_it_reads_and_computes():
     assert (first.out_ps, first.outgrad_ps) == (65.0, 64.0)  # h uploaded once for its two readers, the mask
     last = stage_bytes(flows, 3, 4)
     assert (last.in_ps, last.ingrad_ps) == (129.0, 128.0)  # h and the mask from stage 0, w from stage 2
-
-
-def plain_pytorch(job: Job) -> nn.Module:
-    torch.manual_seed(job.seed)
-    model = job.model().to(job.dtype).train()
-    optimizer = job.optimizer(list(model.parameters()))
-    x, y = job.train
-    for t in range(job.iterations):
-        idx = batch_indices(job.seed, t, x.shape[0], job.global_batch)
-        optimizer.zero_grad()
-        job.loss(model(x[idx]), y[idx]).backward()
-        optimizer.step()
-    return model
 
 
 @pytest.fixture(scope="module")

@@ -14,18 +14,11 @@ import torch
 from boto3.s3.transfer import TransferConfig
 from tqdm import tqdm
 
+from stagecoach.deploy.resources import object_exists
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.samples import SHARD_BYTES, LocalSamples, Manifest, encode, leaf_bytes
 
 MULTIPART = TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20, max_concurrency=4)
-
-
-def _exists(s3: Any, bucket: str, key: str) -> bool:
-    try:
-        s3.head_object(Bucket=bucket, Key=key)
-        return True
-    except s3.exceptions.ClientError:
-        return False
 
 
 def upload_samples(s3: Any, bucket: str, samples: LocalSamples, progress: bool = False, what: str = "train") -> str:
@@ -42,7 +35,7 @@ def upload_samples(s3: Any, bucket: str, samples: LocalSamples, progress: bool =
     def flush() -> None:
         digest = hashlib.sha256(body).hexdigest()
         key = keys.data_shard(digest)
-        if not _exists(s3, bucket, key):
+        if not object_exists(s3, bucket, key):
             s3.upload_fileobj(io.BytesIO(bytes(body)), bucket, key, Config=MULTIPART)
         shards.append(digest)
         base.append(len(offsets))
@@ -75,6 +68,6 @@ def upload_samples(s3: Any, bucket: str, samples: LocalSamples, progress: bool =
         tgt_bytes,
     )
     ds_id = manifest.dataset_id()
-    if not _exists(s3, bucket, keys.dataset(ds_id)):
+    if not object_exists(s3, bucket, keys.dataset(ds_id)):
         s3.put_object(Bucket=bucket, Key=keys.dataset(ds_id), Body=manifest.body())
     return ds_id

@@ -70,6 +70,15 @@ class DeployError(RuntimeError):
     """The stack cannot take the job; the message says what is missing and how to fix it."""
 
 
+def object_exists(s3: Any, bucket: str, key: str) -> bool:
+    """HEAD the object (a 403 for a caller without s3:ListBucket counts as absent, as a 404 does)."""
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+        return True
+    except s3.exceptions.ClientError:
+        return False
+
+
 def read_json(s3: Any, bucket: str, key: str) -> Any:
     return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
 

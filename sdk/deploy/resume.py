@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from stagecoach.deploy.resources import Clients, DeployError, StackResources, function_name
+from stagecoach.deploy.resources import Clients, DeployError, StackResources, function_name, object_exists
 from stagecoach.lambdas import keys
 from stagecoach.lambdas.records import EvalSpec, JobSpec
 from stagecoach.planner.emit.job_input import JobInput
@@ -70,14 +70,6 @@ class JobStatus:
     execution_arn: str
 
 
-def _exists(c: Clients, bucket: str, key: str) -> bool:
-    try:
-        c.s3.head_object(Bucket=bucket, Key=key)
-        return True
-    except c.s3.exceptions.ClientError:
-        return False
-
-
 def _executions(c: Clients, res: StackResources) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for page in c.sfn.get_paginator("list_executions").paginate(stateMachineArn=res.job_state_machine_arn):
@@ -111,7 +103,7 @@ def list_jobs(c: Clients, res: StackResources) -> list[JobStatus]:
         except c.s3.exceptions.NoSuchKey:
             name, iterations = "(cleaned up)", 0
         status = latest["status"]
-        if status == "FAILED" and _exists(c, res.bucket, keys.stopped(job)):
+        if status == "FAILED" and object_exists(c.s3, res.bucket, keys.stopped(job)):
             status = "STOPPED"  # the gate ended it at an iteration boundary (lambdas/gate.py)
         out.append(JobStatus(job, name, status, str(first["startDate"]), iterations, latest["executionArn"]))
     return sorted(out, key=lambda j: j.started, reverse=True)

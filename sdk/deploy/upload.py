@@ -30,14 +30,6 @@ def _safetensors(tensors: dict[str, torch.Tensor]) -> bytes:
     return st_save({k: v.contiguous() for k, v in tensors.items()})
 
 
-def _exists(s3: Any, bucket: str, key: str) -> bool:
-    try:
-        s3.head_object(Bucket=bucket, Key=key)
-        return True
-    except s3.exceptions.ClientError:
-        return False
-
-
 def _user_modules(*objs: Any) -> list[Any]:
     """Modules of the user's callables that workers cannot import (scripts, tests, notebooks)."""
 
