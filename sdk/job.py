@@ -7,6 +7,7 @@ backend, so the same job runs locally and on AWS unchanged.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from stagecoach.lambdas.profiling import measure_model
 from stagecoach.lambdas.samples import LocalSamples, as_dtype, encode
 from stagecoach.lambdas.schedule import stand_in
 from stagecoach.lambdas.training import DTYPE_NAMES, build_model, master_dtype
+from stagecoach.planner.limits import EXECUTION_INPUT_MAX_BYTES
 from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate
 from stagecoach.planner.model.platforms import Platform, aws_platform
 from stagecoach.planner.model.syncmodel import SyncChoice
@@ -157,6 +159,25 @@ class Job:
             raise JobError(str(e)) from None
         return as_dtype(x, self.dtype), y
 
+    def _check_version_lists(self) -> None:
+        """The window state machine carries the versions to evaluate and to checkpoint in its
+        state, which Step Functions caps at 256 KB (its payload quota, planner/limits.py; checked
+        by States.ArrayContains): refuse lists that would take more than a quarter of it."""
+        if not (isinstance(self.iterations, int) and self.iterations > 0):
+            return
+        ok_every = all(
+            isinstance(e, int) and not isinstance(e, bool) and e > 0 for e in (self.eval_every, self.checkpoint_every) if e is not None
+        )
+        if not ok_every:
+            return  # their own checks name the bad value
+        size = len(json.dumps(self.eval_versions())) + len(json.dumps(self.checkpoint_versions()))
+        if size > EXECUTION_INPUT_MAX_BYTES // 4:
+            raise JobError(
+                f"evaluating every {self.eval_every} and checkpointing every {self.checkpoint_every} of {self.iterations} iterations "
+                f"lists {size:,} bytes of versions in the window's state, over a quarter of Step Functions' 256 KB payload: "
+                "evaluate and checkpoint less often (larger eval_every / checkpoint_every)"
+            )
+
     def _check_scheduler(self) -> None:
         if self.scheduler is None:
             return
@@ -279,6 +300,7 @@ class Job:
         self._check_epochs(len(samples))
         self._check_evaluation()
         self._check_scheduler()
+        self._check_version_lists()
         if self.checkpoint_every is not None and (
             not isinstance(self.checkpoint_every, int) or isinstance(self.checkpoint_every, bool) or self.checkpoint_every < 1
         ):

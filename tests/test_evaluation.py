@@ -70,6 +70,8 @@ def test_bad_evaluation_settings_are_refused():
         regression_job(validation=None).validate()
     with pytest.raises(JobError, match="eval_every=0: must be a positive number"):
         regression_job(eval_every=0).validate()
+    with pytest.raises(JobError, match="over a quarter of Step Functions' 256 KB payload"):
+        regression_job(eval_every=1, iterations=20_000).validate()
     with pytest.raises(JobError, match=r"job.metrics\['mae'\] returned Tensor: it must return a scalar"):
         regression_job(metrics={"mae": lambda o, t: (o - t).abs()}).validate()
 
