@@ -39,3 +39,11 @@ def run_state_machine(backend, definition: dict, payload: dict, timeout_s: float
     for page in c.sfn.get_paginator("get_execution_history").paginate(executionArn=ex):
         events += page["events"]
     return d, events
+
+
+def selected(request, param: str) -> set:
+    """The values of ``param`` among the requesting module's selected tests: a module-scoped
+    fixture starts only the runs those tests need (``-k`` and ``-m`` deselect the rest); another
+    module's parameters of the same name (which need not be hashable) are not looked at."""
+    items = [i for i in request.session.items if i.path == request.path and getattr(i, "callspec", None)]
+    return {i.callspec.params[param] for i in items if param in i.callspec.params}

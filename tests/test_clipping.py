@@ -7,6 +7,7 @@ exchanging shards (pipelined scatter-reduce); the norm per iteration is in the m
 
 import pytest
 import torch
+from helpers import selected
 from torch import nn
 
 from stagecoach import Job, JobError
@@ -66,7 +67,7 @@ DEFAULT = ("scatter", "alone")  # K-reduce and the pipelined exchange run in the
 
 @pytest.fixture(scope="module")
 def runs(backend, request):
-    wanted = {i.callspec.params["name"] for i in request.session.items if getattr(i, "callspec", None) and "name" in i.callspec.params}
+    wanted = selected(request, "name")
     started = {name: make_job(f"clip-{name}").run(backend=backend, **plan) for name, plan in PLANS.items() if name in wanted}
     for run in started.values():
         run.wait(progress=False, poll_s=2.0, timeout_s=600)

@@ -141,7 +141,11 @@ def test_a_stage_planned_with_too_little_memory_is_raised_a_tier_and_completes(b
     assert len(records) == 1
     record = Remediation.model_validate_json(c.s3.get_object(Bucket=r.bucket, Key=records[0]["Key"])["Body"].read())
     assert record.kind == "out_of_memory" and (record.from_mb, record.to_mb) == (256, 512)
-    assert record.evidence is not None and record.evidence.stage == 1  # the watchdog's memory-pressure record
+    # AWS's explicit Runtime.OutOfMemory needs no evidence (a worker can be killed while still
+    # importing, before its watchdog runs); an ambiguous shape counts as out-of-memory only with
+    # the stage's memory-pressure record, which the watchdog wrote first
+    assert record.evidence is not None or record.error == "Runtime.OutOfMemory", record
+    assert record.evidence is None or record.evidence.stage == 1
     assert same_parameters(r.trained_model(), clean.trained_model())
     # the next run of the job starts stage 1 at the memory that worked
     learnt = LearntMemory.model_validate_json(c.s3.get_object(Bucket=r.bucket, Key=memory_key("oom"))["Body"].read())

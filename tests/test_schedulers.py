@@ -9,6 +9,7 @@ float64; the runs go through the real state machines with each way a stage updat
 
 import pytest
 import torch
+from helpers import selected
 from torch import nn
 
 from stagecoach import Job, JobError
@@ -106,7 +107,7 @@ DEFAULT = "onecycle-groups-scatter"  # the others (d = 1, pipelined) run in the 
 
 @pytest.fixture(scope="module")
 def runs(backend, request):
-    wanted = {i.callspec.params["case"] for i in request.session.items if getattr(i, "callspec", None) and "case" in i.callspec.params}
+    wanted = selected(request, "case")
     started = {}
     for name, (opt, sched, plan) in CASES.items():
         if name not in wanted:
