@@ -39,11 +39,12 @@ from stagecoach import Job, Plan
 from stagecoach.calibrate import LocalOverheads, measure_overheads
 from stagecoach.lambdas.profiling import measure_model
 from stagecoach.local.backend import LocalBackend
-from stagecoach.planner.model.perfmodel import Config, evaluate
+from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate
 from stagecoach.planner.model.platforms import Platform, aws_platform, emulated_platform
 from stagecoach.planner.model.syncmodel import SyncChoice
 from stagecoach.planner.plan import PHASES
 from stagecoach.planner.profile.layers import balanced_partition
+from stagecoach.run import Run
 
 TIER = 2048  # any: local workers compute at one thread whatever their memory
 MID_WINDOW = 10**9  # iterations per checkpoint as the measured iterations see it: none of them stores one
@@ -139,7 +140,7 @@ def make_job(case: Case, iterations: int) -> Job:
     )
 
 
-def predict(case: Case, job: Job, plat: Platform) -> tuple[float, Plan]:
+def predict(case: Case, job: Job, plat: Platform) -> tuple[Estimate, Plan]:
     """Profile -> plan -> predicted seconds per iteration, and the runtime Plan that realises it."""
     profile = measure_model(job.build_model(), job.train[0][0], micro_batch_sizes=(case.micro_batch,), threads=1, repeats=5)
     weights = [sum(l.times(TIER, case.micro_batch, plat)) for l in profile.layers]
@@ -162,13 +163,27 @@ def predict(case: Case, job: Job, plat: Platform) -> tuple[float, Plan]:
         memory_mb=TIER,
         timeouts_s=tuple({p: 300 for p in PHASES} for _ in range(case.stages)),
     )
-    return est.time_s, plan
+    return est, plan
 
 
-def measure(job: Job, plan: Plan, backend: LocalBackend, warm_up: int) -> float:
+def measure(job: Job, plan: Plan, backend: LocalBackend, warm_up: int) -> Run:
     run = job.run(plan=plan, backend=backend)
     run.wait(progress=False, poll_s=1.0, timeout_s=1800)
-    return run.time_breakdown(skip_first=warm_up)["iteration_s"]
+    return run
+
+
+def task_table(est: Estimate, run: Run, warm_up: int) -> str:
+    """Per stage and phase, the predicted task seconds beside the measured mean over the measured
+    iterations (the last, whose tasks store the checkpoint, left out as the iteration time does):
+    where a configuration's error comes from."""
+    last = run.iterations_done() - 1
+    lines = []
+    for s, predicted in enumerate(est.task_seconds()):
+        for phase, p in predicted.items():
+            ms = [m.duration_s for m in run.metrics() if m.phase == phase and m.stage == s and warm_up <= m.t < last]
+            if ms:
+                lines.append(f"    stage {s} {phase:<8} predicted {p:6.3f} s  measured {statistics.mean(ms):6.3f} s over {len(ms)} tasks")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -176,6 +191,7 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--warm-up", type=int, default=3, help="iterations left out of the measurement (cold starts)")
     ap.add_argument("--only", help="run only the cases whose name contains this")
+    ap.add_argument("--tasks", action="store_true", help="also print each stage's task seconds, predicted and measured")
     ap.add_argument("--bandwidth-divisor", type=float, default=8.0, help="emulate Lambda's bandwidth divided by this")
     args = ap.parse_args()
     lam = aws_platform()
@@ -195,8 +211,9 @@ def main() -> None:
             if args.only and args.only not in case.name:
                 continue
             job = make_job(case, args.iterations)
-            predicted, plan = predict(case, job, plat)
-            measured = measure(job, plan, backend, args.warm_up)
+            est, plan = predict(case, job, plat)
+            run = measure(job, plan, backend, args.warm_up)
+            predicted, measured = est.time_s, run.time_breakdown(skip_first=args.warm_up)["iteration_s"]
             err = (predicted - measured) / measured
             errors.append(abs(err))
             label = case.sync if case.sync != "k_reduce" else f"k_reduce(K={case.k})"
@@ -204,6 +221,8 @@ def main() -> None:
                 f"{case.name:<24} {case.stages:>2} {case.replicas:>2} {case.micro_batches:>2} {label:<26} {predicted:11.2f} {measured:10.2f} {err:+7.1%}",
                 flush=True,
             )
+            if args.tasks:
+                print(task_table(est, run, args.warm_up), flush=True)
         if errors:
             print(
                 f"\nmean absolute error {statistics.mean(errors):.1%} over {len(errors)} configurations "

@@ -59,7 +59,11 @@ DOWNLOADS_IN_FLIGHT = 8
 # Pipeline hand-offs (activations, input gradients) another stage is waiting on go in a lane of
 # their own, so they never queue behind the gradient shards the last backward pass streams out.
 HANDOFFS_IN_FLIGHT = 2
-_LANES = {"up": UPLOADS_IN_FLIGHT, "down": DOWNLOADS_IN_FLIGHT, "handoff": HANDOFFS_IN_FLIGHT}
+# Deletes of what nobody reads any more run beside the task's work, in a lane of their own: a
+# request's latency on a task's end (or queued behind its last uploads) would be on the
+# iteration's critical path, and nobody waits on a delete.
+DELETES_IN_FLIGHT = 2
+_LANES = {"up": UPLOADS_IN_FLIGHT, "down": DOWNLOADS_IN_FLIGHT, "handoff": HANDOFFS_IN_FLIGHT, "delete": DELETES_IN_FLIGHT}
 
 
 # safetensors dtype names -> torch; tensors are viewed in the downloaded bytes, not copied out of them
@@ -297,6 +301,10 @@ class Channel:
         """Upload what a neighbouring stage waits on (an activation, an input gradient) ahead of
         any bulk upload already queued."""
         return self._submit("handoff", self.put_tensors, key, tensors, None)
+
+    def submit_delete(self, keys: list[str]) -> Future[None]:
+        """Delete in the background; the task's settle waits for it."""
+        return self._submit("delete", self.delete, keys)
 
     def submit_put_bytes(self, key: str, body: bytes) -> Future[None]:
         return self._submit("up", self.put_bytes, key, body)

@@ -191,7 +191,7 @@ def forget_old_version(ch: Channel, spec: SyncSpec, shard: int) -> None:
         return
     ks = [keys.params(spec.job, v, spec.stage, shard, c) for c in spec.chunks(shard)]
     ks += [keys.optim(spec.job, v, spec.stage, shard, c) for c in spec.chunks(shard)]
-    ch.delete(ks)
+    ch.submit_delete(ks)
 
 
 def gather(ch: Channel, spec: SyncSpec, version: int, have: dict[tuple[int, int], torch.Tensor] | None = None) -> torch.Tensor:

@@ -103,6 +103,9 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     last = s == plan.stages - 1
     warm = ctx.warm_attempt(ch, s, ev.window_start, ev.attempt)
     layers = ctx.ensure_params(ch, s, t, deadline, ev.window_start, warm)
+    # what this worker wrote two iterations ago, deleted while it computes: a request's latency
+    # at the task's end would be on the iteration's critical path
+    _forget_iteration(ctx, ch, t - 2, s, r)
     params = ctx.stage_params(s)
     for p in layers.parameters():  # the stage's own and those it shares with an earlier stage
         p.grad = None
@@ -196,7 +199,6 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
             ctx.optim_held[s, r] = (t + 1, [exchange.warm.kept[c] for c in spec.chunks(r)])
     if record is not None and r == 0:  # after the exchange, which the other replicas wait on
         _commit_batch_stats(ctx, ch, ev, record, deadline)
-    _forget_iteration(ctx, ch, t - 2, s, r)
     out: dict[str, Any] = {"grad_norm": spec.norms[-1]} if spec.norms else {}
     if last:
         out["loss"] = sum(losses) / len(losses)
@@ -279,7 +281,7 @@ def _forget_iteration(ctx: JobContext, ch: Channel, t: int, stage: int, replica:
         ks.append(keys.bn_stats(job, t, stage, replica))
     layout = ctx.layout(stage)
     ks += [keys.gshard(job, t, stage, replica, k, c) for k in range(len(layout)) for c in range(len(layout[k]))]
-    ch.delete(ks)
+    ch.submit_delete(ks)
 
 
 Phase = Callable[[JobContext, Channel, Any, float], dict[str, Any]]
