@@ -175,11 +175,12 @@ class JobContext:
         stats = self.running_stats(stage)
         if not stats:
             return
-        channel.put_tensors(keys.buffers(self.job, version, stage), {k: v.detach().clone() for k, v in stats.items()})
+        # in the background (the task settles them before it returns): not on the task's end
+        channel.submit_put(keys.buffers(self.job, version, stage), {k: v.detach().clone() for k, v in stats.items()})
         self.stats_version[stage] = version
         old = version - 2
         if old >= 0 and old != window_start:
-            channel.delete([keys.buffers(self.job, old, stage)])
+            channel.submit_delete([keys.buffers(self.job, old, stage)])
 
     def stage_params(self, stage: int) -> list[nn.Parameter]:
         """The parameters ``stage`` owns (its flat vector), each once."""
