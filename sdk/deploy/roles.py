@@ -171,8 +171,10 @@ def delete_job_role(res: StackResources, c: Clients, job_id: str) -> bool:
 
 def create_function_when_role_ready(c: Clients, spec: dict[str, Any], wait_s: float = ROLE_PROPAGATION_WAIT_S) -> None:
     """CreateFunction, retried while Lambda cannot yet assume a just-created role (IAM is eventually
-    consistent; botocore does not retry this InvalidParameterValueException)."""
-    deadline = time.monotonic() + wait_s
+    consistent; botocore does not retry this InvalidParameterValueException): every quarter second
+    for the first two seconds (a role often propagates within them), then backing off to 4 s."""
+    start = time.monotonic()
+    deadline = start + wait_s
     delay = 0.25
     while True:
         try:
@@ -182,4 +184,5 @@ def create_function_when_role_ready(c: Clients, spec: dict[str, Any], wait_s: fl
             if ROLE_PROPAGATION_MESSAGE not in str(e) or time.monotonic() + delay > deadline:
                 raise
         time.sleep(delay)
-        delay = min(delay * 2, 4.0)
+        if time.monotonic() - start >= 2.0:
+            delay = min(delay * 2, 4.0)

@@ -127,17 +127,10 @@ def deploy_and_start(
     created_sm: list[str] = []
     try:
         role = create_job_role(res, c, job_id)  # the job's own: its objects only (deploy/roles.py)
-        functions = []
         per_worker = per_worker_functions(plan, job.warm_state)  # warm state with d > 1: one per worker
-        for s in range(plan.stages):
-            for name in stage_functions(plan, s, function_name(res, job_id, s), per_worker):
-                create_stage_function(res, c, name, job_id, plan.memory_mb[s], plan.function_timeout_s(s), role)
-                created_functions.append(name)
-                if reserve_concurrency:
-                    c.lambda_.put_function_concurrency(
-                        FunctionName=name, ReservedConcurrentExecutions=reserved_concurrency(plan, s, per_worker)
-                    )
-            functions.append(function_name(res, job_id, s))
+        functions = [function_name(res, job_id, s) for s in range(plan.stages)]
+        # The window state machine and the job's objects first, the functions last: IAM propagates
+        # the new role meanwhile (Lambda refuses a role it cannot assume yet, deploy/roles.py).
         window = c.sfn.create_state_machine(
             name=window_state_machine_name(res, job_id),
             definition=json.dumps(
@@ -151,6 +144,14 @@ def deploy_and_start(
         length = asl.window_length(plan, evals=job.eval_versions(), saves=job.checkpoint_versions())
         with RequestCounter(c.s3) as launched:
             spec = upload_job(job, plan, res, c, job_id, length, window)
+        for s in range(plan.stages):
+            for name in stage_functions(plan, s, functions[s], per_worker):
+                create_stage_function(res, c, name, job_id, plan.memory_mb[s], plan.function_timeout_s(s), role)
+                created_functions.append(name)
+                if reserve_concurrency:
+                    c.lambda_.put_function_concurrency(
+                        FunctionName=name, ReservedConcurrentExecutions=reserved_concurrency(plan, s, per_worker)
+                    )
         # the job is metered at the prices of its functions' architecture, as of now
         prices = Prices.of(aws_platform("x86_64" if res.architecture == "x86_64" else "arm64"))
         requests = {"puts": launched.puts + 1, "gets": launched.gets}  # + the spec's own PUT
