@@ -72,7 +72,7 @@ def test_the_amoebanet_example_trains_with_pairs_across_cuts(tmp_path):
     assert "after 4 iterations" in r.stdout and "test accuracy" in r.stdout
 
 
-def test_the_bert_example_is_cut_from_its_graph_and_trains_and_plans(tmp_path):
+def test_the_bert_example_is_cut_from_its_graph_and_trains(tmp_path):
     """examples/bert.py: an nn.Module (not an nn.Sequential) cut at ``blocks``; ids, mask and hidden
     states cross the cuts; the tied decoder comes back tied in model.safetensors."""
     example = os.path.join(ROOT, "examples", "bert.py")
@@ -85,9 +85,7 @@ def test_the_bert_example_is_cut_from_its_graph_and_trains_and_plans(tmp_path):
 
     saved = load_file(str(tmp_path / directory / "model.safetensors"))
     assert "embeddings.word.weight" in saved and "encoder.3.qkv.weight" in saved  # the user's own names
-    r = stagecoach("plan", example, "--time-limit", "10", "--plot", "p.png", cwd=tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "bert: 6 layers" in r.stdout
+    # (`stagecoach plan examples/bert.py` runs as README shows it in tests/test_readme.py)
 
 
 def test_bad_plan_options_are_refused_before_anything_runs(tmp_path):
