@@ -522,7 +522,7 @@ class Job:
         """The performance model's estimate of one iteration of ``plan`` on AWS (or ``platform``),
         for any plan, the planner's or one written by hand: the model's layers are timed here at
         the plan's micro-batch size (one thread = one vCPU), as ``plan()`` times them."""
-        platform = platform or aws_platform()
+        platform = self.runtime_platform(platform or aws_platform())
         x = self.train[0]
         sample = x[0].to(self.dtype) if x.is_floating_point() else x[0]
         b = plan.micro_batch_size
@@ -544,10 +544,11 @@ class Job:
         (stagecoach.profile_tiers), and planning uses those tiers.
         """
         self.validate()
+        platform = self.runtime_platform(platform or aws_platform())
         if profile_on is not None:
             tiers = tuple(tiers or (1024, 2048, 4096, 10240))
             profile = profile_tiers(self, get_backend(profile_on), tiers=tiers)
-            platform = (platform or aws_platform()).replace(tiers_mb=tuple(sorted(tiers)))
+            platform = platform.replace(tiers_mb=tuple(sorted(tiers)))
         else:
             sample = boundary.map_leaves(lambda t: t[0], self.head(1)[0])
             # a model that normalises over the batch cannot run one sample in train mode (BatchNorm1d)
@@ -560,6 +561,12 @@ class Job:
         elif self.facts.batch_coupling:  # deferred batch norm: micro-batches of at least two samples
             options.setdefault("micro_batch_sizes", (2, 4, 8))
         return plan_model(self.with_job_bytes(profile), self.global_batch, platform=platform, **options)
+
+    def runtime_platform(self, platform: Platform) -> Platform:
+        """``platform`` as this job's runtime uses it: without warm state (``warm_state=False``)
+        every iteration loads and stores the parameters and optimizer state, which the model
+        charges with ``warm_checkpoint_every`` = 0 (docs/performance-model.md §5)."""
+        return platform if self.warm_state else platform.replace(warm_checkpoint_every=0)
 
     def with_job_bytes(self, profile: ModelProfile) -> ModelProfile:
         """``profile`` with what the job adds to the model's own bytes: what every container

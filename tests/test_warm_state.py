@@ -11,6 +11,7 @@ from torch import nn
 from stagecoach import Job
 from stagecoach.local.backend import LocalBackend
 from stagecoach.planner.emit import asl
+from stagecoach.planner.model.platforms import aws_platform
 
 TIMEOUT_S = 20
 WINDOW = 2  # windows [0, 2), [2, 4), [4, 5): checkpoints 0, 2, 4, 5
@@ -137,6 +138,17 @@ def test_the_model_charges_a_warm_stage_its_state_once_per_checkpoint():
     assert stored.tail_s >= opt + store and (stored.tail_puts, stored.tail_gets) == (2, 1)
     n = plat.warm_checkpoint_every
     assert warm.tail_s == pytest.approx(opt + store / n) and warm.tail_puts == pytest.approx(2 / n)
+
+
+def test_a_job_without_warm_state_is_planned_and_predicted_with_its_state_through_s3_every_iteration():
+    """Job(warm_state=False) stores the parameters and Adam state every iteration: its predictions
+    (Job.predict, and the planner through Job.plan) charge that, a warm job's only per checkpoint."""
+    warm, cold = make_job("pred-warm", warm=True), make_job("pred-cold", warm=False)
+    plan = warm.manual_plan(stages=2)
+    a, b = warm.predict(plan), cold.predict(plan)
+    assert b.s3_puts > a.s3_puts + 1 and b.time_s > a.time_s
+    assert cold.runtime_platform(aws_platform()).warm_checkpoint_every == 0
+    assert warm.runtime_platform(aws_platform()) == aws_platform()
 
 
 # -- d > 1: one function per worker, each owner's optimizer state warm in its own container ---------
