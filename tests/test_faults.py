@@ -13,7 +13,7 @@ from stagecoach.lambdas.records import LearntMemory, Remediation
 from stagecoach.local.backend import LocalBackend
 from stagecoach.reference import train_reference
 
-TIMEOUT_S = 20
+TIMEOUT_S = 12  # a hung task and a lost object are waited out this long
 
 
 def make_job(name: str, warm: bool = True) -> Job:
