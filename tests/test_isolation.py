@@ -185,6 +185,11 @@ def test_the_stack_roles_are_enforced_with_aws_answers(backend):
         f'is not authorized to perform: s3:GetObject on resource: "arn:aws:s3:::{res.bucket}/jobs/other-1a2b3c4d/job.json" '
         "because no identity-based policy allows the s3:GetObject action"
     )
+    # aborting a multipart upload is s3:AbortMultipartUpload, not s3:DeleteObject (which the role
+    # has): the workers upload no multipart objects and are not granted it
+    upload = backend.clients.s3.create_multipart_upload(Bucket=res.bucket, Key=own + "-multipart")["UploadId"]
+    aborted = _call_as(backend, role, "s3", "abort_multipart_upload", Bucket=res.bucket, Key=own + "-multipart", UploadId=upload)
+    assert aborted["code"] == "AccessDenied" and "s3:AbortMultipartUpload" in aborted["message"], aborted
     # a call the local stack cannot map to IAM is denied, not waved through; Lambda's and Step
     # Functions' denials in their own shapes
     assert _call_as(backend, role, "stepfunctions", "list_state_machines")["code"] == "AccessDeniedException"

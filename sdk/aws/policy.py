@@ -46,11 +46,13 @@ def deployer_policy(
                 "Resource": f"{arn}:cloudformation:{region}:{account}:stack/{stack}/*",
             },
             # jobs/: each job's objects; data/: datasets shared by jobs; history/: what a job's past
-            # runs taught its next one (timeouts, memory; sdk/history.py)
+            # runs taught its next one (timeouts, memory; sdk/history.py). AbortMultipartUpload: a
+            # data set's multipart upload that fails is aborted by boto3's transfer manager (the
+            # bucket's lifecycle rule would otherwise bill its parts for a day)
             {
                 "Sid": "JobObjects",
                 "Effect": "Allow",
-                "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+                "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
                 "Resource": [f"{b}/jobs/*", f"{b}/data/*", f"{b}/history/*"],
             },
             # no s3:prefix condition: HeadBucket (the SDK's check that the bucket exists) has no prefix

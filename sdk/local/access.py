@@ -96,6 +96,11 @@ def _s3_request(method: str, path: str, query: dict[str, list[str]], environ: di
     if "tagging" in query:
         action = {"GET": "s3:GetObjectTagging", "PUT": "s3:PutObjectTagging", "DELETE": "s3:DeleteObjectTagging"}.get(method, "s3:?")
         return Request("s3", [(action, obj, {})])
+    if "uploadId" in query and method in ("GET", "DELETE"):
+        # ListParts and AbortMultipartUpload have actions of their own (S3 user guide, "Multipart
+        # upload API and permissions"): s3:PutObject does not grant aborting an upload
+        action = "s3:ListMultipartUploadParts" if method == "GET" else "s3:AbortMultipartUpload"
+        return Request("s3", [(action, obj, {})])
     if method in ("GET", "HEAD"):
         return Request("s3", [("s3:GetObject", obj, {})])
     if method in ("PUT", "POST"):  # PutObject, and the parts of a multipart upload
