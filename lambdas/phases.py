@@ -139,8 +139,16 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     if last and record is None:
         ctx.ensure_running_stats(ch, s, t)
     held = {k: v.clone() for k, v in ctx.running_stats(s).items()} if not last else {}
+    # A middle stage's inputs have been in S3 since its forward task: the next micro-batch's
+    # downloads while this one waits for its output's gradient and computes, so the re-read costs
+    # no request latency of its own (docs/performance-model.md §3.2). One ahead: two inputs held.
+    ahead = io.receive_later(ch, t, r, plan.micro_batches - 1, deadline) if 0 < s < plan.stages - 1 else None
     for j in reversed(range(plan.micro_batches)):
-        x = _stage_input(ctx, ch, io, t, r, j, deadline)
+        if ahead is not None:
+            x = ahead()
+            ahead = io.receive_later(ch, t, r, j - 1, deadline) if j > 0 else None
+        else:
+            x = _stage_input(ctx, ch, io, t, r, j, deadline)
         # a floating input's gradient is sent back; integer and boolean ones (ids, masks) travel
         # forward only. The layers get a copy, which a first layer may change in place.
         sends_grad = io.sends_grads(x)

@@ -15,7 +15,7 @@ Two shapes of chain (docs/runtime.md "What crosses a cut"):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -34,9 +34,14 @@ class StageIO(ABC):
     def __init__(self, job: str, stage: int, last: bool, space: str = ""):
         self.job, self.stage, self.last, self.space = job, stage, last, space  # space: keys.act
 
-    @abstractmethod
     def receive(self, ch: Channel, t: int, r: int, mb: int, deadline: float) -> Any:
         """The stage's input for micro-batch ``mb`` (stage > 0), as the earlier stages sent it."""
+        return self.receive_later(ch, t, r, mb, deadline)()
+
+    @abstractmethod
+    def receive_later(self, ch: Channel, t: int, r: int, mb: int, deadline: float) -> Callable[[], Any]:
+        """Start downloading the input of micro-batch ``mb`` (in the background, waiting for it if
+        it is not there yet); the returned call gives the input once it is here."""
 
     @abstractmethod
     def run(self, layers: Iterable[nn.Module], first: int, x: Any, seed: int, t: int, r: int, mb: int) -> Any:
@@ -66,8 +71,9 @@ class StageIO(ABC):
 class ChainIO(StageIO):
     """Block i's output is block i+1's whole input: stage s reads stage s-1's output."""
 
-    def receive(self, ch: Channel, t: int, r: int, mb: int, deadline: float) -> Any:
-        return boundary.unpack(ch.wait_tensors(keys.act(self.job, t, self.stage - 1, r, mb, space=self.space), deadline))
+    def receive_later(self, ch: Channel, t: int, r: int, mb: int, deadline: float) -> Callable[[], Any]:
+        pending = ch.submit_wait(keys.act(self.job, t, self.stage - 1, r, mb, space=self.space), deadline)
+        return lambda: boundary.unpack(pending.result())
 
     def run(self, layers: Iterable[nn.Module], first: int, x: Any, seed: int, t: int, r: int, mb: int) -> Any:
         return run_layers(layers, first, x, seed, t, r, mb)
@@ -94,12 +100,16 @@ class KeyedIO(StageIO):
         super().__init__(job, stage, last, space)
         self.route = route
 
-    def receive(self, ch: Channel, t: int, r: int, mb: int, deadline: float) -> dict[str, torch.Tensor]:
+    def receive_later(self, ch: Channel, t: int, r: int, mb: int, deadline: float) -> Callable[[], dict[str, torch.Tensor]]:
         pending = [ch.submit_wait(keys.act(self.job, t, tr.producer, r, mb, tr.name, self.space), deadline) for tr in self.route.inputs]
-        values: dict[str, torch.Tensor] = {}
-        for tr, fut in zip(self.route.inputs, pending):
-            got = fut.result()
-            values.update((k, got[k]) for k in tr.keys)
+
+        def values() -> dict[str, torch.Tensor]:
+            out: dict[str, torch.Tensor] = {}
+            for tr, fut in zip(self.route.inputs, pending):
+                got = fut.result()
+                out.update((k, got[k]) for k in tr.keys)
+            return out
+
         return values
 
     def run(self, layers: Iterable[nn.Module], first: int, x: Any, seed: int, t: int, r: int, mb: int) -> Any:
