@@ -49,7 +49,21 @@ ITEMS = {
     "skip": (LongSkip, (X6, Y3), ["stem", "body.*", "head"], {"adam": ADAM, "sgd": SGD}),
 }
 CASES = [(item, opt, cfg) for item, (_, _, _, opts) in ITEMS.items() for opt in opts for cfg in GRID]
-WAVE = 8  # runs at once on the stack: 2 cores, and each run's workers are processes
+# Runs at once: 2 cores, and each run's workers are processes (~240 MB each; with warm state and
+# d > 1 a function, so a process, per worker): 8 at once and the previous waves' idle workers
+# OOM-killed this 24 GiB machine. A stack of its own caps the processes (Fidelity.max_environments),
+# shutting down the longest-idle ones (finished runs') first.
+WAVE = 4
+
+
+@pytest.fixture(scope="module")
+def grid_backend():
+    from stagecoach.local.backend import LocalBackend
+    from stagecoach.local.fidelity import Fidelity, default_max_environments
+
+    b = LocalBackend(fidelity=Fidelity(max_environments=default_max_environments()))
+    yield b
+    b.stack.close()
 
 
 def make_job(item: str, opt: str) -> Job:
@@ -69,14 +83,14 @@ def make_job(item: str, opt: str) -> Job:
 
 
 @pytest.fixture(scope="module")
-def grid_runs(backend, request):
+def grid_runs(grid_backend, request):
     # only the cases this session runs (e.g. `-k skip`), in waves
     cases = [c for c in CASES if any(getattr(i, "callspec", None) and i.callspec.params.get("case") == c for i in request.session.items)]
     done = {}
     for w in range(0, len(cases), WAVE):
         started = {}
         for item, opt, (s, d, m) in cases[w : w + WAVE]:
-            started[(item, opt, (s, d, m))] = make_job(item, opt).run(stages=s, replicas=d, micro_batches=m, backend=backend)
+            started[(item, opt, (s, d, m))] = make_job(item, opt).run(stages=s, replicas=d, micro_batches=m, backend=grid_backend)
         for run in started.values():
             run.wait(progress=False, poll_s=2.0, timeout_s=900)
         done.update(started)
