@@ -177,10 +177,11 @@ def task_table(est: Estimate, run: Run, warm_up: int) -> str:
     iterations (the last, whose tasks store the checkpoint, left out as the iteration time does):
     where a configuration's error comes from."""
     last = run.iterations_done() - 1
+    tasks = run.metrics()  # one listing of the run's metrics
     lines = []
     for s, predicted in enumerate(est.task_seconds()):
         for phase, p in predicted.items():
-            ms = [m.duration_s for m in run.metrics() if m.phase == phase and m.stage == s and warm_up <= m.t < last]
+            ms = [m.duration_s for m in tasks if m.phase == phase and m.stage == s and warm_up <= m.t < last]
             if ms:
                 lines.append(f"    stage {s} {phase:<8} predicted {p:6.3f} s  measured {statistics.mean(ms):6.3f} s over {len(ms)} tasks")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ tests/test_any_model.py, tests/test_skip_stages.py); this is the whole grid, 64 
 
 import pytest
 import torch
+from helpers import selected
 from test_any_model import BLOCKS, plain_pytorch, tiny_bert
 from test_any_model import bert as bert_example
 from test_exactness import X, Y, cells_with_pairs, ids_then_embedding, masked_dicts
@@ -85,7 +86,8 @@ def make_job(item: str, opt: str) -> Job:
 @pytest.fixture(scope="module")
 def grid_runs(grid_backend, request):
     # only the cases this session runs (e.g. `-k skip`), in waves
-    cases = [c for c in CASES if any(getattr(i, "callspec", None) and i.callspec.params.get("case") == c for i in request.session.items)]
+    wanted = selected(request, "case")
+    cases = [c for c in CASES if c in wanted]
     done = {}
     for w in range(0, len(cases), WAVE):
         started = {}

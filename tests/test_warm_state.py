@@ -147,8 +147,15 @@ def test_a_job_without_warm_state_is_planned_and_predicted_with_its_state_throug
     plan = warm.manual_plan(stages=2)
     a, b = warm.predict(plan), cold.predict(plan)
     assert b.s3_puts > a.s3_puts + 1 and b.time_s > a.time_s
-    assert cold.runtime_platform(aws_platform()).warm_checkpoint_every == 0
-    assert warm.runtime_platform(aws_platform()) == aws_platform()
+    # the planner is handed the same platform
+    import stagecoach.job as job_module
+
+    seen = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(job_module, "plan_model", lambda profile, batch, platform, **kw: seen.append(platform))
+        warm.plan()
+        cold.plan()
+    assert [p.warm_checkpoint_every for p in seen] == [aws_platform().warm_checkpoint_every, 0]
 
 
 # -- d > 1: one function per worker, each owner's optimizer state warm in its own container ---------

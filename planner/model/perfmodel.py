@@ -188,13 +188,14 @@ def stage_terms(
     get_out = 0.0 if last else lat + og_b / w
     # the backward task re-reads its input and recomputes the forward (GPipe); the last stage runs
     # its only forward here; a runtime that keeps activations (recompute_forward=False) does neither
-    redo = get_in + get_labels + fwd_s if (last or plat.recompute_forward) else get_labels
-    bb = max(get_out + redo + bwd_s, 0.0 if first else ig_b / w)
     if plat.recompute_forward and not first and not last:
         # a middle stage downloads the next micro-batch's input while this one waits for its
         # output's gradient and computes (lambdas/phases.py backward): the re-read adds no request
         # latency, only its bytes on the download link beside the gradient's
         bb = max(get_out + fwd_s + bwd_s, get_in, (in_b + og_b) / w, ig_b / w)
+    else:
+        redo = get_in + get_labels + fwd_s if (last or plat.recompute_forward) else get_labels
+        bb = max(get_out + redo + bwd_s, 0.0 if first else ig_b / w)
     hb_own = 0.0 if first else lat + ig_b / w
     hb = 0.0 if first else hb_own + poll
     # the optimizer-state prefetch runs from the task's start: it hides behind the task's own

@@ -172,7 +172,8 @@ def delete_job_role(res: StackResources, c: Clients, job_id: str) -> bool:
 def create_function_when_role_ready(c: Clients, spec: dict[str, Any], wait_s: float = ROLE_PROPAGATION_WAIT_S) -> None:
     """CreateFunction, retried while Lambda cannot yet assume a just-created role (IAM is eventually
     consistent; botocore does not retry this InvalidParameterValueException): every quarter second
-    for the first two seconds (a role often propagates within them), then backing off to 4 s."""
+    for the first two seconds, so a short propagation costs little waiting past it, then backing
+    off to 4 s between attempts."""
     start = time.monotonic()
     deadline = start + wait_s
     delay = 0.25
