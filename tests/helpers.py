@@ -47,3 +47,25 @@ def selected(request, param: str) -> set:
     module's parameters of the same name (which need not be hashable) are not looked at."""
     items = [i for i in request.session.items if i.path == request.path and getattr(i, "callspec", None)]
     return {i.callspec.params[param] for i in items if param in i.callspec.params}
+
+
+def capped_backend():
+    """A local stack of its own whose worker processes are capped at what this machine's memory
+    holds (Fidelity.max_environments: the longest-idle, i.e. finished runs', shut down first). For
+    modules that run many jobs: with warm state and d > 1 every worker is a process of its own."""
+    from stagecoach.local.backend import LocalBackend
+    from stagecoach.local.fidelity import Fidelity, default_max_environments
+
+    return LocalBackend(fidelity=Fidelity(max_environments=default_max_environments()))
+
+
+def run_in_waves(starts: dict, wave: int) -> dict:
+    """Start the runs ``wave`` at a time (each start a no-argument call returning a Run), waiting
+    for a wave to end before the next starts, so the cap above never meets a running job's workers."""
+    done, items = {}, list(starts.items())
+    for w in range(0, len(items), wave):
+        started = {key: start() for key, start in items[w : w + wave]}
+        for run in started.values():
+            run.wait(progress=False, poll_s=2.0, timeout_s=900)
+        done.update(started)
+    return done

@@ -11,6 +11,7 @@ import dataclasses
 
 import pytest
 import torch
+from helpers import capped_backend, run_in_waves
 from torch import nn
 
 from stagecoach import Job
@@ -150,32 +151,35 @@ def max_diff(a: nn.Module, b: nn.Module) -> float:
 
 
 @pytest.fixture(scope="module")
-def runs(backend):
-    """Start every configuration at once (they share the stack), then wait for all of them."""
-    started = {}
+def runs():
+    """Every configuration, 4 runs at a time on a capped stack of its own (all 22 at once, with a
+    process per warm worker, exhausted this 24 GiB machine's memory); then compared."""
+    planned = {}  # key -> (job, run options)
     for opt_name, opt in OPTIMIZERS.items():
-        for cfg in CONFIGS:
-            s, d, m = cfg
-            job = make_job(f"tr-{opt_name[:4]}-{s}{d}{m}", model_with_dropout, opt)
-            started[(opt_name, cfg)] = job.run(stages=s, replicas=d, micro_batches=m, backend=backend)
+        for s, d, m in CONFIGS:
+            planned[(opt_name, (s, d, m))] = (
+                make_job(f"tr-{opt_name[:4]}-{s}{d}{m}", model_with_dropout, opt),
+                dict(stages=s, replicas=d, micro_batches=m),
+            )
     for i, (s, d, m, sync, k) in enumerate(SYNC_CONFIGS):
         job = make_job(f"tr-sync-{i}", model_with_dropout, OPTIMIZERS["adam"])
-        started[("sync", i)] = job.run(stages=s, replicas=d, micro_batches=m, sync=sync, aggregators=k, backend=backend)
+        planned[("sync", i)] = (job, dict(stages=s, replicas=d, micro_batches=m, sync=sync, aggregators=k))
     for name, opt, (s, d, m) in GROUP_CONFIGS:
-        started[(name, (s, d, m))] = make_job(f"tr-{name}", model_with_dropout, opt).run(
-            stages=s, replicas=d, micro_batches=m, backend=backend
-        )
+        planned[(name, (s, d, m))] = (make_job(f"tr-{name}", model_with_dropout, opt), dict(stages=s, replicas=d, micro_batches=m))
     for opt_name, (s, d, m) in BN_CONFIGS:
         job = make_job(f"tr-bn-{opt_name[:4]}-{s}{d}{m}", model_with_batchnorm, OPTIMIZERS[opt_name])
-        started[(f"bn-{opt_name}", (s, d, m))] = job.run(stages=s, replicas=d, micro_batches=m, backend=backend)
+        planned[(f"bn-{opt_name}", (s, d, m))] = (job, dict(stages=s, replicas=d, micro_batches=m))
     for kind, model, opt_name, (s, d, m) in SHARED_CONFIGS:
         job = make_job(f"tr-{kind}-{opt_name[:4]}-{s}{d}{m}", model, OPTIMIZERS[opt_name])
-        started[(f"{kind}-{opt_name}", (s, d, m))] = job.run(stages=s, replicas=d, micro_batches=m, backend=backend)
-    job = make_job("tr-nodrop", model_without_dropout, OPTIMIZERS["adam"])
-    started[("nodrop", (3, 2, 4))] = job.run(stages=3, replicas=2, micro_batches=4, backend=backend)
-    for run in started.values():
-        run.wait(progress=False, poll_s=2.0, timeout_s=600)
-    return started
+        planned[(f"{kind}-{opt_name}", (s, d, m))] = (job, dict(stages=s, replicas=d, micro_batches=m))
+    planned[("nodrop", (3, 2, 4))] = (
+        make_job("tr-nodrop", model_without_dropout, OPTIMIZERS["adam"]),
+        dict(stages=3, replicas=2, micro_batches=4),
+    )
+    backend = capped_backend()
+    starts = {key: (lambda job=job, opts=opts: job.run(backend=backend, **opts)) for key, (job, opts) in planned.items()}
+    yield run_in_waves(starts, 4)
+    backend.stack.close()
 
 
 @pytest.mark.parametrize("opt_name", list(OPTIMIZERS))

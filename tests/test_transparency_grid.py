@@ -12,7 +12,7 @@ tests/test_any_model.py, tests/test_skip_stages.py); this is the whole grid, 64 
 
 import pytest
 import torch
-from helpers import selected
+from helpers import capped_backend, run_in_waves, selected
 from test_any_model import BLOCKS, plain_pytorch, tiny_bert
 from test_any_model import bert as bert_example
 from test_exactness import X, Y, cells_with_pairs, ids_then_embedding, masked_dicts
@@ -59,10 +59,7 @@ WAVE = 4
 
 @pytest.fixture(scope="module")
 def grid_backend():
-    from stagecoach.local.backend import LocalBackend
-    from stagecoach.local.fidelity import Fidelity, default_max_environments
-
-    b = LocalBackend(fidelity=Fidelity(max_environments=default_max_environments()))
+    b = capped_backend()
     yield b
     b.stack.close()
 
@@ -88,15 +85,11 @@ def grid_runs(grid_backend, request):
     # only the cases this session runs (e.g. `-k skip`), in waves
     wanted = selected(request, "case")
     cases = [c for c in CASES if c in wanted]
-    done = {}
-    for w in range(0, len(cases), WAVE):
-        started = {}
-        for item, opt, (s, d, m) in cases[w : w + WAVE]:
-            started[(item, opt, (s, d, m))] = make_job(item, opt).run(stages=s, replicas=d, micro_batches=m, backend=grid_backend)
-        for run in started.values():
-            run.wait(progress=False, poll_s=2.0, timeout_s=900)
-        done.update(started)
-    return done
+    starts = {
+        c: (lambda c=c: make_job(c[0], c[1]).run(stages=c[2][0], replicas=c[2][1], micro_batches=c[2][2], backend=grid_backend))
+        for c in cases
+    }
+    return run_in_waves(starts, WAVE)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "{}-{}-{}x{}x{}".format(c[0], c[1], *c[2]))
