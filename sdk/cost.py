@@ -6,14 +6,18 @@ list prices the planner uses (planner/model/platforms.py, with their sources and
 
 - ``forward``, ``backward``, ``sync``: the tasks of those phases and the states that run them (a
   phase's Map states and their items; ``backward`` includes the BackwardSync Parallel);
+- ``evaluate``, ``checkpoint``: a job's evaluations and kept checkpoints, their Maps and tasks;
 - ``orchestration``: the window's bookkeeping (the iteration gate, lambdas/gate.py, and its
-  Choice, Advance, Init, Done), the job state machine's states, and every retry of a state;
+  Choice, Advance, Init, Done, and the Due/Choice states asking for an evaluation or a
+  checkpoint), the job state machine's states, and every retry of a state;
 - ``client``: the S3 requests of the client itself — the launch's uploads and, measured, what this
   ``Run`` read while watching (listing and reading the task metrics).
 
 Predicted (``predict``): the performance model's estimate of one iteration (planner/model/
 perfmodel.py ``evaluate``, for any plan: the planner's or a manual one) times the iterations, plus
-the per-window states and the gate, and each task's PUT of its metrics object. The model counts
+the per-window states and the gate, and each task's PUT of its metrics object; for a job that
+evaluates or checkpoints, each pass (planner/model/passes.py, ``Job.predict_cost``) and the states
+every iteration enters asking whether one is due. The model counts
 the tasks' other S3 requests per iteration but not per phase: the summary reports S3 requests as
 one figure, for the measured cost too. The launch's uploads are not predicted (a few dozen PUTs).
 
@@ -34,6 +38,7 @@ from typing import Any, Literal
 from stagecoach.lambdas.cost import Prices, Usage, gb_seconds, usage_by_phase
 from stagecoach.lambdas.records import JobSpec, TaskMetrics
 from stagecoach.planner.emit import asl
+from stagecoach.planner.model.passes import PassEstimate
 from stagecoach.planner.model.perfmodel import Estimate
 from stagecoach.planner.model.platforms import Platform
 from stagecoach.planner.plan import Plan
@@ -140,9 +145,29 @@ def phase_transitions(plan: Plan) -> dict[str, int]:
     return out
 
 
-def predict(plan: Plan, estimate: Estimate, iterations: int, platform: Platform, capped: bool = False) -> CostReport:
+def pass_usage(plan: Plan, p: PassEstimate) -> Usage:
+    """One evaluate or checkpoint pass (planner/model/passes.py) as billed: its tasks' seconds at
+    their stage's memory, an invocation and a metrics PUT per task, its Map's transitions."""
+    gbs = sum(n * gb_seconds(t, plan.memory_mb[s]) for s, (t, n) in enumerate(zip(p.task_s, p.tasks)))
+    return Usage(gb_s=gbs, invocations=p.invocations, transitions=p.transitions, puts=round(p.puts) + p.invocations, gets=round(p.gets))
+
+
+def predict(
+    plan: Plan,
+    estimate: Estimate,
+    iterations: int,
+    platform: Platform,
+    capped: bool = False,
+    evals: Sequence[int] = (),
+    saves: Sequence[int] = (),
+    evaluate: PassEstimate | None = None,
+    checkpoint: PassEstimate | None = None,
+) -> CostReport:
     """The whole run's predicted cost from the performance model's per-iteration ``estimate`` of
-    ``plan``: the tasks' billed seconds per phase, the states, the gate, per window and per job."""
+    ``plan``: the tasks' billed seconds per phase, the states, the gate, per window and per job.
+    ``evals``/``saves``: the versions the job evaluates and checkpoints (Job.eval_versions,
+    checkpoint_versions), each a pass priced by ``evaluate``/``checkpoint``; with either, every
+    iteration also enters its Due and Choice states, and a window holds fewer iterations."""
     S, d = plan.stages, plan.replicas
     per_s = [m / 1024.0 for m in plan.memory_mb]
     gbs = {
@@ -157,20 +182,33 @@ def predict(plan: Plan, estimate: Estimate, iterations: int, platform: Platform,
     phases = {
         p: Usage(gb_s=gbs[p] * n, invocations=inv[p] * n, transitions=tr[p] * n, puts=inv[p] * n) for p in ("forward", "backward", "sync")
     }
-    windows = math.ceil(iterations / asl.window_length(plan))
+    windows = math.ceil(iterations / asl.window_length(plan, evals=evals, saves=saves))
     gate = gate_usage(plan, platform, capped)
     gates = iterations + windows  # one before each iteration and one at each window's end
     orchestration = Usage(
         gb_s=gate.gb_s * gates,
         invocations=gates,
-        transitions=tr["orchestration"] * n
+        transitions=(tr["orchestration"] + asl.TRANSITIONS_DUE_CHECK * (bool(evals) + bool(saves))) * n
         + windows * (asl.TRANSITIONS_WINDOW_FIXED + asl.TRANSITIONS_JOB_PER_WINDOW)
         + asl.TRANSITIONS_JOB_FIXED,
         puts=gate.puts * gates,
         gets=gate.gets * gates,
     )
     phases["orchestration"] = orchestration
+    for name, versions, p in (("evaluate", evals, evaluate), ("checkpoint", saves, checkpoint)):
+        if versions and p is None:
+            raise ValueError(f"{name} versions given without the {name} pass's estimate (planner/model/passes.py)")
+        if versions and p is not None:
+            one = pass_usage(plan, p)
+            phases[name] = Usage(
+                gb_s=one.gb_s * len(versions),
+                invocations=one.invocations * len(versions),
+                transitions=one.transitions * len(versions),
+                puts=one.puts * len(versions),
+                gets=one.gets * len(versions),
+            )
     phases["client"] = Usage()
+    phases = {p: phases[p] for p in PHASES if p in phases}  # in the measured report's order
     unsplit = Usage(puts=round(estimate.s3_puts * n), gets=round(estimate.s3_gets * n))
     return CostReport("predicted", iterations, phases, Prices.of(platform), unsplit=unsplit)
 

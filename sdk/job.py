@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from stagecoach import cost as costs
 from stagecoach import exactness
 from stagecoach import history as learnt
 from stagecoach.backend import Backend
@@ -29,6 +30,7 @@ from stagecoach.lambdas.samples import LocalSamples, as_dtype, encode
 from stagecoach.lambdas.schedule import stand_in
 from stagecoach.lambdas.training import DTYPE_NAMES, build_model, master_dtype
 from stagecoach.planner.limits import EXECUTION_INPUT_MAX_BYTES
+from stagecoach.planner.model.passes import checkpoint_pass, evaluate_pass
 from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate
 from stagecoach.planner.model.platforms import Platform, aws_platform
 from stagecoach.planner.model.syncmodel import SyncChoice
@@ -522,6 +524,31 @@ class Job:
         """The performance model's estimate of one iteration of ``plan`` on AWS (or ``platform``),
         for any plan, the planner's or one written by hand: the model's layers are timed here at
         the plan's micro-batch size (one thread = one vCPU), as ``plan()`` times them."""
+        return evaluate(*self._model_of(plan, platform))
+
+    def predict_cost(self, plan: Plan, platform: Platform | None = None, capped: bool = False) -> costs.CostReport:
+        """The whole run's predicted cost on AWS (or ``platform``): its iterations (``predict``),
+        and the evaluations and checkpoints the job asks for (planner/model/passes.py), each
+        per phase as ``Run.cost()`` measures it. ``capped``: the job runs under a cost cap,
+        whose gate reads the iteration's metrics (docs/cost.md)."""
+        profile, cfg, platform = self._model_of(plan, platform)
+        evals, saves = self.eval_versions(), self.checkpoint_versions()
+        samples = len(_samples(self.evaluation_set, "validation" if self.validation is not None else "test")) if evals else 0
+        return costs.predict(
+            plan,
+            evaluate(profile, cfg, platform),
+            self.iterations,
+            platform,
+            capped=capped,
+            evals=evals,
+            saves=saves,
+            evaluate=evaluate_pass(profile, cfg, platform, samples) if evals else None,
+            checkpoint=checkpoint_pass(profile, cfg, platform) if saves else None,
+        )
+
+    def _model_of(self, plan: Plan, platform: Platform | None) -> tuple[ModelProfile, Config, Platform]:
+        """What the performance model evaluates ``plan`` from: the model's layers timed here at the
+        plan's micro-batch size, the plan as a Config, and the platform as this job uses it."""
         platform = self.runtime_platform(platform or aws_platform())
         x = self.train[0]
         sample = x[0].to(self.dtype) if x.is_floating_point() else x[0]
@@ -529,7 +556,7 @@ class Job:
         profile = self.with_job_bytes(measure_model(self.build_model(), sample, micro_batch_sizes=(b,), name=self.name))
         choices = tuple(SyncChoice("none", 1) if plan.replicas == 1 else SyncChoice(a, k) for a, k in zip(plan.sync, plan.aggregators))
         cfg = Config(tuple(plan.balance), tuple(plan.memory_mb), plan.replicas, b, plan.micro_batches, choices)
-        return evaluate(profile, cfg, platform)
+        return profile, cfg, platform
 
     def plan(
         self, platform: Platform | None = None, profile_on: Backend | str | None = None, tiers: Sequence[int] | None = None, **options: Any

@@ -371,10 +371,10 @@ class Run:
         """The performance model's cost of the whole run on AWS, for this plan (docs/cost.md).
         Needs the Job (it profiles the model): not available on a Run opened from an ARN."""
         if self.job is None:
-            raise RuntimeError(f"run {self.job_id} was opened without its Job: predicting its cost needs the model (Job.predict)")
+            raise RuntimeError(f"run {self.job_id} was opened without its Job: predicting its cost needs the model (Job.predict_cost)")
         spec = self.spec()
         platform = aws_platform("x86_64" if self.backend.resources.architecture == "x86_64" else "arm64")
-        return costs.predict(self.plan, self.job.predict(self.plan, platform), self.job.iterations, platform, spec.max_cost_usd is not None)
+        return self.job.predict_cost(self.plan, platform, capped=spec.max_cost_usd is not None)
 
     # -- results ---------------------------------------------------------------------------------
     def stage_vector(self, stage: int, version: int | None = None) -> torch.Tensor:

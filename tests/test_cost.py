@@ -151,6 +151,29 @@ def test_measured_cost_is_what_the_metrics_and_histories_add_up_to(backend):
     assert report.iterations == n
 
 
+def test_predicted_cost_counts_the_evaluations_checkpoints_and_due_checks_it_measures(backend):
+    """A job that evaluates (after iterations 2 and 4) and checkpoints (after 3): the prediction has
+    every state and invocation the run is billed for — the passes' Maps and tasks, the Due and
+    Choice states each iteration enters, the shorter window — and each pass's PUTs."""
+    g = torch.Generator().manual_seed(1)
+    xt = torch.randn(13, 4, generator=g)
+    job = dataclasses.replace(tiny_job("cost-passes", 4), test=(xt, (xt[:, 0] > 0).long()), eval_every=2, checkpoint_every=3)
+    assert job.eval_versions() == [2, 4] and job.checkpoint_versions() == [3]
+    run = job.run(stages=2, replicas=2, micro_batches=2, backend=backend)
+    assert run.wait(progress=False, timeout_s=300) == "SUCCEEDED"
+    measured, predicted = run.cost(), run.predicted_cost()
+    for phase in ("forward", "backward", "sync", "evaluate", "checkpoint", "orchestration"):
+        m, p = measured.phases[phase], predicted.phases[phase]
+        assert (m.invocations, m.transitions) == (p.invocations, p.transitions), (phase, m, p)
+    assert predicted.phases["evaluate"].invocations == 2 * 2 * 2 and predicted.phases["checkpoint"].invocations == 2
+    # hand-offs (micro-batches of 2: replica 0 has 7 samples, 4 of them; replica 1 has 6, 3), each last-stage record,
+    # and every task's metrics object
+    for phase in ("evaluate", "checkpoint"):
+        assert measured.phases[phase].puts == predicted.phases[phase].puts, phase
+    assert predicted.phases["evaluate"].puts == 2 * ((4 + 3) + 2 + 4)
+    assert measured.total.transitions == predicted.total.transitions
+
+
 def test_a_cost_cap_stops_the_job_at_an_iteration_boundary_with_its_checkpoint(backend):
     """The cap is passed after a few iterations: the gate stops the job before the next one, with
     status STOPPED and the parameters of the version reached equal to plain PyTorch's."""

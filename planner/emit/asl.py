@@ -99,6 +99,9 @@ TRANSITIONS_ITERATION_BOOKKEEPING = 3
 TRANSITIONS_WINDOW_FIXED = 4
 TRANSITIONS_JOB_PER_WINDOW = 6
 TRANSITIONS_JOB_FIXED = 2
+# a job that evaluates (or checkpoints) asks after every iteration whether this version is due:
+# the EvaluateDue Pass and EvaluateChoice Choice (CheckpointDue, CheckpointChoice), due or not
+TRANSITIONS_DUE_CHECK = 2
 
 
 def _map_events(items: int) -> int:

@@ -8,7 +8,6 @@ import time
 
 import click
 
-from stagecoach import cost as costs
 from stagecoach.backend import Backend
 from stagecoach.cli.jobfile import load_job_file
 from stagecoach.cli.options import backend_for, region_option, stack_option
@@ -101,7 +100,7 @@ def train_command(
         chosen = _backend(backend, stack, region, emulate_network)
         # at the prices of the stack's architecture, as the run will be metered (deploy/start.py)
         platform = aws_platform("x86_64" if chosen.resources.architecture == "x86_64" else "arm64")
-        predicted = costs.predict(plan, job.predict(plan, platform), job.iterations, platform, capped=max_cost is not None)
+        predicted = job.predict_cost(plan, platform, capped=max_cost is not None)
         click.echo(f"cost on AWS: predicted {predicted.summary()}" + (f"; cap ${max_cost:.4f}" if max_cost is not None else ""))
         if max_cost is not None and max_cost < predicted.usd:
             k = int(max_cost / predicted.per_iteration_usd())
