@@ -200,7 +200,9 @@ def stage_terms(
     hb = 0.0 if first else hb_own + poll
     # the optimizer-state prefetch runs from the task's start: it hides behind the task's own
     # micro-batch steps (compute and the reads it waits on)
-    sy = choice.algorithm.stage(d, choice.k, p_bytes, optimizer_seconds(p_bytes, tier_mb, plat), m * bb, plat, last_backward_s=bwd_s)
+    sy = choice.algorithm.stage(
+        d, choice.k, p_bytes, optimizer_seconds(master_ratio * p_bytes, tier_mb, plat), m * bb, plat, last_backward_s=bwd_s, master_ratio=master_ratio
+    )
     # a sync that leaves version t+1 in the backward task's container (d = 1, pipelined
     # scatter-reduce) spares the next phase's task of the stage its parameter load and GETs
     cached = bool(getattr(sy, "params_cached", False))

@@ -62,18 +62,28 @@ class SyncAlgorithm:
     fused = False  # True: no sync Map, the backward tasks synchronise among themselves
 
     def stage(
-        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+        self,
+        d: int,
+        k: int,
+        p_bytes: float,
+        opt_s: float,
+        backward_compute_s: float,
+        plat: Platform,
+        last_backward_s: float = 0.0,
+        master_ratio: float = 1.0,
     ) -> StageSync:  # pragma: no cover
         """The stage's sync for d replicas and K aggregators. ``opt_s``: optimizer compute over the
         whole stage at its tier; ``backward_compute_s``: the backward task's compute seconds (what
         the optimizer-state prefetch hides behind); ``last_backward_s``: the last micro-batch's
-        backward pass (what the gradient upload overlaps)."""
+        backward pass (what the gradient upload overlaps). ``master_ratio``: stored bytes per
+        computed byte (2 under bfloat16): ``p_bytes`` is what the gradients move, the parameters
+        and the optimizer state are stored, moved and held as fp32 master copies (``pm`` below)."""
         raise NotImplementedError
 
 
-def chunks_per_shard(d: int, k: int, p_bytes: float) -> int:
-    """C of the runtime's layout (plan.chunk_count; fp32 parameters)."""
-    return chunk_count(p_bytes / (4 * k), 4, d)
+def chunks_per_shard(d: int, k: int, stored_bytes: float) -> int:
+    """C of the runtime's layout (plan.chunk_count), from the stage's stored (fp32) parameter bytes."""
+    return chunk_count(stored_bytes / (4 * k), 4, d)
 
 
 def _stateful(plat: Platform) -> int:
@@ -105,11 +115,20 @@ class NoSync(SyncAlgorithm):
     name = "none"
 
     def stage(
-        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+        self,
+        d: int,
+        k: int,
+        p_bytes: float,
+        opt_s: float,
+        backward_compute_s: float,
+        plat: Platform,
+        last_backward_s: float = 0.0,
+        master_ratio: float = 1.0,
     ) -> StageSync:
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
+        pm = master_ratio * p_bytes
         sf = _stateful(plat)
-        store = lat + (1 + rho) * p_bytes / w
+        store = lat + (1 + rho) * pm / w
         n = plat.warm_checkpoint_every
         if n > 0:
             return StageSync(
@@ -123,10 +142,10 @@ class NoSync(SyncAlgorithm):
                 tail_gets=sf / n,
                 task_puts=0,
                 task_gets=0,
-                backward_extra_bytes=(1 + 2 * rho) * p_bytes,
+                backward_extra_bytes=p_bytes + 2 * rho * pm,
                 params_cached=True,
             )
-        prefetch = max(0.0, lat + rho * p_bytes / w - backward_compute_s) if sf else 0.0
+        prefetch = max(0.0, lat + rho * pm / w - backward_compute_s) if sf else 0.0
         return StageSync(
             self.name,
             1,
@@ -138,7 +157,7 @@ class NoSync(SyncAlgorithm):
             tail_gets=sf,
             task_puts=0,
             task_gets=0,
-            backward_extra_bytes=(1 + 2 * rho) * p_bytes,
+            backward_extra_bytes=p_bytes + 2 * rho * pm,
             params_cached=True,
         )
 
@@ -162,15 +181,24 @@ class ScatterReduce(SyncAlgorithm):
     name = "scatter_reduce"
 
     def stage(
-        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+        self,
+        d: int,
+        k: int,
+        p_bytes: float,
+        opt_s: float,
+        backward_compute_s: float,
+        plat: Platform,
+        last_backward_s: float = 0.0,
+        master_ratio: float = 1.0,
     ) -> StageSync:
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
-        c = chunks_per_shard(d, k, p_bytes)
-        chunk = p_bytes / (k * c)
+        pm = master_ratio * p_bytes
+        c = chunks_per_shard(d, k, pm)
+        chunk = p_bytes / (k * c)  # a gradient chunk; a parameter chunk is master_ratio times it
         sf = _stateful(plat) * _state_share(plat)
         rho_io = rho * _state_share(plat)  # the state's bytes that cross S3 per iteration
         tail = lat + max(chunk / w, p_bytes / w - last_backward_s)
-        task = 2 * lat + (d + rho_io) * p_bytes / (k * w) + opt_s / (k * c) + min(2, c) * (1 + rho_io) * chunk / w
+        task = 2 * lat + (d * p_bytes + rho_io * pm) / (k * w) + opt_s / (k * c) + min(2, c) * (1 + rho_io) * pm / (k * c * w)
         return StageSync(
             self.name,
             k,
@@ -182,7 +210,7 @@ class ScatterReduce(SyncAlgorithm):
             tail_gets=0,
             task_puts=c * (1 + sf),
             task_gets=c * (d + sf),
-            task_bytes=(d + 1 + 2 * rho) * p_bytes / k,
+            task_bytes=(d * p_bytes + (1 + 2 * rho) * pm) / k,
         )
 
 
@@ -222,27 +250,37 @@ class PipelinedScatterReduce(SyncAlgorithm):
     fused = True
 
     def stage(
-        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+        self,
+        d: int,
+        k: int,
+        p_bytes: float,
+        opt_s: float,
+        backward_compute_s: float,
+        plat: Platform,
+        last_backward_s: float = 0.0,
+        master_ratio: float = 1.0,
     ) -> StageSync:
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
-        c = chunks_per_shard(d, d, p_bytes)
-        chunk = p_bytes / (d * c) / w  # seconds of one chunk on a link
+        pm = master_ratio * p_bytes
+        c = chunks_per_shard(d, d, pm)
+        chunk = p_bytes / (d * c) / w  # seconds of one gradient chunk on a link
         share = _state_share(plat)  # warm: the state crosses S3 once per checkpoint
         sf = _stateful(plat) * share
         rho_io = rho * share
-        e = (d - 1) * p_bytes / (d * w)
+        e = (d - 1) * p_bytes / (d * w)  # the gradient exchange, each way
+        e_p = master_ratio * e  # the gather of the others' updated (master) parameters
         # the state prefetch (from the task's start) still on the download link
-        pf = share * max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
+        pf = share * max(0.0, lat + rho * pm / (d * w) - backward_compute_s) if sf else 0.0
         # chunks handed to the uploader together (UPLOADS_IN_FLIGHT of them) share the link and
         # land together: the exchange moves in groups, and its lag is a group, not a chunk
         lag = min(UPLOADS_IN_FLIGHT, (d - 1) * c) * chunk
-        own_lag = min(UPLOADS_IN_FLIGHT, c) * chunk
+        own_lag = min(UPLOADS_IN_FLIGHT, c) * master_ratio * chunk
         up_left = max(lag, e - last_backward_s)  # exchange uploads after the last backward pass
         # exchange downloads: behind the prefetch, and never before the peers' uploads landed
         x = max(max(pf, lat + lag) + e, up_left + lat + lag)
         own_start = max(up_left, x - e + lag)  # the first group reduced: r's updated chunks go up
-        own_end = own_start + (1 + rho_io) * p_bytes / (d * w)
-        gather_end = max(x + e, own_end + lat + own_lag)  # the others' updated chunks, a group behind theirs
+        own_end = own_start + (1 + rho_io) * pm / (d * w)
+        gather_end = max(x + e_p, own_end + lat + own_lag)  # the others' updated chunks, a group behind theirs
         tail = max(own_end, gather_end) + lat + opt_s / (d * c)
         polls = plat.polls_while_waiting(lat + chunk)  # a peer's chunk: its PUT latency and bytes
         return StageSync(
@@ -256,7 +294,7 @@ class PipelinedScatterReduce(SyncAlgorithm):
             tail_gets=2 * (d - 1) * c * (1 + polls) + c * sf,
             task_puts=0,
             task_gets=0,
-            backward_extra_bytes=(2 * (d - 1) + 1 + 2 * rho) * p_bytes / d,
+            backward_extra_bytes=((d - 1) * p_bytes + (d - 1 + 1 + 2 * rho) * pm) / d,
             params_cached=True,
         )
 
@@ -285,19 +323,28 @@ class LambdaMLScatterReduce(SyncAlgorithm):
     fused = True
 
     def stage(
-        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+        self,
+        d: int,
+        k: int,
+        p_bytes: float,
+        opt_s: float,
+        backward_compute_s: float,
+        plat: Platform,
+        last_backward_s: float = 0.0,
+        master_ratio: float = 1.0,
     ) -> StageSync:
         w, lat, rho, q = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio, plat.poll_delay_s
-        c = chunks_per_shard(d, d, p_bytes)
+        pm = master_ratio * p_bytes
+        c = chunks_per_shard(d, d, pm)
         share = _state_share(plat)  # warm: the state crosses S3 once per checkpoint
         sf = _stateful(plat) * share
-        e = (d - 1) * p_bytes / (d * w)
-        pf = share * max(0.0, lat + rho * p_bytes / (d * w) - backward_compute_s) if sf else 0.0
+        e = (d - 1) * p_bytes / (d * w)  # gradients
+        pf = share * max(0.0, lat + rho * pm / (d * w) - backward_compute_s) if sf else 0.0
         up = lat + e  # phase 1
         down = max(up, pf) + lat + e + q  # phase 2
-        u = (1 + rho * share) * p_bytes / (d * w)
+        u = (1 + rho * share) * pm / (d * w)
         own = lat + max(opt_s / d + u / c, opt_s / (d * c) + u)  # phase 3
-        tail = down + own + lat + e + q  # phase 4
+        tail = down + own + lat + master_ratio * e + q  # phase 4: the others' master parameters
         polls = plat.polls_while_waiting(q)
         return StageSync(
             self.name,
@@ -310,12 +357,14 @@ class LambdaMLScatterReduce(SyncAlgorithm):
             tail_gets=2 * (d - 1) * c * (1 + polls) + c * sf,
             task_puts=0,
             task_gets=0,
-            backward_extra_bytes=(2 * (d - 1) + 1 + 2 * rho) * p_bytes / d,
+            backward_extra_bytes=((d - 1) * p_bytes + (d - 1 + 1 + 2 * rho) * pm) / d,
             params_cached=True,
         )
 
 
 # -- the measured systems' algorithms, for the model only (not run by our runtime) ------------------
+# They train in fp32 as their papers measured them: ``master_ratio`` does not apply (their merged
+# splits are gradients; every worker updates its own replica).
 class LambdaMLPublishedScatterReduce(SyncAlgorithm):
     """LambdaML's storage scatter-reduce as LambdaML's own workers run it (FuncPipe §3.3, eq. 1).
 
@@ -331,7 +380,15 @@ class LambdaMLPublishedScatterReduce(SyncAlgorithm):
     fused = True
 
     def stage(
-        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+        self,
+        d: int,
+        k: int,
+        p_bytes: float,
+        opt_s: float,
+        backward_compute_s: float,
+        plat: Platform,
+        last_backward_s: float = 0.0,
+        master_ratio: float = 1.0,
     ) -> StageSync:
         w, lat, rho, q = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio, plat.poll_delay_s
         e = (d - 1) * p_bytes / (d * w)
@@ -367,7 +424,15 @@ class FuncPipePublishedScatterReduce(LambdaMLPublishedScatterReduce):
     name = "funcpipe_scatter_reduce"
 
     def stage(
-        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+        self,
+        d: int,
+        k: int,
+        p_bytes: float,
+        opt_s: float,
+        backward_compute_s: float,
+        plat: Platform,
+        last_backward_s: float = 0.0,
+        master_ratio: float = 1.0,
     ) -> StageSync:
         base = super().stage(d, k, p_bytes, opt_s, backward_compute_s, plat, last_backward_s)
         w, lat, q = plat.bandwidth_Bps, plat.storage_latency_s, plat.poll_delay_s
@@ -388,7 +453,15 @@ class ParameterServer(SyncAlgorithm):
     server_Bps = 10e9 / 8  # c5.9xlarge network performance, 10 Gbit/s
 
     def stage(
-        self, d: int, k: int, p_bytes: float, opt_s: float, backward_compute_s: float, plat: Platform, last_backward_s: float = 0.0
+        self,
+        d: int,
+        k: int,
+        p_bytes: float,
+        opt_s: float,
+        backward_compute_s: float,
+        plat: Platform,
+        last_backward_s: float = 0.0,
+        master_ratio: float = 1.0,
     ) -> StageSync:
         w, lat = plat.bandwidth_Bps, plat.storage_latency_s
         one_way = lat + max(p_bytes / w, d * p_bytes / self.server_Bps)
