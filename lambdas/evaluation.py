@@ -11,6 +11,7 @@ classification: the loss and the metrics are the user's functions of (output, ta
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.events import EvaluateEvent
 from stagecoach.lambdas.jobctx import JobContext
 from stagecoach.lambdas.records import EvalResult
+from stagecoach.lambdas.stageio import one_ahead
 from stagecoach.lambdas.training import shard_bounds
 
 SPACE = "eval/"  # its hand-offs' keys (keys.act), apart from iteration t's training objects
@@ -52,8 +54,15 @@ def evaluate(ctx: JobContext, ch: Channel, ev: EvaluateEvent, deadline: float) -
     loss_sum, sums, samples = 0.0, {name: 0.0 for name in ctx.eval_spec.metrics}, 0
     layers.eval()
     try:
-        for j, idx in enumerate(batches):
-            x = ctx.inputs(ch, 0, idx, v, "validation") if s == 0 else io.receive(ch, v, r, j, deadline)
+        # as the forward tasks: a later stage downloads the next input while this one computes
+        order = range(len(batches))
+        inputs: Iterator[tuple[int, Any]]
+        if s == 0:
+            inputs = ((j, ctx.inputs(ch, 0, batches[j], v, "validation")) for j in order)
+        else:
+            inputs = one_ahead(order, lambda j: io.receive_later(ch, v, r, j, deadline))
+        for j, x in inputs:
+            idx = batches[j]
             with torch.no_grad():
                 y = io.run(layers, first, x, ctx.seed, v, r, j)
                 if not io.last:

@@ -12,7 +12,7 @@ Sync (s, shard k): sum shard k over replicas in a fixed order, apply the optimiz
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -25,7 +25,7 @@ from stagecoach.lambdas.checkpoint import checkpoint
 from stagecoach.lambdas.evaluation import evaluate
 from stagecoach.lambdas.events import BackwardEvent, ForwardEvent, SyncEvent
 from stagecoach.lambdas.jobctx import JobContext
-from stagecoach.lambdas.stageio import StageIO
+from stagecoach.lambdas.stageio import StageIO, one_ahead
 from stagecoach.lambdas.training import batch_indices, micro_batch, tracked_norms
 from stagecoach.planner.plan import FUSED_SYNC
 
@@ -36,12 +36,14 @@ def _rows(ctx: JobContext, t: int, replica: int, mb: int) -> torch.Tensor:
     return micro_batch(batch, plan.replicas, plan.micro_batches, replica, mb)
 
 
-def _stage_input(ctx: JobContext, ch: Channel, io: StageIO, t: int, replica: int, mb: int, deadline: float) -> Any:
-    """Stage 0: its samples' inputs from the data set; else what the earlier stages sent
-    (lambdas/stageio.py)."""
+def _inputs(
+    ctx: JobContext, ch: Channel, io: StageIO, t: int, replica: int, order: Sequence[int], deadline: float
+) -> Iterator[tuple[int, Any]]:
+    """The micro-batches ``order`` and their inputs. Stage 0: its samples' inputs from the data
+    set; else what the earlier stages sent (lambdas/stageio.py), one download ahead."""
     if io.stage == 0:
-        return ctx.inputs(ch, 0, _rows(ctx, t, replica, mb), t)
-    return io.receive(ch, t, replica, mb, deadline)
+        return ((j, ctx.inputs(ch, 0, _rows(ctx, t, replica, j), t)) for j in order)
+    return one_ahead(order, lambda j: io.receive_later(ch, t, replica, j, deadline))
 
 
 def _copy(x: Any) -> Any:
@@ -60,8 +62,9 @@ def forward(ctx: JobContext, ch: Channel, ev: ForwardEvent, deadline: float) -> 
     record = _batch_stats(ctx, layers, first)
     if record is None:
         ctx.ensure_running_stats(ch, ev.stage, ev.t)  # this forward pass updates them (BatchNorm)
-    for j in range(ctx.plan.micro_batches):
-        x = _stage_input(ctx, ch, io, ev.t, ev.replica, j, deadline)
+    # a stage after the first waits for micro-batch j+1's input (and downloads it as it lands)
+    # while j computes: its GET's latency leaves the step (docs/performance-model.md §3.1)
+    for j, x in _inputs(ctx, ch, io, ev.t, ev.replica, range(ctx.plan.micro_batches), deadline):
         with torch.no_grad(), _recording(record, j):
             y = io.run(layers, first, _copy(x) if ev.stage > 0 else x, ctx.seed, ev.t, ev.replica, j)
         io.send(ch, ev.t, ev.replica, j, y)  # in the background, while j+1 computes
@@ -139,16 +142,11 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
     if last and record is None:
         ctx.ensure_running_stats(ch, s, t)
     held = {k: v.clone() for k, v in ctx.running_stats(s).items()} if not last else {}
-    # A middle stage's inputs have been in S3 since its forward task: the next micro-batch's
-    # downloads while this one waits for its output's gradient and computes, so the re-read costs
-    # no request latency of its own (docs/performance-model.md §3.2). One ahead: two inputs held.
-    ahead = io.receive_later(ch, t, r, plan.micro_batches - 1, deadline) if 0 < s < plan.stages - 1 else None
-    for j in reversed(range(plan.micro_batches)):
-        if ahead is not None:
-            x = ahead()
-            ahead = io.receive_later(ch, t, r, j - 1, deadline) if j > 0 else None
-        else:
-            x = _stage_input(ctx, ch, io, t, r, j, deadline)
+    # A later stage's inputs have been in S3 since the forward phase: the next micro-batch's
+    # downloads while this one waits for its output's gradient (a middle stage) and computes, so
+    # the re-read costs no request latency of its own (docs/performance-model.md §3.2). One ahead:
+    # two inputs held.
+    for j, x in _inputs(ctx, ch, io, t, r, list(reversed(range(plan.micro_batches))), deadline):
         # a floating input's gradient is sent back; integer and boolean ones (ids, masks) travel
         # forward only. The layers get a copy, which a first layer may change in place.
         sends_grad = io.sends_grads(x)

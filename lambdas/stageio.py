@@ -15,7 +15,7 @@ Two shapes of chain (docs/runtime.md "What crosses a cut"):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -26,6 +26,20 @@ from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.graph_split import Segment
 from stagecoach.lambdas.training import derive_seed, run_layers
 from stagecoach.planner.profile.flows import Route
+
+
+def one_ahead(order: Sequence[int], fetch: Callable[[int], Callable[[], Any]]) -> Iterator[tuple[int, Any]]:
+    """Micro-batches ``order`` and their inputs, each asked for (``fetch``: start the download,
+    return the call that gives it) before the previous one is handed out: while the caller computes
+    micro-batch j, j's successor downloads (or is waited for) in the background. One request
+    ahead, two inputs held; a request latency leaves every step but the first
+    (docs/performance-model.md §3.1, §3.2)."""
+    pending = fetch(order[0]) if order else None
+    for i, j in enumerate(order):
+        assert pending is not None
+        x = pending()
+        pending = fetch(order[i + 1]) if i + 1 < len(order) else None
+        yield j, x
 
 
 class StageIO(ABC):

@@ -66,16 +66,22 @@ def evaluate_pass(profile: ModelProfile, cfg: Config, plat: Platform, samples: i
     its replica's share and hands it on through S3 as the forward phase does (a flow shop over all
     S stages, the last included: it computes the loss and metrics locally and PUTs one record).
     Stage s's task of a replica with m_r micro-batches ends when its last one is handed on:
-    load + sum_{s'<s} (a_s' + h_s') + a_s + h_own_s + (m_r - 1) max_{s'<=s} a_s', where the last
-    stage's step is its input's GET and its forward, a_{S-1} = t_lat + in/w + f, and its own end
-    the record's PUT. A stage's ``task_s`` is the mean over its replicas (the billed sum over d).
+    load + sum_{s'<s} (a_s' + h_s') + a_s + h_own_s + (m_r - 1) max_{s'<=s} a_s', with the
+    iteration's forward steps and hops (§3.1: the next input downloads while one computes, the
+    first one's GET paid once); the last stage's step is max(f, t_lat + in/w), its own end the
+    first input's wait and its record's PUT. A stage's ``task_s`` is the mean over its replicas (the billed sum over d).
     The validation set is read once per container, as the training set is (not charged)."""
     S, d = cfg.stages, cfg.replicas
     ms = eval_micro_batches(samples, d, cfg.micro_batch)
     terms = _terms(profile, cfg, max(max(ms), 1), plat)
     lat = plat.storage_latency_s
-    steps = [((terms[s - 1].fwd_hop_own_s if s else 0.0) + t.fwd_compute_s) if s == S - 1 else t.fwd_step_s for s, t in enumerate(terms)]
-    owns = [lat if s == S - 1 else t.fwd_hop_own_s for s, t in enumerate(terms)]
+    # the forward phase's steps and hops; the last stage's step: its input's GET and its forward,
+    # the next input downloading while one computes (as the forward tasks do), the first one's
+    # GET paid once beside its record's PUT
+    last = terms[-1]
+    last_step = max(last.fwd_compute_s, last.get_in_s) if (plat.recompute_forward and S > 1) else last.get_in_s + last.fwd_compute_s
+    steps = [t.fwd_step_s for t in terms[:-1]] + [last_step]
+    owns = [t.fwd_hop_own_s for t in terms[:-1]] + [lat + last.get_in_s + last.fwd_compute_s - last_step]
     task_s = [0.0] * S
     for m in ms:
         lmax = amax = acc = 0.0

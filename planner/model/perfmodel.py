@@ -133,6 +133,7 @@ class StageTerms:
     invocations: float
     transitions: float  # the stage's own states (forward tasks, backward Map, sync Map)
     backward_memory_bytes: float = 0.0  # the backward task's peak alone (memory_bytes: the stage's largest)
+    get_in_s: float = 0.0  # one micro-batch's input GET, t_lat + in/w (stage 0: 0 unless the data set streams)
 
 
 def stage_terms(
@@ -181,27 +182,46 @@ def stage_terms(
     # a first stage reading its samples from a streamed data set pays a GET round and their bytes
     get_in = (lat + in_b / w if data_streamed else 0.0) if first else lat + in_b / w
     get_labels = lat + b * label_ps / w if (last and data_streamed) else 0.0
-    a = 0.0 if last else max(get_in + fwd_s, out_b / w)
-    ha_own = 0.0 if last else lat + out_b / w
+    # our runtime's stages that read their input from S3 download the next micro-batch's while
+    # this one computes (lambdas/phases.py): a forward step then occupies the task for the longer
+    # of its compute, its input's GET and its output's PUT, and the first micro-batch's GET, which
+    # nothing hides, is paid once, folded into the stage's hop (docs/performance-model.md §3.1)
+    prefetch = plat.recompute_forward and not first
+    a_first = 0.0 if last else max(get_in + fwd_s, out_b / w)
+    a = max(fwd_s, get_in, out_b / w) if (prefetch and not last) else a_first
+    ha_own = 0.0 if last else lat + out_b / w + (a_first - a)
     ha = 0.0 if last else ha_own + poll
     og_b = out_b if outgrad_ps is None else b * outgrad_ps  # ids and masks get no gradient back
     get_out = 0.0 if last else lat + og_b / w
     # the backward task re-reads its input and recomputes the forward (GPipe); the last stage runs
     # its only forward here; a runtime that keeps activations (recompute_forward=False) does neither
-    if plat.recompute_forward and not first and not last:
+    if prefetch and not last:
         # a middle stage downloads the next micro-batch's input while this one waits for its
         # output's gradient and computes (lambdas/phases.py backward): the re-read adds no request
         # latency, only its bytes on the download link beside the gradient's
         bb = max(get_out + fwd_s + bwd_s, get_in, (in_b + og_b) / w, ig_b / w)
+    elif prefetch:
+        # the last stage's inputs are in S3 since the forward phase: the next one downloads while
+        # this one computes; the first one's GET is paid once (folded into the stage's hop)
+        bb = max(get_labels + fwd_s + bwd_s, get_in, ig_b / w)
     else:
         redo = get_in + get_labels + fwd_s if (last or plat.recompute_forward) else get_labels
         bb = max(get_out + redo + bwd_s, 0.0 if first else ig_b / w)
     hb_own = 0.0 if first else lat + ig_b / w
+    if prefetch and last:  # the first micro-batch's input: its GET starts after the parameter load
+        hb_own += max(get_in + get_labels + fwd_s + bwd_s, ig_b / w) - bb
     hb = 0.0 if first else hb_own + poll
     # the optimizer-state prefetch runs from the task's start: it hides behind the task's own
     # micro-batch steps (compute and the reads it waits on)
     sy = choice.algorithm.stage(
-        d, choice.k, p_bytes, optimizer_seconds(master_ratio * p_bytes, tier_mb, plat), m * bb, plat, last_backward_s=bwd_s, master_ratio=master_ratio
+        d,
+        choice.k,
+        p_bytes,
+        optimizer_seconds(master_ratio * p_bytes, tier_mb, plat),
+        m * bb,
+        plat,
+        last_backward_s=bwd_s,
+        master_ratio=master_ratio,
     )
     # a sync that leaves version t+1 in the backward task's container (d = 1, pipelined
     # scatter-reduce) spares the next phase's task of the stage its parameter load and GETs
@@ -218,7 +238,8 @@ def stage_terms(
     mem = max(backward, sync, build_bytes)
     # while a micro-batch's input (or its output's gradient) is on its way from the neighbour, the
     # waiter polls for it: the neighbour's PUT latency and bytes, and the poll that notices it
-    poll_in = plat.polls_while_waiting(lat + in_b / w + poll)
+    # (prefetching, a forward task asks for the next input a compute earlier)
+    poll_in = plat.polls_while_waiting(lat + in_b / w + poll + (fwd_s if prefetch else 0.0))
     poll_back = plat.polls_while_waiting(lat + og_b / w + poll)
     gets = puts = 0.0
     if not last:  # forward task per replica: parameter shards, m inputs (+ waits), m outputs
@@ -236,7 +257,7 @@ def stage_terms(
     if sy.tasks:
         tr += TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * sy.tasks
     bwd_c = (fwd_s if (last or plat.recompute_forward) else 0.0) + bwd_s
-    return StageTerms(p_bytes, load, a, bb, ha, ha_own, hb, hb_own, fwd_s, bwd_c, sy, mem, gets, puts, inv, tr, backward)
+    return StageTerms(p_bytes, load, a, bb, ha, ha_own, hb, hb_own, fwd_s, bwd_c, sy, mem, gets, puts, inv, tr, backward, get_in)
 
 
 def global_transitions(stages: int) -> int:
