@@ -22,7 +22,13 @@ def both(name: str, d: int, k: int, **kw):
 
 @pytest.mark.parametrize(
     "name,d,k",
-    [("scatter_reduce", 4, 4), ("k_reduce", 3, 2), ("all_reduce", 2, 1), ("pipelined_scatter_reduce", 4, 4), ("lambdaml_scatter_reduce", 3, 3)],
+    [
+        ("scatter_reduce", 4, 4),
+        ("k_reduce", 3, 2),
+        ("all_reduce", 2, 1),
+        ("pipelined_scatter_reduce", 4, 4),
+        ("lambdaml_scatter_reduce", 3, 3),
+    ],
 )
 def test_the_layout_is_the_master_copys_as_the_runtime_cuts_it(name, d, k):
     fp32, bf16 = both(name, d, k)
