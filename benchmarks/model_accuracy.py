@@ -104,6 +104,7 @@ class Case:
     sync: str
     k: int | None = None
     optimizer: str = "adam"
+    dtype: torch.dtype = torch.float32  # bfloat16: bf16 activations and gradients, fp32 master weights
 
 
 CASES = [
@@ -115,6 +116,8 @@ CASES = [
     Case("mlp-wide k-reduce K=2", mlp(1024, 4), (1024,), 2, 3, 2, 2, "k_reduce", 2),
     Case("cnn pipelined", cnn, (3, 16, 16), 2, 2, 2, 4, "pipelined_scatter_reduce"),
     Case("encoder 3 stages", encoder, (32, 256), 3, 1, 2, 2, "scatter_reduce"),
+    Case("mlp-wide scatter bf16", mlp(1024, 4), (1024,), 2, 2, 2, 4, "scatter_reduce", dtype=torch.bfloat16),
+    Case("mlp-wide pipelined bf16", mlp(1024, 4), (1024,), 2, 2, 2, 4, "pipelined_scatter_reduce", dtype=torch.bfloat16),
 ]
 OPTIMIZERS = {
     "adam": (lambda p: torch.optim.Adam(p, lr=1e-3), 2.0),
@@ -137,12 +140,15 @@ def make_job(case: Case, iterations: int) -> Job:
         iterations=iterations,
         seed=0,
         name="acc-" + case.name.split()[0],
+        dtype=case.dtype,
     )
 
 
 def predict(case: Case, job: Job, plat: Platform) -> tuple[Estimate, Plan]:
     """Profile -> plan -> predicted seconds per iteration, and the runtime Plan that realises it."""
-    profile = measure_model(job.build_model(), job.train[0][0], micro_batch_sizes=(case.micro_batch,), threads=1, repeats=5)
+    sample = job.train[0][0].to(case.dtype)
+    # with the job's bytes: under bf16 the stored (master) parameters are twice the computed ones
+    profile = job.with_job_bytes(measure_model(job.build_model(), sample, micro_batch_sizes=(case.micro_batch,), threads=1, repeats=5))
     weights = [sum(l.times(TIER, case.micro_batch, plat)) for l in profile.layers]
     balance = tuple(balanced_partition(weights, case.stages))
     k = case.k or (1 if case.sync == "all_reduce" else case.replicas)
