@@ -294,7 +294,7 @@ class PipelinedScatterReduce(SyncAlgorithm):
             tail_gets=2 * (d - 1) * c * (1 + polls) + c * sf,
             task_puts=0,
             task_gets=0,
-            backward_extra_bytes=((d - 1) * p_bytes + (d - 1 + 1 + 2 * rho) * pm) / d,
+            backward_extra_bytes=((d - 1) * p_bytes + (d + 2 * rho) * pm) / d,
             params_cached=True,
         )
 
@@ -357,7 +357,7 @@ class LambdaMLScatterReduce(SyncAlgorithm):
             tail_gets=2 * (d - 1) * c * (1 + polls) + c * sf,
             task_puts=0,
             task_gets=0,
-            backward_extra_bytes=((d - 1) * p_bytes + (d - 1 + 1 + 2 * rho) * pm) / d,
+            backward_extra_bytes=((d - 1) * p_bytes + (d + 2 * rho) * pm) / d,
             params_cached=True,
         )
 
