@@ -145,11 +145,17 @@ def phase_transitions(plan: Plan) -> dict[str, int]:
     return out
 
 
-def pass_usage(plan: Plan, p: PassEstimate) -> Usage:
-    """One evaluate or checkpoint pass (planner/model/passes.py) as billed: its tasks' seconds at
-    their stage's memory, an invocation and a metrics PUT per task, its Map's transitions."""
+def pass_usage(plan: Plan, p: PassEstimate, passes: int = 1) -> Usage:
+    """``passes`` evaluate or checkpoint passes (planner/model/passes.py) as billed: their tasks'
+    seconds at their stage's memory, an invocation and a metrics PUT per task, their Maps' transitions."""
     gbs = sum(n * gb_seconds(t, plan.memory_mb[s]) for s, (t, n) in enumerate(zip(p.task_s, p.tasks)))
-    return Usage(gb_s=gbs, invocations=p.invocations, transitions=p.transitions, puts=round(p.puts) + p.invocations, gets=round(p.gets))
+    return Usage(
+        gb_s=gbs * passes,
+        invocations=p.invocations * passes,
+        transitions=p.transitions * passes,
+        puts=round((p.puts + p.invocations) * passes),
+        gets=round(p.gets * passes),
+    )
 
 
 def predict(
@@ -199,14 +205,7 @@ def predict(
         if versions and p is None:
             raise ValueError(f"{name} versions given without the {name} pass's estimate (planner/model/passes.py)")
         if versions and p is not None:
-            one = pass_usage(plan, p)
-            phases[name] = Usage(
-                gb_s=one.gb_s * len(versions),
-                invocations=one.invocations * len(versions),
-                transitions=one.transitions * len(versions),
-                puts=one.puts * len(versions),
-                gets=one.gets * len(versions),
-            )
+            phases[name] = pass_usage(plan, p, len(versions))
     phases["client"] = Usage()
     phases = {p: phases[p] for p in PHASES if p in phases}  # in the measured report's order
     unsplit = Usage(puts=round(estimate.s3_puts * n), gets=round(estimate.s3_gets * n))

@@ -208,6 +208,10 @@ class Job:
         """What the evaluate tasks run on: ``validation``, else ``test``, else None."""
         return self.validation if self.validation is not None else self.test
 
+    def _evaluation_samples(self) -> LocalSamples:
+        """The evaluation set as samples, named in errors as the job's field that holds it."""
+        return _samples(self.evaluation_set, "validation" if self.validation is not None else "test")
+
     def checkpoint_versions(self) -> list[int]:
         """The versions (iterations done) kept as loadable state_dicts: every ``checkpoint_every``."""
         if not self.checkpoint_every:
@@ -239,7 +243,7 @@ class Job:
                     f"job.metrics: give {{name: fn(output, target) -> scalar}} with names of letters, digits and '_' (got {bad[:1] or self.metrics!r})"
                 )
         if self.evaluation_set is not None:
-            data = _samples(self.evaluation_set, "validation" if self.validation is not None else "test")
+            data = self._evaluation_samples()
             x, y = data.batch(torch.arange(min(4, len(data))))
             model = self.build_model().eval()
             out = as_dtype(x, self.dtype)
@@ -533,7 +537,7 @@ class Job:
         whose gate reads the iteration's metrics (docs/cost.md)."""
         profile, cfg, platform = self._model_of(plan, platform)
         evals, saves = self.eval_versions(), self.checkpoint_versions()
-        samples = len(_samples(self.evaluation_set, "validation" if self.validation is not None else "test")) if evals else 0
+        samples = len(self._evaluation_samples()) if evals else 0
         return costs.predict(
             plan,
             evaluate(profile, cfg, platform),

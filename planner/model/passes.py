@@ -5,7 +5,7 @@ names, one task per (stage, replica) (lambdas/evaluation.py); a job with ``check
 a Checkpoint Map, one task per stage (lambdas/checkpoint.py). Both are billed like any task, so a
 run's predicted cost (sdk/cost.py ``predict``) adds them: without them the prediction of a job
 that evaluates missed its evaluation, and the two states every iteration spends asking whether one
-is due. The terms are the iteration's (``perfmodel.layer_terms``), so a pass costs what the same
+is due. The terms are the iteration's (``perfmodel.config_terms``), so a pass costs what the same
 stage's forward work costs there.
 """
 
@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from stagecoach.planner.model.perfmodel import Config, StageTerms, layer_terms
+from stagecoach.planner.model.perfmodel import Config, config_terms
 from stagecoach.planner.profile.layers import ModelProfile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,16 +43,6 @@ class PassEstimate:
         return 1 + sum(self.tasks)
 
 
-def _terms(profile: ModelProfile, cfg: Config, m: int, plat: Platform) -> list[StageTerms]:
-    out, lo, S = [], 0, cfg.stages
-    for s, n in enumerate(cfg.balance):
-        out.append(
-            layer_terms(profile, lo, lo + n, s == 0, s == S - 1, cfg.tiers_mb[s], cfg.sync[s], cfg.replicas, cfg.micro_batch, m, plat)
-        )
-        lo += n
-    return out
-
-
 def eval_micro_batches(samples: int, replicas: int, micro_batch: int) -> list[int]:
     """Micro-batches each replica walks: a contiguous, nearly equal share of the set (the first
     ``samples % replicas`` one sample larger), cut at the plan's micro-batch size, the last one
@@ -73,7 +63,7 @@ def evaluate_pass(profile: ModelProfile, cfg: Config, plat: Platform, samples: i
     The validation set is read once per container, as the training set is (not charged)."""
     S, d = cfg.stages, cfg.replicas
     ms = eval_micro_batches(samples, d, cfg.micro_batch)
-    terms = _terms(profile, cfg, max(max(ms), 1), plat)
+    terms = config_terms(profile, cfg, plat, max(max(ms), 1))
     lat = plat.storage_latency_s
     # the forward phase's steps and hops; the last stage's step: its input's GET and its forward,
     # the next input downloading while one computes (as the forward tasks do), the first one's
@@ -101,7 +91,7 @@ def checkpoint_pass(profile: ModelProfile, cfg: Config, plat: Platform) -> PassE
     """One checkpoint: a task per stage (its replica 0) loads the stage's parameters as the
     forward phase does and PUTs them with its buffers as one safetensors object: load + t_lat +
     (P_s + buffers_s)/w."""
-    terms = _terms(profile, cfg, cfg.micro_batches, plat)
+    terms = config_terms(profile, cfg, plat)
     w, lat = plat.bandwidth_Bps, plat.storage_latency_s
     task_s, lo = [], 0
     for t, n in zip(terms, cfg.balance):

@@ -335,15 +335,22 @@ def evaluate(profile: ModelProfile, cfg: Config, plat: Platform) -> Estimate:
     L = len(profile.layers)
     if sum(cfg.balance) != L or min(cfg.balance) < 1:
         raise ValueError(f"balance {cfg.balance} must split all {L} layers into non-empty stages")
-    S, d, b, m = cfg.stages, cfg.replicas, cfg.micro_batch, cfg.micro_batches
-    if len(cfg.tiers_mb) != S or len(cfg.sync) != S:
+    if len(cfg.tiers_mb) != cfg.stages or len(cfg.sync) != cfg.stages:
         raise ValueError("tiers_mb and sync need one entry per stage")
-    terms: list[StageTerms] = []
-    i = 0
+    return compose(cfg, config_terms(profile, cfg, plat), plat, clip=profile.clip_grad_norm)
+
+
+def config_terms(profile: ModelProfile, cfg: Config, plat: Platform, micro_batches: int | None = None) -> list[StageTerms]:
+    """Every stage's terms of ``cfg`` (``micro_batches``: walked per task, if not the plan's: an
+    evaluation's, planner/model/passes.py)."""
+    S, m = cfg.stages, cfg.micro_batches if micro_batches is None else micro_batches
+    terms, lo = [], 0
     for s, n in enumerate(cfg.balance):
-        terms.append(layer_terms(profile, i, i + n, s == 0, s == S - 1, cfg.tiers_mb[s], cfg.sync[s], d, b, m, plat))
-        i += n
-    return compose(cfg, terms, plat, clip=profile.clip_grad_norm)
+        terms.append(
+            layer_terms(profile, lo, lo + n, s == 0, s == S - 1, cfg.tiers_mb[s], cfg.sync[s], cfg.replicas, cfg.micro_batch, m, plat)
+        )
+        lo += n
+    return terms
 
 
 def phase_overhead(plat: Platform, d: int) -> float:
