@@ -5,7 +5,7 @@ need ~1.1 GB/s through the store; the embedded moto server sustains ~150 MB/s on
 machine, so it, not the algorithm, would set the time. On AWS, S3's aggregate throughput is not
 the limit either (each worker's own network is), so the benchmark keeps objects in tmpfs files:
 a PUT is an atomic rename (S3 PUTs are atomic), a GET of a missing key raises NoSuchKey. The
-emulated per-worker links of lambdas/netem.py then set the pace, as Lambda's network does.
+emulated per-worker links of core/netem.py then set the pace, as Lambda's network does.
 """
 
 from __future__ import annotations

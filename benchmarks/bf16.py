@@ -3,7 +3,7 @@
 A model whose stages hand each other large activations and hold few parameters (per sample a
 1024 x 64 feature map through 64-wide per-position layers: 256 KiB of fp32 activations per sample
 against 17 K parameters; 4 stages, 2 replicas, 4 micro-batches, Adam) on the embedded local stack with Lambda's network emulated in every worker
-(lambdas/netem.py: ~73 MB/s each way, 30 ms per request), so S3 transfer is most of an iteration.
+(core/netem.py: ~73 MB/s each way, 30 ms per request), so S3 transfer is most of an iteration.
 ``Job(dtype=torch.bfloat16)`` halves the activations, input gradients and gradient shards it moves
 (the parameters and Adam's state stay fp32 master copies). Printed: seconds per iteration (the
 first, cold, left out), the bytes moved per iteration, and the ratios; the loss after the last

@@ -1,7 +1,7 @@
 """What clipping by the global gradient norm adds per iteration, measured side by side.
 
 The same job (an MLP with Adam, 2 stages) with and without ``clip_grad_norm``, on the embedded
-local stack with Lambda's network emulated in every worker (lambdas/netem.py: the planner's AWS
+local stack with Lambda's network emulated in every worker (core/netem.py: the planner's AWS
 platform, ~30 ms per request), for the three ways a stage updates: sync tasks (scatter-reduce,
 d = 2), the backward task alone (d = 1) and the backward tasks exchanging shards (pipelined
 scatter-reduce, d = 2). Printed: the mean seconds per iteration (iteration 0, the cold start,

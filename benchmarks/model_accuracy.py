@@ -37,7 +37,7 @@ from torch import nn
 
 from stagecoach import Job, Plan
 from stagecoach.calibrate import LocalOverheads, measure_overheads
-from stagecoach.lambdas.profiling import measure_model
+from stagecoach.core.profiling import measure_model
 from stagecoach.local.backend import LocalBackend
 from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate
 from stagecoach.planner.model.platforms import Platform, aws_platform, emulated_platform

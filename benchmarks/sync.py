@@ -1,7 +1,7 @@
 """Sync benchmark: each sync algorithm's measured time against the physical limit.
 
 Every replica and every sync task is a process of its own with its own emulated Lambda network
-(lambdas/netem.py: 70 MB/s up and 70 MB/s down, FuncPipe's measurement, and 30 ms per request,
+(core/netem.py: 70 MB/s up and 70 MB/s down, FuncPipe's measurement, and 30 ms per request,
 as planner/platforms.py says) and runs the runtime's own code (lambdas/collectives.py) on a
 synthetic gradient of the stage's size. Sync time runs from "every replica holds its gradient" to
 "every replica holds the updated parameters", which is what the next iteration waits for:
@@ -55,12 +55,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 from _shm_s3 import ShmS3  # noqa: E402
 
+from stagecoach.core.netem import Network, NetworkSpec  # noqa: E402
+from stagecoach.core.optim_state import warm_up  # noqa: E402
+from stagecoach.core.training import shard_bounds, stage_layout  # noqa: E402
 from stagecoach.lambdas import collectives, keys  # noqa: E402
 from stagecoach.lambdas.channel import Channel, Pools  # noqa: E402
 from stagecoach.lambdas.collectives import GradStream, SyncSpec  # noqa: E402
-from stagecoach.lambdas.netem import Network, NetworkSpec  # noqa: E402
-from stagecoach.lambdas.optim_state import warm_up  # noqa: E402
-from stagecoach.lambdas.training import shard_bounds, stage_layout  # noqa: E402
 from stagecoach.planner.model.platforms import funcpipe_platform  # noqa: E402
 from stagecoach.planner.plan import chunk_count  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Warm state benchmark: bytes through S3 and seconds per iteration, before and after.
 
 Runs real jobs on the embedded local stack with Lambda's network emulated in every worker
-(lambdas/netem.py, the planner's FuncPipe platform: ~70 MB/s each way per worker, 30 ms per
+(core/netem.py, the planner's FuncPipe platform: ~70 MB/s each way per worker, 30 ms per
 request), a model with Adam, and two plans:
 
   d = 1   (2 stages x 1 replica x 2 micro-batches)  the backward task updates its stage alone

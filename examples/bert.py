@@ -6,7 +6,7 @@ tied to the word embeddings.
     stagecoach plan examples/bert.py
 
 Stagecoach captures the model with torch.export and cuts it before the modules ``blocks`` names
-(the embeddings, each encoder layer, the head; lambdas/graph_split.py): the hidden states, the
+(the embeddings, each encoder layer, the head; core/graph_split.py): the hidden states, the
 boolean mask and the ids cross the cuts, the word embeddings live on the first stage and the head's
 stage uses the same tensor (their gradients are summed before the update, docs/exactness.md).
 

@@ -11,7 +11,7 @@ transfer was, ``wait_s`` the time spent only waiting for another worker's object
 requests these overlap each other and compute, so the task's compute share is
 duration - transfer_s - wait_s.
 
-On the local stack each worker process may emulate Lambda's network (lambdas/netem.py): a request
+On the local stack each worker process may emulate Lambda's network (core/netem.py): a request
 completes no earlier than its emulated link allows.
 """
 
@@ -35,7 +35,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from stagecoach.lambdas.netem import Network, network
+from stagecoach.core.netem import Network, network
+from stagecoach.errors import StagecoachError
 from stagecoach.planner.limits import JOB_POLL_BUDGET_PER_S, UPLOADS_IN_FLIGHT
 
 # Iteration objects carry this tag; the bucket's lifecycle rule expires tagged objects as a safety net
@@ -105,11 +106,11 @@ def load_tensors(body: bytes) -> dict[str, torch.Tensor]:
     return out
 
 
-class ObjectWaitTimeout(Exception):
+class ObjectWaitTimeout(StagecoachError):
     """An object another worker should have written did not appear in time."""
 
 
-class WindowAborted(Exception):
+class WindowAborted(StagecoachError):
     """The window this task belongs to has failed (its abort marker exists): stop waiting."""
 
 
@@ -320,7 +321,7 @@ class Channel:
         """Start ``calls`` (each submits one request and returns its future) in order, at most
         ``window`` at a time, the next as soon as one finishes; returns a future per call.
 
-        Requests in flight share the link (lambdas/netem.py; TCP flows through one interface
+        Requests in flight share the link (core/netem.py; TCP flows through one interface
         likewise), so a consumer that needs objects in order should keep only enough in flight to
         hide the request latency: with everything requested at once, every object would arrive
         near the end together.

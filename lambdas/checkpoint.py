@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from stagecoach.lambdas import keys
+from stagecoach.core import keys
+from stagecoach.core.events import CheckpointEvent
+from stagecoach.core.graph_split import Segment
 from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.events import CheckpointEvent
-from stagecoach.lambdas.graph_split import Segment
 from stagecoach.lambdas.jobctx import JobContext
 
 

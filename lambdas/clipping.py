@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stagecoach.lambdas import keys
+from stagecoach.core import keys
 from stagecoach.lambdas.channel import Channel
 
 EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s

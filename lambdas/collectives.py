@@ -37,10 +37,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from stagecoach.lambdas import keys
+from stagecoach.core import keys
+from stagecoach.core.optim_state import apply_update, chunk_segments
 from stagecoach.lambdas.channel import Channel, results
 from stagecoach.lambdas.clipping import Clip
-from stagecoach.lambdas.optim_state import apply_update, chunk_segments
 
 Layout = Sequence[Sequence[tuple[int, int]]]  # per shard, its chunks' [start, end) in the flat vector
 MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]

@@ -1,5 +1,5 @@
 """A worker's samples: the records of its micro-batches, read from the data set's shards in S3
-(lambdas/samples.py has the format and the reasons).
+(core/samples.py has the format and the reasons).
 
 A data set small beside the function's memory (planner/plan.py data_resident) is downloaded shard by shard
 once per container and kept; a larger one is read by sample, one ranged GET per record, a
@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
-from stagecoach.lambdas import keys
+from stagecoach.core import keys
+from stagecoach.core.samples import Manifest, as_dtype, decode, transformed
 from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.samples import Manifest, as_dtype, decode, transformed
 from stagecoach.planner.plan import data_resident
 
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from stagecoach.lambdas import keys
+from stagecoach.core import keys
+from stagecoach.core.events import EvaluateEvent
+from stagecoach.core.records import EvalResult
+from stagecoach.core.training import shard_bounds
 from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.events import EvaluateEvent
 from stagecoach.lambdas.jobctx import JobContext
-from stagecoach.lambdas.records import EvalResult
 from stagecoach.lambdas.stageio import one_ahead
-from stagecoach.lambdas.training import shard_bounds
 
 SPACE = "eval/"  # its hand-offs' keys (keys.act), apart from iteration t's training objects
 

@@ -30,11 +30,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
-from stagecoach.lambdas import keys
+from stagecoach.core import keys
+from stagecoach.core.cost import Prices, Usage, gb_seconds, task_usage
+from stagecoach.core.events import GateEvent
+from stagecoach.core.records import CostTally, JobSpec, StopRecord, StopRequest, TaskMetrics
 from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.cost import Prices, Usage, gb_seconds, task_usage
-from stagecoach.lambdas.events import GateEvent
-from stagecoach.lambdas.records import CostTally, JobSpec, StopRecord, StopRequest, TaskMetrics
 from stagecoach.planner.emit import asl
 from stagecoach.planner.plan import Plan
 

@@ -20,9 +20,8 @@ from aws_lambda_powertools.utilities.parser import ValidationError, parse
 from botocore.config import Config
 from pydantic import TypeAdapter
 
-from stagecoach.lambdas import boundary, keys
-from stagecoach.lambdas.channel import Channel, poll_cap_s
-from stagecoach.lambdas.events import (
+from stagecoach.core import boundary, keys
+from stagecoach.core.events import (
     BackwardEvent,
     CheckpointEvent,
     EvaluateEvent,
@@ -33,14 +32,16 @@ from stagecoach.lambdas.events import (
     SyncEvent,
     TaskEvent,
 )
+from stagecoach.core.optim_state import warm_up
+from stagecoach.core.profiling import profile_phase
+from stagecoach.core.records import TaskMetrics
+from stagecoach.core.training import build_model
+from stagecoach.errors import StagecoachError
+from stagecoach.lambdas.channel import Channel, poll_cap_s
 from stagecoach.lambdas.gate import gate
 from stagecoach.lambdas.jobctx import job_context
-from stagecoach.lambdas.optim_state import warm_up
 from stagecoach.lambdas.phases import PHASES
-from stagecoach.lambdas.profiling import profile_phase
-from stagecoach.lambdas.records import TaskMetrics
 from stagecoach.lambdas.remediate import remediate
-from stagecoach.lambdas.training import build_model
 from stagecoach.lambdas.watchdog import MemoryWatch
 
 logger = Logger(service="stagecoach-worker")
@@ -61,7 +62,7 @@ def _container_id() -> tuple[str, float]:
     return _container[1], _container[2]
 
 
-class BadEvent(Exception):
+class BadEvent(StagecoachError):
     """The event does not describe a task; Step Functions should not retry it."""
 
 
@@ -75,7 +76,7 @@ def _client() -> Any:
 
 def profile(ev: ProfileEvent) -> dict[str, Any]:
     """The profile phase: time the job's layers at this function's memory (its vCPU share), so the
-    planner learns each tier as measured rather than from the vCPU model (lambdas/profiling.py)."""
+    planner learns each tier as measured rather than from the vCPU model (core/profiling.py)."""
     ch = Channel(_client(), ev.bucket)
     ctx = job_context(ch, ev.job)
     sample = boundary.map_leaves(lambda t: t[0], ctx.inputs(ch, 0, torch.tensor([0]), 0))

@@ -14,17 +14,12 @@ import cloudpickle
 import torch
 from torch import nn
 
-from stagecoach.lambdas import keys
-from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.clipping import Clip
-from stagecoach.lambdas.collectives import Layout, SyncSpec, gather, read_range
-from stagecoach.lambdas.datafetch import RemoteSamples
-from stagecoach.lambdas.optim_state import group_runs
-from stagecoach.lambdas.records import EvalSpec, JobSpec
-from stagecoach.lambdas.schedule import MakeScheduler, Schedule
-from stagecoach.lambdas.stagebuild import build_stage, held_bytes, load_buffers, stage_buffers
-from stagecoach.lambdas.stageio import ChainIO, KeyedIO, StageIO
-from stagecoach.lambdas.training import (
+from stagecoach.core import keys
+from stagecoach.core.optim_state import group_runs
+from stagecoach.core.records import EvalSpec, JobSpec
+from stagecoach.core.schedule import MakeScheduler, Schedule
+from stagecoach.core.stagebuild import build_stage, held_bytes, load_buffers, stage_buffers
+from stagecoach.core.training import (
     DTYPES,
     Ownership,
     Tied,
@@ -36,6 +31,12 @@ from stagecoach.lambdas.training import (
     running_stats,
     stage_layout,
 )
+from stagecoach.errors import StagecoachError
+from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.clipping import Clip
+from stagecoach.lambdas.collectives import Layout, SyncSpec, gather, read_range
+from stagecoach.lambdas.datafetch import RemoteSamples
+from stagecoach.lambdas.stageio import ChainIO, KeyedIO, StageIO
 from stagecoach.planner.plan import Plan
 from stagecoach.planner.profile.flows import routes
 
@@ -81,7 +82,7 @@ class JobContext:
         return self.spec.seed
 
     def stage_module(self, stage: int) -> nn.ModuleList:
-        """The stage's blocks, built once per container (lambdas/stagebuild.py): on the meta device
+        """The stage's blocks, built once per container (core/stagebuild.py): on the meta device
         and given storage for this stage only, unless the job's spec says the factory needs the
         full build. A meta-built stage holds no values until :meth:`ensure_params` loads them."""
         if stage not in self.stages:
@@ -230,7 +231,7 @@ class JobContext:
 
     @property
     def schedule(self) -> Schedule | None:
-        """The job's learning-rate schedule (lambdas/schedule.py), kept by the container."""
+        """The job's learning-rate schedule (core/schedule.py), kept by the container."""
         if self.make_scheduler is None:
             return None
         if self._schedule is None:
@@ -346,7 +347,7 @@ class JobContext:
         return self.samples(channel, stage, split).targets(channel, indices)
 
 
-class WarmStateLost(RuntimeError):
+class WarmStateLost(StagecoachError, RuntimeError):
     """A warm stage's task found neither its state in memory nor a checkpoint of that version."""
 
 

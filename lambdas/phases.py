@@ -19,14 +19,15 @@ from typing import Any
 
 import torch
 
-from stagecoach.lambdas import boundary, collectives, deferred_bn, keys
+from stagecoach.core import boundary, keys
+from stagecoach.core.events import BackwardEvent, ForwardEvent, SyncEvent
+from stagecoach.core.training import batch_indices, micro_batch, tracked_norms
+from stagecoach.lambdas import collectives, deferred_bn
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.checkpoint import checkpoint
 from stagecoach.lambdas.evaluation import evaluate
-from stagecoach.lambdas.events import BackwardEvent, ForwardEvent, SyncEvent
 from stagecoach.lambdas.jobctx import JobContext
 from stagecoach.lambdas.stageio import StageIO, one_ahead
-from stagecoach.lambdas.training import batch_indices, micro_batch, tracked_norms
 from stagecoach.planner.plan import FUSED_SYNC
 
 

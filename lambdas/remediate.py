@@ -19,10 +19,11 @@ from typing import Any, Literal
 
 import boto3
 
-from stagecoach.lambdas import keys
+from stagecoach.core import keys
+from stagecoach.core.events import RemediateEvent
+from stagecoach.core.records import JobSpec, LearntMemory, MemoryPressure, Remediation, plan_shape
+from stagecoach.errors import StagecoachError
 from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.events import RemediateEvent
-from stagecoach.lambdas.records import JobSpec, LearntMemory, MemoryPressure, Remediation, plan_shape
 from stagecoach.planner.limits import LAMBDA_MAX_MB
 from stagecoach.planner.plan import next_memory_tier, per_worker_functions, stage_functions
 
@@ -33,7 +34,7 @@ TIMEOUT_MESSAGE = "Task timed out after"
 PRESSURE_SHARE = 0.85
 
 
-class MemoryExhausted(Exception):
+class MemoryExhausted(StagecoachError):
     """The stage already has Lambda's maximum memory: only a different plan can help."""
 
 

@@ -3,9 +3,9 @@
 Two shapes of chain (docs/runtime.md "What crosses a cut"):
 
 - ``ChainIO``: an nn.Sequential whose block i's output is block i+1's whole input (a tensor, or a
-  tuple, list or dict of tensors: lambdas/boundary.py). Stage s reads stage s-1's output and
+  tuple, list or dict of tensors: core/boundary.py). Stage s reads stage s-1's output and
   sends its own to stage s+1; gradients come back the same way.
-- ``KeyedIO``: a model cut from its graph (lambdas/graph_split.py) passes named values. Each goes
+- ``KeyedIO``: a model cut from its graph (core/graph_split.py) passes named values. Each goes
   from the stage that computes it straight to the stages that read it (one object per set of
   readers), and each reader sends its gradient straight back, where the producer sums the
   readers' gradients in stage order (planner/profile/flows.py). A skip connection from stage 0
@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from stagecoach.lambdas import boundary, keys
+from stagecoach.core import boundary, keys
+from stagecoach.core.graph_split import Segment
+from stagecoach.core.training import derive_seed, run_layers
 from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.graph_split import Segment
-from stagecoach.lambdas.training import derive_seed, run_layers
 from stagecoach.planner.profile.flows import Route
 
 
@@ -128,7 +128,7 @@ class KeyedIO(StageIO):
 
     def run(self, layers: Iterable[nn.Module], first: int, x: Any, seed: int, t: int, r: int, mb: int) -> Any:
         segments = [seg for seg in layers if isinstance(seg, Segment)]
-        assert len(segments) == len(list(layers)), "a keyed chain is made of graph segments (lambdas/graph_split.py)"
+        assert len(segments) == len(list(layers)), "a keyed chain is made of graph segments (core/graph_split.py)"
         head = segments[0]
         values: dict[str, Any] = {head.takes[0]: x} if self.stage == 0 else {k: (int(v) if k in head.ints else v) for k, v in x.items()}
         for i, seg in enumerate(segments):

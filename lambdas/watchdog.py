@@ -14,8 +14,8 @@ import time
 from types import TracebackType
 from typing import Any
 
-from stagecoach.lambdas import keys
-from stagecoach.lambdas.records import MemoryPressure
+from stagecoach.core import keys
+from stagecoach.core.records import MemoryPressure
 from stagecoach.lambdas.remediate import PRESSURE_SHARE
 
 SAMPLE_S = 0.02

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from stagecoach.errors import StagecoachError
 from stagecoach.planner.limits import (
     INLINE_MAP_MAX_CONCURRENCY,
     LAMBDA_MAX_MB,
@@ -41,7 +42,7 @@ MEMORY_TIERS_MB = (512, 1024, 2048, 3072, 4096, 6144, 8192, 10240)
 TIMEOUT_SAFETY = 2.0
 
 
-class PlanError(ValueError):
+class PlanError(StagecoachError, ValueError):
     """A plan that the runtime cannot execute; the message says what to change."""
 
 

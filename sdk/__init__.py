@@ -4,7 +4,10 @@
     run = Job(model=..., loss=..., optimizer=..., train=(x, y), global_batch=64, iterations=100).run(stages=2)
     run.wait(); model = run.trained_model()
 
-Names are imported lazily so that ``import stagecoach`` stays cheap.
+Names are imported lazily so that ``import stagecoach`` stays cheap. Every exception Stagecoach
+raises derives from ``StagecoachError``; ``JobError``, ``NotExact`` and ``PlanError`` refuse
+a job or plan before anything is deployed, ``DeployError`` a stack that cannot take it,
+``RunFailed`` a run that failed, ``InspectError`` a run that cannot be read back.
 """
 
 from __future__ import annotations
@@ -12,7 +15,21 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["Job", "Run", "Plan", "PlanError", "JobError", "RunFailed", "attach", "resume", "list_jobs"]
+__all__ = [
+    "Job",
+    "Run",
+    "Plan",
+    "StagecoachError",
+    "JobError",
+    "NotExact",
+    "PlanError",
+    "DeployError",
+    "RunFailed",
+    "InspectError",
+    "attach",
+    "resume",
+    "list_jobs",
+]
 __version__ = "0.1.0"
 
 _WHERE = {
@@ -21,6 +38,10 @@ _WHERE = {
     "Run": "stagecoach.run",
     "RunFailed": "stagecoach.run",
     "Plan": "stagecoach.planner.plan",
+    "StagecoachError": "stagecoach.errors",
+    "NotExact": "stagecoach.exactness",
+    "DeployError": "stagecoach.deploy.resources",
+    "InspectError": "stagecoach.inspect.report",
     "PlanError": "stagecoach.planner.plan",
     "attach": "stagecoach.lifecycle",
     "resume": "stagecoach.lifecycle",

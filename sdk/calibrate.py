@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from stagecoach.core.netem import Network
+from stagecoach.core.records import TaskMetrics
 from stagecoach.job import Job
 from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.netem import Network
-from stagecoach.lambdas.records import TaskMetrics
 from stagecoach.local.backend import LocalBackend
 
 

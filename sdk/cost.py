@@ -1,7 +1,7 @@
 """A run's cost, predicted before it starts and measured after, per phase (docs/cost.md).
 
-Both are ``CostReport``s of billable quantities (lambdas/cost.py ``Usage``: Lambda GB-seconds,
-invocations, Step Functions state transitions, S3 requests) priced by lambdas/cost.py at the AWS
+Both are ``CostReport``s of billable quantities (core/cost.py ``Usage``: Lambda GB-seconds,
+invocations, Step Functions state transitions, S3 requests) priced by core/cost.py at the AWS
 list prices the planner uses (planner/model/platforms.py, with their sources and date), per phase:
 
 - ``forward``, ``backward``, ``sync``: the tasks of those phases and the states that run them (a
@@ -35,8 +35,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from stagecoach.lambdas.cost import Prices, Usage, gb_seconds, usage_by_phase
-from stagecoach.lambdas.records import JobSpec, TaskMetrics
+from stagecoach.core.cost import Prices, Usage, gb_seconds, usage_by_phase
+from stagecoach.core.records import JobSpec, TaskMetrics
 from stagecoach.planner.emit import asl
 from stagecoach.planner.model.passes import PassEstimate
 from stagecoach.planner.model.perfmodel import Estimate

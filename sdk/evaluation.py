@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stagecoach.lambdas.records import EvalResult
+from stagecoach.core.records import EvalResult
 
 
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -24,10 +24,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from stagecoach.lambdas import boundary, stagebuild
-from stagecoach.lambdas.graph_split import Blocks
-from stagecoach.lambdas.optim_state import apply_update, chunk_segments, group_runs
-from stagecoach.lambdas.training import run_layers, running_stats
+from stagecoach.core import boundary, stagebuild
+from stagecoach.core.graph_split import Blocks
+from stagecoach.core.optim_state import apply_update, chunk_segments, group_runs
+from stagecoach.core.training import run_layers, running_stats
+from stagecoach.errors import StagecoachError
 from stagecoach.planner.profile.flows import Flow
 
 # How a job opts in to splitting the global batch of a model with BatchNorm (docs/exactness.md)
@@ -36,7 +37,7 @@ DEFERRED_BATCH_NORM = "Job(..., deferred_batch_norm=True)"
 MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
-class NotExact(ValueError):
+class NotExact(StagecoachError, ValueError):
     """The job would train something other than plain PyTorch; the message says what to change."""
 
 
@@ -46,7 +47,7 @@ class ModelFacts:
 
     blocks: int
     # per block boundary i (after block i, i < blocks - 1): the dtypes of the tensors that would cross
-    # a cut there (one per leaf of a tuple, list or dict: lambdas/boundary.py)
+    # a cut there (one per leaf of a tuple, list or dict: core/boundary.py)
     boundary_dtypes: tuple[tuple[torch.dtype, ...], ...]
     # why one sample's output depends on the other samples of its batch (None: it does not)
     batch_coupling: str | None
@@ -441,7 +442,7 @@ def meta_build_refusal(
 ) -> str | None:
     """Why a container could not build only its stage — the factory run on the meta device, the
     stage's tensors given storage and loaded with the values the client uploads
-    (lambdas/stagebuild.py) — and get the model the factory builds; None if it can.
+    (core/stagebuild.py) — and get the model the factory builds; None if it can.
 
     That reproduces a model whose state is all in its registered parameters and buffers. Checked
     on the job's own factory (``build``: the model as the client builds it, from ``factory``): it
@@ -599,7 +600,7 @@ def _aliased(model: nn.Module) -> str | None:
 def check_split(
     user: nn.Module, chain: nn.Sequential, originals: dict[str, torch.Tensor], loss: Any, x: Any, y: torch.Tensor, dtype: torch.dtype
 ) -> None:
-    """The chain cut from a model's graph (``Job(blocks=...)``, lambdas/graph_split.py) computes
+    """The chain cut from a model's graph (``Job(blocks=...)``, core/graph_split.py) computes
     what the model itself does: on a sample batch, the same output, the same gradient of every
     parameter (by the model's own names, ``originals``: the chain's tensors) and the same buffers
     after the forward pass. Both run under one seed with no reseeding between blocks, so dropout

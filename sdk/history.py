@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from stagecoach.lambdas import keys
-from stagecoach.lambdas.records import LearntMemory, LearntTaskSeconds, TaskMetrics
+from stagecoach.core import keys
+from stagecoach.core.records import LearntMemory, LearntTaskSeconds, TaskMetrics
 from stagecoach.planner.plan import PHASES, Plan, timeouts_from
 
 R = TypeVar("R", bound=BaseModel)

@@ -23,12 +23,13 @@ from stagecoach import exactness
 from stagecoach import history as learnt
 from stagecoach.backend import Backend
 from stagecoach.backends import get_backend
-from stagecoach.lambdas import boundary
-from stagecoach.lambdas.graph_split import Blocks, SplitError, SplitFactory, suggest
-from stagecoach.lambdas.profiling import measure_model
-from stagecoach.lambdas.samples import LocalSamples, as_dtype, encode
-from stagecoach.lambdas.schedule import stand_in
-from stagecoach.lambdas.training import DTYPE_NAMES, build_model, master_dtype
+from stagecoach.core import boundary
+from stagecoach.core.graph_split import Blocks, SplitError, SplitFactory, suggest
+from stagecoach.core.profiling import measure_model
+from stagecoach.core.samples import LocalSamples, as_dtype, encode
+from stagecoach.core.schedule import stand_in
+from stagecoach.core.training import DTYPE_NAMES, build_model, master_dtype
+from stagecoach.errors import StagecoachError
 from stagecoach.planner.limits import EXECUTION_INPUT_MAX_BYTES
 from stagecoach.planner.model.passes import checkpoint_pass, evaluate_pass
 from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate
@@ -42,7 +43,7 @@ from stagecoach.profile_tiers import profile_tiers
 from stagecoach.run import Run
 
 
-class JobError(ValueError):
+class JobError(StagecoachError, ValueError):
     """A job that cannot run; the message names what is wrong and how to fix it."""
 
 
@@ -57,7 +58,7 @@ class Job:
     blocks:       for a model that is not an nn.Sequential: the submodules whose boundaries may
                   become cuts, as dotted names with wildcards per level (["embeddings",
                   "encoder.layer.*", "head"]). The model is captured with torch.export and split
-                  before each of them by PyTorch's pipeline splitter (lambdas/graph_split.py);
+                  before each of them by PyTorch's pipeline splitter (core/graph_split.py);
                   the code before the first joins the first block.
     loss:         ``loss(output, target) -> scalar``, a mean over the batch (e.g. nn.CrossEntropyLoss()).
     optimizer:    ``optimizer(params) -> torch.optim.Optimizer`` with an elementwise update
@@ -76,7 +77,7 @@ class Job:
     scheduler:    ``scheduler(optimizer) -> torch.optim.lr_scheduler.X(optimizer, ...)``, any
                   PyTorch scheduler stepped once per iteration after the optimizer (as
                   ``optimizer.step(); scheduler.step()`` in a plain loop); every task that updates
-                  parameters applies iteration t's group hyperparameters (lambdas/schedule.py);
+                  parameters applies iteration t's group hyperparameters (core/schedule.py);
                   each iteration's learning rates are in the metrics (Run.learning_rates()).
     init_from:    pretrained weights to start from: a state_dict of the model (the user's own
                   module's names, e.g. ``run.trained_model().state_dict()``) or the path of a
@@ -129,7 +130,7 @@ class Job:
     validation: Any = None
     eval_every: int | None = None
     metrics: dict[str, Callable[[Any, Any], Any]] | None = None
-    dtype: torch.dtype = torch.float32  # torch.bfloat16: mixed precision (lambdas/training.py master_dtype)
+    dtype: torch.dtype = torch.float32  # torch.bfloat16: mixed precision (core/training.py master_dtype)
     name: str = "job"
     blocks: Sequence[str] | None = None
     deferred_batch_norm: bool = False
@@ -147,7 +148,7 @@ class Job:
 
     @property
     def samples(self) -> LocalSamples:
-        """The training set as samples (lambdas/samples.py LocalSamples)."""
+        """The training set as samples (core/samples.py LocalSamples)."""
         if self._samples is None or self._samples.data is not self.train:
             self._samples = _samples(self.train, "train")
         return self._samples

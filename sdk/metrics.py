@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from stagecoach.lambdas.records import TaskMetrics
+from stagecoach.core.records import TaskMetrics
 from stagecoach.planner.plan import PHASES
 
 

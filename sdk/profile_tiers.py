@@ -2,7 +2,7 @@
 
 On a laptop the planner maps tiers to speed with Lambda's vCPU model (1 vCPU per 1,769 MB). On AWS
 the real speed of each tier is measured instead: one worker function per tier runs the handler's
-``profile`` phase (lambdas/handler.py -> lambdas/profiling.profile_phase) on the job's own model and
+``profile`` phase (lambdas/handler.py -> core/profiling.profile_phase) on the job's own model and
 a sample of its data, and the results fold into one ModelProfile whose layers carry times per tier
 (``LayerProfile.tier_s``), which the performance model prefers to any estimate. The same code runs
 on the local stack, where every tier is one thread of this machine: useful to test, not to learn.
@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from stagecoach.backend import Backend
+from stagecoach.core import keys
+from stagecoach.core.profiling import combine_tier_phases
 from stagecoach.deploy.cleanup import rollback
 from stagecoach.deploy.resources import DeployError, check_name_lengths, function_name, new_job_id
 from stagecoach.deploy.roles import create_job_role
 from stagecoach.deploy.start import create_stage_function, preflight
 from stagecoach.deploy.upload import upload_job
-from stagecoach.lambdas import keys
-from stagecoach.lambdas.profiling import combine_tier_phases
 from stagecoach.planner.limits import LAMBDA_MAX_MB, LAMBDA_MAX_TIMEOUT_S, LAMBDA_MIN_MB
 from stagecoach.planner.profile.layers import ModelProfile
 

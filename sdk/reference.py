@@ -24,9 +24,9 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from stagecoach.core.samples import as_dtype
+from stagecoach.core.training import batch_indices, epoch_of, micro_batch, run_layers
 from stagecoach.job import Job
-from stagecoach.lambdas.samples import as_dtype
-from stagecoach.lambdas.training import batch_indices, epoch_of, micro_batch, run_layers
 
 
 def train_reference(job: Job, replicas: int = 1, micro_batches: int = 1) -> nn.Sequential:

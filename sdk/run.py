@@ -16,12 +16,13 @@ from tqdm import tqdm
 
 from stagecoach import cost as costs
 from stagecoach import history as learnt
+from stagecoach.core import keys
+from stagecoach.core.records import EvalResult, JobSpec, StopRecord, StopRequest, TaskMetrics
+from stagecoach.core.training import assign_flat, load_running_stats, master_dtype, ownership, running_stats, stage_layout
 from stagecoach.deploy.chain import follow
 from stagecoach.deploy.resume import last_checkpoint
+from stagecoach.errors import StagecoachError
 from stagecoach.evaluation import Evaluation, combine
-from stagecoach.lambdas import keys
-from stagecoach.lambdas.records import EvalResult, JobSpec, StopRecord, StopRequest, TaskMetrics
-from stagecoach.lambdas.training import assign_flat, load_running_stats, master_dtype, ownership, running_stats, stage_layout
 from stagecoach.metrics import iteration_breakdown
 from stagecoach.planner.emit.asl import STOPPED_ERROR
 from stagecoach.planner.model.platforms import aws_platform
@@ -31,7 +32,7 @@ from stagecoach.planner.model.platforms import aws_platform
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "STOPPED"}
 
 
-class RunFailed(RuntimeError):
+class RunFailed(StagecoachError, RuntimeError):
     """The run's job execution ended without succeeding; the message carries the failing task's error."""
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from stagecoach import Job, JobError
-from stagecoach.lambdas.training import batch_indices, ownership
+from stagecoach.core.training import batch_indices, ownership
 from stagecoach.reference import train_reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -270,7 +270,7 @@ def test_batchnorm_inside_any_model_keeps_running_statistics_like_pytorch(runs):
 def test_the_profile_counts_only_floating_leaves_for_gradients():
     """ids and the mask cross every cut forward only: the backward traffic the planner prices is
     the hidden state's alone (the measured and the meta-device profiles agree)."""
-    from stagecoach.lambdas.profiling import measure_model
+    from stagecoach.core.profiling import measure_model
     from stagecoach.planner.profile.meta import profile_meta
 
     job = make_job("split-prof", OPTIMIZERS["adam"])

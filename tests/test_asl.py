@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from stagecoach.core import keys
 from stagecoach.planner.emit import asl
 from stagecoach.planner.emit.asl_check import check_definition
 from stagecoach.planner.plan import Plan
@@ -24,7 +25,9 @@ PLANS = [
 def definitions():
     out = {"job": asl.job_definition()}
     for p in PLANS:
-        out[f"window-{p.stages}x{p.replicas}"] = asl.window_definition(p, [f"fn-s{s}" for s in range(p.stages)])
+        out[f"window-{p.stages}x{p.replicas}"] = asl.window_definition(
+            p, [f"fn-s{s}" for s in range(p.stages)], abort_key_format=keys.WINDOW_ABORT
+        )
     return out
 
 
@@ -34,7 +37,7 @@ def test_structure(name):
 
 
 def test_structural_check_catches_broken_graphs():
-    d = asl.window_definition(PLANS[3], ["a", "b", "c"])
+    d = asl.window_definition(PLANS[3], ["a", "b", "c"], abort_key_format=keys.WINDOW_ABORT)
     d["States"]["Go?"]["Default"] = "Nowhere"
     d["States"]["Orphan"] = {"Type": "Pass", "End": True}
     del d["States"]["BackwardSync"]["Branches"][0]["States"]["Backward0"]["ItemProcessor"]["States"]["Backward0Task"]["TimeoutSeconds"]
@@ -58,7 +61,7 @@ def test_asl_validator_accepts_every_definition(asl_validator, tmp_path):
 
 
 def test_asl_validator_rejects_a_broken_definition(asl_validator, tmp_path):
-    d = asl.window_definition(PLANS[1], ["a", "b"])
+    d = asl.window_definition(PLANS[1], ["a", "b"], abort_key_format=keys.WINDOW_ABORT)
     d["States"]["Advance"]["Next"] = "Missing"
     p = tmp_path / "bad.json"
     p.write_text(json.dumps(d))
@@ -74,7 +77,7 @@ def test_statemachines_job_file_is_the_emitted_definition():
 
 
 def test_every_task_retries_lambda_service_errors_and_has_a_timeout():
-    d = asl.window_definition(PLANS[3], ["a", "b", "c"])
+    d = asl.window_definition(PLANS[3], ["a", "b", "c"], abort_key_format=keys.WINDOW_ABORT)
     tasks = []
 
     def walk(states):
@@ -107,7 +110,7 @@ def test_every_task_retries_lambda_service_errors_and_has_a_timeout():
 @pytest.mark.parametrize("fused", ["pipelined_scatter_reduce", "lambdaml_scatter_reduce"])
 def test_a_stage_whose_backward_tasks_reduce_among_themselves_has_no_sync_map(fused):
     plan = Plan(balance=[1, 2], replicas=2, micro_batches=2, global_batch=8, sync=[fused, "scatter_reduce"])
-    branches = asl.window_definition(plan, ["a", "b"])["States"]["BackwardSync"]["Branches"]
+    branches = asl.window_definition(plan, ["a", "b"], abort_key_format=keys.WINDOW_ABORT)["States"]["BackwardSync"]["Branches"]
     assert set(branches[0]["States"]) == {"Backward0"} and branches[0]["States"]["Backward0"]["End"]
     assert set(branches[1]["States"]) == {"Backward1", "Sync1"}
     assert plan.sync_tasks(0) == 0 and plan.sync_tasks(1) == 2
@@ -173,7 +176,11 @@ def test_window_runs_on_motos_interpreter_with_the_history_the_emitter_predicts(
 
     plan = Plan(balance=[1, 1], replicas=2, micro_batches=1, global_batch=2)
     fn = create_function(backend, "noop.handler")
-    d, events = run_state_machine(backend, asl.window_definition(plan, [fn] * 2), {"job": "j", "bucket": "b", "start": 0, "end": 3})
+    d, events = run_state_machine(
+        backend,
+        asl.window_definition(plan, [fn] * 2, abort_key_format=keys.WINDOW_ABORT),
+        {"job": "j", "bucket": "b", "start": 0, "end": 3},
+    )
     assert d["status"] == "SUCCEEDED", d
     assert len(events) == asl.EV_WINDOW_FIXED + 3 * asl.events_per_iteration(plan)
 

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from moto import mock_aws
 from torch import nn
 
+from stagecoach.core import keys
 from stagecoach.deploy.cleanup import Removed
 from stagecoach.deploy.resources import DeployError
-from stagecoach.lambdas import keys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REGION = "us-east-1"
@@ -134,8 +134,8 @@ def fake_metrics(backend, job_id, plan, iterations, loss0=2.0, t0=1000.0):
     """Metrics objects as the workers write them (docs/runtime.md), with known timings: forward at
     +0 s, backward at +2 s, sync at +5 s, each task 1.5 s; sync tasks as the plan has them (K per
     stage, none for a fused sync)."""
-    from stagecoach.lambdas import keys
-    from stagecoach.lambdas.records import TaskMetrics
+    from stagecoach.core import keys
+    from stagecoach.core.records import TaskMetrics
 
     s3, bucket = backend.clients.s3, backend.resources.bucket
     for t in range(iterations):

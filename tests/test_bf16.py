@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from stagecoach import Job
+from stagecoach.core.training import batch_indices
 from stagecoach.lambdas.channel import load_tensors
-from stagecoach.lambdas.training import batch_indices
 
 G = torch.Generator().manual_seed(17)
 X = torch.randn(64, 8, generator=G)

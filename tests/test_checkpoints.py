@@ -11,7 +11,7 @@ import torch
 from test_any_model import Residual, bn_job
 
 from stagecoach import JobError
-from stagecoach.lambdas.training import batch_indices
+from stagecoach.core.training import batch_indices
 from stagecoach.reference import train_reference
 
 

@@ -11,7 +11,7 @@ from helpers import selected
 from torch import nn
 
 from stagecoach import Job, JobError
-from stagecoach.lambdas.training import batch_indices
+from stagecoach.core.training import batch_indices
 
 G = torch.Generator().manual_seed(13)
 X = torch.randn(48, 6, generator=G, dtype=torch.float64) * 3

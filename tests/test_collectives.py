@@ -18,12 +18,13 @@ import torch
 from memory_s3 import MemoryS3
 from torch import nn
 
-from stagecoach.lambdas import collectives, keys, training
+from stagecoach.core import keys, training
+from stagecoach.core.netem import Network, NetworkSpec, share
+from stagecoach.core.optim_state import apply_update
+from stagecoach.core.training import assign_flat, flat_params, stage_layout
+from stagecoach.lambdas import collectives
 from stagecoach.lambdas.channel import Channel, ObjectWaitTimeout, Pools
 from stagecoach.lambdas.collectives import GradStream, LambdaMLExchange, PipelinedExchange, SyncSpec
-from stagecoach.lambdas.netem import Network, NetworkSpec, share
-from stagecoach.lambdas.optim_state import apply_update
-from stagecoach.lambdas.training import assign_flat, flat_params, stage_layout
 from stagecoach.planner import plan
 from stagecoach.planner.plan import FUSED_SYNC
 

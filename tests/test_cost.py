@@ -15,10 +15,10 @@ from click.testing import CliRunner
 from torch import nn
 
 from stagecoach import Job
+from stagecoach.core import keys
+from stagecoach.core.cost import Prices, Usage, billed_ms, gb_seconds
 from stagecoach.cost import history_usage, state_phase
 from stagecoach.job import JobError
-from stagecoach.lambdas import keys
-from stagecoach.lambdas.cost import Prices, Usage, billed_ms, gb_seconds
 from stagecoach.reference import train_reference
 
 # us-east-1 list prices, written out here rather than read from the code under test

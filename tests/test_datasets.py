@@ -13,12 +13,12 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from stagecoach import Job, JobError
+from stagecoach.core import keys
+from stagecoach.core.samples import LocalSamples, Manifest
+from stagecoach.core.training import batch_indices, derive_seed
 from stagecoach.deploy.dataset import upload_samples
-from stagecoach.lambdas import keys
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.datafetch import RemoteSamples
-from stagecoach.lambdas.samples import LocalSamples, Manifest
-from stagecoach.lambdas.training import batch_indices, derive_seed
 
 G = torch.Generator().manual_seed(21)
 X = torch.randn(48, 5, generator=G, dtype=torch.float64)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from stagecoach.core.training import tracked_norms
 from stagecoach.lambdas import deferred_bn
-from stagecoach.lambdas.training import tracked_norms
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -58,7 +58,7 @@ def test_suspended_leaves_running_statistics_alone_and_restores_tracking():
 
 
 def test_tracked_norms_are_keyed_like_the_running_statistics():
-    from stagecoach.lambdas.training import running_stats
+    from stagecoach.core.training import running_stats
 
     layers = [nn.Linear(2, 3), nn.Sequential(nn.BatchNorm1d(3), nn.BatchNorm1d(3, track_running_stats=False)), nn.BatchNorm1d(3)]
     norms = tracked_norms(layers, 4)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from stagecoach import Job, JobError
+from stagecoach.core import keys
 from stagecoach.lambdas.evaluation import eval_batches
 from stagecoach.planner.emit import asl
 from stagecoach.reference import train_reference
@@ -58,7 +59,7 @@ def test_versions_batches_and_the_state_machine():
     got = [b.tolist() for r in range(2) for b in eval_batches(19, 2, r, 3)]
     assert got == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9], [10, 11, 12], [13, 14, 15], [16, 17, 18]]
     plan = job.manual_plan(stages=2, replicas=2, micro_batches=2)
-    d = asl.window_definition(plan, ["f0", "f1"], evals=job.eval_versions())
+    d = asl.window_definition(plan, ["f0", "f1"], evals=job.eval_versions(), abort_key_format=keys.WINDOW_ABORT)
     assert d["States"]["Init"]["Parameters"]["evals"] == [2, 4, 5]
     assert d["States"]["Advance"]["Next"] == "EvaluateDue" and d["States"]["Evaluate"]["Next"] == "Gate"
     assert d["States"]["EvaluateDue"]["Parameters"]["due.$"] == "States.ArrayContains($.evals, $.t)"

@@ -170,7 +170,7 @@ def test_shared_parameters_are_accepted_and_owned_by_their_first_stage(model):
     """Once refused (the copies drifted apart, or a 4-block model trained as 3): the first stage
     that uses a shared parameter owns it; tests/test_transparency.py trains them through the
     state machines."""
-    from stagecoach.lambdas.training import ownership
+    from stagecoach.core.training import ownership
 
     j = job(model=model)
     j.validate()

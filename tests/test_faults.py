@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from stagecoach import Job
-from stagecoach.lambdas.records import LearntMemory, Remediation
+from stagecoach.core.records import LearntMemory, Remediation
 from stagecoach.local.backend import LocalBackend
 from stagecoach.reference import train_reference
 

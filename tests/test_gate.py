@@ -8,12 +8,12 @@ import types
 import pytest
 from memory_s3 import MemoryS3
 
-from stagecoach.lambdas import keys
+from stagecoach.core import keys
+from stagecoach.core.events import GateEvent
+from stagecoach.core.netem import Network
+from stagecoach.core.records import DatasetRef, JobSpec, StopRequest, TaskMetrics
 from stagecoach.lambdas.channel import Channel, Pools
-from stagecoach.lambdas.events import GateEvent
 from stagecoach.lambdas.gate import gate
-from stagecoach.lambdas.netem import Network
-from stagecoach.lambdas.records import DatasetRef, JobSpec, StopRequest, TaskMetrics
 from stagecoach.planner.plan import Plan
 
 JOB = "gt-0123abcd"

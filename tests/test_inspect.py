@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import pytest
 from click.testing import CliRunner
 
+from stagecoach.core.records import TaskMetrics
 from stagecoach.inspect.events import failed_tasks
 from stagecoach.inspect.plots import gantt_rows, plot_breakdown, plot_gantt, plot_loss
-from stagecoach.lambdas.records import TaskMetrics
 from stagecoach.metrics import iteration_breakdown, phase_timings
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -64,7 +64,7 @@ def test_failed_tasks_are_traced_to_their_worker():
 
 
 def task_metrics(phase, t, stage, index, start, dur, compute, transfer, wait, loss=None, cold=False):
-    """A task's metrics record as the handler writes it (lambdas/records.py TaskMetrics)."""
+    """A task's metrics record as the handler writes it (core/records.py TaskMetrics)."""
     return TaskMetrics(
         phase=phase,
         t=t,

@@ -12,10 +12,10 @@ from botocore.exceptions import ClientError
 from torch import nn
 
 from stagecoach import Job
+from stagecoach.core import keys
 from stagecoach.deploy.iam_policy import evaluate
 from stagecoach.deploy.resources import function_name
 from stagecoach.deploy.roles import job_boundary_policy, job_role_arn, job_role_name, job_worker_policy
-from stagecoach.lambdas import keys
 
 
 def _data(seed):

@@ -4,9 +4,9 @@ budget (planner/limits.py JOB_POLL_BUDGET_PER_S), far under S3's 5,500 GET/s per
 
 import pytest
 
+from stagecoach.core.netem import Network
 from stagecoach.lambdas import channel as channel_module
 from stagecoach.lambdas.channel import WAIT_MAX_S, Channel, ObjectWaitTimeout, poll_cap_s
-from stagecoach.lambdas.netem import Network
 from stagecoach.planner.limits import JOB_POLL_BUDGET_PER_S, S3_GET_PER_PREFIX_PER_S
 from stagecoach.planner.plan import Plan
 

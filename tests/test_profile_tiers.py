@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from stagecoach import Job
-from stagecoach.lambdas.profiling import measure_model
+from stagecoach.core.profiling import measure_model
 from stagecoach.profile_tiers import profile_tiers
 
 

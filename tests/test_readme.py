@@ -91,6 +91,6 @@ def test_every_module_path_the_docs_name_exists():
             text = f.read()
         for path in set(re.findall(r"(?<![\w/.-])((?:sdk|planner|lambdas|tests|benchmarks|examples)/[\w/]*\w(?:\.py)?)", text)):
             full = os.path.join(ROOT, path)
-            if not (os.path.exists(full) or os.path.exists(full + ".py")):  # `lambdas/training.build_model`
+            if not (os.path.exists(full) or os.path.exists(full + ".py")):  # `core/training.build_model`
                 missing.append(f"{os.path.relpath(page, ROOT)}: {path}")
     assert not missing, "\n".join(sorted(missing))

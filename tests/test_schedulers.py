@@ -13,8 +13,8 @@ from helpers import selected
 from torch import nn
 
 from stagecoach import Job, JobError
-from stagecoach.lambdas.schedule import Schedule
-from stagecoach.lambdas.training import batch_indices
+from stagecoach.core.schedule import Schedule
+from stagecoach.core.training import batch_indices
 
 G = torch.Generator().manual_seed(5)
 X = torch.randn(48, 6, generator=G, dtype=torch.float64)

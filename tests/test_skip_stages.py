@@ -13,7 +13,7 @@ from test_any_model import plain_pytorch  # the user's own module in a plain PyT
 from torch import nn
 
 from stagecoach import Job
-from stagecoach.lambdas import keys
+from stagecoach.core import keys
 from stagecoach.lambdas.channel import load_tensors
 from stagecoach.planner.profile.flows import Flow, Route, Transfer, merged_flows, routes, stage_bytes
 

@@ -1,4 +1,4 @@
-"""A container builds and holds only its own stage (lambdas/stagebuild.py, docs/runtime.md
+"""A container builds and holds only its own stage (core/stagebuild.py, docs/runtime.md
 "Building a stage"): the factory runs on the meta device, the stage's blocks get storage, and their
 values come from S3; a factory that a meta build would not reproduce falls back to the full build,
 which the client decides (sdk/exactness.py meta_build_refusal) and the job's spec records."""
@@ -13,10 +13,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from stagecoach import Job
+from stagecoach.core import keys
+from stagecoach.core.stagebuild import build_meta, build_stage, held_bytes, load_buffers, materialize, stage_buffers
+from stagecoach.core.training import build_model, ownership
 from stagecoach.exactness import meta_build_refusal
-from stagecoach.lambdas import keys
-from stagecoach.lambdas.stagebuild import build_meta, build_stage, held_bytes, load_buffers, materialize, stage_buffers
-from stagecoach.lambdas.training import build_model, ownership
 from stagecoach.reference import train_reference
 
 SEED = 5
@@ -245,7 +245,7 @@ def test_job_validate_records_the_build_and_why():
 
 
 def test_a_model_captured_as_a_graph_gets_the_meta_build_and_its_stages_allocate_only_themselves():
-    """Job(blocks=...) cuts an exported graph (lambdas/graph_split.py): built on the meta device,
+    """Job(blocks=...) cuts an exported graph (core/graph_split.py): built on the meta device,
     the graph names that device in its ops, which the build points back at the CPU."""
     import importlib.util
     import os

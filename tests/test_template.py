@@ -15,6 +15,8 @@ import tomllib
 import pytest
 from cfnlint.decode import decode
 
+from stagecoach.core import keys
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = os.path.join(ROOT, "template.yaml")
 SUB = "Fn::Sub"
@@ -223,7 +225,6 @@ def test_control_role_covers_the_remediation_and_nothing_a_job_runs(template):
     """The default worker runs no user code: it reads a job's spec and evidence, records the
     remediation and what the job's name learnt, and raises a stage function's memory."""
     from stagecoach import history
-    from stagecoach.lambdas import keys
 
     sts = role_statements(template, "ControlRole")
     job = "digits-1a2b3c4d"
@@ -247,7 +248,7 @@ def test_control_role_covers_the_remediation_and_nothing_a_job_runs(template):
 
 
 def test_job_roles_cover_every_key_the_workers_use_and_nothing_else(template):
-    """The keys come from the code (lambdas.keys), so a new key tree the workers start to write
+    """The keys come from the code (core.keys), so a new key tree the workers start to write
     fails here before it fails on AWS with AccessDenied. Checked on the boundary (every job) and on
     one job's own role, which must not reach another job's keys."""
     from stagecoach.deploy.roles import job_worker_policy
@@ -261,7 +262,6 @@ def test_job_roles_cover_every_key_the_workers_use_and_nothing_else(template):
             "jobs/{job}/plan.json",
         )
     ]
-    from stagecoach.lambdas import keys
 
     used += [
         keys.act(job, 3, 1, 0, 1),
@@ -371,7 +371,9 @@ def test_roles_grant_what_the_state_machines_call(template):
 
     with open(os.path.join(ROOT, "statemachines", "job.asl.json")) as f:
         job_def = json.load(f)
-    window_def = asl.window_definition(Plan(balance=[1, 1], replicas=2, micro_batches=1, global_batch=2), ["a-s0", "a-s1"])
+    window_def = asl.window_definition(
+        Plan(balance=[1, 1], replicas=2, micro_batches=1, global_batch=2), ["a-s0", "a-s1"], abort_key_format=keys.WINDOW_ABORT
+    )
     for d, role in ((job_def, "JobStatesRole"), (window_def, "WindowStatesRole")):
         used = resources(d)
         assert used and used <= set(needs), used - set(needs)
@@ -387,7 +389,6 @@ def test_window_role_invokes_only_stack_functions_and_writes_only_abort_markers(
         "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*",
         "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*:*",
     }
-    from stagecoach.lambdas import keys
 
     assert {r for a, r in got if a == "s3:PutObject"} == {"${Bucket.Arn}/jobs/*/abort/*"}
     assert fnmatch.fnmatchcase(keys.window_abort("j-1a2b3c4d", "w0-uuid"), "jobs/*/abort/*")
@@ -633,7 +634,6 @@ def test_deployer_policy_has_no_privilege_escalation():
 def test_deployer_policy_covers_the_keys_the_sdk_uses():
     from stagecoach import history
     from stagecoach.aws.policy import deployer_policy
-    from stagecoach.lambdas import keys
 
     sts = deployer_policy(STACK, REGION, ACCOUNT, bucket=BUCKET)["Statement"]
     job = "digits-1a2b3c4d"

@@ -76,7 +76,6 @@ KILLED_ERROR = "Stagecoach.WorkerKilled"
 
 # A failed phase's Catch: write the abort marker, then fail the window with the phase's own error.
 ABORT_CATCH = {"ErrorEquals": ["States.ALL"], "ResultPath": "$.caught", "Next": "Abort"}
-ABORT_KEY = "jobs/{}/abort/{}"  # job, window execution name: lambdas/keys.py window_abort
 
 # Events one state adds to the history (the same on AWS and moto's interpreter).
 EV_TASK = 5  # TaskStateEntered, TaskScheduled, TaskStarted, TaskSucceeded, TaskStateExited
@@ -218,7 +217,13 @@ def _map(name: str, items_path: str, selector: dict[str, Any], task: dict[str, A
 
 
 def window_definition(
-    plan: Plan, functions: Sequence[str], per_worker: bool = False, evals: Sequence[int] = (), saves: Sequence[int] = ()
+    plan: Plan,
+    functions: Sequence[str],
+    per_worker: bool = False,
+    evals: Sequence[int] = (),
+    saves: Sequence[int] = (),
+    *,
+    abort_key_format: str,
 ) -> dict[str, Any]:
     """The window state machine of ``plan``; ``functions[s]`` is stage s's Lambda function name or
     ARN. ``per_worker`` (plan.per_worker_functions): every replica and sync task of a stage runs on
@@ -227,7 +232,9 @@ def window_definition(
     Evaluate Map of every (stage, replica) runs after the iteration that reaches one, each on its
     replica's function (lambdas/evaluation.py), decided in the state machine with States.ArrayContains.
     ``saves``: likewise, the versions of which a Checkpoint Map (replica 0 of every stage) keeps
-    a loadable state_dict (lambdas/checkpoint.py)."""
+    a loadable state_dict (lambdas/checkpoint.py). ``abort_key_format``: the abort marker's key as
+    a States.Format template of (job, attempt), core/keys.py ``WINDOW_ABORT``, which the workers read
+    (the planner imports nothing above it, so the caller hands the rule in)."""
     if len(functions) != plan.stages:
         raise ValueError(f"need one function per stage ({plan.stages}), got {len(functions)}")
     s_count, d = plan.stages, plan.replicas
@@ -372,7 +379,7 @@ def window_definition(
     states["Abort"] = {
         "Type": "Task",
         "Resource": "arn:aws:states:::aws-sdk:s3:putObject",
-        "Parameters": {"Bucket.$": "$.bucket", "Key.$": f"States.Format('{ABORT_KEY}', $.job, $.attempt)", "Body": "{}"},
+        "Parameters": {"Bucket.$": "$.bucket", "Key.$": f"States.Format('{abort_key_format}', $.job, $.attempt)", "Body": "{}"},
         "TimeoutSeconds": 30,
         "Retry": [{"ErrorEquals": ["States.ALL"], "IntervalSeconds": 1, "MaxAttempts": 2, "JitterStrategy": "FULL"}],
         "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.abortFailed", "Next": "Failed"}],

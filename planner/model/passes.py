@@ -46,7 +46,7 @@ class PassEstimate:
 def eval_micro_batches(samples: int, replicas: int, micro_batch: int) -> list[int]:
     """Micro-batches each replica walks: a contiguous, nearly equal share of the set (the first
     ``samples % replicas`` one sample larger), cut at the plan's micro-batch size, the last one
-    smaller — as lambdas/evaluation.py ``eval_batches`` cuts it (lambdas/training.py shard_bounds)."""
+    smaller — as lambdas/evaluation.py ``eval_batches`` cuts it (core/training.py shard_bounds)."""
     q, r = divmod(samples, replicas)
     return [math.ceil((q + (1 if k < r else 0)) / micro_batch) for k in range(replicas)]
 

@@ -287,10 +287,10 @@ def local_platform(measure: bool = True, **overrides: Any) -> Platform:
 def emulated_platform(
     network: Platform, request_s: float, invoke_s: float, dispatch_s: float, iteration_s: float, **overrides: Any
 ) -> Platform:
-    """The embedded local stack with Lambda's network emulated in every worker (lambdas/netem.py).
+    """The embedded local stack with Lambda's network emulated in every worker (core/netem.py).
 
     Bandwidth and latency are ``network``'s (what the workers emulate; a real request to moto takes
-    ``request_s``, which the emulation counts within the latency, lambdas/netem.py); the
+    ``request_s``, which the emulation counts within the latency, core/netem.py); the
     orchestration constants are the stack's, measured once by
     stagecoach.calibrate. Every local worker computes with one thread whatever its memory,
     so every tier has the speed of one vCPU (the profile's reference), and the compute constants

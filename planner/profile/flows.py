@@ -1,7 +1,7 @@
 """Values that cross cuts by name: where each is computed, where it is read, and so which stage
 sends it to which (docs/runtime.md "Values that skip stages").
 
-A model cut from its graph (lambdas/graph_split.py) is a chain of blocks that pass named values:
+A model cut from its graph (core/graph_split.py) is a chain of blocks that pass named values:
 the hidden state, a mask computed once at the start, a skip connection from an early block to a
 late one. Relaying each value through every stage between its producer and its reader would
 upload and download it at each of them; instead the stage that computes a value sends it straight
@@ -66,7 +66,7 @@ class Transfer:
 
     @property
     def name(self) -> str:
-        """The object's name under the producer's key (lambdas/keys.py act)."""
+        """The object's name under the producer's key (core/keys.py act)."""
         return "to" + "-".join(str(c) for c in self.consumers)
 
 

@@ -5,7 +5,7 @@ needs, per layer: parameter bytes, bytes saved for backward per sample (what a m
 recomputed forward keeps alive during backward), output and input(-gradient) bytes per sample
 (what crosses a stage boundary), and forward/backward time per micro-batch size at each tier.
 
-Two ways to obtain them: ``stagecoach.lambdas.profiling`` runs the real layers (locally, or inside
+Two ways to obtain them: ``stagecoach.core.profiling`` runs the real layers (locally, or inside
 Lambda per tier) and measures times, stored at one reference vCPU (``fwd_s``/``bwd_s``) or per
 tier (``tier_s``); ``profile.meta.profile_meta`` sizes the model on the meta device and counts
 FLOPs. The types are JSON-able (``to_dict``/``from_dict``) so a Lambda profile phase can return them.
@@ -19,13 +19,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from stagecoach.errors import StagecoachError
 from stagecoach.planner.profile.flows import Flow, StageBytes, merged_flows, stage_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from stagecoach.planner.model.platforms import Platform
 
 
-class LayerTooLargeError(ValueError):
+class LayerTooLargeError(StagecoachError, ValueError):
     """A single layer cannot fit the largest Lambda memory; no partition can help."""
 
 
@@ -149,7 +150,7 @@ class ModelProfile:
     label_bytes_per_sample: float = 8.0
     source: str = "meta"  # "meta" (FLOP-based) or "measured"
     # bytes every container allocates to build its stage whatever the stage: 0 when it builds only
-    # its stage (on the meta device, lambdas/stagebuild.py); the whole model's parameters and
+    # its stage (on the meta device, core/stagebuild.py); the whole model's parameters and
     # buffers for a job whose factory needs the full build (JobSpec.build = "full")
     build_bytes: float = 0.0
     # a model cut from its graph passes named values, each sent by the stage computing it straight

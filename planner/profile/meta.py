@@ -73,7 +73,7 @@ def profile_meta(
     sample = _to_meta(sample_input)
     x1, x2 = batch_like(sample, 1, "meta"), batch_like(sample, 2, "meta")
     in1 = tensor_bytes(x1)
-    # a model cut from its graph (lambdas/graph_split.py Blocks) names the values crossing its
+    # a model cut from its graph (core/graph_split.py Blocks) names the values crossing its
     # cuts; their sizes price the direct sends (planner/profile/flows.py)
     measure_flows = getattr(m, "measure_flows", None)
     flows = measure_flows(x1, x2) if callable(measure_flows) else ()

@@ -51,7 +51,7 @@ def any_requires_grad(obj: Any) -> bool:
 
 def floating_bytes(obj: Any) -> int:
     """Bytes of the floating tensors in a (nested) boundary object: what its gradient weighs (an
-    integer or boolean leaf travels forward only, lambdas/boundary.py)."""
+    integer or boolean leaf travels forward only, core/boundary.py)."""
     from torch.utils import _pytree as pytree
 
     return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(obj) if isinstance(t, torch.Tensor) and t.is_floating_point())

@@ -7,7 +7,7 @@ bottleneck, an AmoebaNet cell, a Transformer encoder layer.
 
 Sizes vs FuncPipe Table 1 (FuncPipe's "MB" is MiB, 2^20 bytes): see ``FUNCPIPE_TABLE1_MIB`` and
 docs/planner.md. AmoebaNet cells pass (state, skip) tuples between blocks: the planner sizes them
-and the runtime moves them across cuts (lambdas/boundary.py; examples/amoebanet.py trains a small one).
+and the runtime moves them across cuts (core/boundary.py; examples/amoebanet.py trains a small one).
 """
 
 from __future__ import annotations

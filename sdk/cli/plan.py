@@ -13,10 +13,10 @@ import click
 
 from stagecoach.cli.jobfile import load_job_file
 from stagecoach.cli.plan_report import SYNC_LEGEND, pareto_png, result_table
+from stagecoach.core.boundary import map_leaves
+from stagecoach.core.profiling import measure_model
 from stagecoach.exactness import split_batch_refusal
 from stagecoach.job import JobError
-from stagecoach.lambdas.boundary import map_leaves
-from stagecoach.lambdas.profiling import measure_model
 from stagecoach.planner.model.platforms import aws_platform, local_platform
 from stagecoach.planner.plan import SYNC_ALGORITHMS
 from stagecoach.planner.profile.layers import ModelProfile

@@ -6,9 +6,9 @@ import click
 from botocore.exceptions import ClientError
 
 from stagecoach.cli.options import backend_for, backend_option, infer_from_arn, region_option, stack_option
+from stagecoach.core import keys
 from stagecoach.deploy.chain import follow
 from stagecoach.deploy.resources import DeployError, job_id_from
-from stagecoach.lambdas import keys
 from stagecoach.run import job_status, request_stop
 
 

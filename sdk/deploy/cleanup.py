@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from botocore.exceptions import ClientError
 
+from stagecoach.core import keys
+from stagecoach.core.records import JobSpec
 from stagecoach.deploy.chain import follow
 from stagecoach.deploy.resources import (
     Clients,
@@ -23,8 +25,6 @@ from stagecoach.deploy.resources import (
     window_state_machine_name,
 )
 from stagecoach.deploy.roles import delete_job_role
-from stagecoach.lambdas import keys
-from stagecoach.lambdas.records import JobSpec
 from stagecoach.planner.plan import per_worker_functions, stage_functions
 
 Log = Callable[[str], None]

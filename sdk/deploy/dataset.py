@@ -1,4 +1,4 @@
-"""Upload a job's data set as workers read it (lambdas/samples.py): records in content-addressed
+"""Upload a job's data set as workers read it (core/samples.py): records in content-addressed
 shards, then the manifest that names them. Each shard is hashed before it is sent and skipped if
 the bucket has it, so the same data (or the part two data sets share) is uploaded once; the
 manifest goes last, so its presence means every shard is there. Large shards go up in parts
@@ -14,9 +14,9 @@ import torch
 from boto3.s3.transfer import TransferConfig
 from tqdm import tqdm
 
+from stagecoach.core import keys
+from stagecoach.core.samples import SHARD_BYTES, LocalSamples, Manifest, encode, leaf_bytes
 from stagecoach.deploy.resources import object_exists
-from stagecoach.lambdas import keys
-from stagecoach.lambdas.samples import SHARD_BYTES, LocalSamples, Manifest, encode, leaf_bytes
 
 MULTIPART = TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20, max_concurrency=4)
 

@@ -13,6 +13,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from stagecoach.errors import StagecoachError
+
 # Lambda limits names to 64 characters and Step Functions to 80: the stack name, the job id and the
 # stage all go into them.
 MAX_FUNCTION_NAME = 64
@@ -66,7 +68,7 @@ def new_job_id(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
-class DeployError(RuntimeError):
+class DeployError(StagecoachError, RuntimeError):
     """The stack cannot take the job; the message says what is missing and how to fix it."""
 
 

@@ -19,9 +19,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from stagecoach.core import keys
+from stagecoach.core.records import EvalSpec, JobSpec
 from stagecoach.deploy.resources import Clients, DeployError, StackResources, function_name, object_exists
-from stagecoach.lambdas import keys
-from stagecoach.lambdas.records import EvalSpec, JobSpec
 from stagecoach.planner.emit.job_input import JobInput
 
 RUNNING = {"RUNNING"}

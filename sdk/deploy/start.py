@@ -10,13 +10,13 @@ import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
+from stagecoach.core import keys
+from stagecoach.core.cost import Prices
 from stagecoach.deploy.cleanup import rollback
 from stagecoach.deploy.requests import RequestCounter
 from stagecoach.deploy.resources import HANDLER, Clients, DeployError, StackResources, function_name, new_job_id, window_state_machine_name
 from stagecoach.deploy.roles import JOB_TAG, STACK_TAG, create_function_when_role_ready, create_job_role
 from stagecoach.deploy.upload import upload_job
-from stagecoach.lambdas import keys
-from stagecoach.lambdas.cost import Prices
 from stagecoach.planner.emit import asl
 from stagecoach.planner.emit.job_input import JobInput
 from stagecoach.planner.model.platforms import aws_platform
@@ -134,7 +134,14 @@ def deploy_and_start(
         window = c.sfn.create_state_machine(
             name=window_state_machine_name(res, job_id),
             definition=json.dumps(
-                asl.window_definition(plan, functions, per_worker, evals=job.eval_versions(), saves=job.checkpoint_versions())
+                asl.window_definition(
+                    plan,
+                    functions,
+                    per_worker,
+                    evals=job.eval_versions(),
+                    saves=job.checkpoint_versions(),
+                    abort_key_format=keys.WINDOW_ABORT,
+                )
             ),
             roleArn=res.states_role_arn,
             type="STANDARD",

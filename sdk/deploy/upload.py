@@ -13,13 +13,13 @@ import cloudpickle
 import torch
 from safetensors.torch import save as st_save
 
+from stagecoach.core import keys
+from stagecoach.core.records import DatasetRef, EvalSpec, JobSpec
+from stagecoach.core.samples import LocalSamples
+from stagecoach.core.stagebuild import stage_buffers
+from stagecoach.core.training import DTYPE_NAMES, flat_params, master_dtype, ownership, running_stats, stage_layout
 from stagecoach.deploy.dataset import upload_samples
 from stagecoach.deploy.resources import Clients, StackResources
-from stagecoach.lambdas import keys
-from stagecoach.lambdas.records import DatasetRef, EvalSpec, JobSpec
-from stagecoach.lambdas.samples import LocalSamples
-from stagecoach.lambdas.stagebuild import stage_buffers
-from stagecoach.lambdas.training import DTYPE_NAMES, flat_params, master_dtype, ownership, running_stats, stage_layout
 from stagecoach.planner.plan import Plan
 
 if TYPE_CHECKING:

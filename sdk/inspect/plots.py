@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from stagecoach.core.records import TaskMetrics
 from stagecoach.inspect.events import FailedTask
 from stagecoach.inspect.report import InspectError, Inspection
-from stagecoach.lambdas.records import TaskMetrics
 
 # ------------------------------------------------------------------------------------ plots
 _COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "sync": "#55a868"}

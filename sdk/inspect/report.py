@@ -14,11 +14,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stagecoach.backend import Backend
+from stagecoach.core import keys
+from stagecoach.core.records import CostTally, JobSpec, Remediation, StopRecord, TaskMetrics
 from stagecoach.cost import CostReport
+from stagecoach.errors import StagecoachError
 from stagecoach.evaluation import Evaluation
 from stagecoach.inspect.events import FailedTask, failed_tasks
-from stagecoach.lambdas import keys
-from stagecoach.lambdas.records import CostTally, JobSpec, Remediation, StopRecord, TaskMetrics
 from stagecoach.metrics import _losses, iteration_breakdown, phase_timings
 from stagecoach.planner.plan import FUSED_SYNC
 from stagecoach.run import Run
@@ -61,7 +62,7 @@ class Inspection:
         return d
 
 
-class InspectError(RuntimeError):
+class InspectError(StagecoachError, RuntimeError):
     """The execution is not a Stagecoach job execution of this backend's stack."""
 
 

@@ -12,10 +12,10 @@ import threading
 from typing import Any
 
 from stagecoach.backend import Backend
+from stagecoach.core.netem import NetworkSpec
 from stagecoach.deploy.resources import Clients, StackResources
 from stagecoach.deploy.roles import control_policy, job_boundary_policy, role_path
 from stagecoach.deploy.start import create_stage_function
-from stagecoach.lambdas.netem import NetworkSpec
 from stagecoach.local.daemon_state import running_stack
 from stagecoach.local.fidelity import Fidelity
 from stagecoach.local.process import ACCOUNT, REGION, OwnedStack, StackProcess
@@ -51,7 +51,7 @@ class LocalBackend(Backend):
         self, faults: dict[str, Any] | None = None, network: NetworkSpec | Platform | None = None, fidelity: Fidelity | None = None
     ) -> None:
         """``faults``: seeded fault injection (see stagecoach.local.faults) on a stack of its own.
-        ``network``: emulate Lambda's network in every worker (lambdas/netem.py), on a stack of its
+        ``network``: emulate Lambda's network in every worker (core/netem.py), on a stack of its
         own: a NetworkSpec, or a planner Platform whose bandwidth and storage latency to use.
         ``fidelity``: how the stack answers where AWS is stricter than moto (local/fidelity.py);
         the default is AWS's behaviour, and any other setting gets a stack of its own."""

@@ -15,11 +15,12 @@ import sys
 import time
 from typing import Any
 
+from stagecoach.errors import StagecoachError
 from stagecoach.local.backend import LocalBackend
 from stagecoach.local.daemon_state import pid_alive, read_state, state_path
 
 
-class DaemonError(RuntimeError):
+class DaemonError(StagecoachError, RuntimeError):
     """The daemon could not be started; the message says where its log is."""
 
 

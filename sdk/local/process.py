@@ -20,8 +20,8 @@ from typing import IO, Any
 import boto3
 from botocore.config import Config
 
-from stagecoach.lambdas.netem import ENV as NETWORK_ENV
-from stagecoach.lambdas.netem import NetworkSpec
+from stagecoach.core.netem import ENV as NETWORK_ENV
+from stagecoach.core.netem import NetworkSpec
 from stagecoach.local.fidelity import ENV as FIDELITY_ENV
 from stagecoach.local.fidelity import Fidelity
 

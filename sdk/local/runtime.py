@@ -35,7 +35,8 @@ from typing import Any
 
 import boto3
 
-from stagecoach.lambdas import keys
+from stagecoach.core import keys
+from stagecoach.errors import StagecoachError
 from stagecoach.local.access import credentials_for
 from stagecoach.local.faults import Fault, FaultInjector
 from stagecoach.local.fidelity import ErrorShapes, Fidelity
@@ -117,7 +118,7 @@ class _Zygote:
             self.proc.kill()
 
 
-class Throttled(Exception):
+class Throttled(StagecoachError):
     """Raised into moto's invoke: becomes HTTP 429 TooManyRequestsException (see stack.py); the
     reason is Lambda's (ConcurrentInvocationLimitExceeded, ReservedFunctionConcurrentInvocationLimitExceeded)."""
 

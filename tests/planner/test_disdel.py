@@ -26,7 +26,7 @@ CHILD = r"""
 import json, resource, sys
 import torch
 torch.set_num_threads(1)
-from stagecoach.lambdas.training import flat_grads
+from stagecoach.core.training import flat_grads
 
 def peak():
     # The high-water mark of THIS process image. ru_maxrss (KiB on Linux) would do, but it is

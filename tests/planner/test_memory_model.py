@@ -1,5 +1,5 @@
 """The planner's memory model counts what a container holds (docs/performance-model.md §2): its own
-stage only (containers build on the meta device: lambdas/stagebuild.py), its buffers once, the
+stage only (containers build on the meta device: core/stagebuild.py), its buffers once, the
 parameters and gradients a warm container keeps when it runs a sync task, and the whole model for
 a job whose factory needs the full build."""
 

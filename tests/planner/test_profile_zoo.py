@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from stagecoach.lambdas.profiling import combine_tier_phases, measure_model, profile_phase
+from stagecoach.core.profiling import combine_tier_phases, measure_model, profile_phase
 from stagecoach.planner.model.fits import check_fits
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.profile.layers import LayerProfile, LayerTooLargeError, ModelProfile

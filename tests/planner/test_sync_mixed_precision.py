@@ -4,7 +4,7 @@ and cuts into chunks (lambdas/jobctx.py: the layout's itemsize is the master dty
 
 import pytest
 
-from stagecoach.lambdas.training import stage_layout
+from stagecoach.core.training import stage_layout
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.model.syncmodel import SYNC_ALGORITHMS
 

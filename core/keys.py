@@ -17,7 +17,7 @@ def job_code(job: str) -> str:
 
 def initial_buffers(job: str, stage: int) -> str:
     """A stage's buffers as the factory initialises them, for a container that builds only its
-    stage on the meta device (lambdas/stagebuild.py): written once by the client at job start."""
+    stage on the meta device (core/stagebuild.py): written once by the client at job start."""
     return f"jobs/{job}/model/buffers/s{stage}"
 
 
@@ -79,7 +79,7 @@ def checkpoints_prefix(job: str) -> str:
 
 def eval_result(job: str, version: int, replica: int) -> str:
     """What replica ``replica``'s last stage measured evaluating the parameters after ``version``
-    iterations on its slice of the validation set (lambdas/records.py EvalResult)."""
+    iterations on its slice of the validation set (core/records.py EvalResult)."""
     return f"jobs/{job}/eval/v{version}/r{replica}.json"
 
 
@@ -103,7 +103,7 @@ def metrics(job: str, t: int, phase: str, stage: int, index: int) -> str:
 
 
 def dataset(dataset_id: str) -> str:
-    """A data set's manifest (lambdas/samples.py Manifest), named by its own content's hash."""
+    """A data set's manifest (core/samples.py Manifest), named by its own content's hash."""
     return f"data/sets/{dataset_id}"
 
 
@@ -136,10 +136,15 @@ def learnt_task_seconds(name: str) -> str:
     return f"history/{name}/task_seconds.json"
 
 
+# The abort marker's key as a States.Format template (job, window attempt): the emitted window
+# writes it from its own input (planner/emit/asl.py window_definition's ``abort_key_format``).
+WINDOW_ABORT = "jobs/{}/abort/{}"
+
+
 def window_abort(job: str, attempt: str) -> str:
-    """Written by a window execution whose phase failed (planner/emit/asl.py ABORT_KEY): that
-    attempt's tasks still waiting for objects stop (lambdas/channel.py)."""
-    return f"jobs/{job}/abort/{attempt}"
+    """Written by a window execution whose phase failed (``WINDOW_ABORT``): that attempt's tasks
+    still waiting for objects stop (lambdas/channel.py)."""
+    return WINDOW_ABORT.format(job, attempt)
 
 
 def window_aborts(job: str, window_start: int) -> str:

@@ -13,7 +13,7 @@ lambdas/stageio.py KeyedIO).
 The split is a zero-argument factory (``SplitFactory``) wrapping the user's, so the client, every
 container and the reference build the same chain from the same code under the same seed; the
 pieces hold the model's own Parameter objects under their original names, so a weight tied across
-blocks is one tensor (lambdas/training.py ownership) and the trained values load back into the
+blocks is one tensor (core/training.py ownership) and the trained values load back into the
 user's own module (``original_state_dict``).
 """
 
@@ -34,10 +34,11 @@ from torch.export import Dim
 from torch.export.unflatten import InterpreterModule
 from torch.utils import _pytree as pytree
 
+from stagecoach.errors import StagecoachError
 from stagecoach.planner.profile.flows import Flow
 
 
-class SplitError(ValueError):
+class SplitError(StagecoachError, ValueError):
     """The model cannot be cut at the named blocks; the message says why and what to change."""
 
 
@@ -309,7 +310,7 @@ def _flows(
 
 def _restore_batch_norms(gm: fx.GraphModule, model: nn.Module) -> None:
     """Put the model's own BatchNorm modules back where the unflattened graph calls them: the
-    runtime keeps running statistics by module (lambdas/training.py running_stats), and a BatchNorm
+    runtime keeps running statistics by module (core/training.py running_stats), and a BatchNorm
     called on one tensor computes what its captured graph does (same tensors, after _retie)."""
     for piece in gm.children():
         for name, m in list(piece.named_modules()):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from stagecoach.lambdas import boundary
+from stagecoach.core import boundary
 from stagecoach.planner.plan import chunk_count
 
 # The dtypes a job may train in, by the names its spec carries.
@@ -71,7 +71,7 @@ def micro_batch(batch: torch.Tensor, replicas: int, micro_batches: int, replica:
 
 def run_layers(layers: Iterable[nn.Module], first_layer: int, x: Any, seed: int, t: int, replica: int, mb: int) -> Any:
     """Run consecutive layers, reseeding the RNG before each one; each takes what the previous one
-    returned (a tensor, or a tuple, list or dict of tensors: lambdas/boundary.py).
+    returned (a tensor, or a tuple, list or dict of tensors: core/boundary.py).
 
     Seeding per (seed, t, layer, replica, micro-batch) makes dropout masks independent of how the
     layers are split into stages, and lets the backward phase's recompute see the forward's masks.

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from stagecoach.lambdas.records import TaskMetrics
+from stagecoach.core.records import TaskMetrics
 
 # The phases a cost is broken down into: the three of an iteration, the iteration gate (which
 # checks for a stop request and the cost cap before each iteration, lambdas/gate.py) and the

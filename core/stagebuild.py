@@ -25,7 +25,7 @@ from typing import Literal, cast
 import torch
 from torch import fx, nn
 
-from stagecoach.lambdas.training import Ownership, Tied, build_model, install_buffers, ownership
+from stagecoach.core.training import Ownership, Tied, build_model, install_buffers, ownership
 
 Build = Literal["meta", "full"]
 
@@ -43,7 +43,7 @@ def build_meta(factory: Callable[[], nn.Module], seed: int, dtype: torch.dtype) 
 
 
 def _graphs_to_cpu(model: nn.Module) -> None:
-    """A graph captured while building on the meta device (Job(blocks=...): lambdas/graph_split.py)
+    """A graph captured while building on the meta device (Job(blocks=...): core/graph_split.py)
     names that device in its ops (``arange(..., device=meta)``, assertions on a tensor's device);
     the built model runs on the CPU, so point them there. Whatever this misses, the client's
     comparison with the real build catches (sdk/exactness.py meta_build_refusal)."""

@@ -60,7 +60,7 @@ class JobSpec(_Record):
     # runs no windows (sdk/profile_tiers.py)
     window_length: int | None = None
     window_state_machine: str | None = None
-    # how a container builds its stage (lambdas/stagebuild.py): "meta", only its own blocks, from
+    # how a container builds its stage (core/stagebuild.py): "meta", only its own blocks, from
     # the factory run on the meta device and the values the client uploaded; "full", the whole
     # model from the factory, then its blocks kept — for a factory the meta build would not
     # reproduce, which ``full_build_reason`` names (sdk/exactness.py meta_build_refusal)
@@ -90,7 +90,7 @@ class JobSpec(_Record):
     # the cost cap (``--max-cost``): the iteration gate stops the job at the next iteration
     # boundary once the metered cost passes it (lambdas/gate.py); None: no cap
     max_cost_usd: float | None = None
-    # the prices the job is metered at (lambdas/cost.py Prices, from the planner's platform for the
+    # the prices the job is metered at (core/cost.py Prices, from the planner's platform for the
     # functions' architecture), fixed at launch so a later price change never re-prices a job
     prices: dict[str, Any] | None = None
     # the client's S3 requests while launching the job ("puts", "gets"): part of its cost
@@ -164,7 +164,7 @@ class CostTally(_Record):
 
     through: int
     last_gate: str
-    usage: dict[str, float]  # lambdas/cost.py Usage fields
+    usage: dict[str, float]  # core/cost.py Usage fields
     usd: float
 
 

@@ -24,7 +24,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from stagecoach.lambdas.graph_split import Blocks
+from stagecoach.core.graph_split import Blocks
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 from stagecoach.planner.profile.tensors import (
     SavedBytes,

@@ -2,7 +2,7 @@
 
 Why this shape (docs/data.md): a first or last stage needs only the samples of its micro-batches,
 so a container's memory must not grow with the data set. Each sample is stored as its own
-safetensors record (its input and target, any tensor structure: lambdas/boundary.py), records are
+safetensors record (its input and target, any tensor structure: core/boundary.py), records are
 concatenated into shards of a few MiB, and a manifest lists each shard's content hash and each
 record's byte offset. A worker then reads a sample with one ranged GET of its record, or, when the
 whole data set is small beside its function's memory, downloads every shard once and keeps it
@@ -29,8 +29,8 @@ from safetensors.torch import save as st_save
 from torch.utils import _pytree as pytree
 from torch.utils.data import default_collate
 
-from stagecoach.lambdas import boundary
-from stagecoach.lambdas.training import derive_seed
+from stagecoach.core import boundary
+from stagecoach.core.training import derive_seed
 
 SHARD_BYTES = 8 << 20  # a shard's target size: a few MiB, many samples per object, one PUT each
 
