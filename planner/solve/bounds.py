@@ -34,6 +34,34 @@ for _fa in (0, 1):
                 _TRANS.append((_fa, _fb, _fa2, _fb2, _ca, _cb, _fa2 == 1, _fb == 0))
 
 
+def _stage_weights(cands: Candidates, wc: float, wt: float, plat: Platform) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group the least weight of a stage on it over its options (wpre[K]: no context, the
+    base); wpre[c] / wsuf[c]: with the waits of a bounded group at tier c on the arc (c = K: a
+    last-stage group, which has no forward task); selfw: the bounded group's own weight."""
+    groups, K = cands.groups, len(cands.tiers)
+    L, d, m = cands.layers, cands.replicas, cands.micro_batches
+    o, pt = phase_overhead(plat, d), plat.price_transition
+    pk = np.array([plat.price_per_s(t) for t in cands.tiers])
+    wpre = np.full((K + 1, len(groups)), np.inf)
+    wsuf = np.full((K, len(groups)), np.inf)
+    selfw = np.full(len(groups), np.inf)
+    first_extra = wt * o + wc * pt * (global_transitions(2) - global_transitions(1))
+    for q, g in enumerate(groups):
+        for op in g.options:
+            # a stage adds at least its step and its own hop to T_F and to the first branch
+            # of T_BS (ao >= a, bo >= bb), and its tasks are billed at least as long
+            v = wc * (op.own_cost + d * g.price * (m * g.a + (g.ao - g.a) + m * g.bb + (g.bo - g.bb) + op.load_s)) + wt * (g.ao + g.bo)
+            if g.j == L:
+                v += wt * op.load_s
+            if g.i == 0:
+                v += wt * op.extra_s + (first_extra if g.j < L else 0.0)
+            selfw[q] = min(selfw[q], v + (wt * op.load_s if g.j < L else 0.0))
+            wpre[K, q] = min(wpre[K, q], v)
+            wpre[:K, q] = np.minimum(wpre[:K, q], v + wc * d * pk * g.a)
+            wsuf[:, q] = np.minimum(wsuf[:, q], v + wc * d * pk * (g.bb + (op.load_s if g.j == L else 0.0)))
+    return wpre, wsuf, selfw
+
+
 class LowerBounds:
     """Valid lower bounds of the objective of every plan that uses a given group.
 
@@ -59,7 +87,6 @@ class LowerBounds:
         L, d, m = cands.layers, cands.replicas, cands.micro_batches
         o, pt = phase_overhead(plat, d), plat.price_transition
         self.L, self.m, self.wt, self.smax = L, m, wt, smax
-        G = len(groups)
         self.I = np.array([g.i for g in groups], dtype=int)
         self.J = np.array([g.j for g in groups], dtype=int)
         self.A = np.array([g.a for g in groups])
@@ -67,28 +94,8 @@ class LowerBounds:
         price = np.array([g.price for g in groups])
         self.Kg = np.array([g.k for g in groups], dtype=int)
         self.fin = self.J == L
-        K = len(cands.tiers)
-        pk = np.array([plat.price_per_s(t) for t in cands.tiers])
-        self.K = K
-        # weights: base (no context); pre[c]/suf[c]: with the waits of a bounded group at tier c
-        # on the arc (c = K: a last-stage group, which has no forward task)
-        self.wpre = np.full((K + 1, G), np.inf)
-        self.wsuf = np.full((K, G), np.inf)
-        self.selfw = np.full(G, np.inf)
-        first_extra = wt * o + wc * pt * (global_transitions(2) - global_transitions(1))
-        for q, g in enumerate(groups):
-            for op in g.options:
-                # a stage adds at least its step and its own hop to T_F and to the first branch
-                # of T_BS (ao >= a, bo >= bb), and its tasks are billed at least as long
-                v = wc * (op.own_cost + d * g.price * (m * g.a + (g.ao - g.a) + m * g.bb + (g.bo - g.bb) + op.load_s)) + wt * (g.ao + g.bo)
-                if g.j == L:
-                    v += wt * op.load_s
-                if g.i == 0:
-                    v += wt * op.extra_s + (first_extra if g.j < L else 0.0)
-                self.selfw[q] = min(self.selfw[q], v + (wt * op.load_s if g.j < L else 0.0))
-                self.wpre[K, q] = min(self.wpre[K, q], v)
-                self.wpre[:K, q] = np.minimum(self.wpre[:K, q], v + wc * d * pk * g.a)
-                self.wsuf[:, q] = np.minimum(self.wsuf[:, q], v + wc * d * pk * (g.bb + (op.load_s if g.j == L else 0.0)))
+        self.K = K = len(cands.tiers)
+        self.wpre, self.wsuf, self.selfw = _stage_weights(cands, wc, wt, plat)
         self.base = self.wpre[K]
         self.cA = wc * d * (m - 1) * price * (~self.fin)
         self.cB = wc * d * (m - 1) * price
@@ -140,32 +147,27 @@ class LowerBounds:
         self._setup(P)
         wpre = self.wpre if ctx else self.base[None, :]
         wsuf = self.wsuf if ctx else self.base[None, :]
-        nP, S1, L = len(P[0]), self.smax + 1, self.L
-        inf = np.inf
+        pre = self._prefix_sweep(wpre, len(P[0])) if prefix else None
+        suf = self._suffix_sweep(wsuf, len(P[0]))
+        return pre, np.minimum.accumulate(suf, axis=3)
 
-        def conds(qs: np.ndarray) -> tuple[dict[str | None, Any], dict[str | None, Any]]:
-            sA, bg = self.setsA[:, qs], self.big[:, qs]
-            return {None: True, "s": sA, "ns": ~sA}, {None: True, "b": bg, "nb": ~bg}
-
-        pre = np.full((wpre.shape[0], 2, 2, S1, nP, L + 1), inf) if prefix else None
-        if pre is not None:
-            pre[:, 0, 0, 0, :, 0] = 0.0
-        for n in range(1, L if prefix else 1):
-            assert pre is not None
+    def _prefix_sweep(self, wpre: np.ndarray, nP: int) -> np.ndarray:
+        """Forward over the nodes: the cheapest paths 0 -> node per flags and stage count."""
+        L = self.L
+        pre = np.full((wpre.shape[0], 2, 2, self.smax + 1, nP, L + 1), np.inf)
+        pre[:, 0, 0, 0, :, 0] = 0.0
+        for n in range(1, L):
             qs = self.ends[n]
             if len(qs) == 0:
                 continue
-            ca, cb = conds(qs)
-            al, pA, pB, w = self.allow[:, qs], self.payA[:, qs], self.payB[:, qs], wpre[:, qs][:, None, None, :]
-            Pin = pre[..., self.I[qs]]
-            X = [[Pin[:, fa, fb, :-1] + w for fb in (0, 1)] for fa in (0, 1)]
-            out = np.full(pre.shape[:-1], inf)
-            for fa, fb, fa2, fb2, cA, cB, pa, pb in _TRANS:
-                add = np.where(ca[cA] & cb[cB] & al, (pA if pa else 0.0) + (pB if pb else 0.0), inf)
-                v = (X[fa][fb] + add[None, None]).min(axis=-1)
-                out[:, fa2, fb2, 1:] = np.minimum(out[:, fa2, fb2, 1:], v)
-            pre[..., n] = out
-        suf = np.full((wsuf.shape[0], 2, 2, S1, nP, L + 1), inf)
+            pre[..., n] = self._arcs(pre[..., self.I[qs]], qs, wpre, forward=True)
+        return pre
+
+    def _suffix_sweep(self, wsuf: np.ndarray, nP: int) -> np.ndarray:
+        """Backward over the nodes: the cheapest paths node -> L per flags and exact stage
+        count; at L only the flags the band needs (a flag set where its band's low end is > 0)."""
+        L = self.L
+        suf = np.full((wsuf.shape[0], 2, 2, self.smax + 1, nP, L + 1), np.inf)
         for fa in (0, 1):
             for fb in (0, 1):
                 ok = np.ones(nP, bool)
@@ -178,17 +180,25 @@ class LowerBounds:
             qs = self.starts[n]
             if len(qs) == 0:
                 continue
-            ca, cb = conds(qs)
-            al, pA, pB, w = self.allow[:, qs], self.payA[:, qs], self.payB[:, qs], wsuf[:, qs][:, None, None, :]
-            Sa = suf[..., self.J[qs]]
-            X = [[Sa[:, fa2, fb2, :-1] + w for fb2 in (0, 1)] for fa2 in (0, 1)]
-            out = np.full(suf.shape[:-1], inf)
-            for fa, fb, fa2, fb2, cA, cB, pa, pb in _TRANS:
-                add = np.where(ca[cA] & cb[cB] & al, (pA if pa else 0.0) + (pB if pb else 0.0), inf)
-                v = (X[fa2][fb2] + add[None, None]).min(axis=-1)
-                out[:, fa, fb, 1:] = np.minimum(out[:, fa, fb, 1:], v)
-            suf[..., n] = out
-        return pre, np.minimum.accumulate(suf, axis=3)
+            suf[..., n] = self._arcs(suf[..., self.J[qs]], qs, wsuf, forward=False)
+        return suf
+
+    def _arcs(self, D: np.ndarray, qs: np.ndarray, w: np.ndarray, forward: bool) -> np.ndarray:
+        """One DP step over the arcs (groups) ``qs`` into a node: D[..., x] is the table at arc
+        x's other end; the result the node's table, one more stage, over the flag automaton
+        (forward: flags before the arc -> after it; backward the other way round)."""
+        sA, bg = self.setsA[:, qs], self.big[:, qs]
+        ca: dict[str | None, Any] = {None: True, "s": sA, "ns": ~sA}
+        cb: dict[str | None, Any] = {None: True, "b": bg, "nb": ~bg}
+        al, pA, pB, wq = self.allow[:, qs], self.payA[:, qs], self.payB[:, qs], w[:, qs][:, None, None, :]
+        X = [[D[:, f1, f2, :-1] + wq for f2 in (0, 1)] for f1 in (0, 1)]
+        out = np.full(D.shape[:-1], np.inf)
+        for fa, fb, fa2, fb2, cA, cB, pa, pb in _TRANS:
+            add = np.where(ca[cA] & cb[cB] & al, (pA if pa else 0.0) + (pB if pb else 0.0), np.inf)
+            (s1, s2), (d1, d2) = ((fa, fb), (fa2, fb2)) if forward else ((fa2, fb2), (fa, fb))
+            v = (X[s1][s2] + add[None, None]).min(axis=-1)
+            out[:, d1, d2, 1:] = np.minimum(out[:, d1, d2, 1:], v)
+        return out
 
     def _band_const(self) -> np.ndarray:
         return np.asarray(self.wt * (self.m - 1) * (self.thA + self.thB) + self.const)

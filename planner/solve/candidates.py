@@ -24,6 +24,7 @@ from stagecoach.planner.model.perfmodel import (
 from stagecoach.planner.model.platforms import Platform
 from stagecoach.planner.model.syncmodel import SyncChoice, sync_choices
 from stagecoach.planner.plan import data_resident
+from stagecoach.planner.profile.flows import StageBytes
 from stagecoach.planner.profile.layers import ModelProfile
 
 
@@ -77,6 +78,137 @@ class Candidates:
         return sum(len(g.options) for g in self.groups)
 
 
+def _cum(xs: Sequence[float]) -> list[float]:
+    return [0.0, *itertools.accumulate(xs)]
+
+
+def _dominance_key(c: SyncOption) -> tuple[float, float, float, float]:
+    return (c.own_cost, c.extra_s, c.tail_s, c.load_s)
+
+
+def _undominated(opts: list[SyncOption]) -> list[SyncOption]:
+    """The options no other option of the group beats or ties in every respect (of ties, the
+    first sync choice stays)."""
+    key = _dominance_key
+    return [
+        c
+        for c in opts
+        if not any(q is not c and all(u <= v for u, v in zip(key(q), key(c))) and (key(q), q.a) < (key(c), c.a) for q in opts)
+    ]
+
+
+@dataclass(frozen=True)
+class _Tier:
+    """One tier's per-layer prefix sums of the step times, and its limits and price."""
+
+    k: int
+    tier: int
+    F: list[float]  # forward seconds of one micro-batch, prefix sums over the layers
+    G: list[float]  # backward ones
+    cap: float  # usable bytes
+    price: float  # USD per second of one worker
+
+
+class _Intervals:
+    """The candidate groups of one (d, b, m): per (interval, tier) the terms of every sync
+    choice from prefix sums over the layers, the options that fit the limits."""
+
+    def __init__(self, profile: ModelProfile, plat: Platform, d: int, b: int, m: int, choices: tuple[SyncChoice, ...]) -> None:
+        self.profile, self.plat, self.d, self.b, self.m, self.choices = profile, plat, d, b, m, choices
+        lay = profile.layers
+        self.L = len(lay)
+        self.o, self.maxT = phase_overhead(plat, d), plat.max_predicted_task_s
+        self.P = _cum([l.param_bytes for l in lay])
+        self.BUF = _cum([l.buffer_bytes for l in lay])
+        self.SV = _cum([l.saved_bytes_per_sample for l in lay])
+
+    def tier_groups(self, k: int, tier: int) -> list[Group]:
+        """Every interval's group at this tier, where at least one sync choice fits."""
+        tm = [l.times(tier, self.b, self.plat) for l in self.profile.layers]
+        t = _Tier(k, tier, _cum([x[0] for x in tm]), _cum([x[1] for x in tm]), self.plat.usable_bytes(tier), self.plat.price_per_s(tier))
+        out: list[Group] = []
+        for i in range(self.L):
+            for j in range(i + 1, self.L + 1):
+                g = self._group(t, i, j)
+                if g is not None:
+                    out.append(g)
+        return out
+
+    def _group(self, t: _Tier, i: int, j: int) -> Group | None:
+        """Layers [i, j) at tier t: its steps (the same for every sync choice) and options."""
+        opts: list[SyncOption] = []
+        st0 = None
+        io = self.profile.stage_io(i, j)
+        for a, ch in enumerate(self.choices):
+            st = self._terms(t, i, j, io, ch)
+            op = self._option(t, a, ch, st, j == self.L)
+            if op is not None:
+                opts.append(op)
+                st0 = st
+        if st0 is None:
+            return None
+        return Group(
+            i,
+            j,
+            t.k,
+            t.tier,
+            t.price,
+            st0.fwd_step_s,
+            st0.bwd_step_s,
+            tuple(_undominated(opts)),
+            af=st0.fwd_step_s + st0.fwd_hop_s,
+            ao=st0.fwd_step_s + st0.fwd_hop_own_s,
+            bf=st0.bwd_step_s + st0.bwd_hop_s,
+            bo=st0.bwd_step_s + st0.bwd_hop_own_s,
+        )
+
+    def _terms(self, t: _Tier, i: int, j: int, io: StageBytes, ch: SyncChoice) -> StageTerms:
+        """``perfmodel.stage_terms`` of layers [i, j) at tier t with sync choice ch."""
+        profile = self.profile
+        return stage_terms(
+            self.P[j] - self.P[i],
+            t.F[j] - t.F[i],
+            t.G[j] - t.G[i],
+            self.SV[j] - self.SV[i],
+            io.in_ps,
+            io.out_ps,
+            io.ingrad_ps,
+            profile.label_bytes_per_sample,
+            i == 0,
+            j == self.L,
+            t.tier,
+            ch,
+            self.d,
+            self.b,
+            self.m,
+            self.plat,
+            buffer_bytes=self.BUF[j] - self.BUF[i],
+            build_bytes=profile.build_bytes,
+            outgrad_ps=io.outgrad_ps,
+            data_streamed=not data_resident(profile.data_bytes, t.tier),
+            master_ratio=profile.master_ratio,
+        )
+
+    def _option(self, t: _Tier, a: int, ch: SyncChoice, st: StageTerms, last: bool) -> SyncOption | None:
+        """The option of sync choice ch, or None if the stage breaks memory or a task limit."""
+        m, maxT, plat = self.m, self.maxT, self.plat
+        if st.memory_bytes > t.cap or st.sync.task_s > maxT:
+            return None
+        if not last and st.load_s + m * st.fwd_step_s + st.fwd_hop_own_s > maxT:
+            return None
+        if m * st.bwd_step_s + st.bwd_hop_own_s + (st.load_s if last else 0.0) + st.sync.tail_s > maxT:
+            return None
+        own = (
+            t.price * (self.d * st.sync.tail_s + st.sync.tasks * st.sync.task_s)
+            + plat.price_request * st.invocations
+            + plat.price_transition * st.transitions
+            + plat.price_put * st.puts
+            + plat.price_get * st.gets
+        )
+        extra = st.sync.tail_s + ((self.o + st.sync.task_s) if st.sync.tasks else 0.0)
+        return SyncOption(a, ch, own, extra, st.sync.tail_s, st.load_s, st)
+
+
 def candidate_groups(
     profile: ModelProfile,
     plat: Platform,
@@ -91,97 +223,11 @@ def candidate_groups(
     with its constants; sync options no better in any respect than another are dropped."""
     tiers = tuple(tiers or plat.tiers_mb)
     choices = tuple(choices if choices is not None else sync_choices(d, sync_algos))
-    lay = profile.layers
-    L = len(lay)
-    o, maxT = phase_overhead(plat, d), plat.max_predicted_task_s
-
-    def cum(xs: Sequence[float]) -> list[float]:
-        return [0.0, *itertools.accumulate(xs)]
-
-    P = cum([l.param_bytes for l in lay])
-    BUF = cum([l.buffer_bytes for l in lay])
-    SV = cum([l.saved_bytes_per_sample for l in lay])
+    iv = _Intervals(profile, plat, d, b, m, choices)
     out: list[Group] = []
     for k, tier in enumerate(tiers):
-        tm = [l.times(tier, b, plat) for l in lay]
-        F = cum([t[0] for t in tm])
-        G = cum([t[1] for t in tm])
-        cap = plat.usable_bytes(tier)
-        price = plat.price_per_s(tier)
-        for i in range(L):
-            for j in range(i + 1, L + 1):
-                last = j == L
-                opts: list[SyncOption] = []
-                st0 = None
-                io = profile.stage_io(i, j)
-                for a, ch in enumerate(choices):
-                    st = stage_terms(
-                        P[j] - P[i],
-                        F[j] - F[i],
-                        G[j] - G[i],
-                        SV[j] - SV[i],
-                        io.in_ps,
-                        io.out_ps,
-                        io.ingrad_ps,
-                        profile.label_bytes_per_sample,
-                        i == 0,
-                        last,
-                        tier,
-                        ch,
-                        d,
-                        b,
-                        m,
-                        plat,
-                        buffer_bytes=BUF[j] - BUF[i],
-                        build_bytes=profile.build_bytes,
-                        outgrad_ps=io.outgrad_ps,
-                        data_streamed=not data_resident(profile.data_bytes, tier),
-                        master_ratio=profile.master_ratio,
-                    )
-                    if st.memory_bytes > cap or st.sync.task_s > maxT:
-                        continue
-                    if not last and st.load_s + m * st.fwd_step_s + st.fwd_hop_own_s > maxT:
-                        continue
-                    if m * st.bwd_step_s + st.bwd_hop_own_s + (st.load_s if last else 0.0) + st.sync.tail_s > maxT:
-                        continue
-                    own = (
-                        price * (d * st.sync.tail_s + st.sync.tasks * st.sync.task_s)
-                        + plat.price_request * st.invocations
-                        + plat.price_transition * st.transitions
-                        + plat.price_put * st.puts
-                        + plat.price_get * st.gets
-                    )
-                    extra = st.sync.tail_s + ((o + st.sync.task_s) if st.sync.tasks else 0.0)
-                    opts.append(SyncOption(a, ch, own, extra, st.sync.tail_s, st.load_s, st))
-                    st0 = st
-                if st0 is None:
-                    continue
-
-                def key(c: SyncOption) -> tuple[float, float, float, float]:
-                    return (c.own_cost, c.extra_s, c.tail_s, c.load_s)
-
-                keep = [
-                    c
-                    for c in opts
-                    if not any(q is not c and all(u <= v for u, v in zip(key(q), key(c))) and (key(q), q.a) < (key(c), c.a) for q in opts)
-                ]
-                out.append(
-                    Group(
-                        i,
-                        j,
-                        k,
-                        tier,
-                        price,
-                        st0.fwd_step_s,
-                        st0.bwd_step_s,
-                        tuple(keep),
-                        af=st0.fwd_step_s + st0.fwd_hop_s,
-                        ao=st0.fwd_step_s + st0.fwd_hop_own_s,
-                        bf=st0.bwd_step_s + st0.bwd_hop_s,
-                        bo=st0.bwd_step_s + st0.bwd_hop_own_s,
-                    )
-                )
-    return Candidates(d, b, m, tiers, choices, L, tuple(out))
+        out += iv.tier_groups(k, tier)
+    return Candidates(d, b, m, tiers, choices, iv.L, tuple(out))
 
 
 # -- a heuristic incumbent -------------------------------------------------------------------------

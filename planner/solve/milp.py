@@ -49,6 +49,324 @@ class MilpSolution:
     constraints: int
 
 
+def _lin(pairs: Any, const: float = 0.0) -> pulp.LpAffineExpression:
+    """A linear expression that sums repeated variables (pulp's constructor keeps the last)."""
+    acc: dict[Any, float] = {}
+    for var, c in pairs:
+        acc[var] = acc.get(var, 0.0) + c
+    return pulp.LpAffineExpression(acc, const)
+
+
+@dataclass
+class _Caps:
+    """Valid upper bounds of the carried state at each node (longest paths over these groups,
+    capped by the task limit: F_s >= sumA and >= m maxA, BT_s >= sumB and >= m maxB; and by the
+    cutoff: a plan below it has wt * T <= cutoff, so every carried time is <= cutoff / wt)."""
+
+    UA: list[float]  # forward: the sum of steps carried into a node
+    UM: list[float]  # ... their largest step
+    UL: list[float]  # ... their largest parameter load
+    UB: list[float]  # backward: the sum of steps carried into a node from the stages after it
+    UX: list[float]  # ... their largest step
+    ULL: float  # the last stage's parameter load
+    UW: list[float]  # the latest branch end after a node
+    fcap: list[float]  # per group from the bill: d * price * (its task's duration) <= cost <= cutoff / wc
+
+
+class _PathMilp:
+    """The path MILP over ``groups`` under construction (module docstring, step 3): each method
+    adds one family of variables and constraints to ``prob``. They are called in one fixed order,
+    the order HiGHS is given the rows in (solve_milp)."""
+
+    def __init__(self, cands: Candidates, groups: Sequence[Group], plat: Platform, relax: bool) -> None:
+        self.groups, self.plat = groups, plat
+        self.L, self.d, self.m = cands.layers, cands.replicas, cands.micro_batches
+        self.o, self.maxT = phase_overhead(plat, self.d), plat.max_predicted_task_s
+        self.start: dict[int, list[int]] = {n: [] for n in range(self.L + 1)}
+        self.end: dict[int, list[int]] = {n: [] for n in range(self.L + 1)}
+        for q, g in enumerate(groups):
+            self.start[g.i].append(q)
+            self.end[g.j].append(q)
+        self.prob = pulp.LpProblem("stagecoach_plan", pulp.LpMinimize)
+        cat = pulp.LpContinuous if relax else pulp.LpBinary
+        self.x = [[pulp.LpVariable(f"x_{g.i}_{g.j}_{g.k}_{op.a}", 0, 1, cat) for op in g.options] for g in groups]
+        # the forward state (ea, em, el: into a group; ma, ml: out of it), each stage's F_s - o
+        self.ea: dict[int, Any] = {}
+        self.em: dict[int, Any] = {}
+        self.el: dict[int, Any] = {}
+        self.ma: dict[int, Any] = {}
+        self.ml: dict[int, Any] = {}
+        self.F: dict[int, pulp.LpAffineExpression] = {}
+        # the backward state (xb, xm, ll: into a group from after it; mb: out of it), BT_s - o - tail_s
+        self.xb: dict[int, Any] = {}
+        self.xm: dict[int, Any] = {}
+        self.ll: dict[int, Any] = {}
+        self.mb: dict[int, Any] = {}
+        self.BT: dict[int, pulp.LpAffineExpression] = {}
+
+    # -- bounds of the carried state --------------------------------------------------------------
+    def caps(self, wc: float, wt: float, cutoff: float | None) -> _Caps:
+        """The bounds of every carried variable (``_Caps``): the tighter, the stronger the LP."""
+        tcap = cutoff / wt if cutoff is not None and math.isfinite(cutoff) and wt > 0 else math.inf
+        ccap = cutoff / wc if cutoff is not None and math.isfinite(cutoff) and wc > 0 else math.inf
+        UA, UM, UL = self._prefix_caps(tcap)
+        UB, UX = self._suffix_caps(tcap)
+        ULL = min(tcap, max((op.load_s for q in self.end[self.L] for op in self.groups[q].options), default=0.0))
+        fcap = [ccap / (self.d * g.price) for g in self.groups]
+        return _Caps(UA, UM, UL, UB, UX, ULL, self._branch_caps(tcap, ULL, UB, UX), fcap)
+
+    def _prefix_caps(self, tcap: float) -> tuple[list[float], list[float], list[float]]:
+        """Longest forward paths 0 -> node: the sum of steps, the largest step and load."""
+        L, m, maxT, groups = self.L, self.m, self.maxT, self.groups
+        UA, UM, UL = [0.0] * (L + 1), [0.0] * (L + 1), [0.0] * (L + 1)
+        for n in range(1, L):
+            for q in self.end[n]:
+                g = groups[q]
+                UA[n] = max(UA[n], UA[g.i] + g.af)
+                UM[n] = max(UM[n], UM[g.i], g.a)
+                UL[n] = max(UL[n], UL[g.i], max(op.load_s for op in g.options))
+            UA[n], UM[n], UL[n] = min(UA[n], maxT, tcap), min(UM[n], maxT / m, tcap / m), min(UL[n], tcap)
+        return UA, UM, UL
+
+    def _suffix_caps(self, tcap: float) -> tuple[list[float], list[float]]:
+        """Longest backward paths node -> L: the sum of steps and the largest step."""
+        L, m, maxT, groups = self.L, self.m, self.maxT, self.groups
+        UB, UX = [0.0] * (L + 1), [0.0] * (L + 1)
+        for n in range(L - 1, 0, -1):
+            for q in self.start[n]:
+                g = groups[q]
+                UB[n] = max(UB[n], UB[g.j] + g.bf)
+                UX[n] = max(UX[n], UX[g.j], g.bb)
+            UB[n], UX[n] = min(UB[n], maxT, tcap), min(UX[n], maxT / m, tcap / m)
+        return UB, UX
+
+    def _branch_caps(self, tcap: float, ULL: float, UB: list[float], UX: list[float]) -> list[float]:
+        """The latest branch end after each node: a stage's backward task can run to the task
+        limit, its branch's extra time after that."""
+        L, m, groups = self.L, self.m, self.groups
+        UW = [0.0] * (L + 1)
+        for n in range(L - 1, 0, -1):
+            for q in self.start[n]:
+                g = groups[q]
+                UW[n] = max(UW[n], UW[g.j], ULL + UB[g.j] + g.bo + (m - 1) * max(UX[g.j], g.bb) + max(op.extra_s for op in g.options))
+            UW[n] = min(UW[n], tcap, self.maxT + max((op.extra_s for q in self.start[n] for op in groups[q].options), default=0.0))
+        return UW
+
+    # -- the path -----------------------------------------------------------------------------------
+    def path(self, smax: int) -> pulp.LpAffineExpression:
+        """One stage leaves node 0, one enters node L, flow conserved in between; S <= Smax.
+        Returns the expression that is 1 iff the plan has a single stage."""
+        L, x, start, end = self.L, self.x, self.start, self.end
+        for n in range(L + 1):
+            rhs = 1 if n == 0 else (-1 if n == L else 0)
+            self.prob += _lin([(v, 1.0) for q in start[n] for v in x[q]] + [(v, -1.0) for q in end[n] for v in x[q]]) == rhs, f"path_{n}"
+        self.prob += _lin([(v, 1.0) for xs in x for v in xs]) <= smax, "stages"
+        return _lin([(v, 1.0) for q in start[0] if self.groups[q].j == L for v in x[q]])
+
+    # -- forward (§3.1) ---------------------------------------------------------------------------
+    def forward(self, cap: _Caps, single: pulp.LpAffineExpression) -> pulp.LpAffineExpression:
+        """The forward tasks: prefix state, durations, conservation at the nodes. Returns T_F."""
+        self._prefix_state(cap)
+        self._forward_tasks(cap)
+        self._prefix_conservation()
+        # T_F = F_{S-2}: the sum carried into the last stage holds every forward stage's hop to its
+        # successor, and the last forward stage's own task ends at its PUT, one poll earlier
+        # (fwd_hop_s - fwd_hop_own_s = poll_delay_s for every stage)
+        of, last = self.o - self.plat.poll_delay_s, self.end[self.L]
+        return (
+            _lin(
+                [(self.ea[q], 1.0) for q in last if q in self.ea]
+                + [(self.em[q], self.m - 1.0) for q in last if q in self.em]
+                + [(self.el[q], 1.0) for q in last if q in self.el],
+                of,
+            )
+            - of * single
+        )
+
+    def _prefix_state(self, cap: _Caps) -> None:
+        """The prefix state carried into each group but the first (ea, em, el), 0 unless chosen."""
+        m, prob = self.m, self.prob
+        for q, g in enumerate(self.groups):
+            if g.i == 0:
+                continue
+            ua, um, ul = min(cap.UA[g.i], cap.fcap[q]), min(cap.UM[g.i], cap.fcap[q] / m), min(cap.UL[g.i], cap.fcap[q])
+            self.ea[q], self.em[q], self.el[q] = (
+                pulp.LpVariable(f"ea_{q}", 0, ua),
+                pulp.LpVariable(f"em_{q}", 0, um),
+                pulp.LpVariable(f"el_{q}", 0, ul),
+            )
+            for var, u in ((self.ea[q], ua), (self.em[q], um), (self.el[q], ul)):
+                prob += _lin([(var, 1.0)] + [(v, -u) for v in self.x[q]]) <= 0
+
+    def _forward_tasks(self, cap: _Caps) -> None:
+        """Each forward stage's maxima (ma >= em, ml >= el, and its own) and F_s - o, kept
+        within the task limit where the bounds do not already imply it."""
+        m, maxT, prob, x, ea, em, el, ma, ml = self.m, self.maxT, self.prob, self.x, self.ea, self.em, self.el, self.ma, self.ml
+        for q, g in enumerate(self.groups):
+            if g.j == self.L:
+                continue  # the last stage's forward runs inside its backward task
+            ma[q], ml[q] = pulp.LpVariable(f"ma_{q}", 0), pulp.LpVariable(f"ml_{q}", 0)
+            prob += _lin([(ma[q], 1.0)] + [(v, -g.a) for v in x[q]]) >= 0
+            prob += _lin([(ml[q], 1.0)] + [(v, -op.load_s) for v, op in zip(x[q], g.options)]) >= 0
+            if q in em:
+                prob += _lin([(ma[q], 1.0), (em[q], -1.0)]) >= 0
+                prob += _lin([(ml[q], 1.0), (el[q], -1.0)]) >= 0
+            terms = [(ml[q], 1.0), (ma[q], m - 1.0)] + [(v, g.ao) for v in x[q]] + ([(ea[q], 1.0)] if q in ea else [])
+            self.F[q] = _lin(terms)  # F_s - o: the forward task's duration
+            if cap.UL[g.i] + cap.UA[g.i] + g.ao + (m - 1) * max(cap.UM[g.i], g.a) > maxT:
+                prob += _lin(terms + [(v, -maxT) for v in x[q]]) <= 0
+
+    def _prefix_conservation(self) -> None:
+        """At every inner node the state leaving the stage that ends there enters the next one."""
+        groups, x, ea, em, el = self.groups, self.x, self.ea, self.em, self.el
+        for n in range(1, self.L):
+            ins, outs = self.end[n], self.start[n]
+            self.prob += (
+                _lin(
+                    [(ea[q], 1.0) for q in ins if q in ea] + [(v, groups[q].af) for q in ins for v in x[q]] + [(ea[q], -1.0) for q in outs]
+                )
+                == 0,
+                f"sumA_{n}",
+            )
+            self.prob += _lin([(self.ma[q], 1.0) for q in ins] + [(em[q], -1.0) for q in outs]) == 0, f"maxA_{n}"
+            self.prob += _lin([(self.ml[q], 1.0) for q in ins] + [(el[q], -1.0) for q in outs]) == 0, f"maxL_{n}"
+
+    # -- backward (§3.2) --------------------------------------------------------------------------
+    def backward(self, cap: _Caps, floors: tuple[float, float]) -> None:
+        """The backward tasks: suffix state carried into each group from the stages after it,
+        durations, conservation at the nodes; and the band's floors of the bottlenecks."""
+        for q, g in enumerate(self.groups):
+            self._backward_task(cap, q, g)
+        self._suffix_conservation()
+        if floors[0] > 0:  # the band's floor of the forward bottleneck: the max carried into the last stage
+            self.prob += _lin([(self.em[q], 1.0) for q in self.end[self.L] if q in self.em]) >= floors[0], "floorA"
+        if floors[1] > 0:  # ... and of the backward bottleneck: the suffix max of the first stage
+            self.prob += _lin([(self.mb[q], 1.0) for q in self.start[0]]) >= floors[1], "floorB"
+
+    def _backward_task(self, cap: _Caps, q: int, g: Group) -> None:
+        """Group q's backward maximum (mb), its suffix state (xb, xm, ll; the last stage loads
+        its own parameters) and BT_s - o - tail_s, kept within the task limit where the bounds do
+        not already imply it."""
+        m, prob, x = self.m, self.prob, self.x[q]
+        self.mb[q] = pulp.LpVariable(f"mb_{q}", 0)
+        prob += _lin([(self.mb[q], 1.0)] + [(v, -g.bb) for v in x]) >= 0
+        terms = [(self.mb[q], m - 1.0)] + [(v, g.bo) for v in x]
+        if g.j < self.L:
+            ub, ux, ul = min(cap.UB[g.j], cap.fcap[q]), min(cap.UX[g.j], cap.fcap[q] / m), min(cap.ULL, cap.fcap[q])
+            xb, xm, ll = pulp.LpVariable(f"xb_{q}", 0, ub), pulp.LpVariable(f"xm_{q}", 0, ux), pulp.LpVariable(f"ll_{q}", 0, ul)
+            self.xb[q], self.xm[q], self.ll[q] = xb, xm, ll
+            for var, u in ((xb, ub), (xm, ux), (ll, ul)):
+                prob += _lin([(var, 1.0)] + [(v, -u) for v in x]) <= 0
+            prob += _lin([(self.mb[q], 1.0), (xm, -1.0)]) >= 0
+            terms += [(xb, 1.0), (ll, 1.0)]
+            hi = cap.ULL + cap.UB[g.j] + g.bo + (m - 1) * max(cap.UX[g.j], g.bb)
+        else:
+            terms += [(v, op.load_s) for v, op in zip(x, g.options)]
+            hi = max(op.load_s for op in g.options) + g.bo + (m - 1) * g.bb
+        self.BT[q] = _lin(terms)  # BT_s - o - tail_s
+        if hi + max(op.tail_s for op in g.options) > self.maxT:
+            prob += _lin(terms + [(v, op.tail_s - self.maxT) for v, op in zip(x, g.options)]) <= 0
+
+    def _suffix_conservation(self) -> None:
+        """Stages starting at a node pass their suffix state to the stage ending there."""
+        groups, x, xb, ll = self.groups, self.x, self.xb, self.ll
+        for n in range(1, self.L):
+            ins, outs = self.start[n], self.end[n]
+            self.prob += (
+                _lin(
+                    [(xb[q], 1.0) for q in ins if q in xb] + [(v, groups[q].bf) for q in ins for v in x[q]] + [(xb[q], -1.0) for q in outs]
+                )
+                == 0,
+                f"sumB_{n}",
+            )
+            self.prob += _lin([(self.mb[q], 1.0) for q in ins] + [(self.xm[q], -1.0) for q in outs]) == 0, f"maxB_{n}"
+            self.prob += (
+                _lin(
+                    [(ll[q], 1.0) for q in ins if q in ll]
+                    + [(v, op.load_s) for q in ins if groups[q].j == self.L for v, op in zip(x[q], groups[q].options)]
+                    + [(ll[q], -1.0) for q in outs]
+                )
+                == 0,
+                f"lastL_{n}",
+            )
+
+    # -- backward and sync: the branches (§3.3) -------------------------------------------------
+    def branches(self, cap: _Caps) -> Any:
+        """T_BS = o + max over stages of (BT_s + its branch's extra): the running maximum is
+        carried backwards like the other suffix state (W_q >= xw_q, W_q >= the group's own branch
+        end), so the LP relaxation takes the max along each path rather than over diluted node
+        sums. Returns the variable T_BS."""
+        prob, groups, x = self.prob, self.groups, self.x
+        W, xw = {}, {}
+        for q, g in enumerate(groups):
+            W[q] = pulp.LpVariable(f"w_{q}", 0)
+            prob += _lin([(W[q], 1.0)] + self._minus_branch_end(q)) >= 0
+            if g.j < self.L:
+                xw[q] = pulp.LpVariable(f"xw_{q}", 0, cap.UW[g.j])
+                prob += _lin([(xw[q], 1.0)] + [(v, -cap.UW[g.j]) for v in x[q]]) <= 0
+                prob += _lin([(W[q], 1.0), (xw[q], -1.0)]) >= 0
+        for n in range(1, self.L):
+            prob += _lin([(W[q], 1.0) for q in self.start[n]] + [(xw[q], -1.0) for q in self.end[n]]) == 0, f"maxBranch_{n}"
+        TBS = pulp.LpVariable("T_backward_sync", 0)
+        prob += _lin([(TBS, 1.0)] + [(W[q], -1.0) for q in self.start[0]]) >= self.o, "branch_0"
+        for n in range(1, self.L):  # valid (implied) node rows: cheap, and they help the LP where flows merge
+            terms = [(TBS, 1.0)]
+            for q in self.start[n]:
+                terms += self._minus_branch_end(q)
+            prob += _lin(terms) >= self.o, f"branch_{n}"
+        return TBS
+
+    def _minus_branch_end(self, q: int) -> list[tuple[Any, float]]:
+        """Minus group q's own branch end (BT_s - o - tail_s + its extra time), as terms."""
+        return [(var, -c) for var, c in self.BT[q].items()] + [(v, -op.extra_s) for v, op in zip(self.x[q], self.groups[q].options)]
+
+    # -- cost (§4) ----------------------------------------------------------------------------------
+    def cost(self, single: pulp.LpAffineExpression) -> pulp.LpAffineExpression:
+        """Own constants + every task's duration at its tier."""
+        d = self.d
+        cost_terms: list[tuple[Any, float]] = []
+        for q, g in enumerate(self.groups):
+            cost_terms += [(v, op.own_cost) for v, op in zip(self.x[q], g.options)]
+            cost_terms += [(var, d * g.price * c) for var, c in self.BT[q].items()]
+            if q in self.F:
+                cost_terms += [(var, d * g.price * c) for var, c in self.F[q].items()]
+        pt = self.plat.price_transition
+        return _lin(cost_terms, pt * global_transitions(2)) - pt * (global_transitions(2) - global_transitions(1)) * single
+
+    def plan(self, cands: Candidates) -> Config:
+        """The chosen stages, read along the path from node 0."""
+        chosen = {}
+        for q, g in enumerate(self.groups):
+            for v, op in zip(self.x[q], g.options):
+                if (v.value() or 0) > 0.5:
+                    chosen[g.i] = (g, op)
+        balance, tier_sel, sync_sel = [], [], []
+        n = 0
+        while n < self.L:
+            g, op = chosen[n]
+            balance.append(g.j - g.i)
+            tier_sel.append(g.tier)
+            sync_sel.append(op.choice)
+            n = g.j
+        return Config(tuple(balance), tuple(tier_sel), self.d, cands.micro_batch, self.m, tuple(sync_sel))
+
+
+def _highs(time_limit: float, gap: float, threads: int | None, objective_bound: float | None) -> Any:
+    """HiGHS as measured fastest on these models: restarts re-presolve the root again and again,
+    and the sub-MIP heuristics (RINS, RENS, root reduced cost) take most of the time while the
+    incumbent from the heuristic plan is already good; without them the same proofs take 2-10x
+    less time."""
+    opts: dict[str, Any] = {
+        "mip_allow_restart": False,
+        "mip_heuristic_run_rins": False,
+        "mip_heuristic_run_rens": False,
+        "mip_heuristic_run_root_reduced_cost": False,
+    }
+    if objective_bound is not None:
+        opts["objective_bound"] = objective_bound
+    return pulp.HiGHS(msg=False, gapRel=gap, gapAbs=0.0, timeLimit=time_limit, threads=threads, **opts)
+
+
 def solve_milp(
     cands: Candidates,
     groups: Sequence[Group],
@@ -64,192 +382,20 @@ def solve_milp(
     floors: tuple[float, float] = (0.0, 0.0),
 ) -> MilpSolution:
     """Build and solve the path MILP over ``groups`` (module docstring, step 3)."""
-    L, d, b, m = cands.layers, cands.replicas, cands.micro_batch, cands.micro_batches
-    o, maxT = phase_overhead(plat, d), plat.max_predicted_task_s
-    if any(not any(g.i <= l < g.j for g in groups) for l in range(L)):
+    if any(not any(g.i <= l < g.j for g in groups) for l in range(cands.layers)):
         return MilpSolution(None, math.inf, "infeasible", 0, 0)
-    start: dict[int, list[int]] = {n: [] for n in range(L + 1)}
-    end: dict[int, list[int]] = {n: [] for n in range(L + 1)}
-    for q, g in enumerate(groups):
-        start[g.i].append(q)
-        end[g.j].append(q)
-    # valid upper bounds of the carried state at each node (longest paths over these groups,
-    # capped by the task limit: F_s >= sumA and >= m maxA, BT_s >= sumB and >= m maxB; and by the
-    # cutoff: a plan below it has wt * T <= cutoff, so every carried time is <= cutoff / wt)
-    tcap = cutoff / wt if cutoff is not None and math.isfinite(cutoff) and wt > 0 else math.inf
-    ccap = cutoff / wc if cutoff is not None and math.isfinite(cutoff) and wc > 0 else math.inf
-    UA, UM, UL = [0.0] * (L + 1), [0.0] * (L + 1), [0.0] * (L + 1)
-    for n in range(1, L):
-        for q in end[n]:
-            g = groups[q]
-            UA[n] = max(UA[n], UA[g.i] + g.af)
-            UM[n] = max(UM[n], UM[g.i], g.a)
-            UL[n] = max(UL[n], UL[g.i], max(op.load_s for op in g.options))
-        UA[n], UM[n], UL[n] = min(UA[n], maxT, tcap), min(UM[n], maxT / m, tcap / m), min(UL[n], tcap)
-    UB, UX = [0.0] * (L + 1), [0.0] * (L + 1)
-    for n in range(L - 1, 0, -1):
-        for q in start[n]:
-            g = groups[q]
-            UB[n] = max(UB[n], UB[g.j] + g.bf)
-            UX[n] = max(UX[n], UX[g.j], g.bb)
-        UB[n], UX[n] = min(UB[n], maxT, tcap), min(UX[n], maxT / m, tcap / m)
-    ULL = min(tcap, max((op.load_s for q in end[L] for op in groups[q].options), default=0.0))
-    # and per group from the bill: d * price * (its task's duration) <= cost <= cutoff / wc
-    fcap = [ccap / (d * g.price) for g in groups]
-
-    prob = pulp.LpProblem("stagecoach_plan", pulp.LpMinimize)
-    cat = pulp.LpContinuous if relax else pulp.LpBinary
-    V = pulp.LpVariable
-
-    def E(pairs: Any, const: float = 0.0) -> pulp.LpAffineExpression:
-        """A linear expression that sums repeated variables (pulp's constructor keeps the last)."""
-        acc: dict[Any, float] = {}
-        for var, c in pairs:
-            acc[var] = acc.get(var, 0.0) + c
-        return pulp.LpAffineExpression(acc, const)
-
-    x = [[V(f"x_{g.i}_{g.j}_{g.k}_{op.a}", 0, 1, cat) for op in g.options] for g in groups]
-    # path: one stage leaves node 0, one enters node L, flow conserved in between; S <= Smax
-    for n in range(L + 1):
-        rhs = 1 if n == 0 else (-1 if n == L else 0)
-        prob += E([(v, 1.0) for q in start[n] for v in x[q]] + [(v, -1.0) for q in end[n] for v in x[q]]) == rhs, f"path_{n}"
-    prob += E([(v, 1.0) for xs in x for v in xs]) <= smax, "stages"
-    single = E([(v, 1.0) for q in start[0] if groups[q].j == L for v in x[q]])  # 1 iff S = 1
-    # forward (§3.1): prefix state carried into each group (ea, em, el), 0 unless chosen
-    ea, em, el, ma, ml, Fexpr = {}, {}, {}, {}, {}, {}
-    for q, g in enumerate(groups):
-        if g.i == 0:
-            continue
-        ua, um, ul = min(UA[g.i], fcap[q]), min(UM[g.i], fcap[q] / m), min(UL[g.i], fcap[q])
-        ea[q], em[q], el[q] = V(f"ea_{q}", 0, ua), V(f"em_{q}", 0, um), V(f"el_{q}", 0, ul)
-        for var, u in ((ea[q], ua), (em[q], um), (el[q], ul)):
-            prob += E([(var, 1.0)] + [(v, -u) for v in x[q]]) <= 0
-    for q, g in enumerate(groups):
-        if g.j == L:
-            continue  # the last stage's forward runs inside its backward task
-        ma[q], ml[q] = V(f"ma_{q}", 0), V(f"ml_{q}", 0)
-        prob += E([(ma[q], 1.0)] + [(v, -g.a) for v in x[q]]) >= 0
-        prob += E([(ml[q], 1.0)] + [(v, -op.load_s) for v, op in zip(x[q], g.options)]) >= 0
-        if q in em:
-            prob += E([(ma[q], 1.0), (em[q], -1.0)]) >= 0
-            prob += E([(ml[q], 1.0), (el[q], -1.0)]) >= 0
-        terms = [(ml[q], 1.0), (ma[q], m - 1.0)] + [(v, g.ao) for v in x[q]] + ([(ea[q], 1.0)] if q in ea else [])
-        Fexpr[q] = E(terms)  # F_s - o: the forward task's duration
-        if UL[g.i] + UA[g.i] + g.ao + (m - 1) * max(UM[g.i], g.a) > maxT:
-            prob += E(terms + [(v, -maxT) for v in x[q]]) <= 0
-    for n in range(1, L):
-        ins, outs = end[n], start[n]
-        prob += (
-            E([(ea[q], 1.0) for q in ins if q in ea] + [(v, groups[q].af) for q in ins for v in x[q]] + [(ea[q], -1.0) for q in outs]) == 0,
-            f"sumA_{n}",
-        )
-        prob += E([(ma[q], 1.0) for q in ins] + [(em[q], -1.0) for q in outs]) == 0, f"maxA_{n}"
-        prob += E([(ml[q], 1.0) for q in ins] + [(el[q], -1.0) for q in outs]) == 0, f"maxL_{n}"
-    # T_F = F_{S-2}: the sum carried into the last stage holds every forward stage's hop to its
-    # successor, and the last forward stage's own task ends at its PUT, one poll earlier
-    # (fwd_hop_s - fwd_hop_own_s = poll_delay_s for every stage)
-    of = o - plat.poll_delay_s
-    TF = (
-        E(
-            [(ea[q], 1.0) for q in end[L] if q in ea]
-            + [(em[q], m - 1.0) for q in end[L] if q in em]
-            + [(el[q], 1.0) for q in end[L] if q in el],
-            of,
-        )
-        - of * single
-    )
-    # backward (§3.2): suffix state carried into each group from the stages after it
-    xb, xm, ll, mb, BTexpr = {}, {}, {}, {}, {}
-    for q, g in enumerate(groups):
-        mb[q] = V(f"mb_{q}", 0)
-        prob += E([(mb[q], 1.0)] + [(v, -g.bb) for v in x[q]]) >= 0
-        terms = [(mb[q], m - 1.0)] + [(v, g.bo) for v in x[q]]
-        if g.j < L:
-            ub, ux, ul = min(UB[g.j], fcap[q]), min(UX[g.j], fcap[q] / m), min(ULL, fcap[q])
-            xb[q], xm[q], ll[q] = V(f"xb_{q}", 0, ub), V(f"xm_{q}", 0, ux), V(f"ll_{q}", 0, ul)
-            for var, u in ((xb[q], ub), (xm[q], ux), (ll[q], ul)):
-                prob += E([(var, 1.0)] + [(v, -u) for v in x[q]]) <= 0
-            prob += E([(mb[q], 1.0), (xm[q], -1.0)]) >= 0
-            terms += [(xb[q], 1.0), (ll[q], 1.0)]
-            hi = ULL + UB[g.j] + g.bo + (m - 1) * max(UX[g.j], g.bb)
-        else:
-            terms += [(v, op.load_s) for v, op in zip(x[q], g.options)]
-            hi = max(op.load_s for op in g.options) + g.bo + (m - 1) * g.bb
-        BTexpr[q] = E(terms)  # BT_s - o - tail_s
-        if hi + max(op.tail_s for op in g.options) > maxT:
-            prob += E(terms + [(v, op.tail_s - maxT) for v, op in zip(x[q], g.options)]) <= 0
-    for n in range(1, L):
-        ins, outs = start[n], end[n]  # stages starting at n pass their suffix state to the stage ending at n
-        prob += (
-            E([(xb[q], 1.0) for q in ins if q in xb] + [(v, groups[q].bf) for q in ins for v in x[q]] + [(xb[q], -1.0) for q in outs]) == 0,
-            f"sumB_{n}",
-        )
-        prob += E([(mb[q], 1.0) for q in ins] + [(xm[q], -1.0) for q in outs]) == 0, f"maxB_{n}"
-        prob += (
-            E(
-                [(ll[q], 1.0) for q in ins if q in ll]
-                + [(v, op.load_s) for q in ins if groups[q].j == L for v, op in zip(x[q], groups[q].options)]
-                + [(ll[q], -1.0) for q in outs]
-            )
-            == 0,
-            f"lastL_{n}",
-        )
-    if floors[0] > 0:  # the band's floor of the forward bottleneck: the max carried into the last stage
-        prob += E([(em[q], 1.0) for q in end[L] if q in em]) >= floors[0], "floorA"
-    if floors[1] > 0:  # ... and of the backward bottleneck: the suffix max of the first stage
-        prob += E([(mb[q], 1.0) for q in start[0]]) >= floors[1], "floorB"
-    # T_BS = o + max over stages of (BT_s + its branch's extra): the running maximum is carried
-    # backwards like the other suffix state (W_q >= xw_q, W_q >= the group's own branch end), so
-    # the LP relaxation takes the max along each path rather than over diluted node sums
-    UW = [0.0] * (L + 1)
-    for n in range(L - 1, 0, -1):
-        for q in start[n]:
-            g = groups[q]
-            UW[n] = max(UW[n], UW[g.j], ULL + UB[g.j] + g.bo + (m - 1) * max(UX[g.j], g.bb) + max(op.extra_s for op in g.options))
-        UW[n] = min(UW[n], tcap, maxT + max((op.extra_s for q in start[n] for op in groups[q].options), default=0.0))
-    W, xw = {}, {}
-    for q, g in enumerate(groups):
-        W[q] = V(f"w_{q}", 0)
-        own_end = [(var, -c) for var, c in BTexpr[q].items()] + [(v, -op.extra_s) for v, op in zip(x[q], g.options)]
-        prob += E([(W[q], 1.0)] + own_end) >= 0
-        if g.j < L:
-            xw[q] = V(f"xw_{q}", 0, UW[g.j])
-            prob += E([(xw[q], 1.0)] + [(v, -UW[g.j]) for v in x[q]]) <= 0
-            prob += E([(W[q], 1.0), (xw[q], -1.0)]) >= 0
-    for n in range(1, L):
-        prob += E([(W[q], 1.0) for q in start[n]] + [(xw[q], -1.0) for q in end[n]]) == 0, f"maxBranch_{n}"
-    TBS = V("T_backward_sync", 0)
-    prob += E([(TBS, 1.0)] + [(W[q], -1.0) for q in start[0]]) >= o, "branch_0"
-    for n in range(1, L):  # valid (implied) node rows: cheap, and they help the LP where flows merge
-        terms = [(TBS, 1.0)]
-        for q in start[n]:
-            terms += [(var, -c) for var, c in BTexpr[q].items()]
-            terms += [(v, -op.extra_s) for v, op in zip(x[q], groups[q].options)]
-        prob += E(terms) >= o, f"branch_{n}"
-    # cost (§4): own constants + every task's duration at its tier
-    cost_terms: list[tuple[Any, float]] = []
-    for q, g in enumerate(groups):
-        cost_terms += [(v, op.own_cost) for v, op in zip(x[q], g.options)]
-        cost_terms += [(var, d * g.price * c) for var, c in BTexpr[q].items()]
-        if q in Fexpr:
-            cost_terms += [(var, d * g.price * c) for var, c in Fexpr[q].items()]
-    pt = plat.price_transition
-    cost = E(cost_terms, pt * global_transitions(2)) - pt * (global_transitions(2) - global_transitions(1)) * single
+    milp = _PathMilp(cands, groups, plat, relax)
+    cap = milp.caps(wc, wt, cutoff)
+    single = milp.path(smax)
+    TF = milp.forward(cap, single)
+    milp.backward(cap, floors)
+    TBS = milp.branches(cap)
+    cost = milp.cost(single)
+    prob = milp.prob
     ref = max(1e-12, wc * 1e-4 + wt)  # scale the objective to O(1e4) for HiGHS's tolerances
     prob += weighted_objective(cost, TF + TBS + plat.iteration_overhead_s, wc, wt) * (1.0 / ref)
-    # Measured on these models: restarts re-presolve the root again and again, and the sub-MIP
-    # heuristics (RINS, RENS, root reduced cost) take most of the time while the incumbent from
-    # the heuristic plan is already good; without them the same proofs take 2-10x less time.
-    opts: dict[str, Any] = {
-        "mip_allow_restart": False,
-        "mip_heuristic_run_rins": False,
-        "mip_heuristic_run_rens": False,
-        "mip_heuristic_run_root_reduced_cost": False,
-    }
-    if cutoff is not None and math.isfinite(cutoff) and not relax:
-        opts["objective_bound"] = cutoff / ref
-    solver = pulp.HiGHS(msg=False, gapRel=gap, gapAbs=0.0, timeLimit=time_limit, threads=threads, **opts)
-    status = prob.solve(solver)
+    bound = cutoff / ref if cutoff is not None and math.isfinite(cutoff) and not relax else None
+    status = prob.solve(_highs(time_limit, gap, threads, bound))
     nvars, ncons = len(prob.variables()), len(prob.constraints)
     try:
         ms = prob.solverModel.modelStatusToString(prob.solverModel.getModelStatus()).lower()
@@ -260,18 +406,4 @@ def solve_milp(
     if pulp.LpStatus[status] != "Optimal":
         proven_empty = ms in ("infeasible", "objective bound")  # nothing better than the cutoff exists
         return MilpSolution(None, math.inf, "infeasible" if proven_empty else ms, nvars, ncons)
-    chosen = {}
-    for q, g in enumerate(groups):
-        for v, op in zip(x[q], g.options):
-            if (v.value() or 0) > 0.5:
-                chosen[g.i] = (g, op)
-    balance, tier_sel, sync_sel = [], [], []
-    n = 0
-    while n < L:
-        g, op = chosen[n]
-        balance.append(g.j - g.i)
-        tier_sel.append(g.tier)
-        sync_sel.append(op.choice)
-        n = g.j
-    cfg = Config(tuple(balance), tuple(tier_sel), d, b, m, tuple(sync_sel))
-    return MilpSolution(cfg, pulp.value(prob.objective) * ref, "optimal" if ms == "optimal" else "time_limit", nvars, ncons)
+    return MilpSolution(milp.plan(cands), pulp.value(prob.objective) * ref, "optimal" if ms == "optimal" else "time_limit", nvars, ncons)

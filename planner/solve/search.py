@@ -69,71 +69,108 @@ class MilpResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def heuristic_incumbent(
-    profile: ModelProfile, plat: Platform, cands: Candidates, a1: float, a2: float, smax: int
-) -> tuple[Config | None, float]:
-    """A good feasible plan, fast: balanced partitions (1..smax stages) with one tier and one sync
-    choice for every stage, then a local search (move a boundary, change a stage's tier or sync)
-    until no move improves. Only a starting point: the MILP proves or beats it."""
-    index = {(g.i, g.j, g.k): g for g in cands.groups}
-    L = cands.layers
-    ref = plat.tiers_mb[len(plat.tiers_mb) // 2]
-    wts = [sum(l.times(ref, cands.micro_batch, plat)) for l in profile.layers]
+_StagePath = list[tuple[Group, SyncOption]]
+_Start = tuple[float, list[int], list[int], list[int]]  # (objective, boundaries, tier per stage, sync per stage)
 
-    def score(path: list[tuple[Group, SyncOption]]) -> float:
-        e = path_estimate(cands, path, plat)
-        return objective_value(e.cost, e.time_s, a1, a2) if e.feasible else math.inf
 
-    def build(bounds_: Sequence[int], ks: Sequence[int], ops: Sequence[int]) -> list[tuple[Group, SyncOption]] | None:
+@dataclass
+class _Paths:
+    """Plans of one candidate set as paths of (group, option), built from boundaries, a tier and
+    a sync index per stage, and scored by the model's exact prediction."""
+
+    cands: Candidates
+    plat: Platform
+    a1: float
+    a2: float
+    index: dict[tuple[int, int, int], Group] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.index = {(g.i, g.j, g.k): g for g in self.cands.groups}
+
+    def score(self, path: _StagePath) -> float:
+        e = path_estimate(self.cands, path, self.plat)
+        return objective_value(e.cost, e.time_s, self.a1, self.a2) if e.feasible else math.inf
+
+    def build(self, bounds_: Sequence[int], ks: Sequence[int], ops: Sequence[int]) -> _StagePath | None:
+        """The path, or None if a stage is no candidate; a sync the group lacks falls back to its first."""
         path = []
         for s in range(len(ks)):
-            g = index.get((bounds_[s], bounds_[s + 1], ks[s]))
+            g = self.index.get((bounds_[s], bounds_[s + 1], ks[s]))
             if g is None:
                 return None
             op = next((o for o in g.options if o.a == ops[s]), None) or g.options[0]
             path.append((g, op))
         return path
 
-    best: tuple[float, list[int], list[int], list[int]] | None = None
-    for S in range(1, min(smax, L) + 1):
+
+def _balanced_start(profile: ModelProfile, plat: Platform, paths: _Paths, smax: int) -> _Start | None:
+    """The best balanced partition (1..smax stages, by compute time at a middle tier) with one
+    tier and one sync choice for every stage."""
+    cands = paths.cands
+    ref = plat.tiers_mb[len(plat.tiers_mb) // 2]
+    wts = [sum(l.times(ref, cands.micro_batch, plat)) for l in profile.layers]
+    best: _Start | None = None
+    for S in range(1, min(smax, cands.layers) + 1):
         cut = [0, *itertools.accumulate(balanced_partition(wts, S))]
         for k in range(len(cands.tiers)):
             for a in range(len(cands.choices)):
-                path = build(cut, [k] * S, [a] * S)
+                path = paths.build(cut, [k] * S, [a] * S)
                 if path is not None:
-                    v = score(path)
+                    v = paths.score(path)
                     if best is None or v < best[0]:
                         best = (v, cut, [k] * S, [op.a for _, op in path])
-    if best is None or not math.isfinite(best[0]):
-        return None, math.inf
-    v, cut, ks, ops = best
+    return best
+
+
+def _moves(cut: list[int], ks: list[int], ops: list[int], tiers: int, choices: int) -> list[tuple[list[int], list[int], list[int]]]:
+    """The neighbours of a plan: a boundary moved by one layer, one stage's tier or sync changed."""
+    moves = []
+    for s in range(1, len(cut) - 1):
+        for delta in (-1, 1):
+            c2 = list(cut)
+            c2[s] += delta
+            if c2[s - 1] < c2[s] < c2[s + 1]:
+                moves.append((c2, ks, ops))
+    for s in range(len(ks)):
+        for k in range(tiers):
+            if k != ks[s]:
+                moves.append((cut, ks[:s] + [k] + ks[s + 1 :], ops))
+        for a in range(choices):
+            if a != ops[s]:
+                moves.append((cut, ks, ops[:s] + [a] + ops[s + 1 :]))
+    return moves
+
+
+def _local_search(paths: _Paths, start: _Start) -> _Start:
+    """First-improvement local search from ``start`` until no move improves."""
+    v, cut, ks, ops = start
     improved = True
-    while improved:  # first-improvement local search
+    while improved:
         improved = False
-        moves = []
-        for s in range(1, len(cut) - 1):
-            for delta in (-1, 1):
-                c2 = list(cut)
-                c2[s] += delta
-                if c2[s - 1] < c2[s] < c2[s + 1]:
-                    moves.append((c2, ks, ops))
-        for s in range(len(ks)):
-            for k in range(len(cands.tiers)):
-                if k != ks[s]:
-                    moves.append((cut, ks[:s] + [k] + ks[s + 1 :], ops))
-            for a in range(len(cands.choices)):
-                if a != ops[s]:
-                    moves.append((cut, ks, ops[:s] + [a] + ops[s + 1 :]))
-        for c2, k2, o2 in moves:
-            path = build(c2, k2, o2)
+        for c2, k2, o2 in _moves(cut, ks, ops, len(paths.cands.tiers), len(paths.cands.choices)):
+            path = paths.build(c2, k2, o2)
             if path is None:
                 continue
-            v2 = score(path)
+            v2 = paths.score(path)
             if v2 < v * (1 - 1e-12):
                 v, cut, ks, ops = v2, list(c2), list(k2), [op.a for _, op in path]
                 improved = True
                 break
-    path = build(cut, ks, ops)
+    return v, cut, ks, ops
+
+
+def heuristic_incumbent(
+    profile: ModelProfile, plat: Platform, cands: Candidates, a1: float, a2: float, smax: int
+) -> tuple[Config | None, float]:
+    """A good feasible plan, fast: balanced partitions (1..smax stages) with one tier and one sync
+    choice for every stage, then a local search (move a boundary, change a stage's tier or sync)
+    until no move improves. Only a starting point: the MILP proves or beats it."""
+    paths = _Paths(cands, plat, a1, a2)
+    start = _balanced_start(profile, plat, paths, smax)
+    if start is None or not math.isfinite(start[0]):
+        return None, math.inf
+    v, cut, ks, ops = _local_search(paths, start)
+    path = paths.build(cut, ks, ops)
     assert path is not None
     cfg = Config(
         tuple(g.j - g.i for g, _ in path),
@@ -179,6 +216,216 @@ def _prefix_with_path(order: Sequence[int], groups: Sequence[Group], L: int, sma
     return list(order[:n])
 
 
+def _caller_incumbent(
+    profile: ModelProfile,
+    plat: Platform,
+    cands: Candidates,
+    a1: float,
+    a2: float,
+    smax: int,
+    incumbent: Config | Sequence[Config] | float | None,
+) -> tuple[Config | None, float]:
+    """The caller's best feasible plan of this (d, b, m) (or just its objective; inf if none)."""
+    best_cfg: Config | None = None
+    best = math.inf
+    if isinstance(incumbent, (int, float)):
+        best = float(incumbent)
+    elif incumbent is not None:
+        for cfg in [incumbent] if isinstance(incumbent, Config) else incumbent:
+            if (
+                (cfg.replicas, cfg.micro_batch, cfg.micro_batches) != (cands.replicas, cands.micro_batch, cands.micro_batches)
+                or len(cfg.balance) > smax
+                or sum(cfg.balance) != cands.layers
+            ):
+                continue
+            e = evaluate(profile, cfg, plat)
+            v = objective_value(e.cost, e.time_s, a1, a2)
+            if e.feasible and v < best:
+                best_cfg, best = cfg, v
+    return best_cfg, best
+
+
+@dataclass
+class _Search:
+    """One exact solve (``_solve``) in progress: the incumbent, whether every MILP so far ended
+    proven, the last MILP's size and what ``MilpResult.info`` reports."""
+
+    profile: ModelProfile
+    plat: Platform
+    cands: Candidates
+    a1: float
+    a2: float
+    smax: int
+    gap: float
+    threads: int | None
+    t0: float
+    deadline: float
+    best_cfg: Config | None = None
+    best: float = math.inf
+    proven: bool = True
+    last: MilpSolution = field(default_factory=lambda: MilpSolution(None, math.inf, "none", 0, 0))
+    info: dict[str, Any] = field(default_factory=dict)
+    milps: list[dict[str, Any]] = field(default_factory=list)
+    wc: float = field(init=False)
+    wt: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.wc, self.wt = objective_weights(self.a1, self.a2)
+
+    def remaining(self) -> float:
+        return max(0.5, self.deadline - time.perf_counter())
+
+    def cut(self) -> float:
+        """What a plan must stay below to count as better than the incumbent."""
+        return self.best * (1 + REL_TOL) + 1e-9
+
+    def result(self, status: str, kept: int) -> MilpResult:
+        cfg = self.best_cfg
+        obj = self.best if cfg is not None else math.inf
+        elapsed = time.perf_counter() - self.t0
+        return MilpResult(cfg, obj, status, elapsed, self.last.variables, self.last.constraints, self.cands.size, kept, self.info)
+
+    def run(self, qs: Sequence[int], floors: tuple[float, float] = (0.0, 0.0), tag: str = "") -> None:
+        """One MILP over the groups ``qs``; a plan it finds is the incumbent if the model says it
+        is better (a band floor may have inflated the MILP's own value)."""
+        tm = time.perf_counter()
+        groups = self.cands.groups
+        sol = solve_milp(
+            self.cands,
+            [groups[q] for q in sorted(qs)],
+            self.plat,
+            self.wc,
+            self.wt,
+            self.smax,
+            self.remaining(),
+            self.gap,
+            self.threads,
+            self.cut() if math.isfinite(self.best) else None,
+            floors=floors,
+        )
+        self.last = sol
+        self.milps.append(
+            {"tag": tag, "groups": len(qs), "status": sol.status, "objective": sol.objective, "s": round(time.perf_counter() - tm, 3)}
+        )
+        if sol.config is not None:
+            e = evaluate(self.profile, sol.config, self.plat)
+            v = objective_value(e.cost, e.time_s, self.a1, self.a2)
+            if e.feasible and v < self.best:
+                self.best_cfg, self.best = sol.config, v
+        if sol.status not in ("optimal", "infeasible"):
+            self.proven = False
+
+    def refuted(self, bounds: LowerBounds) -> bool:
+        """One cheap DP sweep: True if nothing here can beat the incumbent."""
+        glb = bounds.pair_bounds(bounds.grid(8))
+        self.info["global_bound"] = float(glb.min()) if len(glb) else math.inf
+        return not len(glb) or bool(glb.min() > self.cut())
+
+    def heuristic(self) -> None:
+        th = time.perf_counter()
+        hcfg, hobj = heuristic_incumbent(self.profile, self.plat, self.cands, self.a1, self.a2, self.smax)
+        self.info["heuristic"] = {"objective": hobj, "s": round(time.perf_counter() - th, 3)}
+        if hcfg is not None and hobj < self.best:
+            self.best_cfg, self.best = hcfg, hobj
+
+    def first_plan(self, bounds: LowerBounds, first_groups: int) -> None:
+        """No incumbent at all: MILPs over the groups with the smallest coarse bounds, more of
+        them until a plan is found."""
+        groups, L = self.cands.groups, self.cands.layers
+        coarse = bounds.group_bounds(bounds.grid(6), ctx=False)
+        order = [int(q) for q in np.argsort(coarse, kind="stable") if math.isfinite(coarse[q])]
+        size = first_groups
+        while not math.isfinite(self.best) and time.perf_counter() < self.deadline:
+            qs = _prefix_with_path(order, groups, L, self.smax, size)
+            self.run(qs, tag="first")
+            if len(qs) == len(order) or math.isfinite(self.best):
+                break
+            size *= 2
+
+    def _alive(self, lbg: np.ndarray) -> list[int]:
+        """The groups whose bound can still beat the incumbent, most promising first."""
+        return [int(q) for q in np.argsort(lbg, kind="stable") if lbg[q] <= self.cut()]
+
+    def promising(self, bounds: LowerBounds, first_groups: int) -> tuple[np.ndarray, ...]:
+        """Bounds against the incumbent, and MILPs over the most promising groups (and the
+        incumbent's) while they improve it cheaply. Returns the band pairs left."""
+        groups, L = self.cands.groups, self.cands.layers
+        tb = time.perf_counter()
+        pairs = bounds.refine(bounds.grid(8), self.cut(), budget=PAIR_BUDGET)
+        lbm = bounds.group_bounds(pairs, ctx=False, per_pair=True)
+        self.info["bounds_s"] = time.perf_counter() - tb
+        alive = self._alive(lbm.min(axis=0) if len(pairs[0]) else np.full(len(groups), np.inf))
+        self.info["alive"] = len(alive)
+        size = first_groups
+        while len(alive) > max(size, FEW_GROUPS) and time.perf_counter() < self.deadline:
+            chosen = set(_prefix_with_path(alive, groups, L, self.smax, size))
+            if self.best_cfg is not None:
+                want = _config_groups(self.best_cfg, self.cands)
+                chosen |= {q for q in alive if (groups[q].i, groups[q].j, groups[q].k) in want}
+            before = self.best
+            self.run(sorted(chosen), tag="promising")
+            if self.best >= before * (1 - 1e-9) or size >= PROMISING_MAX:
+                break  # no better plan among these: the final MILPs decide
+            # a better incumbent discards more; if many groups survive, look at twice as many of them
+            pairs = bounds.refine(pairs, self.cut(), budget=PAIR_BUDGET)
+            alive = self._alive(
+                bounds.group_bounds(pairs, ctx=False, per_pair=True).min(axis=0) if len(pairs[0]) else np.full(len(groups), np.inf)
+            )
+            size *= 2
+        return bounds.refine(pairs, self.cut(), budget=PAIR_BUDGET)
+
+    def final(self, bounds: LowerBounds, pairs: tuple[np.ndarray, ...]) -> set[int]:
+        """The MILPs that decide: one per band pair, or one over every group left (below).
+        Returns the groups they were given.
+
+        With many micro-batches the bottlenecks (m-1)*max dominate and the LP relaxation of a
+        maximum over mixed paths is weak: one MILP per band pair of (max forward step, max
+        backward step) that can still beat the incumbent, over the groups whose bound in that
+        pair can (the bottleneck enumerated: the MILP's maxima are pinned to a narrow band). With
+        few micro-batches the maxima weigh little, and when the bands' group sets overlap a lot
+        (their total many times the union) the MILPs repeat each other's work: then one MILP
+        over every group left is faster (measured on the zoo models)."""
+        tb = time.perf_counter()
+        lbm = bounds.group_bounds(pairs, ctx=True, per_pair=True)
+        self.info["bounds_s"] += time.perf_counter() - tb
+        cut = self.cut()
+        live = np.nonzero(bounds.pair_bounds(pairs) <= cut)[0] if len(pairs[0]) else np.zeros(0, int)
+        union = int((lbm.min(axis=0) <= cut).sum()) if len(pairs[0]) else 0
+        repeated = int((lbm[live] <= cut).sum()) if len(live) else 0
+        self.info["band_groups_total"], self.info["union_groups"] = repeated, union
+        if self.cands.micro_batches < BANDS_FROM_M or repeated > BANDS_OVERLAP * max(1, union):
+            return self._all_groups(lbm, pairs)
+        return self._bands(bounds, lbm, pairs)
+
+    def _all_groups(self, lbm: np.ndarray, pairs: tuple[np.ndarray, ...]) -> set[int]:
+        """One MILP over every group whose bound in some band pair can beat the incumbent."""
+        qs = [int(q) for q in np.nonzero(lbm.min(axis=0) <= self.cut())[0]] if len(pairs[0]) else []
+        self.info["band_pairs"] = 0
+        if qs and _min_stages([self.cands.groups[q] for q in qs], self.cands.layers) <= self.smax:
+            self.run(qs, tag="all")
+        return set(qs)
+
+    def _bands(self, bounds: LowerBounds, lbm: np.ndarray, pairs: tuple[np.ndarray, ...]) -> set[int]:
+        """One MILP per band pair, in the order of their bounds, until the next cannot beat the
+        incumbent; each over the groups that can in that pair, its maxima pinned to the floors."""
+        pair_lb = bounds.pair_bounds(pairs) if len(pairs[0]) else np.zeros(0)
+        thA, thB = bounds.thA.copy(), bounds.thB.copy()
+        self.info["band_pairs"] = len(pairs[0])
+        kept: set[int] = set()
+        for p in [int(p) for p in np.argsort(pair_lb, kind="stable")]:
+            if pair_lb[p] > self.cut():
+                break
+            if time.perf_counter() > self.deadline:
+                self.proven = False
+                break
+            qs = [int(q) for q in np.nonzero(lbm[p] <= self.cut())[0]]
+            if not qs or _min_stages([self.cands.groups[q] for q in qs], self.cands.layers) > self.smax:
+                continue
+            kept |= set(qs)
+            self.run(qs, floors=(float(thA[p]), float(thB[p])), tag=f"band{int(p)}")
+        return kept
+
+
 def _solve(
     profile: ModelProfile,
     plat: Platform,
@@ -196,191 +443,91 @@ def _solve(
     """Heuristic incumbent -> bounds -> a MILP over the most promising groups -> one MILP per band
     pair of the bottlenecks that can still beat the incumbent (docs/performance-model.md §7)."""
     t0 = time.perf_counter()
-    deadline = t0 + time_limit
-
-    def remaining() -> float:
-        return max(0.5, deadline - time.perf_counter())
-
-    wc, wt = objective_weights(a1, a2)
-    groups = cands.groups
-    L = cands.layers
-    info: dict[str, Any] = {}
-    for l in range(L):
-        if not any(g.i <= l < g.j for g in groups):
+    for l in range(cands.layers):
+        if not any(g.i <= l < g.j for g in cands.groups):
             return MilpResult(
                 None, math.inf, f"infeasible: layer {profile.layers[l].name} fits in no stage", time.perf_counter() - t0, 0, 0, cands.size
             )
+    s = _Search(profile, plat, cands, a1, a2, smax, gap, threads, t0, t0 + time_limit)
     # 1. incumbent: the caller's plan (or just its objective), or the heuristic's if better
-    best_cfg: Config | None = None
-    best = math.inf
-    if isinstance(incumbent, (int, float)):
-        best = float(incumbent)
-    elif incumbent is not None:
-        for cfg in [incumbent] if isinstance(incumbent, Config) else incumbent:
-            if (
-                (cfg.replicas, cfg.micro_batch, cfg.micro_batches) != (cands.replicas, cands.micro_batch, cands.micro_batches)
-                or len(cfg.balance) > smax
-                or sum(cfg.balance) != L
-            ):
-                continue
-            e = evaluate(profile, cfg, plat)
-            v = objective_value(e.cost, e.time_s, a1, a2)
-            if e.feasible and v < best:
-                best_cfg, best = cfg, v
-    if cutoff is not None and cutoff < best:  # a better plan exists elsewhere: only plans below it matter
-        best_cfg, best = None, float(cutoff)
-    bounds = LowerBounds(cands, wc, wt, plat, smax)
-    if math.isfinite(best):  # one cheap DP sweep first: maybe nothing here can beat what is known
-        glb = bounds.pair_bounds(bounds.grid(8))
-        info["global_bound"] = float(glb.min()) if len(glb) else math.inf
-        if not len(glb) or glb.min() > best * (1 + REL_TOL) + 1e-9:
-            status = "optimal" if best_cfg is not None else "cutoff: no plan beats the given incumbent objective"
-            return MilpResult(
-                best_cfg, best if best_cfg is not None else math.inf, status, time.perf_counter() - t0, 0, 0, cands.size, 0, info
-            )
-    th = time.perf_counter()
-    hcfg, hobj = heuristic_incumbent(profile, plat, cands, a1, a2, smax)
-    info["heuristic"] = {"objective": hobj, "s": round(time.perf_counter() - th, 3)}
-    if hcfg is not None and hobj < best:
-        best_cfg, best = hcfg, hobj
-
-    def cut() -> float:
-        return best * (1 + REL_TOL) + 1e-9
-
-    milps: list[dict[str, Any]] = []
-    info["milps"] = milps
-    proven = True
-    last = MilpSolution(None, math.inf, "none", 0, 0)
-
-    def run(qs: Sequence[int], floors: tuple[float, float] = (0.0, 0.0), tag: str = "") -> None:
-        nonlocal best, best_cfg, proven, last
-        tm = time.perf_counter()
-        sol = solve_milp(
-            cands,
-            [groups[q] for q in sorted(qs)],
-            plat,
-            wc,
-            wt,
-            smax,
-            remaining(),
-            gap,
-            threads,
-            cut() if math.isfinite(best) else None,
-            floors=floors,
-        )
-        last = sol
-        milps.append(
-            {"tag": tag, "groups": len(qs), "status": sol.status, "objective": sol.objective, "s": round(time.perf_counter() - tm, 3)}
-        )
-        if sol.config is not None:
-            e = evaluate(profile, sol.config, plat)  # a band floor may have inflated the MILP's own value
-            v = objective_value(e.cost, e.time_s, a1, a2)
-            if e.feasible and v < best:
-                best_cfg, best = sol.config, v
-        if sol.status not in ("optimal", "infeasible"):
-            proven = False
-
-    if not math.isfinite(best):
+    s.best_cfg, s.best = _caller_incumbent(profile, plat, cands, a1, a2, smax, incumbent)
+    if cutoff is not None and cutoff < s.best:  # a better plan exists elsewhere: only plans below it matter
+        s.best_cfg, s.best = None, float(cutoff)
+    bounds = LowerBounds(cands, s.wc, s.wt, plat, smax)
+    if math.isfinite(s.best) and s.refuted(bounds):
+        return s.result("optimal" if s.best_cfg is not None else "cutoff: no plan beats the given incumbent objective", 0)
+    s.heuristic()
+    s.info["milps"] = s.milps
+    if not math.isfinite(s.best):
         # 2'. no incumbent at all: the groups with the smallest coarse bounds, more until a plan is found
-        coarse = bounds.group_bounds(bounds.grid(6), ctx=False)
-        order = [int(q) for q in np.argsort(coarse, kind="stable") if math.isfinite(coarse[q])]
-        size = first_groups
-        while not math.isfinite(best) and time.perf_counter() < deadline:
-            qs = _prefix_with_path(order, groups, L, smax, size)
-            run(qs, tag="first")
-            if len(qs) == len(order) or math.isfinite(best):
-                break
-            size *= 2
-        if not math.isfinite(best):
-            status = "infeasible: no plan fits memory and the task limits" if last.status == "infeasible" else last.status
+        s.first_plan(bounds, first_groups)
+        if not math.isfinite(s.best):
+            status = "infeasible: no plan fits memory and the task limits" if s.last.status == "infeasible" else s.last.status
             if isinstance(incumbent, (int, float)):
                 status = "cutoff: no plan beats the given incumbent objective"
-            return MilpResult(None, math.inf, status, time.perf_counter() - t0, last.variables, last.constraints, cands.size, 0, info)
+            return s.result(status, 0)
     # 2. bounds against the incumbent; a MILP over the most promising groups improves it cheaply
-    tb = time.perf_counter()
-    pairs = bounds.refine(bounds.grid(8), cut(), budget=PAIR_BUDGET)
-    lbm = bounds.group_bounds(pairs, ctx=False, per_pair=True)
-    info["bounds_s"] = time.perf_counter() - tb
-    lbg = lbm.min(axis=0) if len(pairs[0]) else np.full(len(groups), np.inf)
-    alive = [int(q) for q in np.argsort(lbg, kind="stable") if lbg[q] <= cut()]
-    info["alive"] = len(alive)
-    size = first_groups
-    while len(alive) > max(size, FEW_GROUPS) and time.perf_counter() < deadline:
-        chosen = set(_prefix_with_path(alive, groups, L, smax, size))
-        if best_cfg is not None:
-            want = _config_groups(best_cfg, cands)
-            chosen |= {q for q in alive if (groups[q].i, groups[q].j, groups[q].k) in want}
-        before = best
-        run(sorted(chosen), tag="promising")
-        if best >= before * (1 - 1e-9) or size >= PROMISING_MAX:
-            break  # no better plan among these: the final MILPs decide
-        # a better incumbent discards more; if many groups survive, look at twice as many of them
-        pairs = bounds.refine(pairs, cut(), budget=PAIR_BUDGET)
-        lbg = bounds.group_bounds(pairs, ctx=False, per_pair=True).min(axis=0) if len(pairs[0]) else np.full(len(groups), np.inf)
-        alive = [int(q) for q in np.argsort(lbg, kind="stable") if lbg[q] <= cut()]
-        size *= 2
-    pairs = bounds.refine(pairs, cut(), budget=PAIR_BUDGET)
-    tb = time.perf_counter()
-    lbm = bounds.group_bounds(pairs, ctx=True, per_pair=True)
-    info["bounds_s"] += time.perf_counter() - tb
-    # 3. with many micro-batches the bottlenecks (m-1)*max dominate and the LP relaxation of a
-    # maximum over mixed paths is weak: one MILP per band pair of (max forward step, max backward
-    # step) that can still beat the incumbent, over the groups whose bound in that pair can (the
-    # bottleneck enumerated: the MILP's maxima are pinned to a narrow band). With few micro-batches
-    # the maxima weigh little, and when the bands' group sets overlap a lot (their total many
-    # times the union) the MILPs repeat each other's work: then one MILP over every group left is
-    # faster (measured on the zoo models).
-    live = np.nonzero(bounds.pair_bounds(pairs) <= cut())[0] if len(pairs[0]) else np.zeros(0, int)
-    union = int((lbm.min(axis=0) <= cut()).sum()) if len(pairs[0]) else 0
-    repeated = int((lbm[live] <= cut()).sum()) if len(live) else 0
-    info["band_groups_total"], info["union_groups"] = repeated, union
-    if cands.micro_batches < BANDS_FROM_M or repeated > BANDS_OVERLAP * max(1, union):
-        qs = [int(q) for q in np.nonzero(lbm.min(axis=0) <= cut())[0]] if len(pairs[0]) else []
-        info["band_pairs"] = 0
-        kept: set[int] = set(qs)
-        if qs and _min_stages([groups[q] for q in qs], L) <= smax:
-            run(qs, tag="all")
-        bands: Sequence[int] = []
-    else:
-        pair_lb = bounds.pair_bounds(pairs) if len(pairs[0]) else np.zeros(0)
-        thA, thB = bounds.thA.copy(), bounds.thB.copy()
-        info["band_pairs"] = len(pairs[0])
-        kept = set()
-        bands = [int(p) for p in np.argsort(pair_lb, kind="stable")]
-    for p in bands:
-        if pair_lb[p] > cut():
-            break
-        if time.perf_counter() > deadline:
-            proven = False
-            break
-        qs = [int(q) for q in np.nonzero(lbm[p] <= cut())[0]]
-        if not qs or _min_stages([groups[q] for q in qs], L) > smax:
-            continue
-        kept |= set(qs)
-        run(qs, floors=(float(thA[p]), float(thB[p])), tag=f"band{int(p)}")
-    if best_cfg is None:  # only an objective was given, and nothing beats it
-        return MilpResult(
-            None,
-            math.inf,
-            "cutoff: no plan beats the given incumbent objective",
-            time.perf_counter() - t0,
-            last.variables,
-            last.constraints,
-            cands.size,
-            len(kept),
-            info,
+    pairs = s.promising(bounds, first_groups)
+    # 3. the final MILPs: per band pair of the bottlenecks, or one over every group left
+    kept = s.final(bounds, pairs)
+    if s.best_cfg is None:  # only an objective was given, and nothing beats it
+        return s.result("cutoff: no plan beats the given incumbent objective", len(kept))
+    return s.result("optimal" if s.proven else "time_limit", len(kept))
+
+
+def _candidates_for(
+    profile: ModelProfile,
+    plat: Platform,
+    replicas: int,
+    micro_batch: int,
+    micro_batches: int,
+    tiers: Sequence[int] | None,
+    sync_algos: Sequence[str] | None,
+    fix: Config | None,
+    candidates: Candidates | None,
+) -> Candidates:
+    """The caller's candidates if they fit this (d, b, m) and profile; else computed (with
+    ``fix``'s sync choices among them, so that it can be evaluated)."""
+    if candidates is None or fix is not None:
+        choices = sync_choices(replicas, sync_algos)
+        if fix is not None:
+            choices = list(dict.fromkeys(list(choices) + list(fix.sync)))
+        return candidate_groups(profile, plat, replicas, micro_batch, micro_batches, tiers, choices=choices)
+    if (candidates.replicas, candidates.micro_batch, candidates.micro_batches, candidates.layers) != (
+        replicas,
+        micro_batch,
+        micro_batches,
+        len(profile.layers),
+    ):
+        raise ValueError("candidates were computed for another (replicas, micro_batch, micro_batches) or profile")
+    return candidates
+
+
+def _fixed_groups(candidates: Candidates, fix: Config) -> list[Group]:
+    """The groups of ``fix``'s stages, each with only the option of its sync choice."""
+    want, i = {}, 0
+    for s, n in enumerate(fix.balance):
+        want[(i, i + n, candidates.tiers.index(fix.tiers_mb[s]))] = candidates.choices.index(fix.sync[s])
+        i += n
+    groups = [
+        Group(
+            g.i,
+            g.j,
+            g.k,
+            g.tier,
+            g.price,
+            g.a,
+            g.bb,
+            tuple(op for op in g.options if op.a == want[(g.i, g.j, g.k)]),
+            g.af,
+            g.ao,
+            g.bf,
+            g.bo,
         )
-    return MilpResult(
-        best_cfg,
-        best,
-        "optimal" if proven else "time_limit",
-        time.perf_counter() - t0,
-        last.variables,
-        last.constraints,
-        cands.size,
-        len(kept),
-        info,
-    )
+        for g in candidates.groups
+        if (g.i, g.j, g.k) in want
+    ]
+    return [g for g in groups if g.options]
 
 
 def solve_fixed(
@@ -418,46 +565,11 @@ def solve_fixed(
     with warnings.catch_warnings():  # pulp 3.x announces its 4.0 API on every variable
         warnings.simplefilter("ignore", DeprecationWarning)
         t0 = time.perf_counter()
-        L = len(profile.layers)
-        smax = max_stages_for(replicas, L, max_stages)
-        if candidates is None or fix is not None:
-            choices = sync_choices(replicas, sync_algos)
-            if fix is not None:
-                choices = list(dict.fromkeys(list(choices) + list(fix.sync)))
-            candidates = candidate_groups(profile, plat, replicas, micro_batch, micro_batches, tiers, choices=choices)
-        elif (candidates.replicas, candidates.micro_batch, candidates.micro_batches, candidates.layers) != (
-            replicas,
-            micro_batch,
-            micro_batches,
-            L,
-        ):
-            raise ValueError("candidates were computed for another (replicas, micro_batch, micro_batches) or profile")
+        smax = max_stages_for(replicas, len(profile.layers), max_stages)
+        candidates = _candidates_for(profile, plat, replicas, micro_batch, micro_batches, tiers, sync_algos, fix, candidates)
         if fix is not None or relax:
-            groups = list(candidates.groups)
-            if fix is not None:
-                want, i = {}, 0
-                for s, n in enumerate(fix.balance):
-                    want[(i, i + n, candidates.tiers.index(fix.tiers_mb[s]))] = candidates.choices.index(fix.sync[s])
-                    i += n
-                groups = [
-                    Group(
-                        g.i,
-                        g.j,
-                        g.k,
-                        g.tier,
-                        g.price,
-                        g.a,
-                        g.bb,
-                        tuple(op for op in g.options if op.a == want[(g.i, g.j, g.k)]),
-                        g.af,
-                        g.ao,
-                        g.bf,
-                        g.bo,
-                    )
-                    for g in groups
-                    if (g.i, g.j, g.k) in want
-                ]
-                groups = [g for g in groups if g.options]
+            # one MILP: over fix's stages only (it evaluates them), or the relaxation over all
+            groups = list(candidates.groups) if fix is None else _fixed_groups(candidates, fix)
             wc, wt = objective_weights(a1, a2)
             one = solve_milp(candidates, groups, plat, wc, wt, smax, time_limit, gap, threads, None, relax=relax)
             return MilpResult(
@@ -470,19 +582,7 @@ def solve_fixed(
                 candidates.size,
                 len(groups),
             )
-        r = _solve(
-            profile,
-            plat,
-            candidates,
-            a1,
-            a2,
-            smax,
-            time_limit,
-            gap,
-            threads,
-            incumbent if incumbent is not None else incumbent_objective,
-            first_groups,
-            cutoff,
-        )
+        start = incumbent if incumbent is not None else incumbent_objective
+        r = _solve(profile, plat, candidates, a1, a2, smax, time_limit, gap, threads, start, first_groups, cutoff)
         r.solve_s = time.perf_counter() - t0
         return r

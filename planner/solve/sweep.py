@@ -22,7 +22,7 @@ from stagecoach.planner.model.platforms import Platform, aws_platform
 from stagecoach.planner.model.syncmodel import ALL_SYNC
 from stagecoach.planner.plan import Plan, Prediction
 from stagecoach.planner.profile.layers import ModelProfile
-from stagecoach.planner.solve.candidates import candidate_groups
+from stagecoach.planner.solve.candidates import Candidates, candidate_groups
 from stagecoach.planner.solve.objective import max_stages_for, objective_value
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
 from stagecoach.planner.solve.search import heuristic_incumbent, solve_fixed
@@ -109,6 +109,96 @@ class PlanningResult:
         return all(c.method == "milp" for c in self.candidates)
 
 
+def _check_arguments(global_batch: int, weights: Sequence[tuple[float, float]], sync_algos: Sequence[str] | None) -> None:
+    if global_batch < 1:
+        raise ValueError(f"global_batch={global_batch}: must be a positive number of samples")
+    if not weights:
+        raise ValueError("weights is empty: give at least one (a1, a2), e.g. FuncPipe's pareto.FUNCPIPE_WEIGHTS")
+    unknown = sorted(set(sync_algos or ()) - set(ALL_SYNC))
+    if unknown:
+        raise ValueError(f"unknown sync algorithms {unknown}: choose from {list(ALL_SYNC)}")
+
+
+@dataclass
+class _Sweep:
+    """The solves of one ``plan_model`` call: the candidate stages of every (d, b), built once
+    for all weights, and every weight's optimum so far (free incumbents for the other weights)."""
+
+    prof: ModelProfile
+    plat: Platform
+    subproblems: list[tuple[int, int, int]]  # (d, b, m)
+    max_stages: int
+    sync_algos: Sequence[str] | None
+    time_limit: float
+    groups: dict[tuple[int, int], Candidates] = field(default_factory=dict)
+    found: list[Config] = field(default_factory=list)
+
+    def optimum(self, a1: float, a2: float, use_milp: bool) -> tuple[tuple[float, Config] | None, bool]:
+        """The optimum over every (d, b) (objective, plan), None if nothing fits; and whether
+        every solve proved its part. Each subproblem only has to beat the best found so far (its
+        bounds usually show at once that it cannot), so the weights' optima come cheap."""
+        best = self._known(a1, a2)
+        heur, best = self._heuristics(a1, a2, best)
+        if not use_milp:
+            return best, True
+        return self._solve_all(a1, a2, heur, best)
+
+    def _known(self, a1: float, a2: float) -> tuple[float, Config] | None:
+        """The best of the other weights' optima under these weights."""
+        best: tuple[float, Config] | None = None
+        for cfg in self.found:
+            e = evaluate(self.prof, cfg, self.plat)
+            v = objective_value(e.cost, e.time_s, a1, a2)
+            if e.feasible and (best is None or v < best[0]):
+                best = (v, cfg)
+        return best
+
+    def _heuristics(
+        self, a1: float, a2: float, best: tuple[float, Config] | None
+    ) -> tuple[dict[tuple[int, int], tuple[Config | None, float]], tuple[float, Config] | None]:
+        """A quick heuristic plan per (d, b): the best of them is the first cutoff, and the most
+        promising (d, b) are solved first so that the others face the strongest cutoff."""
+        L = len(self.prof.layers)
+        heur = {}
+        for d, b, m in self.subproblems:
+            if (d, b) not in self.groups:
+                self.groups[(d, b)] = candidate_groups(self.prof, self.plat, d, b, m, sync_algos=self.sync_algos)
+            heur[(d, b)] = heuristic_incumbent(self.prof, self.plat, self.groups[(d, b)], a1, a2, max_stages_for(d, L, self.max_stages))
+            hcfg, obj = heur[(d, b)]
+            if hcfg is not None and (best is None or obj < best[0]):
+                best = (obj, hcfg)
+        return heur, best
+
+    def _solve_all(
+        self, a1: float, a2: float, heur: dict[tuple[int, int], tuple[Config | None, float]], best: tuple[float, Config] | None
+    ) -> tuple[tuple[float, Config] | None, bool]:
+        """The exact solve of every (d, b), most promising first, each against the best so far."""
+        proven = True
+        for d, b, m in sorted(self.subproblems, key=lambda sp: heur[sp[:2]][1]):
+            own = [c for c in self.found if (c.replicas, c.micro_batch) == (d, b)]
+            heuristic = heur[(d, b)][0]
+            if heuristic is not None:
+                own.append(heuristic)
+            r = solve_fixed(
+                self.prof,
+                self.plat,
+                d,
+                b,
+                m,
+                a1,
+                a2,
+                max_stages=self.max_stages,
+                time_limit=self.time_limit,
+                candidates=self.groups[(d, b)],
+                incumbent=own,
+                cutoff=best[0] if best else None,
+            )
+            proven &= r.status == "optimal" or r.status.startswith(("cutoff", "infeasible"))  # the last two: nothing better here
+            if r.config is not None and (best is None or r.objective < best[0]):
+                best = (r.objective, r.config)
+        return best, proven
+
+
 def plan_model(
     profile: ModelProfile,
     global_batch: int,
@@ -134,68 +224,18 @@ def plan_model(
     """
     t0 = time.perf_counter()
     plat = platform or aws_platform()
-    if global_batch < 1:
-        raise ValueError(f"global_batch={global_batch}: must be a positive number of samples")
-    if not weights:
-        raise ValueError("weights is empty: give at least one (a1, a2), e.g. FuncPipe's pareto.FUNCPIPE_WEIGHTS")
-    unknown = sorted(set(sync_algos or ()) - set(ALL_SYNC))
-    if unknown:
-        raise ValueError(f"unknown sync algorithms {unknown}: choose from {list(ALL_SYNC)}")
+    _check_arguments(global_batch, weights, sync_algos)
     check_fits(profile, plat, micro_batch=1)
     prof = profile.merged(max_layers, plat, micro_batch=max(micro_batch_sizes))
-    L = len(prof.layers)
     subproblems = [(d, b, global_batch // (d * b)) for d in replicas for b in micro_batch_sizes if global_batch % (d * b) == 0]
-    groups: dict[tuple[int, int], Any] = {}
+    sweep = _Sweep(prof, plat, subproblems, max_stages, sync_algos, time_limit)
     cands: list[PlannedConfig] = []
-    notes: list[str] = []
-    found: list[Config] = []  # every optimum so far: free incumbents for the other weights
     for a1, a2 in weights:
-        # the optimum over every (d, b): each subproblem only has to beat the best found so far
-        # (its bounds usually show at once that it cannot), so the weights' optima come cheap
-        best: tuple[float, Config] | None = None  # (objective, plan)
-        for cfg in found:
-            e = evaluate(prof, cfg, plat)
-            v = objective_value(e.cost, e.time_s, a1, a2)
-            if e.feasible and (best is None or v < best[0]):
-                best = (v, cfg)
-        # a quick heuristic plan per (d, b): the best of them is the first cutoff, and the most
-        # promising (d, b) are solved first so that the others face the strongest cutoff
-        heur = {}
-        for d, b, m in subproblems:
-            if (d, b) not in groups:
-                groups[(d, b)] = candidate_groups(prof, plat, d, b, m, sync_algos=sync_algos)
-            heur[(d, b)] = heuristic_incumbent(prof, plat, groups[(d, b)], a1, a2, max_stages_for(d, L, max_stages))
-            hcfg, obj = heur[(d, b)]
-            if hcfg is not None and (best is None or obj < best[0]):
-                best = (obj, hcfg)
-        proven = True
-        if use_milp:
-            for d, b, m in sorted(subproblems, key=lambda sp: heur[sp[:2]][1]):
-                own = [c for c in found if (c.replicas, c.micro_batch) == (d, b)]
-                heuristic = heur[(d, b)][0]
-                if heuristic is not None:
-                    own.append(heuristic)
-                r = solve_fixed(
-                    prof,
-                    plat,
-                    d,
-                    b,
-                    m,
-                    a1,
-                    a2,
-                    max_stages=max_stages,
-                    time_limit=time_limit,
-                    candidates=groups[(d, b)],
-                    incumbent=own,
-                    cutoff=best[0] if best else None,
-                )
-                proven &= r.status == "optimal" or r.status.startswith(("cutoff", "infeasible"))  # the last two: nothing better here
-                if r.config is not None and (best is None or r.objective < best[0]):
-                    best = (r.objective, r.config)
+        best, proven = sweep.optimum(a1, a2, use_milp)
         if best is None:
             continue
         cfg = best[1]
-        found.append(cfg)
+        sweep.found.append(cfg)  # a free incumbent for the other weights
         e = evaluate(prof, cfg, plat)
         how = "heuristic" if not use_milp else ("milp" if proven else "milp(time_limit)")
         cands.append(PlannedConfig(e, (a1, a2), how, time.perf_counter() - t0, prof, plat))
@@ -206,6 +246,7 @@ def plan_model(
             "batch, exceeds Lambda memory or the 900 s task limit; try more stages (max_stages), smaller micro-batches "
             "or another global batch"
         )
+    notes: list[str] = []
     if use_milp and any(c.method != "milp" for c in cands):
         notes.append("some solves hit the time limit: their plans are the best found, not proven optimal")
     front = pareto_front(cands)
