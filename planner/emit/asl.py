@@ -18,7 +18,7 @@ limit; the emitter sizes the windows for that (``window_length``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stagecoach.planner.limits import HISTORY_MAX_EVENTS
@@ -216,88 +216,65 @@ def _map(name: str, items_path: str, selector: dict[str, Any], task: dict[str, A
     return state
 
 
-def window_definition(
-    plan: Plan,
-    functions: Sequence[str],
-    per_worker: bool = False,
-    evals: Sequence[int] = (),
-    saves: Sequence[int] = (),
-    *,
-    abort_key_format: str,
-) -> dict[str, Any]:
-    """The window state machine of ``plan``; ``functions[s]`` is stage s's Lambda function name or
-    ARN. ``per_worker`` (plan.per_worker_functions): every replica and sync task of a stage runs on
-    a function of its own (plan.worker_function), named in its Map item as Forward's are.
-    ``evals``: the versions (iterations done) after which to evaluate on the validation set: an
-    Evaluate Map of every (stage, replica) runs after the iteration that reaches one, each on its
-    replica's function (lambdas/evaluation.py), decided in the state machine with States.ArrayContains.
-    ``saves``: likewise, the versions of which a Checkpoint Map (replica 0 of every stage) keeps
-    a loadable state_dict (lambdas/checkpoint.py). ``abort_key_format``: the abort marker's key as
-    a States.Format template of (job, attempt), core/keys.py ``WINDOW_ABORT``, which the workers read
-    (the planner imports nothing above it, so the caller hands the rule in)."""
-    if len(functions) != plan.stages:
-        raise ValueError(f"need one function per stage ({plan.stages}), got {len(functions)}")
-    s_count, d = plan.stages, plan.replicas
-    ranks = list(range(d))
+# A worker's function by (stage, kind, index): kind "r" a replica, "k" a sync shard (plan.worker_function).
+FunctionOf = Callable[[int, str, int], str]
+
+
+def _function_of(functions: Sequence[str], per_worker: bool) -> FunctionOf:
+    """Whose function runs a worker's task: its stage's, or with ``per_worker`` one of its own,
+    which the worker's Map item then names."""
 
     def fn(s: int, kind: str, i: int) -> str:
         return worker_function(functions[s], kind, i) if per_worker else functions[s]
 
+    return fn
+
+
+def _init_state(plan: Plan, fn: FunctionOf, per_worker: bool, evals: Sequence[int], saves: Sequence[int]) -> dict[str, Any]:
+    """Init: the window's position, and every Map's items, computed once here so the iterations'
+    states only point at them (with ``per_worker``, each item names its function)."""
+    s_count, ranks = plan.stages, list(range(plan.replicas))
     fw_items = [{"stage": s, "replica": r, "fn": fn(s, "r", r)} for s in range(s_count - 1) for r in ranks]
     ev_items = [{"stage": s, "replica": r, "fn": fn(s, "r", r)} for s in range(s_count) for r in ranks]
-    carry = {
-        "job.$": "$.job",
-        "bucket.$": "$.bucket",
-        "end.$": "$.end",
-        "window_start.$": "$.window_start",
-        "attempt.$": "$.attempt",
-        "ranks.$": "$.ranks",
-        "shards.$": "$.shards",
-        "fw.$": "$.fw",
-        **({"bw.$": "$.bw"} if per_worker else {}),
-    }
-    if evals:
-        carry.update({"evals.$": "$.evals", "ev.$": "$.ev"})
-    if saves:
-        carry.update({"saves.$": "$.saves", "sv.$": "$.sv"})
-    first_phase = "Forward" if s_count > 1 else "BackwardSync"
-    states: dict[str, Any] = {
-        "Init": {
-            "Type": "Pass",
-            "Parameters": {
-                "job.$": "$.job",
-                "bucket.$": "$.bucket",
-                "t.$": "$.start",
-                "end.$": "$.end",
-                "window_start.$": "$.start",
-                # this attempt's execution name: the key of its abort marker (restarts get their own)
-                "attempt.$": "$$.Execution.Name",
-                "ranks": ranks,
-                "shards": {
-                    f"s{st}": [{"shard": k, "fn": fn(st, "k", k)} for k in range(plan.sync_tasks(st))]
-                    if per_worker
-                    else list(range(plan.sync_tasks(st)))
-                    for st in range(s_count)
-                },
-                "fw": fw_items,
-                **({"evals": sorted(set(evals)), "ev": ev_items} if evals else {}),
-                **(
-                    {"saves": sorted(set(saves)), "sv": [{"stage": st, "replica": 0, "fn": fn(st, "r", 0)} for st in range(s_count)]}
-                    if saves
-                    else {}
-                ),
-                **(
-                    {"bw": {f"s{st}": [{"replica": r, "fn": fn(st, "r", r)} for r in ranks] for st in range(s_count)}} if per_worker else {}
-                ),
+    return {
+        "Type": "Pass",
+        "Parameters": {
+            "job.$": "$.job",
+            "bucket.$": "$.bucket",
+            "t.$": "$.start",
+            "end.$": "$.end",
+            "window_start.$": "$.start",
+            # this attempt's execution name: the key of its abort marker (restarts get their own)
+            "attempt.$": "$$.Execution.Name",
+            "ranks": ranks,
+            "shards": {
+                f"s{st}": [{"shard": k, "fn": fn(st, "k", k)} for k in range(plan.sync_tasks(st))]
+                if per_worker
+                else list(range(plan.sync_tasks(st)))
+                for st in range(s_count)
             },
-            "Next": "Gate",
+            "fw": fw_items,
+            **({"evals": sorted(set(evals)), "ev": ev_items} if evals else {}),
+            **(
+                {"saves": sorted(set(saves)), "sv": [{"stage": st, "replica": 0, "fn": fn(st, "r", 0)} for st in range(s_count)]}
+                if saves
+                else {}
+            ),
+            **({"bw": {f"s{st}": [{"replica": r, "fn": fn(st, "r", r)} for r in ranks] for st in range(s_count)}} if per_worker else {}),
         },
-        # before each iteration, and once more at the window's end (metering its last iteration)
+        "Next": "Gate",
+    }
+
+
+def _gate_states(plan: Plan, gate_function: str) -> dict[str, Any]:
+    """Gate, Go? and Stopped: before each iteration, and once more at the window's end (metering
+    its last iteration), stage 0's function says whether the job may go on."""
+    return {
         "Gate": {
             "Type": "Task",
             "Resource": "arn:aws:states:::lambda:invoke",
             "Parameters": {
-                "FunctionName": functions[0],
+                "FunctionName": gate_function,
                 "Payload": {
                     "phase": "gate",
                     "job.$": "$.job",
@@ -322,7 +299,7 @@ def window_definition(
                 {"Variable": "$.t", "NumericGreaterThanEqualsPath": "$.end", "Next": "Done"},
                 {"Variable": "$.gate.stop", "BooleanEquals": True, "Next": "Stopped"},
             ],
-            "Default": first_phase,
+            "Default": "Forward" if plan.stages > 1 else "BackwardSync",
         },
         # the job stops at this iteration boundary: version t is complete (the gate recorded it)
         "Stopped": {
@@ -331,88 +308,118 @@ def window_definition(
             "CausePath": "States.Format('stopped before iteration {}', $.t)",
         },
     }
-    if s_count > 1:
-        fw_timeout = max(plan.timeouts_s[s]["forward"] for s in range(s_count - 1))
-        states["Forward"] = _map(
-            "Forward",
-            "$.fw",
-            {
-                "stage.$": "$$.Map.Item.Value.stage",
-                "replica.$": "$$.Map.Item.Value.replica",
-                "fn.$": "$$.Map.Item.Value.fn",
-            },
-            _task("forward", None, fw_timeout, "replica"),
-            "BackwardSync",
+
+
+def _forward_state(plan: Plan) -> dict[str, Any]:
+    """Forward: one Map over every worker of every stage but the last (whose forward runs in its
+    backward task), each item naming its function; under the slowest stage's forward timeout."""
+    fw_timeout = max(plan.timeouts_s[s]["forward"] for s in range(plan.stages - 1))
+    state = _map(
+        "Forward",
+        "$.fw",
+        {
+            "stage.$": "$$.Map.Item.Value.stage",
+            "replica.$": "$$.Map.Item.Value.replica",
+            "fn.$": "$$.Map.Item.Value.fn",
+        },
+        _task("forward", None, fw_timeout, "replica"),
+        "BackwardSync",
+    )
+    state["Catch"] = [dict(ABORT_CATCH)]
+    return state
+
+
+def _stage_branch(plan: Plan, s: int, function: str, per_worker: bool) -> dict[str, Any]:
+    """Stage ``s``'s branch of BackwardSync: its backward Map, then its sync Map if it has one, so
+    a stage syncs as soon as its own backward pass is done, whatever the other stages do."""
+    has_sync = plan.sync_tasks(s) > 0  # d = 1 and the fused syncs (pipelined, LambdaML's) have no sync Map
+    stage_states: dict[str, Any] = {}
+    if per_worker:  # each item names its function
+        bw_items, bw_sel = f"$.bw.s{s}", {"stage": s, "replica.$": "$$.Map.Item.Value.replica", "fn.$": "$$.Map.Item.Value.fn"}
+        sy_sel = {"stage": s, "shard.$": "$$.Map.Item.Value.shard", "fn.$": "$$.Map.Item.Value.fn"}
+    else:
+        bw_items, bw_sel = "$.ranks", {"stage": s, "replica.$": "$$.Map.Item.Value"}
+        sy_sel = {"stage": s, "shard.$": "$$.Map.Item.Value"}
+    stage_fn = None if per_worker else function
+    stage_states[f"Backward{s}"] = _map(
+        f"Backward{s}",
+        bw_items,
+        bw_sel,
+        _task("backward", stage_fn, plan.timeouts_s[s]["backward"], "replica"),
+        f"Sync{s}" if has_sync else None,
+    )
+    if has_sync:
+        stage_states[f"Sync{s}"] = _map(
+            f"Sync{s}",
+            f"$.shards.s{s}",
+            sy_sel,
+            _task("sync", stage_fn, plan.timeouts_s[s]["sync"], "shard"),
+            None,
         )
-        states["Forward"]["Catch"] = [dict(ABORT_CATCH)]
-    branches = []
-    for s in range(s_count):
-        has_sync = plan.sync_tasks(s) > 0  # d = 1 and the fused syncs (pipelined, LambdaML's) have no sync Map
-        stage_states: dict[str, Any] = {}
-        if per_worker:  # each item names its function
-            bw_items, bw_sel = f"$.bw.s{s}", {"stage": s, "replica.$": "$$.Map.Item.Value.replica", "fn.$": "$$.Map.Item.Value.fn"}
-            sy_sel = {"stage": s, "shard.$": "$$.Map.Item.Value.shard", "fn.$": "$$.Map.Item.Value.fn"}
-        else:
-            bw_items, bw_sel = "$.ranks", {"stage": s, "replica.$": "$$.Map.Item.Value"}
-            sy_sel = {"stage": s, "shard.$": "$$.Map.Item.Value"}
-        stage_fn = None if per_worker else functions[s]
-        stage_states[f"Backward{s}"] = _map(
-            f"Backward{s}",
-            bw_items,
-            bw_sel,
-            _task("backward", stage_fn, plan.timeouts_s[s]["backward"], "replica"),
-            f"Sync{s}" if has_sync else None,
-        )
-        if has_sync:
-            stage_states[f"Sync{s}"] = _map(
-                f"Sync{s}",
-                f"$.shards.s{s}",
-                sy_sel,
-                _task("sync", stage_fn, plan.timeouts_s[s]["sync"], "shard"),
-                None,
-            )
-        branches.append({"StartAt": f"Backward{s}", "States": stage_states})
-    states["BackwardSync"] = {"Type": "Parallel", "Branches": branches, "ResultPath": None, "Catch": [dict(ABORT_CATCH)], "Next": "Advance"}
-    # A failed phase leaves its other tasks running (Step Functions cannot stop a Lambda invocation),
-    # waiting for objects the failed one will never write: the abort marker tells them to stop
-    # (lambdas/channel.py checks it while waiting), then the window fails with the phase's error.
-    states["Abort"] = {
-        "Type": "Task",
-        "Resource": "arn:aws:states:::aws-sdk:s3:putObject",
-        "Parameters": {"Bucket.$": "$.bucket", "Key.$": f"States.Format('{abort_key_format}', $.job, $.attempt)", "Body": "{}"},
-        "TimeoutSeconds": 30,
-        "Retry": [{"ErrorEquals": ["States.ALL"], "IntervalSeconds": 1, "MaxAttempts": 2, "JitterStrategy": "FULL"}],
-        "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.abortFailed", "Next": "Failed"}],
-        "ResultPath": None,
-        "Next": "Failed",
+    return {"StartAt": f"Backward{s}", "States": stage_states}
+
+
+def _abort_states(abort_key_format: str) -> dict[str, Any]:
+    """Abort and Failed. A failed phase leaves its other tasks running (Step Functions cannot stop
+    a Lambda invocation), waiting for objects the failed one will never write: the abort marker
+    tells them to stop (lambdas/channel.py checks it while waiting), then the window fails with
+    the phase's error."""
+    return {
+        "Abort": {
+            "Type": "Task",
+            "Resource": "arn:aws:states:::aws-sdk:s3:putObject",
+            "Parameters": {"Bucket.$": "$.bucket", "Key.$": f"States.Format('{abort_key_format}', $.job, $.attempt)", "Body": "{}"},
+            "TimeoutSeconds": 30,
+            "Retry": [{"ErrorEquals": ["States.ALL"], "IntervalSeconds": 1, "MaxAttempts": 2, "JitterStrategy": "FULL"}],
+            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.abortFailed", "Next": "Failed"}],
+            "ResultPath": None,
+            "Next": "Failed",
+        },
+        "Failed": {"Type": "Fail", "ErrorPath": "$.caught.Error", "CausePath": "$.caught.Cause"},
     }
-    states["Failed"] = {"Type": "Fail", "ErrorPath": "$.caught.Error", "CausePath": "$.caught.Cause"}
-    # after the iteration that reaches a listed version: keep a checkpoint, then evaluate
-    # (a Pass computes States.ArrayContains, a Choice branches on it: ASL has no modulo)
+
+
+def _carry(per_worker: bool, evals: Sequence[int], saves: Sequence[int]) -> dict[str, Any]:
+    """What a Pass between iterations keeps of the state: everything Init set but ``t``, which
+    the Pass sets itself (a Pass's Parameters replace the whole state)."""
+    carry = {
+        "job.$": "$.job",
+        "bucket.$": "$.bucket",
+        "end.$": "$.end",
+        "window_start.$": "$.window_start",
+        "attempt.$": "$.attempt",
+        "ranks.$": "$.ranks",
+        "shards.$": "$.shards",
+        "fw.$": "$.fw",
+        **({"bw.$": "$.bw"} if per_worker else {}),
+    }
+    if evals:
+        carry.update({"evals.$": "$.evals", "ev.$": "$.ev"})
+    if saves:
+        carry.update({"saves.$": "$.saves", "sv.$": "$.sv"})
+    return carry
+
+
+def _after_iteration_states(plan: Plan, carry: dict[str, Any], evals: Sequence[int], saves: Sequence[int]) -> dict[str, Any]:
+    """Advance (t + 1), then, after the iteration that reaches a listed version, keep a checkpoint,
+    then evaluate; then back to the Gate."""
     after = [
         ("Checkpoint", "checkpoint", "$.saves", "$.sv", saves),
         ("Evaluate", "evaluate", "$.evals", "$.ev", evals),
     ]
     chain = [a for a in after if a[4]]
-    states["Advance"] = {
-        "Type": "Pass",
-        "Parameters": {**carry, "t.$": "States.MathAdd($.t, 1)"},
-        "Next": f"{chain[0][0]}Due" if chain else "Gate",
+    states: dict[str, Any] = {
+        "Advance": {
+            "Type": "Pass",
+            "Parameters": {**carry, "t.$": "States.MathAdd($.t, 1)"},
+            "Next": f"{chain[0][0]}Due" if chain else "Gate",
+        }
     }
     # a checkpoint or evaluate task runs under its function's timeout (it walks its whole share)
-    long_timeout = max(plan.function_timeout_s(s) for s in range(s_count))
+    long_timeout = max(plan.function_timeout_s(s) for s in range(plan.stages))
     for i, (name, phase, versions, items, _) in enumerate(chain):
         nxt = f"{chain[i + 1][0]}Due" if i + 1 < len(chain) else "Gate"
-        states[f"{name}Due"] = {
-            "Type": "Pass",
-            "Parameters": {**carry, "t.$": "$.t", "due.$": f"States.ArrayContains({versions}, $.t)"},
-            "Next": f"{name}Choice",
-        }
-        states[f"{name}Choice"] = {
-            "Type": "Choice",
-            "Choices": [{"Variable": "$.due", "BooleanEquals": True, "Next": name}],
-            "Default": nxt,
-        }
+        states.update(_due_states(name, versions, carry, nxt))
         states[name] = _map(
             name,
             items,
@@ -421,6 +428,58 @@ def window_definition(
             nxt,
         )
         states[name]["Catch"] = [dict(ABORT_CATCH)]
+    return states
+
+
+def _due_states(name: str, versions: str, carry: dict[str, Any], nxt: str) -> dict[str, Any]:
+    """{name}Due and {name}Choice: whether version t is listed in ``versions`` (a Pass computes
+    States.ArrayContains, a Choice branches on it: ASL has no modulo); if not, on to ``nxt``."""
+    return {
+        f"{name}Due": {
+            "Type": "Pass",
+            "Parameters": {**carry, "t.$": "$.t", "due.$": f"States.ArrayContains({versions}, $.t)"},
+            "Next": f"{name}Choice",
+        },
+        f"{name}Choice": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.due", "BooleanEquals": True, "Next": name}],
+            "Default": nxt,
+        },
+    }
+
+
+def window_definition(
+    plan: Plan,
+    functions: Sequence[str],
+    per_worker: bool = False,
+    evals: Sequence[int] = (),
+    saves: Sequence[int] = (),
+    *,
+    abort_key_format: str,
+) -> dict[str, Any]:
+    """The window state machine of ``plan``; ``functions[s]`` is stage s's Lambda function name or
+    ARN. ``per_worker`` (plan.per_worker_functions): every replica and sync task of a stage runs on
+    a function of its own (plan.worker_function), named in its Map item as Forward's are.
+    ``evals``: the versions (iterations done) after which to evaluate on the validation set: an
+    Evaluate Map of every (stage, replica) runs after the iteration that reaches one, each on its
+    replica's function (lambdas/evaluation.py), decided in the state machine with States.ArrayContains.
+    ``saves``: likewise, the versions of which a Checkpoint Map (replica 0 of every stage) keeps
+    a loadable state_dict (lambdas/checkpoint.py). ``abort_key_format``: the abort marker's key as
+    a States.Format template of (job, attempt), core/keys.py ``WINDOW_ABORT``, which the workers read
+    (the planner imports nothing above it, so the caller hands the rule in)."""
+    if len(functions) != plan.stages:
+        raise ValueError(f"need one function per stage ({plan.stages}), got {len(functions)}")
+    s_count, d = plan.stages, plan.replicas
+    states: dict[str, Any] = {
+        "Init": _init_state(plan, _function_of(functions, per_worker), per_worker, evals, saves),
+        **_gate_states(plan, functions[0]),
+    }
+    if s_count > 1:
+        states["Forward"] = _forward_state(plan)
+    branches = [_stage_branch(plan, s, functions[s], per_worker) for s in range(s_count)]
+    states["BackwardSync"] = {"Type": "Parallel", "Branches": branches, "ResultPath": None, "Catch": [dict(ABORT_CATCH)], "Next": "Advance"}
+    states.update(_abort_states(abort_key_format))
+    states.update(_after_iteration_states(plan, _carry(per_worker, evals, saves), evals, saves))
     states["Done"] = {"Type": "Succeed"}
     return {
         "Comment": f"Stagecoach window: {s_count} stages x {d} replicas, {plan.micro_batches} micro-batches, "
@@ -445,6 +504,206 @@ def windows_per_execution(window_attempts: int = 4, limit: int = HISTORY_LIMIT) 
     return max(1, (int(limit * HISTORY_BUDGET) - EV_JOB_FIXED) // worst)
 
 
+def _job_carry() -> dict[str, Any]:
+    """What every Pass of the job keeps of its state: the execution's input (JobInput), with
+    ``start`` and ``windowsHere`` as they advance (a Pass's Parameters replace the whole state)."""
+    return {
+        "job.$": "$.job",
+        "bucket.$": "$.bucket",
+        "windowStateMachineArn.$": "$.windowStateMachineArn",
+        "iterations.$": "$.iterations",
+        "windowLength.$": "$.windowLength",
+        "windowTimeout.$": "$.windowTimeout",
+        "windowsPerExecution.$": "$.windowsPerExecution",
+        "functionPrefix.$": "$.functionPrefix",
+        "controlFunction.$": "$.controlFunction",
+        "link.$": "$.link",
+        "start.$": "$.start",
+        "windowsHere.$": "$.windowsHere",
+    }
+
+
+def _job_window_loop(carry: dict[str, Any], window: dict[str, Any]) -> dict[str, Any]:
+    """Next? .. Advance: the loop over the windows, each [start, min(start + windowLength,
+    iterations)), run as a child execution that the job waits for (startExecution.sync:2)."""
+    return {
+        "Next?": {
+            "Type": "Choice",
+            "Choices": [
+                {"Variable": "$.start", "NumericGreaterThanEqualsPath": "$.iterations", "Next": "Done"},
+                {"Variable": "$.windowsHere", "NumericGreaterThanEqualsPath": "$.windowsPerExecution", "Next": "NextLink"},
+            ],
+            "Default": "Bounds",
+        },
+        "Bounds": {
+            "Type": "Pass",
+            "Parameters": {**carry, "end.$": "States.MathAdd($.start, $.windowLength)", "attempt": 1},
+            "Next": "Clamp",
+        },
+        "Clamp": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.end", "NumericGreaterThanPath": "$.iterations", "Next": "LastWindow"}],
+            "Default": "FullWindow",
+        },
+        "LastWindow": {"Type": "Pass", "Parameters": {**window, "end.$": "$.iterations"}, "Next": "RunWindow"},
+        "FullWindow": {"Type": "Pass", "Parameters": window, "Next": "RunWindow"},
+        "RunWindow": {
+            "Type": "Task",
+            "Resource": "arn:aws:states:::states:startExecution.sync:2",
+            "Parameters": {
+                "StateMachineArn.$": "$.windowStateMachineArn",
+                # unique per attempt: a restarted window is a new execution
+                "Name.$": "States.Format('w{}-{}', $.start, States.UUID())",
+                "Input": {
+                    "job.$": "$.job",
+                    "bucket.$": "$.bucket",
+                    "start.$": "$.start",
+                    "end.$": "$.end",
+                    "AWS_STEP_FUNCTIONS_STARTED_BY_EXECUTION_ID.$": "$$.Execution.Id",
+                },
+            },
+            "TimeoutSecondsPath": "$.windowTimeout",
+            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.failure", "Next": "HowDidItFail"}],
+            "ResultPath": None,
+            "Next": "Advance",
+        },
+        "Advance": {
+            "Type": "Pass",
+            "Parameters": {**carry, "start.$": "$.end", "windowsHere.$": "States.MathAdd($.windowsHere, 1)"},
+            "Next": "Next?",
+        },
+    }
+
+
+def _job_failure_reading(window: dict[str, Any]) -> dict[str, Any]:
+    """HowDidItFail .. ReadStage: tell a killed worker (on to the remediation) and a stop (the job
+    ends Stopped) from any other failure (restarted as it is). A failed child execution's Cause is
+    its DescribeExecution output as JSON, in Step Functions' casing (Error, Cause, ExecutionArn, ...)."""
+    return {
+        "HowDidItFail": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.failure.Error", "StringEquals": "States.TaskFailed", "Next": "ReadFailure"}],
+            "Default": "CanRestart",
+        },
+        "ReadFailure": {
+            "Type": "Pass",
+            "Parameters": {**window, "child.$": "States.StringToJson($.failure.Cause)"},
+            "Next": "Killed?",
+        },
+        "Killed?": {
+            "Type": "Choice",
+            "Choices": [
+                {
+                    "And": [
+                        {"Variable": "$.child.Error", "IsPresent": True},
+                        {"Variable": "$.child.Error", "StringEquals": KILLED_ERROR},
+                    ],
+                    "Next": "ReadStage",
+                },
+                # the window stopped at an iteration boundary (a stop request, the cost cap): not
+                # a failure to retry; the job ends with the same error, which Run reads as STOPPED
+                {
+                    "And": [
+                        {"Variable": "$.child.Error", "IsPresent": True},
+                        {"Variable": "$.child.Error", "StringEquals": STOPPED_ERROR},
+                    ],
+                    "Next": "Stopped",
+                },
+            ],
+            "Default": "CanRestart",
+        },
+        "Stopped": {"Type": "Fail", "Error": STOPPED_ERROR, "CausePath": "$.child.Cause"},
+        "ReadStage": {
+            "Type": "Pass",
+            "Parameters": {**window, "killed.$": "States.StringToJson($.child.Cause)"},
+            "Next": "Remediate",
+        },
+    }
+
+
+def _remediate_state() -> dict[str, Any]:
+    """Remediate: DiSDeL's failure manager, on the stack's control function (not on the killed
+    stage's own, which may be the one short of memory): if the kill was for memory, the stage's
+    function goes one memory tier up before the window's next attempt."""
+    return {
+        "Type": "Task",
+        "Resource": "arn:aws:states:::lambda:invoke",
+        "Parameters": {
+            "FunctionName.$": "$.controlFunction",
+            "Payload": {
+                "phase": "remediate",
+                "job.$": "$.job",
+                "bucket.$": "$.bucket",
+                "function.$": "States.Format('{}{}', $.functionPrefix, $.killed.stage)",
+                "stage.$": "$.killed.stage",
+                "error.$": "$.killed.error",
+                "cause.$": "$.killed.cause",
+            },
+        },
+        "TimeoutSeconds": 120,
+        "Retry": [dict(LAMBDA_RETRY)],
+        "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.remediation", "Next": "WindowFailed"}],
+        "ResultPath": None,
+        "Next": "CanRestart",
+    }
+
+
+def _job_restart(window: dict[str, Any], window_attempts: int, backoff_s: int) -> dict[str, Any]:
+    """CanRestart .. WindowFailed: run the window again after ``backoff_s``, up to
+    ``window_attempts`` attempts in all, then fail the job."""
+    return {
+        "CanRestart": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.attempt", "NumericLessThan": window_attempts, "Next": "Backoff"}],
+            "Default": "WindowFailed",
+        },
+        "Backoff": {"Type": "Wait", "Seconds": backoff_s, "Next": "NextAttempt"},
+        "NextAttempt": {
+            "Type": "Pass",
+            "Parameters": {**window, "attempt.$": "States.MathAdd($.attempt, 1)"},
+            "Next": "RunWindow",
+        },
+        "WindowFailed": {
+            "Type": "Fail",
+            "Error": "Stagecoach.WindowFailed",
+            "Cause": "a window failed on every attempt; its last error is in the job's history",
+        },
+    }
+
+
+def _job_continuation(carry: dict[str, Any]) -> dict[str, Any]:
+    """NextLink .. Continued: continue as a new execution, with the same input from the next
+    window, named {job}-c{link}, and end this one."""
+    return {
+        "NextLink": {
+            "Type": "Pass",
+            "Parameters": {
+                **{k: v for k, v in carry.items() if k != "windowsHere.$"},
+                "link.$": "States.MathAdd($.link, 1)",
+                "windowsHere": 0,
+            },
+            "Next": "ContinueAsNew",
+        },
+        "ContinueAsNew": {
+            "Type": "Task",
+            "Resource": "arn:aws:states:::states:startExecution",
+            "Parameters": {
+                "StateMachineArn.$": "$$.StateMachine.Id",
+                "Name.$": "States.Format('{}-c{}', $.job, $.link)",
+                "Input": carry,
+            },
+            "TimeoutSeconds": 60,
+            "Retry": [
+                {"ErrorEquals": ["States.ALL"], "IntervalSeconds": 2, "MaxAttempts": 5, "BackoffRate": 2.0, "JitterStrategy": "FULL"}
+            ],
+            "ResultSelector": {"continuedAs.$": "$.ExecutionArn"},
+            "ResultPath": "$.next",
+            "Next": "Continued",
+        },
+        "Continued": {"Type": "Pass", "Parameters": {"continuedAs.$": "$.next.continuedAs"}, "End": True},
+    }
+
+
 def job_definition(window_attempts: int = 4, backoff_s: int = 2) -> dict[str, Any]:
     """The job state machine: run the job's windows one after the other with startExecution.sync:2,
     restarting a failed window, and continue as a new execution before its own history fills.
@@ -459,177 +718,17 @@ def job_definition(window_attempts: int = 4, backoff_s: int = 2) -> dict[str, An
     loop rather than a Retry, so every attempt is a visible state in the job's history (and a place
     where the remediation step acts before the next attempt).
     """
-    carry = {
-        "job.$": "$.job",
-        "bucket.$": "$.bucket",
-        "windowStateMachineArn.$": "$.windowStateMachineArn",
-        "iterations.$": "$.iterations",
-        "windowLength.$": "$.windowLength",
-        "windowTimeout.$": "$.windowTimeout",
-        "windowsPerExecution.$": "$.windowsPerExecution",
-        "functionPrefix.$": "$.functionPrefix",
-        "controlFunction.$": "$.controlFunction",
-        "link.$": "$.link",
-        "start.$": "$.start",
-        "windowsHere.$": "$.windowsHere",
-    }
+    carry = _job_carry()
     window = {**carry, "end.$": "$.end", "attempt.$": "$.attempt"}
     return {
         "Comment": "Stagecoach job: runs the job's windows one after the other, continuing as a new execution",
         "StartAt": "Next?",
         "States": {
-            "Next?": {
-                "Type": "Choice",
-                "Choices": [
-                    {"Variable": "$.start", "NumericGreaterThanEqualsPath": "$.iterations", "Next": "Done"},
-                    {"Variable": "$.windowsHere", "NumericGreaterThanEqualsPath": "$.windowsPerExecution", "Next": "NextLink"},
-                ],
-                "Default": "Bounds",
-            },
-            "Bounds": {
-                "Type": "Pass",
-                "Parameters": {**carry, "end.$": "States.MathAdd($.start, $.windowLength)", "attempt": 1},
-                "Next": "Clamp",
-            },
-            "Clamp": {
-                "Type": "Choice",
-                "Choices": [{"Variable": "$.end", "NumericGreaterThanPath": "$.iterations", "Next": "LastWindow"}],
-                "Default": "FullWindow",
-            },
-            "LastWindow": {"Type": "Pass", "Parameters": {**window, "end.$": "$.iterations"}, "Next": "RunWindow"},
-            "FullWindow": {"Type": "Pass", "Parameters": window, "Next": "RunWindow"},
-            "RunWindow": {
-                "Type": "Task",
-                "Resource": "arn:aws:states:::states:startExecution.sync:2",
-                "Parameters": {
-                    "StateMachineArn.$": "$.windowStateMachineArn",
-                    # unique per attempt: a restarted window is a new execution
-                    "Name.$": "States.Format('w{}-{}', $.start, States.UUID())",
-                    "Input": {
-                        "job.$": "$.job",
-                        "bucket.$": "$.bucket",
-                        "start.$": "$.start",
-                        "end.$": "$.end",
-                        "AWS_STEP_FUNCTIONS_STARTED_BY_EXECUTION_ID.$": "$$.Execution.Id",
-                    },
-                },
-                "TimeoutSecondsPath": "$.windowTimeout",
-                "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.failure", "Next": "HowDidItFail"}],
-                "ResultPath": None,
-                "Next": "Advance",
-            },
-            "Advance": {
-                "Type": "Pass",
-                "Parameters": {**carry, "start.$": "$.end", "windowsHere.$": "States.MathAdd($.windowsHere, 1)"},
-                "Next": "Next?",
-            },
-            # a failed child execution's Cause is its DescribeExecution output as JSON, in Step
-            # Functions' casing (Error, Cause, ExecutionArn, ...)
-            "HowDidItFail": {
-                "Type": "Choice",
-                "Choices": [{"Variable": "$.failure.Error", "StringEquals": "States.TaskFailed", "Next": "ReadFailure"}],
-                "Default": "CanRestart",
-            },
-            "ReadFailure": {
-                "Type": "Pass",
-                "Parameters": {**window, "child.$": "States.StringToJson($.failure.Cause)"},
-                "Next": "Killed?",
-            },
-            "Killed?": {
-                "Type": "Choice",
-                "Choices": [
-                    {
-                        "And": [
-                            {"Variable": "$.child.Error", "IsPresent": True},
-                            {"Variable": "$.child.Error", "StringEquals": KILLED_ERROR},
-                        ],
-                        "Next": "ReadStage",
-                    },
-                    # the window stopped at an iteration boundary (a stop request, the cost cap): not
-                    # a failure to retry; the job ends with the same error, which Run reads as STOPPED
-                    {
-                        "And": [
-                            {"Variable": "$.child.Error", "IsPresent": True},
-                            {"Variable": "$.child.Error", "StringEquals": STOPPED_ERROR},
-                        ],
-                        "Next": "Stopped",
-                    },
-                ],
-                "Default": "CanRestart",
-            },
-            "Stopped": {"Type": "Fail", "Error": STOPPED_ERROR, "CausePath": "$.child.Cause"},
-            "ReadStage": {
-                "Type": "Pass",
-                "Parameters": {**window, "killed.$": "States.StringToJson($.child.Cause)"},
-                "Next": "Remediate",
-            },
-            # DiSDeL's failure manager, on the stack's control function (not on the killed stage's
-            # own, which may be the one short of memory): if the kill was for memory, the stage's
-            # function goes one memory tier up
-            "Remediate": {
-                "Type": "Task",
-                "Resource": "arn:aws:states:::lambda:invoke",
-                "Parameters": {
-                    "FunctionName.$": "$.controlFunction",
-                    "Payload": {
-                        "phase": "remediate",
-                        "job.$": "$.job",
-                        "bucket.$": "$.bucket",
-                        "function.$": "States.Format('{}{}', $.functionPrefix, $.killed.stage)",
-                        "stage.$": "$.killed.stage",
-                        "error.$": "$.killed.error",
-                        "cause.$": "$.killed.cause",
-                    },
-                },
-                "TimeoutSeconds": 120,
-                "Retry": [dict(LAMBDA_RETRY)],
-                "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.remediation", "Next": "WindowFailed"}],
-                "ResultPath": None,
-                "Next": "CanRestart",
-            },
-            "CanRestart": {
-                "Type": "Choice",
-                "Choices": [{"Variable": "$.attempt", "NumericLessThan": window_attempts, "Next": "Backoff"}],
-                "Default": "WindowFailed",
-            },
-            "Backoff": {"Type": "Wait", "Seconds": backoff_s, "Next": "NextAttempt"},
-            "NextAttempt": {
-                "Type": "Pass",
-                "Parameters": {**window, "attempt.$": "States.MathAdd($.attempt, 1)"},
-                "Next": "RunWindow",
-            },
-            "WindowFailed": {
-                "Type": "Fail",
-                "Error": "Stagecoach.WindowFailed",
-                "Cause": "a window failed on every attempt; its last error is in the job's history",
-            },
-            # continue as a new execution: the same input, from the next window, named {job}-c{link}
-            "NextLink": {
-                "Type": "Pass",
-                "Parameters": {
-                    **{k: v for k, v in carry.items() if k != "windowsHere.$"},
-                    "link.$": "States.MathAdd($.link, 1)",
-                    "windowsHere": 0,
-                },
-                "Next": "ContinueAsNew",
-            },
-            "ContinueAsNew": {
-                "Type": "Task",
-                "Resource": "arn:aws:states:::states:startExecution",
-                "Parameters": {
-                    "StateMachineArn.$": "$$.StateMachine.Id",
-                    "Name.$": "States.Format('{}-c{}', $.job, $.link)",
-                    "Input": carry,
-                },
-                "TimeoutSeconds": 60,
-                "Retry": [
-                    {"ErrorEquals": ["States.ALL"], "IntervalSeconds": 2, "MaxAttempts": 5, "BackoffRate": 2.0, "JitterStrategy": "FULL"}
-                ],
-                "ResultSelector": {"continuedAs.$": "$.ExecutionArn"},
-                "ResultPath": "$.next",
-                "Next": "Continued",
-            },
-            "Continued": {"Type": "Pass", "Parameters": {"continuedAs.$": "$.next.continuedAs"}, "End": True},
+            **_job_window_loop(carry, window),
+            **_job_failure_reading(window),
+            "Remediate": _remediate_state(),
+            **_job_restart(window, window_attempts, backoff_s),
+            **_job_continuation(carry),
             "Done": {"Type": "Pass", "Parameters": {"done.$": "$.start"}, "End": True},
         },
     }

@@ -18,6 +18,7 @@ from stagecoach.deploy.resources import HANDLER, Clients, DeployError, StackReso
 from stagecoach.deploy.roles import JOB_TAG, STACK_TAG, create_function_when_role_ready, create_job_role
 from stagecoach.deploy.upload import upload_job
 from stagecoach.planner.emit import asl
+from stagecoach.planner.emit.asl_check import check_definition
 from stagecoach.planner.emit.job_input import JobInput
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.plan import Plan, per_worker_functions, stage_functions
@@ -116,6 +117,24 @@ def reserved_concurrency(plan: Plan, stage: int, per_worker: bool = False) -> in
     return 2 * (1 if per_worker else max(plan.replicas, plan.sync_tasks(stage)))
 
 
+def _window_definition_json(job: Job, plan: Plan, functions: list[str], per_worker: bool) -> str:
+    """The job's window state machine, as the JSON to create it from, once its graph passes the
+    structural check (planner/emit/asl_check.py): a broken definition is refused here, before
+    anything is created, rather than by Step Functions half-way through the launch."""
+    definition = asl.window_definition(
+        plan,
+        functions,
+        per_worker,
+        evals=job.eval_versions(),
+        saves=job.checkpoint_versions(),
+        abort_key_format=keys.WINDOW_ABORT,
+    )
+    problems = check_definition(definition)
+    if problems:
+        raise DeployError("the emitted window state machine is malformed (a bug in planner/emit/asl.py): " + "; ".join(problems))
+    return json.dumps(definition)
+
+
 def deploy_and_start(
     job: Job, plan: Plan, res: StackResources, c: Clients, reserve_concurrency: bool = False, max_cost_usd: float | None = None
 ) -> tuple[str, str]:
@@ -123,26 +142,18 @@ def deploy_and_start(
     has checked the stack (:func:`preflight`). ``max_cost_usd``: the job's cost cap, which its
     iteration gate enforces (lambdas/gate.py)."""
     job_id = new_job_id(job.name)
+    per_worker = per_worker_functions(plan, job.warm_state)  # warm state with d > 1: one per worker
+    functions = [function_name(res, job_id, s) for s in range(plan.stages)]
+    definition = _window_definition_json(job, plan, functions, per_worker)
     created_functions: list[str] = []
     created_sm: list[str] = []
     try:
         role = create_job_role(res, c, job_id)  # the job's own: its objects only (deploy/roles.py)
-        per_worker = per_worker_functions(plan, job.warm_state)  # warm state with d > 1: one per worker
-        functions = [function_name(res, job_id, s) for s in range(plan.stages)]
         # The window state machine and the job's objects first, the functions last: IAM propagates
         # the new role meanwhile (Lambda refuses a role it cannot assume yet, deploy/roles.py).
         window = c.sfn.create_state_machine(
             name=window_state_machine_name(res, job_id),
-            definition=json.dumps(
-                asl.window_definition(
-                    plan,
-                    functions,
-                    per_worker,
-                    evals=job.eval_versions(),
-                    saves=job.checkpoint_versions(),
-                    abort_key_format=keys.WINDOW_ABORT,
-                )
-            ),
+            definition=definition,
             roleArn=res.states_role_arn,
             type="STANDARD",
             tags=[{"key": STACK_TAG, "value": res.prefix}, {"key": JOB_TAG, "value": job_id}],
