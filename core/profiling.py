@@ -28,10 +28,9 @@ from stagecoach.core.graph_split import Blocks
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 from stagecoach.planner.profile.tensors import (
     SavedBytes,
-    any_requires_grad,
     batch_like,
-    floating_bytes,
     grad_seed,
+    layer_profile,
     requires_grad_,
     tensor_bytes,
 )
@@ -73,6 +72,18 @@ def _time_layer(layer: torch.nn.Module, x: Any, repeats: int) -> tuple[float, fl
     return statistics.median(fwd[1:]), statistics.median(bwd[1:])
 
 
+def _timing_fields(times: dict[int, tuple[float, float]], tier_mb: int | None) -> dict[str, Any]:
+    """A layer's measured (forward, backward) seconds per micro-batch size as LayerProfile fields:
+    at the one-vCPU reference (``fwd_s``/``bwd_s``), or under the memory tier they were measured at."""
+    f = {b: t[0] for b, t in times.items()}
+    g = {b: t[1] for b, t in times.items()}
+    return {
+        "fwd_s": {} if tier_mb else f,
+        "bwd_s": {} if tier_mb else g,
+        "tier_s": {tier_mb: {b: (f[b], g[b]) for b in f}} if tier_mb else {},
+    }
+
+
 def measure_model(
     model: torch.nn.Sequential,
     sample_input: Any,
@@ -106,30 +117,10 @@ def measure_model(
         flows = model.measure_flows(xs[lo], xs[lo + 1]) if isinstance(model, Blocks) else ()
         layers = []
         for i, (cname, child) in enumerate(model._modules.items()):  # a block used twice counts twice
-            rg = any_requires_grad(xs[lo])
             y1, s1 = _saved_bytes(child, xs[lo])
             y2, s2 = _saved_bytes(child, xs[lo + 1])
             times = {b: _time_layer(child, xs[b], repeats) for b in micro_batch_sizes}
-            pbytes = sum(p.numel() * p.element_size() for p in child.parameters())
-            bbytes = sum(b.numel() * b.element_size() for b in child.buffers())
-            f = {b: t[0] for b, t in times.items()}
-            g = {b: t[1] for b, t in times.items()}
-            layers.append(
-                LayerProfile(
-                    name=f"{i}:{cname}" if not cname.isdigit() else f"{i}:{type(child).__name__}",
-                    param_bytes=float(pbytes),
-                    buffer_bytes=float(bbytes),
-                    saved_bytes_per_sample=float(max(0, s2 - s1)),
-                    out_bytes_per_sample=float(tensor_bytes(y2) - tensor_bytes(y1)),
-                    in_bytes_per_sample=float(tensor_bytes(xs[lo + 1]) - tensor_bytes(xs[lo])),
-                    fwd_s={} if tier_mb else f,
-                    bwd_s={} if tier_mb else g,
-                    tier_s={tier_mb: {b: (f[b], g[b]) for b in f}} if tier_mb else {},
-                    in_requires_grad=rg,
-                    in_grad_bytes_per_sample=float(floating_bytes(xs[lo + 1]) - floating_bytes(xs[lo])),
-                    out_grad_bytes_per_sample=float(floating_bytes(y2) - floating_bytes(y1)),
-                )
-            )
+            layers.append(layer_profile(i, cname, child, (xs[lo], xs[lo + 1]), (y1, y2), (s1, s2), **_timing_fields(times, tier_mb)))
             with torch.no_grad():
                 xs = {b: _detach(child(x)) for b, x in xs.items()}
         model.zero_grad(set_to_none=True)

@@ -181,9 +181,20 @@ class Plan:
 
     # -- validation ----------------------------------------------------------------------------
     def validate(self, layers: int | None = None) -> None:
-        """Raise PlanError naming what is wrong and how to fix it. ``layers``: the model's count."""
-        n = len(self.balance)
-        if n == 0:
+        """Raise PlanError naming what is wrong and how to fix it. ``layers``: the model's count.
+        The checks run in this order, so a plan with several faults names the first of them."""
+        self._check_balance(layers)
+        self._check_batch()
+        self._check_concurrency()
+        self._check_per_stage_lengths()
+        self._check_sync()
+        self._check_memory()
+        self._check_prediction()
+        self._check_timeouts()
+
+    def _check_balance(self, layers: int | None) -> None:
+        """Every stage holds at least one layer, and (given the model's count) all layers are held."""
+        if len(self.balance) == 0:
             raise PlanError("plan.balance is empty: give at least one stage, e.g. balance=[4]")
         bad = [b for b in self.balance if b < 1]
         if bad:
@@ -193,6 +204,9 @@ class Plan:
                 f"plan.balance={list(self.balance)} covers {sum(self.balance)} layers but the model has "
                 f"{layers}: the balance must sum to the number of children of the nn.Sequential"
             )
+
+    def _check_batch(self) -> None:
+        """d, m and the global batch are positive integers, and the batch splits into d x m equal micro-batches."""
         for name in ("replicas", "micro_batches", "global_batch"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -203,12 +217,19 @@ class Plan:
                 f"global batch {self.global_batch} is not divisible into {self.replicas} replicas x "
                 f"{self.micro_batches} micro-batches: choose a global batch that is a multiple of {per}"
             )
+
+    def _check_concurrency(self) -> None:
+        """Every worker of a phase runs at once, within one inline Map state's concurrency."""
         if (self.stages - 1) * self.replicas > INLINE_MAP_MAX_CONCURRENCY or self.replicas > INLINE_MAP_MAX_CONCURRENCY:
             raise PlanError(
                 f"{self.stages} stages x {self.replicas} replicas need more than "
                 f"{INLINE_MAP_MAX_CONCURRENCY} concurrent tasks in one inline Map state, and every worker "
                 "of a phase must run at once: use fewer stages or replicas"
             )
+
+    def _check_per_stage_lengths(self) -> None:
+        """The per-stage settings have one entry per stage (the checks after this one index them by stage)."""
+        n = len(self.balance)
         for what, seq in (
             ("sync", self.sync),
             ("aggregators", self.aggregators),
@@ -217,6 +238,9 @@ class Plan:
         ):
             if len(seq) != n:
                 raise PlanError(f"plan.{what} has {len(seq)} entries but the plan has {n} stages: give one per stage")
+
+    def _check_sync(self) -> None:
+        """Each stage's algorithm is one the runtime runs, with a K it admits (only k_reduce lets the user choose)."""
         for s, algo in enumerate(self.sync):
             if algo not in SYNC_ALGORITHMS:
                 raise PlanError(f"plan.sync[{s}]={algo!r} is unknown: choose one of {', '.join(SYNC_ALGORITHMS)}")
@@ -228,14 +252,24 @@ class Plan:
                 raise PlanError(
                     f"plan.aggregators[{s}]={k} does not fit sync {algo!r}, which uses K={want}: use sync 'k_reduce' to choose K yourself"
                 )
+
+    def _check_memory(self) -> None:
+        """Each stage's memory is a size Lambda accepts."""
         for s, mb in enumerate(self.memory_mb):
             if not LAMBDA_MIN_MB <= mb <= LAMBDA_MAX_MB:
                 raise PlanError(f"plan.memory_mb[{s}]={mb}: Lambda memory must be {LAMBDA_MIN_MB}-{LAMBDA_MAX_MB} MB")
-        if self.prediction is not None:
-            for s, per_phase in enumerate(self.prediction.task_s):
-                for p, secs in per_phase.items():
-                    if not fits_lambda_timeout(secs, TIMEOUT_SAFETY):
-                        raise PlanError(timeout_refusal(s, p, secs, TIMEOUT_SAFETY, predicted=True))
+
+    def _check_prediction(self) -> None:
+        """A predicted task that cannot fit Lambda's 15 minutes (with the safety factor) is refused before it runs."""
+        if self.prediction is None:
+            return
+        for s, per_phase in enumerate(self.prediction.task_s):
+            for p, secs in per_phase.items():
+                if not fits_lambda_timeout(secs, TIMEOUT_SAFETY):
+                    raise PlanError(timeout_refusal(s, p, secs, TIMEOUT_SAFETY, predicted=True))
+
+    def _check_timeouts(self) -> None:
+        """Each stage gives every phase, and only the phases, a TimeoutSeconds Lambda accepts."""
         for s, t in enumerate(self.timeouts_s):
             missing = [p for p in PHASES if p not in t]
             if missing:

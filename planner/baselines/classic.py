@@ -188,7 +188,7 @@ def bayes(
     """Bayes as FuncPipe §5.1 runs it: per weight, 100 rounds of Bayesian optimisation (optuna's TPE)
     over the partition and the resource allocation jointly — d, the stage count, the cut points and
     every stage's tier — with the performance model as the oracle, minimising (3)."""
-    import optuna
+    import optuna  # heavy optional dependency (only this baseline uses it): imported when it runs
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     L = len(profile.layers)

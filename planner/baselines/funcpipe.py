@@ -279,6 +279,63 @@ class FuncPipeSearch:
     groups: tuple[int, ...]  # merged group sizes, in the given profile's layers
 
 
+def _merged_groups(profile: ModelProfile, plat: Platform, c: FuncPipeConstants, speed: SpeedModel) -> tuple[int, ...]:
+    """FuncPipe's layer groups: more than ``max_layers`` layers are merged into that many groups of
+    balanced compute (at the largest tier) before the search, as its public planner does."""
+    ref = max(plat.tiers_mb)
+    wts = [sum(speed.times(q, ref, c.micro_batch)) for q in range(len(profile.layers))]
+    return tuple(balanced_partition(wts, c.max_layers)) if len(profile.layers) > c.max_layers else (1,) * len(profile.layers)
+
+
+def _partition_stages(
+    part: Sequence[int],
+    starts: Sequence[int],
+    cache: dict[tuple[int, int, bool, bool], _Stage],
+    profile: ModelProfile,
+    speed: SpeedModel,
+    plat: Platform,
+    c: FuncPipeConstants,
+    d: int,
+    m: int,
+) -> list[_Stage]:
+    """FuncPipe's facts for each stage of a partition of the groups; ``cache`` (one per (d, m))
+    keeps them per (group from, group to, first, last), since partitions share their stages."""
+    S = len(part)
+    edges = [0, *itertools.accumulate(part)]
+    sts = []
+    for q in range(S):
+        key = (edges[q], edges[q + 1], q == 0, q == S - 1)
+        if key not in cache:
+            lo, hi = starts[key[0]], starts[key[1]]
+            cache[key] = _stage(profile.layers[lo:hi], range(lo, hi), key[2], key[3], speed, plat, c, d, m)
+        sts.append(cache[key])
+    return sts
+
+
+def _partition_optima(
+    sts: Sequence[_Stage], units: Sequence[int], g: int, d: int, m: int, ws: Sequence[tuple[float, float]], plat: Platform
+) -> list[tuple[float, float, int]]:
+    """Per objective weight, the best tiers for one partition under FuncPipe's model: (objective,
+    bottleneck bound theta, memory units mu) of the optimum, the objective inf where nothing fits."""
+    if not all(any(st.fits) for st in sts):
+        return []
+    thetas, tab, _ = _tier_dp(sts, units)
+    if len(thetas) == 0:
+        return []
+    sync = max(st.sync_s for st in sts)
+    T = tab + (m - 1) * thetas[:, None] + sync
+    mu_gb = np.arange(tab.shape[1]) * g / 1024
+    finite = np.isfinite(T)
+    T = np.where(finite, T, 0.0)
+    cost = plat.price_gb_s * d * mu_gb[None, :] * T
+    out = []
+    for wc, wt in ws:
+        J = np.where(finite, weighted_objective(cost, T, wc, wt), np.inf)
+        idx = np.unravel_index(np.argmin(J), J.shape)
+        out.append((float(J[idx]), float(thetas[idx[0]]), int(idx[1])))
+    return out
+
+
 def funcpipe_search(
     profile: ModelProfile,
     global_batch: int,
@@ -291,9 +348,7 @@ def funcpipe_search(
 
     c = consts
     speed_full = fit_speed_model(profile, plat, c.micro_batch)
-    ref = max(plat.tiers_mb)
-    wts = [sum(speed_full.times(q, ref, c.micro_batch)) for q in range(len(profile.layers))]
-    groups = tuple(balanced_partition(wts, c.max_layers)) if len(profile.layers) > c.max_layers else (1,) * len(profile.layers)
+    groups = _merged_groups(profile, plat, c, speed_full)
     starts = [0, *itertools.accumulate(groups)]
     Lm = len(groups)
     g = reduce(math.gcd, plat.tiers_mb)
@@ -308,39 +363,16 @@ def funcpipe_search(
         smax = min(c.max_stages, Lm, c.max_workers // d)
         if smax < 1:
             continue
-        cache: dict[tuple[int, int, bool, bool], _Stage] = {}  # (group from, group to, first, last)
+        cache: dict[tuple[int, int, bool, bool], _Stage] = {}
         for part in compositions(Lm, smax):
             n_parts += 1
-            S = len(part)
-            edges = [0, *itertools.accumulate(part)]
-            sts = []
-            for q in range(S):
-                key = (edges[q], edges[q + 1], q == 0, q == S - 1)
-                if key not in cache:
-                    lo, hi = starts[key[0]], starts[key[1]]
-                    cache[key] = _stage(profile.layers[lo:hi], range(lo, hi), key[2], key[3], speed_full, plat, c, d, m)
-                sts.append(cache[key])
-            if not all(any(st.fits) for st in sts):
-                continue
-            thetas, tab, _ = _tier_dp(sts, units)
-            if len(thetas) == 0:
-                continue
-            sync = max(st.sync_s for st in sts)
-            T = tab + (m - 1) * thetas[:, None] + sync
-            mu_gb = np.arange(tab.shape[1]) * g / 1024
-            finite = np.isfinite(T)
-            T = np.where(finite, T, 0.0)
-            cost = plat.price_gb_s * d * mu_gb[None, :] * T
-            for q, (wc, wt) in enumerate(ws):
-                J = np.where(finite, weighted_objective(cost, T, wc, wt), np.inf)
-                idx = np.unravel_index(np.argmin(J), J.shape)
-                val = float(J[idx])
+            sts = _partition_stages(part, starts, cache, profile, speed_full, plat, c, d, m)
+            for q, (val, theta, mu) in enumerate(_partition_optima(sts, units, g, d, m, ws, plat)):
                 held = best[q]
                 if math.isfinite(val) and (held is None or val < held[0]):
-                    best[q] = (val, (d, m, part, float(thetas[idx[0]]), int(idx[1])))
+                    best[q] = (val, (d, m, part, theta, mu))
     out: list[FuncPipeEstimate | None] = []
-    for q in range(len(weights)):
-        found = best[q]
+    for found in best:
         if found is None:
             out.append(None)
             continue

@@ -66,6 +66,37 @@ def _bounds(work: Sequence[float], stages: int, bounds: int | None) -> list[floa
     return [lo + (hi - lo) * q / (bounds - 1) for q in range(bounds)]
 
 
+def _bound_dp(
+    pre: Sequence[float], ok: Sequence[Sequence[bool]], boundary_comm: Sequence[float], nmax: int, V: float
+) -> tuple[list[list[float]], list[list[int]]]:
+    """Hydrozoa's DP for one bound V: best[n][j], the least sum(c) cutting layers [0, j) into n
+    stages of at most V each (inf if none), and arg[n][j], the last stage's start, to back-track."""
+    L = len(pre) - 1
+    best = [[math.inf] * (L + 1) for _ in range(nmax + 1)]
+    arg = [[-1] * (L + 1) for _ in range(nmax + 1)]
+    best[0][0] = 0.0
+    for n in range(1, nmax + 1):
+        for j in range(n, L + 1):
+            # stages [i, j) within the bound: i >= the first prefix reaching pre[j] - V
+            for i in range(max(n - 1, bisect.bisect_left(pre, pre[j] - V - 1e-12)), j):
+                if best[n - 1][i] == math.inf or not ok[i][j]:
+                    continue
+                v = best[n - 1][i] + (boundary_comm[i - 1] if i > 0 else 0.0)
+                if v < best[n][j]:
+                    best[n][j], arg[n][j] = v, i
+    return best, arg
+
+
+def _cut_sizes(arg: Sequence[Sequence[int]], n: int, L: int) -> tuple[int, ...]:
+    """The stage sizes of the DP's partition of all L layers into n stages, back-tracked from ``arg``."""
+    sizes, j = [], L
+    for q in range(n, 0, -1):
+        i = arg[q][j]
+        sizes.append(j - i)
+        j = i
+    return tuple(reversed(sizes))
+
+
 def frontier(
     work: Sequence[float], boundary_comm: Sequence[float], max_stages: int, fits: Fits | None = None, bounds: int | None = None
 ) -> dict[int, list[Partition]]:
@@ -79,28 +110,11 @@ def frontier(
     ok = [[j > i and (fits is None or fits(i, j)) for j in range(L + 1)] for i in range(L + 1)]
     nmax = min(max_stages, L)
     found: dict[int, dict[tuple[int, ...], Partition]] = {n: {} for n in range(1, nmax + 1)}
-    INF = math.inf
     for V in _bounds(work, nmax, bounds):
-        # best[n][j]: least sum(c) cutting layers [0, j) into n stages of <= V; arg for back-tracking
-        best = [[INF] * (L + 1) for _ in range(nmax + 1)]
-        arg = [[-1] * (L + 1) for _ in range(nmax + 1)]
-        best[0][0] = 0.0
+        best, arg = _bound_dp(pre, ok, boundary_comm, nmax, V)
         for n in range(1, nmax + 1):
-            for j in range(n, L + 1):
-                # stages [i, j) within the bound: i >= the first prefix reaching pre[j] - V
-                for i in range(max(n - 1, bisect.bisect_left(pre, pre[j] - V - 1e-12)), j):
-                    if best[n - 1][i] == INF or not ok[i][j]:
-                        continue
-                    v = best[n - 1][i] + (boundary_comm[i - 1] if i > 0 else 0.0)
-                    if v < best[n][j]:
-                        best[n][j], arg[n][j] = v, i
-            if best[n][L] < INF:
-                sizes, j = [], L
-                for q in range(n, 0, -1):
-                    i = arg[q][j]
-                    sizes.append(j - i)
-                    j = i
-                bal = tuple(reversed(sizes))
+            if best[n][L] < math.inf:
+                bal = _cut_sizes(arg, n, L)
                 if bal not in found[n]:
                     edges = [0, *itertools.accumulate(bal)]
                     t_k = max(pre[edges[q + 1]] - pre[edges[q]] for q in range(n))

@@ -37,6 +37,8 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stagecoach.planner.profile.zoo import zoo_profile
+
 if TYPE_CHECKING:  # pragma: no cover
     from stagecoach.planner.model.platforms import Platform
     from stagecoach.planner.profile.layers import ModelProfile
@@ -83,6 +85,13 @@ def optimizer_passes(state_ratio: float) -> float:
     return PASSES_SGD_STEP + 2.0 * state_ratio
 
 
+def optimizer_seconds(p_bytes: float, tier_mb: int, plat: Platform) -> float:
+    """Time of the optimizer update over p_bytes of fp32 parameters at a tier: memory-bound passes
+    over the parameters (``optimizer_passes``: SGD 4, + 2 per state buffer; Adam 8). Here, beside
+    the pass counts, so that both the performance model and ``compute_seconds`` read it."""
+    return optimizer_passes(plat.optimizer_state_ratio) * plat.param_pass_s(p_bytes, tier_mb)
+
+
 def tier_offset_mb() -> float:
     """m of the speed curve (M + m) / (1769 + m): the median of FasDL Table II's four fits."""
     return float(statistics.median(f.m for f in FASDL_TABLE2))
@@ -120,8 +129,6 @@ FUNCPIPE_FIG1A_COMPUTE = ComputeMeasurement(
 def compute_seconds(profile: ModelProfile, tier_mb: int, batch: int, plat: Platform, state_ratio: float) -> float:
     """The model's compute seconds for one worker running the whole model on one batch: every
     layer's forward and backward (``LayerProfile.times``) plus the optimizer step."""
-    from stagecoach.planner.model.perfmodel import optimizer_seconds
-
     t = sum(sum(l.times(tier_mb, batch, plat)) for l in profile.layers)
     return t + optimizer_seconds(profile.param_bytes, tier_mb, plat.replace(optimizer_state_ratio=state_ratio))
 
@@ -131,8 +138,6 @@ def calibrate_flops_per_vcpu(measurement: ComputeMeasurement, plat: Platform, pr
     constants as in ``plat``). Times are linear in 1/rate, so one evaluation at a reference rate
     and one at twice it solve it."""
     if profile is None:
-        from stagecoach.planner.profile.zoo import zoo_profile
-
         profile = zoo_profile(measurement.model)
     # flop part F / r and the rest R: t(r) = F / r + R
     r0 = 1e10

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from stagecoach.planner.limits import INLINE_MAP_MAX_CONCURRENCY, LAMBDA_MAX_TIMEOUT_S
-from stagecoach.planner.model.calibration import optimizer_passes
+from stagecoach.planner.model.calibration import optimizer_seconds
 from stagecoach.planner.model.syncmodel import ALL_SYNC, SYNC_ALGORITHMS, StageSync, SyncAlgorithm, SyncChoice, sync_choices  # noqa: F401 (re-exported)
 from stagecoach.planner.plan import data_resident, timeouts_from
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
@@ -106,12 +106,6 @@ def param_copies(replicas: int, plat: Platform) -> float:
     return 3.0
 
 
-def optimizer_seconds(p_bytes: float, tier_mb: int, plat: Platform) -> float:
-    """Time of the optimizer update over p_bytes of fp32 parameters at a tier: memory-bound passes
-    over the parameters (calibration.optimizer_passes: SGD 4, + 2 per state buffer; Adam 8)."""
-    return optimizer_passes(plat.optimizer_state_ratio) * plat.param_pass_s(p_bytes, tier_mb)
-
-
 @dataclass(frozen=True)
 class StageTerms:
     """Everything one stage contributes, independent of the other stages (docs §2-§5)."""
@@ -134,6 +128,158 @@ class StageTerms:
     transitions: float  # the stage's own states (forward tasks, backward Map, sync Map)
     backward_memory_bytes: float = 0.0  # the backward task's peak alone (memory_bytes: the stage's largest)
     get_in_s: float = 0.0  # one micro-batch's input GET, t_lat + in/w (stage 0: 0 unless the data set streams)
+
+
+@dataclass(frozen=True)
+class _MicroBatchIo:
+    """What one micro-batch of a stage moves (bytes of a micro-batch) and waits for: the forward
+    and backward steps and the request counts all read these, so each is computed once."""
+
+    in_b: float  # its input
+    out_b: float  # its output
+    ig_b: float  # its input's gradient (sent back)
+    og_b: float  # its output's gradient (received)
+    get_in: float  # the input's GET: t_lat + in/w (stage 0: 0 unless the data set streams)
+    get_labels: float  # the last stage's targets, read by ranged GETs when the data set streams
+    prefetch: bool  # the stage downloads its next input while it computes
+
+
+def _micro_batch_io(
+    in_ps: float,
+    out_ps: float,
+    ingrad_ps: float,
+    outgrad_ps: float | None,
+    label_ps: float,
+    first: bool,
+    last: bool,
+    b: int,
+    data_streamed: bool,
+    plat: Platform,
+) -> _MicroBatchIo:
+    """A stage's per-micro-batch transfers (per-sample bytes times b; see ``stage_terms``)."""
+    w, lat = plat.bandwidth_Bps, plat.storage_latency_s
+    in_b, out_b, ig_b = b * in_ps, b * out_ps, b * ingrad_ps
+    # a first stage reading its samples from a streamed data set pays a GET round and their bytes
+    get_in = (lat + in_b / w if data_streamed else 0.0) if first else lat + in_b / w
+    get_labels = lat + b * label_ps / w if (last and data_streamed) else 0.0
+    # our runtime's stages that read their input from S3 download the next micro-batch's while
+    # this one computes (lambdas/phases.py; docs/performance-model.md §3.1-§3.2)
+    prefetch = plat.recompute_forward and not first
+    og_b = out_b if outgrad_ps is None else b * outgrad_ps  # ids and masks get no gradient back
+    return _MicroBatchIo(in_b, out_b, ig_b, og_b, get_in, get_labels, prefetch)
+
+
+def _forward_step(io: _MicroBatchIo, fwd_s: float, last: bool, plat: Platform) -> tuple[float, float, float]:
+    """§3.1: (a_s, h_s, h_s up to the PUT's end) of a forward task; the last stage has none (0).
+
+    A prefetching step occupies the task for the longer of its compute, its input's GET and its
+    output's PUT, and the first micro-batch's GET, which nothing hides, is paid once, folded into
+    the stage's hop (so the flow-shop sums and the MILP's linear composition stay as they were)."""
+    w, lat, poll = plat.bandwidth_Bps, plat.storage_latency_s, plat.poll_delay_s
+    a_first = 0.0 if last else max(io.get_in + fwd_s, io.out_b / w)
+    a = max(fwd_s, io.get_in, io.out_b / w) if (io.prefetch and not last) else a_first
+    ha_own = 0.0 if last else lat + io.out_b / w + (a_first - a)
+    ha = 0.0 if last else ha_own + poll
+    return a, ha, ha_own
+
+
+def _backward_step(io: _MicroBatchIo, fwd_s: float, bwd_s: float, first: bool, last: bool, plat: Platform) -> tuple[float, float, float]:
+    """§3.2: (bb_s, hb_s, hb_s up to the PUT's end) of a backward task. It re-reads its input and
+    recomputes the forward (GPipe); the last stage runs its only forward here; a runtime that
+    keeps activations (recompute_forward=False) does neither."""
+    w, lat, poll = plat.bandwidth_Bps, plat.storage_latency_s, plat.poll_delay_s
+    get_in, get_labels, in_b, og_b, ig_b = io.get_in, io.get_labels, io.in_b, io.og_b, io.ig_b
+    get_out = 0.0 if last else lat + og_b / w
+    if io.prefetch and not last:
+        # a middle stage downloads the next micro-batch's input while this one waits for its
+        # output's gradient and computes (lambdas/phases.py backward): the re-read adds no request
+        # latency, only its bytes on the download link beside the gradient's
+        bb = max(get_out + fwd_s + bwd_s, get_in, (in_b + og_b) / w, ig_b / w)
+    elif io.prefetch:
+        # the last stage's inputs are in S3 since the forward phase: the next one downloads while
+        # this one computes; the first one's GET is paid once (folded into the stage's hop)
+        bb = max(get_labels + fwd_s + bwd_s, get_in, ig_b / w)
+    else:
+        redo = get_in + get_labels + fwd_s if (last or plat.recompute_forward) else get_labels
+        bb = max(get_out + redo + bwd_s, 0.0 if first else ig_b / w)
+    hb_own = 0.0 if first else lat + ig_b / w
+    if io.prefetch and last:  # the first micro-batch's input: its GET starts after the parameter load
+        hb_own += max(get_in + get_labels + fwd_s + bwd_s, ig_b / w) - bb
+    hb = 0.0 if first else hb_own + poll
+    return bb, hb, hb_own
+
+
+def _parameter_load(sy: StageSync, p_bytes: float, master_ratio: float, plat: Platform) -> tuple[float, int]:
+    """(l_s, the shard GETs of a task that loads the parameters). A sync that leaves version t+1
+    in the backward task's container (d = 1, pipelined scatter-reduce) spares the next phase's
+    task of the stage its parameter load and GETs."""
+    cached = bool(getattr(sy, "params_cached", False))
+    load = 0.0 if cached else plat.storage_latency_s + master_ratio * p_bytes / plat.bandwidth_Bps
+    return load, 0 if cached else sy.shards
+
+
+def _stage_memory(
+    p_bytes: float,
+    saved_ps: float,
+    in_ps: float,
+    out_ps: float,
+    buffer_bytes: float,
+    build_bytes: float,
+    master_ratio: float,
+    last: bool,
+    d: int,
+    b: int,
+    m: int,
+    sy: StageSync,
+    plat: Platform,
+) -> tuple[float, float]:
+    """§2: (the backward task's peak, the stage's peak). What a container holds: only its stage,
+    built on the meta device; a sync task runs in a warm container of the stage's function, which
+    still holds the stage's parameters and the gradients its backward task left (2 P) beside the
+    sync's buffers."""
+    # one micro-batch's recomputed activations (GPipe); all m micro-batches' without recompute
+    act = b * (saved_ps * (1 if (last or plat.recompute_forward) else m) + 2 * in_ps + 2 * out_ps)
+    backward = (param_copies(d, plat) + master_ratio - 1) * p_bytes + buffer_bytes + act + sy.backward_extra_bytes
+    sync = 2 * p_bytes + buffer_bytes + sy.task_bytes if sy.tasks else 0.0
+    return backward, max(backward, sync, build_bytes)
+
+
+def _stage_requests(
+    io: _MicroBatchIo,
+    fwd_s: float,
+    first: bool,
+    last: bool,
+    d: int,
+    b: int,
+    m: int,
+    shard_gets: int,
+    sy: StageSync,
+    data_streamed: bool,
+    plat: Platform,
+) -> tuple[float, float, float, float]:
+    """§4.2-§4.4: (S3 GETs, S3 PUTs, invocations, transitions) of all the stage's tasks."""
+    w, lat, poll = plat.bandwidth_Bps, plat.storage_latency_s, plat.poll_delay_s
+    # while a micro-batch's input (or its output's gradient) is on its way from the neighbour, the
+    # waiter polls for it: the neighbour's PUT latency and bytes, and the poll that notices it
+    # (prefetching, a forward task asks for the next input a compute earlier)
+    poll_in = plat.polls_while_waiting(lat + io.in_b / w + poll + (fwd_s if io.prefetch else 0.0))
+    poll_back = plat.polls_while_waiting(lat + io.og_b / w + poll)
+    gets = puts = 0.0
+    if not last:  # forward task per replica: parameter shards, m inputs (+ waits), m outputs
+        gets += d * (shard_gets + m + (0 if first else m * poll_in))
+        puts += d * m
+    gets += d * (2 * m + (0 if last else m * poll_back) + (shard_gets if last else 0) + sy.tail_gets)
+    puts += d * ((0 if first else m) + sy.tail_puts)
+    gets += sy.tasks * sy.task_gets
+    if data_streamed:  # one ranged GET per sample: inputs in the first stage's tasks, targets in the last's
+        samples = d * m * b
+        gets += samples * (((0 if last else 1) + 1 if first else 0) + (1 if last else 0))
+    puts += sy.tasks * sy.task_puts
+    inv = (0 if last else d) + d + sy.tasks
+    tr = (0 if last else TRANSITIONS_PER_TASK * d) + TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * d
+    if sy.tasks:
+        tr += TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * sy.tasks
+    return gets, puts, inv, tr
 
 
 def stage_terms(
@@ -177,87 +323,18 @@ def stage_terms(
     result reaches the neighbour stage a hop later (PUT latency and bytes, and a poll).
     Stage 0 reads its rows of the data set locally, the last stage computes its loss locally.
     """
-    w, lat, poll = plat.bandwidth_Bps, plat.storage_latency_s, plat.poll_delay_s
-    in_b, out_b, ig_b = b * in_ps, b * out_ps, b * ingrad_ps
-    # a first stage reading its samples from a streamed data set pays a GET round and their bytes
-    get_in = (lat + in_b / w if data_streamed else 0.0) if first else lat + in_b / w
-    get_labels = lat + b * label_ps / w if (last and data_streamed) else 0.0
-    # our runtime's stages that read their input from S3 download the next micro-batch's while
-    # this one computes (lambdas/phases.py): a forward step then occupies the task for the longer
-    # of its compute, its input's GET and its output's PUT, and the first micro-batch's GET, which
-    # nothing hides, is paid once, folded into the stage's hop (docs/performance-model.md §3.1)
-    prefetch = plat.recompute_forward and not first
-    a_first = 0.0 if last else max(get_in + fwd_s, out_b / w)
-    a = max(fwd_s, get_in, out_b / w) if (prefetch and not last) else a_first
-    ha_own = 0.0 if last else lat + out_b / w + (a_first - a)
-    ha = 0.0 if last else ha_own + poll
-    og_b = out_b if outgrad_ps is None else b * outgrad_ps  # ids and masks get no gradient back
-    get_out = 0.0 if last else lat + og_b / w
-    # the backward task re-reads its input and recomputes the forward (GPipe); the last stage runs
-    # its only forward here; a runtime that keeps activations (recompute_forward=False) does neither
-    if prefetch and not last:
-        # a middle stage downloads the next micro-batch's input while this one waits for its
-        # output's gradient and computes (lambdas/phases.py backward): the re-read adds no request
-        # latency, only its bytes on the download link beside the gradient's
-        bb = max(get_out + fwd_s + bwd_s, get_in, (in_b + og_b) / w, ig_b / w)
-    elif prefetch:
-        # the last stage's inputs are in S3 since the forward phase: the next one downloads while
-        # this one computes; the first one's GET is paid once (folded into the stage's hop)
-        bb = max(get_labels + fwd_s + bwd_s, get_in, ig_b / w)
-    else:
-        redo = get_in + get_labels + fwd_s if (last or plat.recompute_forward) else get_labels
-        bb = max(get_out + redo + bwd_s, 0.0 if first else ig_b / w)
-    hb_own = 0.0 if first else lat + ig_b / w
-    if prefetch and last:  # the first micro-batch's input: its GET starts after the parameter load
-        hb_own += max(get_in + get_labels + fwd_s + bwd_s, ig_b / w) - bb
-    hb = 0.0 if first else hb_own + poll
+    io = _micro_batch_io(in_ps, out_ps, ingrad_ps, outgrad_ps, label_ps, first, last, b, data_streamed, plat)
+    a, ha, ha_own = _forward_step(io, fwd_s, last, plat)
+    bb, hb, hb_own = _backward_step(io, fwd_s, bwd_s, first, last, plat)
     # the optimizer-state prefetch runs from the task's start: it hides behind the task's own
     # micro-batch steps (compute and the reads it waits on)
-    sy = choice.algorithm.stage(
-        d,
-        choice.k,
-        p_bytes,
-        optimizer_seconds(master_ratio * p_bytes, tier_mb, plat),
-        m * bb,
-        plat,
-        last_backward_s=bwd_s,
-        master_ratio=master_ratio,
-    )
-    # a sync that leaves version t+1 in the backward task's container (d = 1, pipelined
-    # scatter-reduce) spares the next phase's task of the stage its parameter load and GETs
-    cached = bool(getattr(sy, "params_cached", False))
-    load = 0.0 if cached else lat + master_ratio * p_bytes / w
-    shard_gets = 0 if cached else sy.shards
-    # one micro-batch's recomputed activations (GPipe); all m micro-batches' without recompute
-    act = b * (saved_ps * (1 if (last or plat.recompute_forward) else m) + 2 * in_ps + 2 * out_ps)
-    # What a container holds (docs/performance-model.md §2): only its stage, built on the meta
-    # device; a sync task runs in a warm container of the stage's function, which still holds the
-    # stage's parameters and the gradients its backward task left (2 P) beside the sync's buffers.
-    backward = (param_copies(d, plat) + master_ratio - 1) * p_bytes + buffer_bytes + act + sy.backward_extra_bytes
-    sync = 2 * p_bytes + buffer_bytes + sy.task_bytes if sy.tasks else 0.0
-    mem = max(backward, sync, build_bytes)
-    # while a micro-batch's input (or its output's gradient) is on its way from the neighbour, the
-    # waiter polls for it: the neighbour's PUT latency and bytes, and the poll that notices it
-    # (prefetching, a forward task asks for the next input a compute earlier)
-    poll_in = plat.polls_while_waiting(lat + in_b / w + poll + (fwd_s if prefetch else 0.0))
-    poll_back = plat.polls_while_waiting(lat + og_b / w + poll)
-    gets = puts = 0.0
-    if not last:  # forward task per replica: parameter shards, m inputs (+ waits), m outputs
-        gets += d * (shard_gets + m + (0 if first else m * poll_in))
-        puts += d * m
-    gets += d * (2 * m + (0 if last else m * poll_back) + (shard_gets if last else 0) + sy.tail_gets)
-    puts += d * ((0 if first else m) + sy.tail_puts)
-    gets += sy.tasks * sy.task_gets
-    if data_streamed:  # one ranged GET per sample: inputs in the first stage's tasks, targets in the last's
-        samples = d * m * b
-        gets += samples * (((0 if last else 1) + 1 if first else 0) + (1 if last else 0))
-    puts += sy.tasks * sy.task_puts
-    inv = (0 if last else d) + d + sy.tasks
-    tr = (0 if last else TRANSITIONS_PER_TASK * d) + TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * d
-    if sy.tasks:
-        tr += TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * sy.tasks
+    opt_s = optimizer_seconds(master_ratio * p_bytes, tier_mb, plat)
+    sy = choice.algorithm.stage(d, choice.k, p_bytes, opt_s, m * bb, plat, last_backward_s=bwd_s, master_ratio=master_ratio)
+    load, shard_gets = _parameter_load(sy, p_bytes, master_ratio, plat)
+    backward, mem = _stage_memory(p_bytes, saved_ps, in_ps, out_ps, buffer_bytes, build_bytes, master_ratio, last, d, b, m, sy, plat)
+    gets, puts, inv, tr = _stage_requests(io, fwd_s, first, last, d, b, m, shard_gets, sy, data_streamed, plat)
     bwd_c = (fwd_s if (last or plat.recompute_forward) else 0.0) + bwd_s
-    return StageTerms(p_bytes, load, a, bb, ha, ha_own, hb, hb_own, fwd_s, bwd_c, sy, mem, gets, puts, inv, tr, backward, get_in)
+    return StageTerms(p_bytes, load, a, bb, ha, ha_own, hb, hb_own, fwd_s, bwd_c, sy, mem, gets, puts, inv, tr, backward, io.get_in)
 
 
 def global_transitions(stages: int) -> int:
@@ -359,13 +436,11 @@ def phase_overhead(plat: Platform, d: int) -> float:
     return plat.invoke_overhead_s + plat.dispatch_s * (d - 1)
 
 
-def compose(cfg: Config, terms: Sequence[StageTerms], plat: Platform, clip: bool = False) -> Estimate:
-    """Compose per-stage terms into the iteration's time, cost and feasibility (§3-§4). ``clip``:
-    the job clips the global gradient norm (§3.3)."""
-    S, d, m = cfg.stages, cfg.replicas, cfg.micro_batches
-    o = phase_overhead(plat, d)
-    # forward flow shop over stages 0..S-2 (§3.1): a micro-batch crosses every stage (steps and
-    # hops), the others follow at the pace of the slowest step
+def _forward_finish(terms: Sequence[StageTerms], o: float, m: int) -> list[float]:
+    """§3.1 F_s, the forward flow shop over stages 0..S-2 (F_{S-1} = 0: the last stage's forward
+    runs in its backward): a micro-batch crosses every stage (steps and hops), the others follow
+    at the pace of the slowest step."""
+    S = len(terms)
     F = [0.0] * S
     lmax = amax = acc = 0.0
     for s in range(S - 1):
@@ -373,8 +448,13 @@ def compose(cfg: Config, terms: Sequence[StageTerms], plat: Platform, clip: bool
         lmax, amax = max(lmax, t.load_s), max(amax, t.fwd_step_s)
         F[s] = o + lmax + acc + t.fwd_step_s + t.fwd_hop_own_s + (m - 1) * amax
         acc += t.fwd_step_s + t.fwd_hop_s
-    t_fwd = F[S - 2] if S > 1 else 0.0
-    # backward flow shop in reverse order, after the last stage loads its parameters (§3.2)
+    return F
+
+
+def _backward_finish(terms: Sequence[StageTerms], o: float, m: int) -> list[float]:
+    """§3.2 BT_s, the backward flow shop in reverse order, after the last stage loads its
+    parameters; each stage's sync tail ends its backward tasks."""
+    S = len(terms)
     BT = [0.0] * S
     bmax = acc = 0.0
     for s in range(S - 1, -1, -1):
@@ -382,6 +462,50 @@ def compose(cfg: Config, terms: Sequence[StageTerms], plat: Platform, clip: bool
         bmax = max(bmax, t.bwd_step_s)
         BT[s] = o + terms[S - 1].load_s + acc + t.bwd_step_s + t.bwd_hop_own_s + (m - 1) * bmax + t.sync.tail_s
         acc += t.bwd_step_s + t.bwd_hop_s
+    return BT
+
+
+def _request_counts(terms: Sequence[StageTerms], clip: bool, updaters: Sequence[int]) -> tuple[float, float, float, float]:
+    """§4.2-§4.4 and §3.3: (invocations, transitions, S3 PUTs, S3 GETs) of the iteration: the
+    stages' own, the states no stage owns, and the clipping exchange among the updating tasks."""
+    invocations = sum(t.invocations for t in terms)
+    transitions = float(global_transitions(len(terms)) + sum(t.transitions for t in terms))
+    puts, gets = sum(t.puts for t in terms), sum(t.gets for t in terms)
+    if clip:
+        u = sum(updaters)
+        puts, gets = puts + u, gets + u * (u - 1)
+    return invocations, transitions, puts, gets
+
+
+def _violations(cfg: Config, mem: Sequence[float], task_s: Sequence[Sequence[float]], plat: Platform) -> list[str]:
+    """Why a Config cannot run: a stage over its tier's usable memory, a task over Lambda's
+    timeout (``task_s``: forward, backward and sync task seconds per stage), more concurrent
+    tasks than an inline Map runs."""
+    S, d = cfg.stages, cfg.replicas
+    viol = []
+    cap_top = plat.max_predicted_task_s
+    for s in range(S):
+        cap = plat.usable_bytes(cfg.tiers_mb[s])
+        if mem[s] > cap:
+            viol.append(f"stage {s} needs {mem[s] / 2**20:.0f} MB but {cfg.tiers_mb[s]} MB leaves {cap / 2**20:.0f} MB")
+        for what, secs in zip(("forward", "backward", "sync"), (task_s[0][s], task_s[1][s], task_s[2][s])):
+            if secs > cap_top:
+                viol.append(
+                    f"stage {s} {what} task takes {secs:.0f} s > {cap_top:.0f} s (Lambda's {LAMBDA_MAX_TIMEOUT_S} s over the timeout safety factor)"
+                )
+    if (S - 1) * d > INLINE_MAP_MAX_CONCURRENCY or d > INLINE_MAP_MAX_CONCURRENCY:
+        viol.append(f"{S} stages x {d} replicas exceed the inline Map's {INLINE_MAP_MAX_CONCURRENCY} concurrent tasks")
+    return viol
+
+
+def compose(cfg: Config, terms: Sequence[StageTerms], plat: Platform, clip: bool = False) -> Estimate:
+    """Compose per-stage terms into the iteration's time, cost and feasibility (§3-§4). ``clip``:
+    the job clips the global gradient norm (§3.3)."""
+    S, d = cfg.stages, cfg.replicas
+    o = phase_overhead(plat, d)
+    F = _forward_finish(terms, o, cfg.micro_batches)
+    t_fwd = F[S - 2] if S > 1 else 0.0
+    BT = _backward_finish(terms, o, cfg.micro_batches)
     t_bs = max(BT[s] + ((o + terms[s].sync.task_s) if terms[s].sync.tasks else 0.0) for s in range(S))
     # §3.3 clipping: every updating task PUTs its shard's squared norm and GETs the others' before
     # updating: a PUT and a GET round (and a poll) on the iteration's end, spent waiting by each
@@ -396,34 +520,16 @@ def compose(cfg: Config, terms: Sequence[StageTerms], plat: Platform, clip: bool
         plat.price_per_s(cfg.tiers_mb[s]) * (d * (fwd_task[s] + bwd_task[s]) + terms[s].sync.tasks * sync_task[s] + updaters[s] * clip_s)
         for s in range(S)
     )
-    invocations = sum(t.invocations for t in terms)
-    transitions = float(global_transitions(S) + sum(t.transitions for t in terms))
-    puts, gets = sum(t.puts for t in terms), sum(t.gets for t in terms)
-    if clip:
-        u = sum(updaters)
-        puts, gets = puts + u, gets + u * (u - 1)
+    invocations, transitions, puts, gets = _request_counts(terms, clip, updaters)
     c_req = plat.price_request * invocations
     c_tr = plat.price_transition * transitions
     c_s3 = plat.price_put * puts + plat.price_get * gets
-    cost = gbs + c_req + c_tr + c_s3
-    viol = []
-    cap_top = plat.max_predicted_task_s
     mem = [t.memory_bytes for t in terms]
-    for s in range(S):
-        cap = plat.usable_bytes(cfg.tiers_mb[s])
-        if mem[s] > cap:
-            viol.append(f"stage {s} needs {mem[s] / 2**20:.0f} MB but {cfg.tiers_mb[s]} MB leaves {cap / 2**20:.0f} MB")
-        for what, secs in (("forward", fwd_task[s]), ("backward", bwd_task[s]), ("sync", sync_task[s])):
-            if secs > cap_top:
-                viol.append(
-                    f"stage {s} {what} task takes {secs:.0f} s > {cap_top:.0f} s (Lambda's {LAMBDA_MAX_TIMEOUT_S} s over the timeout safety factor)"
-                )
-    if (S - 1) * d > INLINE_MAP_MAX_CONCURRENCY or d > INLINE_MAP_MAX_CONCURRENCY:
-        viol.append(f"{S} stages x {d} replicas exceed the inline Map's {INLINE_MAP_MAX_CONCURRENCY} concurrent tasks")
+    viol = _violations(cfg, mem, (fwd_task, bwd_task, sync_task), plat)
     return Estimate(
         config=cfg,
         time_s=t_fwd + t_bs + plat.iteration_overhead_s,
-        cost=cost,
+        cost=gbs + c_req + c_tr + c_s3,
         forward_s=t_fwd,
         backward_sync_s=t_bs,
         stage_forward_s=fwd_task,

@@ -22,6 +22,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from stagecoach.planner.limits import LAMBDA_MAX_TIMEOUT_S
+from stagecoach.planner.model.calibration import optimizer_passes
 from stagecoach.planner.plan import TIMEOUT_SAFETY
 
 # us-east-1 list prices on that date: https://aws.amazon.com/lambda/pricing/,
@@ -232,8 +233,6 @@ def measure_param_pass_rate(numel: int = 1 << 22, repeats: int = 7) -> float:
     """Seconds per parameter byte per pass on this machine, single-threaded: the median time of an
     Adam step over ``numel`` fp32 parameters divided by its passes (calibration.optimizer_passes(2):
     read weights, gradients and both moments, write weights and moments, zero the gradients)."""
-    from stagecoach.planner.model.calibration import optimizer_passes
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -54,6 +54,28 @@ class StageSync:
     task_bytes: float = 0.0
     params_cached: bool = False
 
+    @classmethod
+    def in_backward(
+        cls, name: str, k: int, tail_s: float, shards: int, tail_puts: float, tail_gets: float, backward_extra_bytes: float
+    ) -> StageSync:
+        """A sync the backward tasks run themselves (d = 1's own update, the exchanges fused into
+        backward, a parameter server): no sync Map, so no sync task, its time, requests or memory;
+        and each backward task ends holding version t+1 (``params_cached``)."""
+        return cls(
+            name,
+            k,
+            tail_s=tail_s,
+            task_s=0.0,
+            tasks=0,
+            shards=shards,
+            tail_puts=tail_puts,
+            tail_gets=tail_gets,
+            task_puts=0,
+            task_gets=0,
+            backward_extra_bytes=backward_extra_bytes,
+            params_cached=True,
+        )
+
 
 class SyncAlgorithm:
     """Base of the pluggable sync algorithms."""
@@ -131,34 +153,24 @@ class NoSync(SyncAlgorithm):
         store = lat + (1 + rho) * pm / w
         n = plat.warm_checkpoint_every
         if n > 0:
-            return StageSync(
+            return StageSync.in_backward(
                 self.name,
                 1,
                 tail_s=opt_s + store / n,
-                task_s=0.0,
-                tasks=0,
                 shards=1,
                 tail_puts=(1 + sf) / n,
                 tail_gets=sf / n,
-                task_puts=0,
-                task_gets=0,
                 backward_extra_bytes=p_bytes + 2 * rho * pm,
-                params_cached=True,
             )
         prefetch = max(0.0, lat + rho * pm / w - backward_compute_s) if sf else 0.0
-        return StageSync(
+        return StageSync.in_backward(
             self.name,
             1,
             tail_s=prefetch + opt_s + store,
-            task_s=0.0,
-            tasks=0,
             shards=1,
             tail_puts=1 + sf,
             tail_gets=sf,
-            task_puts=0,
-            task_gets=0,
             backward_extra_bytes=p_bytes + 2 * rho * pm,
-            params_cached=True,
         )
 
 
@@ -283,19 +295,14 @@ class PipelinedScatterReduce(SyncAlgorithm):
         gather_end = max(x + e_p, own_end + lat + own_lag)  # the others' updated chunks, a group behind theirs
         tail = max(own_end, gather_end) + lat + opt_s / (d * c)
         polls = plat.polls_while_waiting(lat + chunk)  # a peer's chunk: its PUT latency and bytes
-        return StageSync(
+        return StageSync.in_backward(
             self.name,
             d,
             tail_s=tail,
-            task_s=0.0,
-            tasks=0,
             shards=d * c,
             tail_puts=(d - 1) * c + c * (1 + sf),
             tail_gets=2 * (d - 1) * c * (1 + polls) + c * sf,
-            task_puts=0,
-            task_gets=0,
             backward_extra_bytes=((d - 1) * p_bytes + (d + 2 * rho) * pm) / d,
-            params_cached=True,
         )
 
 
@@ -346,19 +353,14 @@ class LambdaMLScatterReduce(SyncAlgorithm):
         own = lat + max(opt_s / d + u / c, opt_s / (d * c) + u)  # phase 3
         tail = down + own + lat + master_ratio * e + q  # phase 4: the others' master parameters
         polls = plat.polls_while_waiting(q)
-        return StageSync(
+        return StageSync.in_backward(
             self.name,
             d,
             tail_s=tail,
-            task_s=0.0,
-            tasks=0,
             shards=d * c,
             tail_puts=(d - 1) * c + c * (1 + sf),
             tail_gets=2 * (d - 1) * c * (1 + polls) + c * sf,
-            task_puts=0,
-            task_gets=0,
             backward_extra_bytes=((d - 1) * p_bytes + (d + 2 * rho) * pm) / d,
-            params_cached=True,
         )
 
 
@@ -394,19 +396,14 @@ class LambdaMLPublishedScatterReduce(SyncAlgorithm):
         e = (d - 1) * p_bytes / (d * w)
         tail = (lat + e) + (lat + e + q) + (lat + p_bytes / (d * w)) + (lat + e + q) + opt_s
         polls = plat.polls_while_waiting(q)
-        return StageSync(
+        return StageSync.in_backward(
             self.name,
             d,
             tail_s=tail,
-            task_s=0.0,
-            tasks=0,
             shards=d,
             tail_puts=d,
             tail_gets=2 * (d - 1) * (1 + polls),
-            task_puts=0,
-            task_gets=0,
             backward_extra_bytes=(2 * (d - 1) + 1) * p_bytes / d + rho * p_bytes,  # the state stays in the worker
-            params_cached=True,
         )
 
 
@@ -465,19 +462,14 @@ class ParameterServer(SyncAlgorithm):
     ) -> StageSync:
         w, lat = plat.bandwidth_Bps, plat.storage_latency_s
         one_way = lat + max(p_bytes / w, d * p_bytes / self.server_Bps)
-        return StageSync(
+        return StageSync.in_backward(
             self.name,
             1,
             tail_s=2 * one_way,
-            task_s=0.0,
-            tasks=0,
             shards=1,
             tail_puts=0,
             tail_gets=0,
-            task_puts=0,
-            task_gets=0,
             backward_extra_bytes=p_bytes,
-            params_cached=True,
         )
 
 

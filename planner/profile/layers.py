@@ -279,13 +279,18 @@ def balanced_partition(weights: Sequence[float], parts: int) -> list[int]:
     return sizes[::-1]
 
 
-def merge_layers(layers: Sequence[LayerProfile]) -> LayerProfile:
-    """One profile for consecutive layers run as a unit (sums; boundary sizes from the ends)."""
-    if len(layers) == 1:
-        return layers[0]
+def _summed_times(layers: Sequence[LayerProfile]) -> tuple[dict[int, float], dict[int, float]]:
+    """Forward and backward seconds at one vCPU of layers run as a unit: sums, at the micro-batch
+    sizes every one of them was measured at (a size some layer lacks cannot be summed)."""
     bs = set(layers[0].fwd_s)
     for l in layers:
         bs &= set(l.fwd_s)
+    return {b: sum(l.fwd_s[b] for l in layers) for b in bs}, {b: sum(l.bwd_s[b] for l in layers) for b in bs}
+
+
+def _summed_tier_times(layers: Sequence[LayerProfile]) -> dict[int, dict[int, tuple[float, float]]]:
+    """The per-tier counterpart of ``_summed_times``: at the tiers, and there the micro-batch sizes,
+    every one of the layers was measured at."""
     tiers: dict[int, dict[int, tuple[float, float]]] = {}
     common_t = set(layers[0].tier_s)
     for l in layers:
@@ -295,6 +300,14 @@ def merge_layers(layers: Sequence[LayerProfile]) -> LayerProfile:
         for l in layers:
             cb &= set(l.tier_s[t])
         tiers[t] = {b: (sum(l.tier_s[t][b][0] for l in layers), sum(l.tier_s[t][b][1] for l in layers)) for b in cb}
+    return tiers
+
+
+def merge_layers(layers: Sequence[LayerProfile]) -> LayerProfile:
+    """One profile for consecutive layers run as a unit (sums; boundary sizes from the ends)."""
+    if len(layers) == 1:
+        return layers[0]
+    fwd_s, bwd_s = _summed_times(layers)
     return LayerProfile(
         name=f"{layers[0].name}..{layers[-1].name}",
         param_bytes=sum(l.param_bytes for l in layers),
@@ -303,9 +316,9 @@ def merge_layers(layers: Sequence[LayerProfile]) -> LayerProfile:
         in_bytes_per_sample=layers[0].in_bytes_per_sample,
         fwd_flops_per_sample=sum(l.fwd_flops_per_sample for l in layers),
         bwd_flops_per_sample=sum(l.bwd_flops_per_sample for l in layers),
-        fwd_s={b: sum(l.fwd_s[b] for l in layers) for b in bs},
-        bwd_s={b: sum(l.bwd_s[b] for l in layers) for b in bs},
-        tier_s=tiers,
+        fwd_s=fwd_s,
+        bwd_s=bwd_s,
+        tier_s=_summed_tier_times(layers),
         count=sum(l.count for l in layers),
         in_requires_grad=layers[0].in_requires_grad,
         in_grad_bytes_per_sample=layers[0].in_grad_bytes_per_sample,

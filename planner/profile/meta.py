@@ -14,14 +14,13 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
+from stagecoach.planner.profile.layers import ModelProfile
 from stagecoach.planner.profile.tensors import (
     SavedBytes,
-    any_requires_grad,
     batch_like,
     detach_all,
-    floating_bytes,
     grad_seed,
+    layer_profile,
     requires_grad_,
     tensor_bytes,
 )
@@ -79,26 +78,9 @@ def profile_meta(
     flows = measure_flows(x1, x2) if callable(measure_flows) else ()
     layers = []
     for i, (child_name, child) in enumerate(m._modules.items()):  # a block used twice counts twice
-        rg = any_requires_grad(x1)
         y1, s1, f1, b1 = _size_layer(child, x1)
         y2, s2, _, _ = _size_layer(child, x2, flops=False)
-        pbytes = sum(p.numel() * p.element_size() for p in child.parameters())
-        bbytes = sum(b.numel() * b.element_size() for b in child.buffers())
-        layers.append(
-            LayerProfile(
-                name=f"{i}:{child_name}" if not child_name.isdigit() else f"{i}:{type(child).__name__}",
-                param_bytes=float(pbytes),
-                buffer_bytes=float(bbytes),
-                saved_bytes_per_sample=float(max(0, s2 - s1)),
-                out_bytes_per_sample=float(tensor_bytes(y2) - tensor_bytes(y1)),
-                in_bytes_per_sample=float(tensor_bytes(x2) - tensor_bytes(x1)),
-                fwd_flops_per_sample=f1,
-                bwd_flops_per_sample=b1,
-                in_requires_grad=rg,
-                in_grad_bytes_per_sample=float(floating_bytes(x2) - floating_bytes(x1)),
-                out_grad_bytes_per_sample=float(floating_bytes(y2) - floating_bytes(y1)),
-            )
-        )
+        layers.append(layer_profile(i, child_name, child, (x1, x2), (y1, y2), (s1, s2), fwd_flops_per_sample=f1, bwd_flops_per_sample=b1))
         x1, x2 = detach_all(y1), detach_all(y2)
     return ModelProfile(
         name=name,

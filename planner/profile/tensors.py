@@ -1,10 +1,14 @@
-"""Tensor helpers shared by the meta-device sizing and the measuring profiler (torch imported lazily)."""
+"""Tensor helpers shared by the meta-device sizing and the measuring profiler, and the one place
+both turn a layer's two runs into its LayerProfile (``layer_profile``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
+
+from stagecoach.planner.profile.layers import LayerProfile
 
 
 def tensor_bytes(obj: Any) -> int:
@@ -44,16 +48,12 @@ def requires_grad_(obj: Any) -> Any:
 
 def any_requires_grad(obj: Any) -> bool:
     """Whether a block input gets a gradient back: it holds a floating tensor (ids and masks do not)."""
-    from torch.utils import _pytree as pytree
-
     return any(isinstance(t, torch.Tensor) and t.is_floating_point() for t in pytree.tree_leaves(obj))
 
 
 def floating_bytes(obj: Any) -> int:
     """Bytes of the floating tensors in a (nested) boundary object: what its gradient weighs (an
     integer or boolean leaf travels forward only, core/boundary.py)."""
-    from torch.utils import _pytree as pytree
-
     return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(obj) if isinstance(t, torch.Tensor) and t.is_floating_point())
 
 
@@ -114,3 +114,28 @@ def detach_all(obj: Any) -> Any:
     if isinstance(obj, (tuple, list)):
         return type(obj)(detach_all(o) for o in obj)
     return obj
+
+
+def layer_profile(
+    index: int, child_name: str, child: torch.nn.Module, x: tuple[Any, Any], y: tuple[Any, Any], saved: tuple[int, int], **timing: Any
+) -> LayerProfile:
+    """Child ``index`` of an nn.Sequential as the planner sees it, from two runs of it with grad on
+    batches of n and n + 1 samples: inputs ``x``, outputs ``y``, bytes saved for backward
+    ``saved``. Per-sample sizes are the differences of the two, so what does not grow with the
+    batch (weights an op saves) drops out. ``timing``: the profiler's own LayerProfile fields (the
+    measured times, or the counted FLOPs). Both profilers build their layers here, so the sizes,
+    names and gradient flags they report cannot disagree."""
+    (x1, x2), (y1, y2), (s1, s2) = x, y, saved
+    return LayerProfile(
+        # a Sequential built from a list names its children "0", "1", ...: the type says more
+        name=f"{index}:{child_name}" if not child_name.isdigit() else f"{index}:{type(child).__name__}",
+        param_bytes=float(sum(p.numel() * p.element_size() for p in child.parameters())),
+        buffer_bytes=float(sum(b.numel() * b.element_size() for b in child.buffers())),
+        saved_bytes_per_sample=float(max(0, s2 - s1)),
+        out_bytes_per_sample=float(tensor_bytes(y2) - tensor_bytes(y1)),
+        in_bytes_per_sample=float(tensor_bytes(x2) - tensor_bytes(x1)),
+        in_requires_grad=any_requires_grad(x1),
+        in_grad_bytes_per_sample=float(floating_bytes(x2) - floating_bytes(x1)),
+        out_grad_bytes_per_sample=float(floating_bytes(y2) - floating_bytes(y1)),
+        **timing,
+    )
