@@ -55,7 +55,8 @@ class CheckpointEvent(_Task):
     replica: int = Field(ge=0)
 
 
-TaskEvent = Annotated[ForwardEvent | BackwardEvent | SyncEvent | EvaluateEvent | CheckpointEvent, Field(discriminator="phase")]
+AnyTaskEvent = ForwardEvent | BackwardEvent | SyncEvent | EvaluateEvent | CheckpointEvent  # a task's event, once validated
+TaskEvent = Annotated[AnyTaskEvent, Field(discriminator="phase")]  # what validates one, by its phase
 
 
 class GateEvent(BaseModel):

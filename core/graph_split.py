@@ -22,9 +22,9 @@ from __future__ import annotations
 import fnmatch
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MethodType
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import fx, nn
@@ -228,6 +228,41 @@ def split(model: nn.Module, patterns: Sequence[str], example: torch.Tensor) -> B
     gm, out_spec = capture(model, names, example)
     _retie(gm, model)
     _restore_batch_norms(gm, model)
+    groups, x = _groups(gm, model, names)
+    # what each piece reads and writes, by value key
+    values = _Values({_key(x): -1}, {_key(x): example.is_floating_point()})
+    calls: list[list[tuple[list[str], list[str]]]] = []
+    for b, group in enumerate(groups):
+        calls.append([_piece_call(gm, node, b, values) for node, _ in group])
+    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
+    final = [_key(a) for a in pytree.tree_leaves(output.args[0]) if isinstance(a, fx.Node)]
+    live = _live_after(calls, final, values.produced)
+    segments: list[Segment] = []
+    for b, group in enumerate(groups):
+        takes = live[b - 1] if b else [_key(x)]
+        last = b == len(groups) - 1
+        segments.append(
+            Segment([m for _, m in group], calls[b], takes, final if last else live[b], out_spec if last else None, frozenset(values.ints))
+        )
+    blocks = Blocks(*segments)
+    blocks.flows = _flows(calls, final, values.produced, values.floating)
+    return blocks
+
+
+@dataclass
+class _Values:
+    """The split graph's named values in production order (the model's input, then each piece's
+    outputs): the block computing each (-1: the input), whether it is floating, and those that
+    are Python ints in the graph (sizes)."""
+
+    produced: dict[str, int]
+    floating: dict[str, bool]
+    ints: set[str] = field(default_factory=set)
+
+
+def _groups(gm: fx.GraphModule, model: nn.Module, names: Sequence[str]) -> tuple[list[list[tuple[fx.Node, nn.Module]]], fx.Node]:
+    """The split graph's pieces grouped into blocks (the code before the first named module, if it
+    makes a piece of its own, joins the first block) and the model's one input."""
     pieces = [(n, gm.get_submodule(str(n.target))) for n in gm.graph.nodes if n.op == "call_module"]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
@@ -237,52 +272,43 @@ def split(model: nn.Module, patterns: Sequence[str], example: torch.Tensor) -> B
     if len(pieces) not in (len(names), len(names) + 1):
         raise SplitError(f"the graph split into {len(pieces)} pieces for {len(names)} blocks: name modules that run in sequence")
     groups = [pieces[:2], *[[p] for p in pieces[2:]]] if len(pieces) == len(names) + 1 else [[p] for p in pieces]
-    # what each piece reads and writes, by value key; a multi-output piece's values are its getitems
-    produced: dict[str, int] = {_key(placeholders[0]): -1}
-    floating = {_key(placeholders[0]): example.is_floating_point()}
-    ints: set[str] = set()
-    calls: list[list[tuple[list[str], list[str]]]] = []
-    for b, group in enumerate(groups):
-        cs = []
-        for node, _ in group:
-            args = [_key(a) for a in node.args if isinstance(a, fx.Node)]
-            if len(args) != len(node.args):
-                raise SplitError("a piece of the split graph takes a constant argument; this model cannot be cut here")
-            getitems = sorted((u for u in node.users if u.op == "call_function" and u.target is operator.getitem), key=lambda u: u.args[1])
-            outs = [_key(u) for u in getitems] if getitems else [_key(node)]
-            if getitems and len(getitems) != len(node.users):
-                raise SplitError("a piece of the split graph is used whole and by parts; this model cannot be cut here")
-            for o, val in zip(outs, _output_values(gm.get_submodule(str(node.target)))):
-                produced[o] = b
-                floating[o] = isinstance(val, torch.Tensor) and val.is_floating_point()
-                if isinstance(val, (int, torch.SymInt)):
-                    ints.add(o)
-            cs.append((args, outs))
-        calls.append(cs)
-    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
-    final = [_key(a) for a in pytree.tree_leaves(output.args[0]) if isinstance(a, fx.Node)]
+    return groups, placeholders[0]
+
+
+def _piece_call(gm: fx.GraphModule, node: fx.Node, block: int, values: _Values) -> tuple[list[str], list[str]]:
+    """The keys of a piece's arguments and of its outputs (a multi-output piece's are its
+    getitems), the outputs recorded in ``values`` as computed by ``block``."""
+    args = [_key(a) for a in node.args if isinstance(a, fx.Node)]
+    if len(args) != len(node.args):
+        raise SplitError("a piece of the split graph takes a constant argument; this model cannot be cut here")
+    getitems = sorted((u for u in node.users if u.op == "call_function" and u.target is operator.getitem), key=_getitem_index)
+    outs = [_key(u) for u in getitems] if getitems else [_key(node)]
+    if getitems and len(getitems) != len(node.users):
+        raise SplitError("a piece of the split graph is used whole and by parts; this model cannot be cut here")
+    for o, val in zip(outs, _output_values(gm.get_submodule(str(node.target)))):
+        values.produced[o] = block
+        values.floating[o] = isinstance(val, torch.Tensor) and val.is_floating_point()
+        if isinstance(val, (int, torch.SymInt)):
+            values.ints.add(o)
+    return args, outs
+
+
+def _getitem_index(node: fx.Node) -> int:
+    """The index a getitem node takes (its output's position)."""
+    return cast(int, node.args[1])
+
+
+def _live_after(calls: list[list[tuple[list[str], list[str]]]], final: list[str], produced: dict[str, int]) -> list[list[str]]:
+    """Per block b, the values live after it (computed by b or before, read after b or in the
+    output), in production order: what crosses the cut after b."""
     last_use: dict[str, int] = {}
     for b, cs in enumerate(calls):
         for args, _ in cs:
             for a in args:
                 last_use[a] = max(last_use.get(a, -1), b)
     for k in final:
-        last_use[k] = len(groups)
-    order = list(produced)  # production order: placeholders, then each piece's outputs
-
-    def live_after(b: int) -> list[str]:
-        return [k for k in order if produced[k] <= b and last_use.get(k, -1) > b]
-
-    segments: list[Segment] = []
-    for b, group in enumerate(groups):
-        takes = live_after(b - 1) if b else [_key(placeholders[0])]
-        last = b == len(groups) - 1
-        segments.append(
-            Segment([m for _, m in group], calls[b], takes, final if last else live_after(b), out_spec if last else None, frozenset(ints))
-        )
-    blocks = Blocks(*segments)
-    blocks.flows = _flows(calls, final, produced, floating)
-    return blocks
+        last_use[k] = len(calls)
+    return [[k for k in produced if produced[k] <= b and last_use.get(k, -1) > b] for b in range(len(calls))]
 
 
 def _flows(

@@ -147,26 +147,34 @@ def _as_tensors(obj: Any) -> Any:
     return pytree.tree_map(lambda v: torch.tensor(v) if isinstance(v, (bool, int, float)) else v, obj)
 
 
+def _given_as_tensors(data: Any) -> bool:
+    """Whether the data is given as tensors (a tensor, or a tuple or list of them) rather than as
+    a Dataset: then it must be an (inputs, targets) pair (``_tensor_pair``)."""
+    return isinstance(data, torch.Tensor) or (
+        isinstance(data, (tuple, list)) and bool(data) and all(isinstance(t, torch.Tensor) for t in data)
+    )
+
+
+def _tensor_pair(data: torch.Tensor | Sequence[torch.Tensor], what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (inputs, targets) tensors, refused unless they are two with as many rows, at least one."""
+    if isinstance(data, torch.Tensor) or len(data) != 2:
+        n = 1 if isinstance(data, torch.Tensor) else len(data)
+        raise TypeError(f"job.{what} holds {n} tensor(s): give an (inputs, targets) pair; a data set without labels cannot be trained")
+    x, y = data
+    if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        n, m = (x.shape[0] if x.dim() else 0), (y.shape[0] if y.dim() else 0)
+        raise TypeError(f"job.{what}: {n} inputs but {m} labels; they must match and be non-empty")
+    return x, y
+
+
 class LocalSamples:
     """The client's view of a job's data: an (inputs, targets) pair of tensors (sample i is row i
     of each) or any map-style torch Dataset whose items are (input, target) pairs."""
 
     def __init__(self, data: Any, what: str = "train"):
         self.data, self.what = data, what
-        if isinstance(data, torch.Tensor) or (isinstance(data, (tuple, list)) and data and all(isinstance(t, torch.Tensor) for t in data)):
-            if isinstance(data, torch.Tensor) or len(data) != 2:
-                n = 1 if isinstance(data, torch.Tensor) else len(data)
-                raise TypeError(
-                    f"job.{what} holds {n} tensor(s): give an (inputs, targets) pair; a data set without labels cannot be trained"
-                )
-            x, y = data
-            if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0] or x.shape[0] == 0:
-                n, m = (x.shape[0] if x.dim() else 0), (y.shape[0] if y.dim() else 0)
-                raise TypeError(f"job.{what}: {n} inputs but {m} labels; they must match and be non-empty")
-            self.tensors: tuple[torch.Tensor, torch.Tensor] | None = (x, y)
-        elif hasattr(data, "__getitem__") and hasattr(data, "__len__"):
-            self.tensors = None
-        else:
+        self.tensors: tuple[torch.Tensor, torch.Tensor] | None = _tensor_pair(data, what) if _given_as_tensors(data) else None
+        if self.tensors is None and not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
             raise TypeError(
                 f"job.{what} is {type(data).__name__}: give (inputs, targets) tensors or a map-style torch Dataset "
                 "(with __len__ and __getitem__(i) -> (input, target))"

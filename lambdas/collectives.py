@@ -16,7 +16,7 @@ bits (tests/test_collectives.py).
   copies have arrived, uploads it, and meanwhile downloads the others' updated chunks, so the
   container ends the task holding version t+1 and the next phase reads nothing.
 - ``lambdaml_scatter_reduce`` (LambdaML), fused into the backward task too (``LambdaMLExchange``):
-  the same shards, objects and reduction, in LambdaML's three phases one after another, each
+  the same shards, objects and reduction, in LambdaML's four phases one after another, each
   starting when the previous has ended in this worker: after the whole backward pass, upload the
   d-1 shards the others own; download shard r from the d-1 others, reduce and update it; upload
   it; download the others' updated shards. No overlap with compute or between phases: what the
@@ -349,12 +349,42 @@ def reduce_shard(
     chunks at version t+1.
     """
     stateful_opt = spec.t > 0 and stateful(spec.make_optimizer) and warm is None
-    if held is not None and cached is None:
-        cached = torch.cat(list(held)) if held else torch.zeros(0)
-        base = spec.layout[shard][0][0] if spec.layout[shard] else 0
-    else:
-        base = 0
-    chunks = spec.layout[shard]
+    params, base = _params_at_t(spec, shard, cached, held)
+    per_chunk = spec.replicas + int(stateful_opt) + int(params is None)
+    futures = ch.submit_window(_shard_requests(ch, spec, shard, stateful_opt, params is None), window=per_chunk + WINDOW_EXTRA)
+    per = [futures[c * per_chunk : (c + 1) * per_chunk] for c in spec.chunks(shard)]
+
+    def total(c: int) -> torch.Tensor:
+        return fold([f.result()["g"] for f in per[c][: spec.replicas]])
+
+    # clipping needs the whole shard reduced before any chunk updates; else each updates as it comes
+    totals = clipped(ch, spec, shard, [total(c) for c in spec.chunks(shard)]) if spec.clip else None
+    out = []
+    for c, (a, b) in enumerate(spec.layout[shard]):
+        got = per[c]
+        g = totals[c] if totals is not None else total(c)
+        state = {c: got[spec.replicas]} if stateful_opt else None
+        p = params[a - base : b - base] if params is not None else got[-1].result()["p"]
+        out.append(update_chunk(ch, spec, shard, c, p, g, state, warm=warm))
+    forget_old_version(ch, spec, shard)
+    return out
+
+
+def _params_at_t(
+    spec: SyncSpec, shard: int, cached: torch.Tensor | None, held: Sequence[torch.Tensor] | None
+) -> tuple[torch.Tensor | None, int]:
+    """Shard ``shard``'s parameters at version t as a vector and where it starts in the stage's
+    flat vector: the whole stage's (from 0) if cached, else the held chunks joined (from the
+    shard's start); None when they are to be downloaded."""
+    if held is None or cached is not None:
+        return cached, 0
+    joined = torch.cat(list(held)) if held else torch.zeros(0)
+    return joined, (spec.layout[shard][0][0] if spec.layout[shard] else 0)
+
+
+def _shard_requests(ch: Channel, spec: SyncSpec, shard: int, stateful_opt: bool, download_params: bool) -> list[Callable[[], Future[Any]]]:
+    """A sync task's downloads in chunk order, per chunk: the d replicas' gradients, then the
+    optimizer state (if one is read from S3), then the parameters (if not in this container)."""
     calls: list[Callable[[], Future[Any]]] = []
     for c in spec.chunks(shard):
         calls += [
@@ -363,22 +393,9 @@ def reduce_shard(
         ]
         if stateful_opt:
             calls.append(functools.partial(ch.submit_get_bytes, keys.optim(spec.job, spec.t, spec.stage, shard, c)))
-        if cached is None:
+        if download_params:
             calls.append(functools.partial(ch.submit_wait, keys.params(spec.job, spec.t, spec.stage, shard, c), spec.deadline))
-    per_chunk = spec.replicas + int(stateful_opt) + int(cached is None)
-    futures = ch.submit_window(calls, window=per_chunk + WINDOW_EXTRA)
-    per = [futures[c * per_chunk : (c + 1) * per_chunk] for c in range(len(chunks))]
-    # clipping needs the whole shard reduced before any chunk updates; else each updates as it comes
-    totals = clipped(ch, spec, shard, [fold([f.result()["g"] for f in got[: spec.replicas]]) for got in per]) if spec.clip else None
-    out = []
-    for c, (a, b) in enumerate(chunks):
-        got = per[c]
-        total = totals[c] if totals is not None else fold([f.result()["g"] for f in got[: spec.replicas]])
-        state = {c: got[spec.replicas]} if stateful_opt else None
-        p = cached[a - base : b - base] if cached is not None else got[-1].result()["p"]
-        out.append(update_chunk(ch, spec, shard, c, p, total, state, warm=warm))
-    forget_old_version(ch, spec, shard)
-    return out
+    return calls
 
 
 # -- pipelined_scatter_reduce: fused into backward --------------------------------------------------------

@@ -11,7 +11,8 @@ import os
 import resource
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import boto3
 import torch
@@ -22,10 +23,7 @@ from pydantic import TypeAdapter
 
 from stagecoach.core import boundary, keys
 from stagecoach.core.events import (
-    BackwardEvent,
-    CheckpointEvent,
-    EvaluateEvent,
-    ForwardEvent,
+    AnyTaskEvent,
     GateEvent,
     ProfileEvent,
     RemediateEvent,
@@ -39,18 +37,19 @@ from stagecoach.core.training import build_model
 from stagecoach.errors import StagecoachError
 from stagecoach.lambdas.channel import Channel, poll_cap_s
 from stagecoach.lambdas.gate import gate
-from stagecoach.lambdas.jobctx import job_context
-from stagecoach.lambdas.phases import PHASES
+from stagecoach.lambdas.jobctx import JobContext, job_context
+from stagecoach.lambdas.phases import run_phase
 from stagecoach.lambdas.remediate import remediate
 from stagecoach.lambdas.watchdog import MemoryWatch
 
 logger = Logger(service="stagecoach-worker")
-_TASK_EVENT: TypeAdapter[ForwardEvent | BackwardEvent | SyncEvent | EvaluateEvent | CheckpointEvent] = TypeAdapter(TaskEvent)
+_TASK_EVENT: TypeAdapter[AnyTaskEvent] = TypeAdapter(TaskEvent)
 warm_up()  # at import: Lambda's init phase, and locally the zygote every worker is forked from
 
 _container: tuple[int, str, float] | None = None  # (pid, id, started): set on the first invocation
 _invocations = 0
 _s3 = None
+E = TypeVar("E")
 
 
 def _container_id() -> tuple[str, float]:
@@ -85,70 +84,90 @@ def profile(ev: ProfileEvent) -> dict[str, Any]:
     )
 
 
+def _parsed(event: Any, what: str, validate: Callable[[Any], E]) -> E:
+    """The event as its model, or BadEvent naming the field (Step Functions does not retry it)."""
+    try:
+        return validate(event)
+    except (ValidationError, ValueError, TypeError) as e:
+        raise BadEvent(f"malformed {what} event {json.dumps(event)[:300]}: {e}") from None
+
+
 @logger.inject_lambda_context(log_event=False)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     global _invocations
-    if isinstance(event, dict) and event.get("phase") == "gate":
-        # the iteration gate is not a task: it leaves the container's task counters alone
-        t_gate = time.time()
-        try:
-            gev = parse(event=event, model=GateEvent)
-        except (ValidationError, ValueError, TypeError) as e:
-            raise BadEvent(f"malformed gate event {json.dumps(event)[:300]}: {e}") from None
-        gch = Channel(_client(), gev.bucket)
-        out = gate(gev, gch, t_gate, int(context.memory_limit_in_mb))
-        # what this invocation did, for the client's measured cost (sdk/cost.py reads it from the history)
-        work = {
-            "duration_s": time.time() - t_gate,
-            "memory_mb": int(context.memory_limit_in_mb),
-            "puts": gch.stats.puts,
-            "gets": gch.stats.gets,
-        }
-        return {"phase": "gate", **out, "work": work}
+    phase = event.get("phase") if isinstance(event, dict) else None
+    if phase == "gate":
+        return _gate(event, context)
     _invocations += 1
     t0 = time.time()
     container, started = _container_id()
-    if isinstance(event, dict) and event.get("phase") == "remediate":
-        try:
-            rev = parse(event=event, model=RemediateEvent)
-        except (ValidationError, ValueError, TypeError) as e:
-            raise BadEvent(f"malformed remediation event {json.dumps(event)[:300]}: {e}") from None
+    if phase == "remediate":
+        rev = _parsed(event, "remediation", lambda e: parse(event=e, model=RemediateEvent))
         return remediate(rev, Channel(_client(), rev.bucket))
-    if isinstance(event, dict) and event.get("phase") == "profile":
-        try:
-            pev = parse(event=event, model=ProfileEvent)
-        except (ValidationError, ValueError, TypeError) as e:
-            raise BadEvent(f"malformed profile event {json.dumps(event)[:300]}: {e}") from None
-        return profile(pev)
-    try:
-        ev = _TASK_EVENT.validate_python(event)
-    except (ValidationError, ValueError, TypeError) as e:
-        raise BadEvent(f"malformed worker event {json.dumps(event)[:300]}: {e}") from None
+    if phase == "profile":
+        return profile(_parsed(event, "profile", lambda e: parse(event=e, model=ProfileEvent)))
+    ev = _parsed(event, "worker", _TASK_EVENT.validate_python)
     logger.append_keys(job=ev.job, phase=ev.phase, t=ev.t, stage=ev.stage)
     ch = Channel(_client(), ev.bucket)
     ctx = job_context(ch, ev.job, ev.t)
     ch.poll_cap = poll_cap_s(ctx.plan.peak_invocations())
     ch.abort_key = keys.window_abort(ev.job, ev.attempt) if ev.attempt else None
-    # Give up waiting for another worker's object just before the Task's own timeout: a lost object
-    # is then reported as ObjectWaitTimeout (the window restarts) rather than retried as a timeout.
-    # (an evaluate task's Task timeout is its function's: planner/emit/asl.py)
-    task_timeout = (
-        ctx.plan.function_timeout_s(ev.stage) if ev.phase in ("evaluate", "checkpoint") else ctx.plan.timeouts_s[ev.stage][ev.phase]
-    )
+    task_timeout = _task_timeout(ctx, ev)
     deadline = t0 + min(context.get_remaining_time_in_millis() / 1000.0 - 0.5, task_timeout - 1.0)
     try:
         with MemoryWatch(_client(), ev.bucket, ev.job, ev.stage, int(context.memory_limit_in_mb)):
-            result = PHASES[ev.phase](ctx, ch, ev, deadline)
+            result = run_phase(ctx, ch, ev, deadline)
     except BaseException as e:
         ch.settle(failed=True)
         logger.warning("task failed", extra={"error": type(e).__name__, "detail": str(e)[:300]})
         raise
     ch.settle()  # every upload of the task has landed before it reports success
-    end = time.time()
-    st = ch.stats
     index = ev.shard if isinstance(ev, SyncEvent) else ev.replica
-    stats = st.as_dict()
-    m = TaskMetrics(
+    m = _task_metrics(ctx, ch, ev, index, t0, int(context.memory_limit_in_mb), (container, started), result)
+    ch.put_bytes(keys.metrics(ev.job, ev.t, ev.phase, ev.stage, index), m.model_dump_json(exclude_none=True).encode())
+    logger.info("task done", extra={"duration_s": m.duration_s, "cold": m.cold})
+    return {"phase": ev.phase, "t": ev.t, "stage": ev.stage, "index": index, **result}
+
+
+def _gate(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """The iteration gate: not a task, so it leaves the container's task counters alone."""
+    t_gate = time.time()
+    gev = _parsed(event, "gate", lambda e: parse(event=e, model=GateEvent))
+    gch = Channel(_client(), gev.bucket)
+    out = gate(gev, gch, t_gate, int(context.memory_limit_in_mb))
+    # what this invocation did, for the client's measured cost (sdk/cost.py reads it from the history)
+    work = {
+        "duration_s": time.time() - t_gate,
+        "memory_mb": int(context.memory_limit_in_mb),
+        "puts": gch.stats.puts,
+        "gets": gch.stats.gets,
+    }
+    return {"phase": "gate", **out, "work": work}
+
+
+def _task_timeout(ctx: JobContext, ev: AnyTaskEvent) -> float:
+    """The Task's own timeout: the worker gives up waiting for another worker's object just before
+    it, so a lost object is reported as ObjectWaitTimeout (the window restarts) rather than retried
+    as a timeout. An evaluate or checkpoint task's is its function's (planner/emit/asl.py)."""
+    if ev.phase in ("evaluate", "checkpoint"):
+        return ctx.plan.function_timeout_s(ev.stage)
+    return ctx.plan.timeouts_s[ev.stage][ev.phase]
+
+
+def _task_metrics(
+    ctx: JobContext,
+    ch: Channel,
+    ev: AnyTaskEvent,
+    index: int,
+    t0: float,
+    memory_mb: int,
+    container: tuple[str, float],
+    result: dict[str, Any],
+) -> TaskMetrics:
+    """The task's record (jobs/{job}/metrics/...): its times, transfers, container and the phase's own fields."""
+    end = time.time()
+    stats = ch.stats.as_dict()
+    return TaskMetrics(
         phase=ev.phase,
         t=ev.t,
         stage=ev.stage,
@@ -158,15 +177,12 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         duration_s=end - t0,
         **stats,
         compute_s=max(0.0, end - t0 - stats["transfer_s"] - stats["wait_s"]),
-        container=container,
-        container_started=started,
+        container=container[0],
+        container_started=container[1],
         invocation=_invocations,
         cold=_invocations == 1,
-        memory_mb=int(context.memory_limit_in_mb),
+        memory_mb=memory_mb,
         max_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         model_bytes=ctx.held_bytes(),
         **result,
     )
-    ch.put_bytes(keys.metrics(ev.job, ev.t, ev.phase, ev.stage, index), m.model_dump_json(exclude_none=True).encode())
-    logger.info("task done", extra={"duration_s": m.duration_s, "cold": m.cold})
-    return {"phase": ev.phase, "t": ev.t, "stage": ev.stage, "index": index, **result}

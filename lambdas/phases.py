@@ -1,26 +1,28 @@
-"""The three phases of an iteration (docs/runtime.md "Phases"), as one function each.
+"""The five phases a worker runs (docs/runtime.md "Phases"): an iteration's forward, backward and
+sync, here as one function each, and evaluate and checkpoint (lambdas/evaluation.py,
+lambdas/checkpoint.py). ``PHASES`` names all five; ``run_phase`` runs an event's own.
 
 Forward (stage s, replica r): forward without grad, micro-batch by micro-batch, sending outputs on.
 Backward (s, r): micro-batches in reverse, recompute with grad (GPipe re-materialisation), send
 input-gradients back, accumulate parameter gradients scaled so they average over the global batch.
-The gradient then leaves by the stage's sync algorithm (lambdas/collectives.py): written as K
-shards for a sync Map, exchanged among the backward tasks themselves (pipelined or LambdaML's
-scatter-reduce),
-or, with d = 1, applied by the task directly.
+The gradient then leaves by the stage's sync algorithm (lambdas/collectives.py), one ``_Update``
+class per case: written as K shards for a sync Map, exchanged among the backward tasks themselves
+(pipelined or LambdaML's scatter-reduce), or, with d = 1, applied by the task directly.
 Sync (s, shard k): sum shard k over replicas in a fixed order, apply the optimizer to shard k.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Protocol, TypeVar, assert_never
 
 import torch
 
 from stagecoach.core import boundary, keys
-from stagecoach.core.events import BackwardEvent, ForwardEvent, SyncEvent
+from stagecoach.core.events import AnyTaskEvent, BackwardEvent, CheckpointEvent, EvaluateEvent, ForwardEvent, SyncEvent
 from stagecoach.core.training import batch_indices, micro_batch, tracked_norms
 from stagecoach.lambdas import collectives, deferred_bn
 from stagecoach.lambdas.channel import Channel
@@ -102,47 +104,72 @@ def _commit_batch_stats(ctx: JobContext, ch: Channel, ev: BackwardEvent, record:
 
 
 def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -> dict[str, Any]:
-    plan = ctx.plan
     s, r, t = ev.stage, ev.replica, ev.t
-    last = s == plan.stages - 1
     warm = ctx.warm_attempt(ch, s, ev.window_start, ev.attempt)
     layers = ctx.ensure_params(ch, s, t, deadline, ev.window_start, warm)
     # what this worker wrote two iterations ago, deleted while it computes: a request's latency
     # at the task's end would be on the iteration's critical path
     _forget_iteration(ctx, ch, t - 2, s, r)
-    params = ctx.stage_params(s)
     for p in layers.parameters():  # the stage's own and those it shares with an earlier stage
         p.grad = None
     spec = ctx.sync_spec(s, t, ev.window_start, deadline)
-    algo = plan.sync[s]
-    # what happens to each chunk of the gradient once the last backward pass has produced it
-    exchange = None
-    if plan.replicas == 1:
-        # overlaps the compute below: the state in memory (warm) or downloading
-        warm_state = _optimizer_state(ctx, ch, spec, ev.window_start) if warm else None
-        state = None if warm else collectives.prefetch_state(ch, spec, 0)
-        grads: dict[tuple[int, int], torch.Tensor] = {}
-        stream = collectives.GradStream(params, spec.layout, collectives.write_order(spec), lambda k, c, g: grads.__setitem__((k, c), g))
-    elif algo in FUSED_SYNC:  # replica r owns shard r: with warm state, its optimizer state stays here
-        own = (
-            collectives.Warm(_optimizer_state(ctx, ch, spec, ev.window_start, r), ctx.checkpoint(t + 1, ev.window_start)) if warm else None
-        )
-        exchange = collectives.EXCHANGES[algo](ch, spec, r, own)
-        stream = exchange.stream(params)
-    else:
-        stream = collectives.GradStream(params, spec.layout, collectives.write_order(spec), collectives.gradient_writer(ch, spec, r))
+    update = _update_for(ctx, ch, ev, spec, warm)
+    record = _batch_stats(ctx, layers, ctx.plan.stage_layers(s).start)
+    with _running_stats_kept(ctx, ch, ev, record):
+        losses = _backward_passes(ctx, ch, ev, layers, update.stream, record, deadline)
+        update.stream.finish()
+        _send_tied_grads(ctx, ch, s, t, r)
+    update.apply(ctx, ch, ev, spec)
+    if record is not None and r == 0:  # after the exchange, which the other replicas wait on
+        _commit_batch_stats(ctx, ch, ev, record, deadline)
+    out: dict[str, Any] = {"grad_norm": spec.norms[-1]} if spec.norms else {}
+    if s == ctx.plan.stages - 1:
+        out["loss"] = sum(losses) / len(losses)
+        if ctx.schedule is not None:  # the learning rate this iteration trained with, per parameter group
+            out["lr"] = ctx.schedule.lrs(t)
+    return out
+
+
+@contextmanager
+def _running_stats_kept(ctx: JobContext, ch: Channel, ev: BackwardEvent, record: deferred_bn.BatchStats | None) -> Iterator[None]:
+    """Running statistics (BatchNorm) around the backward passes: the last stage's only forward
+    pass is among them, which updates them (version t in, t+1 stored after); any other stage's
+    forward task did, and the recompute must not again, so they are put back as they were.
+    Deferred (lambdas/deferred_bn.py), every pass runs with them suspended, the last stage's
+    recording what its BatchNorms see, and replica 0 updates them once at the end."""
+    s, t = ev.stage, ev.t
+    last = s == ctx.plan.stages - 1
+    if last and record is None:
+        ctx.ensure_running_stats(ch, s, t)
+    held = {k: v.clone() for k, v in ctx.running_stats(s).items()} if not last else {}
+    yield
+    if last and record is None:
+        ctx.save_running_stats(ch, s, t + 1, ev.window_start)
+    elif held:
+        with torch.no_grad():
+            for k, v in ctx.running_stats(s).items():
+                v.copy_(held[k])
+
+
+def _backward_passes(
+    ctx: JobContext,
+    ch: Channel,
+    ev: BackwardEvent,
+    layers: torch.nn.ModuleList,
+    stream: collectives.GradStream,
+    record: deferred_bn.BatchStats | None,
+    deadline: float,
+) -> list[float]:
+    """The micro-batches in reverse: recompute with grad, backward from the loss (the last stage)
+    or the output's gradient, input gradients sent back; the stream armed before the last pass.
+    Returns the last stage's micro-batch losses (none for another stage)."""
+    plan = ctx.plan
+    s, r, t = ev.stage, ev.replica, ev.t
+    last = s == plan.stages - 1
     first = plan.stage_layers(s).start
     io = ctx.stage_io(s)
     scale = 1.0 / (plan.micro_batches * plan.replicas)
     losses = []
-    # Running statistics (BatchNorm): the last stage's only forward pass is the one below, which
-    # updates them; any other stage's forward task did, and the recompute below must not again.
-    # Deferred (lambdas/deferred_bn.py), every pass below runs with them suspended, the last
-    # stage's recording what its BatchNorms see, and replica 0 updates them once at the end.
-    record = _batch_stats(ctx, layers, first)
-    if last and record is None:
-        ctx.ensure_running_stats(ch, s, t)
-    held = {k: v.clone() for k, v in ctx.running_stats(s).items()} if not last else {}
     # A later stage's inputs have been in S3 since the forward phase: the next micro-batch's
     # downloads while this one waits for its output's gradient (a middle stage) and computes, so
     # the re-read costs no request latency of its own (docs/performance-model.md §3.2). One ahead:
@@ -155,63 +182,160 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
             x = boundary.with_grad(x)
         with _recording(record, j) if last else _suspended(record):
             y = io.run(layers, first, _copy(x) if s > 0 else x, ctx.seed, t, r, j)
-        if last and record is not None and j == 0:  # the last forward pass: the record is complete
-            ch.submit_handoff(keys.bn_stats(ctx.job, t, s, r), record.tensors())
         if last:
-            labels = ctx.targets(ch, s, _rows(ctx, t, r, j))
-            loss = ctx.loss_fn(y, labels)
-            if loss.dim() != 0:
-                raise ValueError("the loss must reduce to a scalar (a mean over the micro-batch)")
-            if j == 0:
-                _add_tied_grads(ctx, ch, s, t, r, deadline)
-                stream.arm()
-            torch.autograd.backward(loss * scale)
-            losses.append(float(loss.detach()))
+            losses.append(_loss_backward(ctx, ch, ev, j, y, stream, record, scale, deadline))
         else:
             outs, out_grads = io.output_grads(ch, t, r, j, y, deadline)
             if j == 0:
-                _add_tied_grads(ctx, ch, s, t, r, deadline)
-                stream.arm()
+                _arm(ctx, ch, ev, stream, deadline)
             if outs:  # else nothing upstream needs a gradient from this output
                 torch.autograd.backward(outs, out_grads)
         if sends_grad:
             # zero where no gradient reached a floating input leaf (through an integer output
             # nothing upstream has parameters to train, which Job.validate checks)
             io.send_input_grads(ch, t, r, j, x)
-    stream.finish()
-    _send_tied_grads(ctx, ch, s, t, r)
-    if last and record is None:
-        ctx.save_running_stats(ch, s, t + 1, ev.window_start)
-    elif held:
-        with torch.no_grad():
-            for k, v in ctx.running_stats(s).items():
-                v.copy_(held[k])
-    if plan.replicas == 1:  # the stage's one shard, reduced: clipped by the global norm if asked
-        grads.update(zip([(0, c) for c in spec.chunks(0)], collectives.clipped(ch, spec, 0, [grads[0, c] for c in spec.chunks(0)])))
-    if plan.replicas == 1 and warm:
-        flat = torch.cat([grads[0, c] for c in spec.chunks(0)])
+    return losses
+
+
+def _loss_backward(
+    ctx: JobContext,
+    ch: Channel,
+    ev: BackwardEvent,
+    j: int,
+    y: Any,
+    stream: collectives.GradStream,
+    record: deferred_bn.BatchStats | None,
+    scale: float,
+    deadline: float,
+) -> float:
+    """The last stage's backward pass of micro-batch j from its loss, scaled so the gradients
+    average over the global batch; returns the loss."""
+    s, r, t = ev.stage, ev.replica, ev.t
+    if record is not None and j == 0:  # the last forward pass: the record is complete
+        ch.submit_handoff(keys.bn_stats(ctx.job, t, s, r), record.tensors())
+    labels = ctx.targets(ch, s, _rows(ctx, t, r, j))
+    loss = ctx.loss_fn(y, labels)
+    if loss.dim() != 0:
+        raise ValueError("the loss must reduce to a scalar (a mean over the micro-batch)")
+    if j == 0:
+        _arm(ctx, ch, ev, stream, deadline)
+    torch.autograd.backward(loss * scale)
+    return float(loss.detach())
+
+
+def _arm(ctx: JobContext, ch: Channel, ev: BackwardEvent, stream: collectives.GradStream, deadline: float) -> None:
+    """Before the last backward pass: the tied weights' gradients from later stages added, and the
+    stream watching for chunks that pass makes final."""
+    _add_tied_grads(ctx, ch, ev.stage, ev.t, ev.replica, deadline)
+    stream.arm()
+
+
+# -- how the stage's gradient leaves the backward task: one class per sync case -------------------------
+class _Update(ABC):
+    """What happens to each chunk of the stage's gradient once the last backward pass has produced
+    it (``stream``), and after the passes (``apply``). ``_update_for`` picks the case once: a sync
+    Map, an exchange among the backward tasks (FUSED_SYNC), or d = 1, the task updating alone
+    (with its state warm or from S3)."""
+
+    stream: collectives.GradStream
+
+    @abstractmethod
+    def apply(self, ctx: JobContext, ch: Channel, ev: BackwardEvent, spec: collectives.SyncSpec) -> None:
+        """After the backward passes: the stage's version t+1, where this task makes it."""
+
+
+class _ToSyncMap(_Update):
+    """d > 1 with a sync Map (scatter_reduce, k_reduce, all_reduce): the chunks are written as K
+    shards as they are final; the sync tasks reduce and update them."""
+
+    def __init__(self, ch: Channel, ev: BackwardEvent, spec: collectives.SyncSpec, params: Sequence[torch.nn.Parameter]) -> None:
+        emit = collectives.gradient_writer(ch, spec, ev.replica)
+        self.stream = collectives.GradStream(params, spec.layout, collectives.write_order(spec), emit)
+
+    def apply(self, ctx: JobContext, ch: Channel, ev: BackwardEvent, spec: collectives.SyncSpec) -> None:
+        """Nothing: the sync Map makes version t+1."""
+
+
+class _Exchanged(_Update):
+    """d > 1 fused into the backward tasks (pipelined or LambdaML's scatter-reduce): replica r
+    owns shard r; with warm state, its optimizer state stays in this container."""
+
+    def __init__(
+        self, ctx: JobContext, ch: Channel, ev: BackwardEvent, spec: collectives.SyncSpec, params: Sequence[torch.nn.Parameter], warm: bool
+    ) -> None:
+        r, t = ev.replica, ev.t
+        own = (
+            collectives.Warm(_optimizer_state(ctx, ch, spec, ev.window_start, r), ctx.checkpoint(t + 1, ev.window_start)) if warm else None
+        )
+        self.exchange = collectives.EXCHANGES[ctx.plan.sync[ev.stage]](ch, spec, r, own)
+        self.stream = self.exchange.stream(params)
+
+    def apply(self, ctx: JobContext, ch: Channel, ev: BackwardEvent, spec: collectives.SyncSpec) -> None:
+        s, r, t = ev.stage, ev.replica, ev.t
+        ctx.set_params(s, t + 1, self.exchange.finish(ctx.master_params(s)))
+        if self.exchange.warm is not None:
+            ctx.optim_held[s, r] = (t + 1, [self.exchange.warm.kept[c] for c in spec.chunks(r)])
+
+
+class _Alone(_Update):
+    """d = 1: no exchange; the task collects the gradient's chunks (the state downloads, or is in
+    memory, meanwhile) and updates the stage's one shard itself."""
+
+    def __init__(self, spec: collectives.SyncSpec, params: Sequence[torch.nn.Parameter]) -> None:
+        self.grads: dict[tuple[int, int], torch.Tensor] = {}
+        self.stream = collectives.GradStream(params, spec.layout, collectives.write_order(spec), self._keep)
+
+    def _keep(self, k: int, c: int, g: torch.Tensor) -> None:
+        self.grads[k, c] = g
+
+    def _flat(self, ch: Channel, spec: collectives.SyncSpec) -> torch.Tensor:
+        """The stage's one shard, reduced: clipped by the global norm if asked, as one vector."""
+        return torch.cat(collectives.clipped(ch, spec, 0, [self.grads[0, c] for c in spec.chunks(0)]))
+
+
+class _AloneFromS3(_Alone):
+    """d = 1, the optimizer state at version t downloading from S3 while the task computes."""
+
+    def __init__(self, ch: Channel, spec: collectives.SyncSpec, params: Sequence[torch.nn.Parameter]) -> None:
+        self.state = collectives.prefetch_state(ch, spec, 0)
+        super().__init__(spec, params)
+
+    def apply(self, ctx: JobContext, ch: Channel, ev: BackwardEvent, spec: collectives.SyncSpec) -> None:
+        flat = self._flat(ch, spec)
+        new = collectives.update_alone(ch, spec, ctx.master_params(ev.stage), flat, self.state)
+        ctx.set_params(ev.stage, ev.t + 1, new)
+
+
+class _AloneWarm(_Alone):
+    """d = 1 with warm state: the optimizer state in this container's memory (or downloading from
+    the checkpoint); version t+1 goes to S3 only as a checkpoint, or for later stages that read it."""
+
+    def __init__(
+        self, ctx: JobContext, ch: Channel, ev: BackwardEvent, spec: collectives.SyncSpec, params: Sequence[torch.nn.Parameter]
+    ) -> None:
+        self.state = _optimizer_state(ctx, ch, spec, ev.window_start)
+        super().__init__(spec, params)
+
+    def apply(self, ctx: JobContext, ch: Channel, ev: BackwardEvent, spec: collectives.SyncSpec) -> None:
+        s, t = ev.stage, ev.t
+        flat = self._flat(ch, spec)
         store = ctx.checkpoint(t + 1, ev.window_start)
         new, states = collectives.update_warm(
-            ch, spec, ctx.master_params(s), flat, warm_state, store_params=store or ctx.publishes_params(s), store_state=store
+            ch, spec, ctx.master_params(s), flat, self.state, store_params=store or ctx.publishes_params(s), store_state=store
         )
         ctx.set_params(s, t + 1, new)
         ctx.optim_held[s, 0] = (t + 1, states)
-    elif plan.replicas == 1:
-        flat = torch.cat([grads[0, c] for c in spec.chunks(0)])
-        new = collectives.update_alone(ch, spec, ctx.master_params(s), flat, state)
-        ctx.set_params(s, t + 1, new)
-    elif exchange is not None:
-        ctx.set_params(s, t + 1, exchange.finish(ctx.master_params(s)))
-        if exchange.warm is not None:
-            ctx.optim_held[s, r] = (t + 1, [exchange.warm.kept[c] for c in spec.chunks(r)])
-    if record is not None and r == 0:  # after the exchange, which the other replicas wait on
-        _commit_batch_stats(ctx, ch, ev, record, deadline)
-    out: dict[str, Any] = {"grad_norm": spec.norms[-1]} if spec.norms else {}
-    if last:
-        out["loss"] = sum(losses) / len(losses)
-        if ctx.schedule is not None:  # the learning rate this iteration trained with, per parameter group
-            out["lr"] = ctx.schedule.lrs(t)
-    return out
+
+
+def _update_for(ctx: JobContext, ch: Channel, ev: BackwardEvent, spec: collectives.SyncSpec, warm: bool) -> _Update:
+    """The stage's sync case. Made before the backward passes: a state it needs downloads (or is
+    checked to be in memory) while they compute."""
+    params = ctx.stage_params(ev.stage)
+    if ctx.plan.replicas == 1:
+        return _AloneWarm(ctx, ch, ev, spec, params) if warm else _AloneFromS3(ch, spec, params)
+    if ctx.plan.sync[ev.stage] in FUSED_SYNC:
+        return _Exchanged(ctx, ch, ev, spec, params, warm)
+    return _ToSyncMap(ch, ev, spec, params)
 
 
 def _optimizer_state(
@@ -291,5 +415,39 @@ def _forget_iteration(ctx: JobContext, ch: Channel, t: int, stage: int, replica:
     ch.submit_delete(ks)
 
 
-Phase = Callable[[JobContext, Channel, Any, float], dict[str, Any]]
-PHASES: dict[str, Phase] = {"forward": forward, "backward": backward, "sync": sync, "evaluate": evaluate, "checkpoint": checkpoint}
+E = TypeVar("E", ForwardEvent, BackwardEvent, SyncEvent, EvaluateEvent, CheckpointEvent, contravariant=True)
+
+
+class Phase(Protocol[E]):
+    """A phase: the task's work for its event (``E``, one of core/events.py's), returning the
+    fields it adds to the task's metrics (core/records.py TaskMetrics)."""
+
+    def __call__(self, ctx: JobContext, ch: Channel, ev: E, deadline: float) -> dict[str, Any]: ...
+
+
+PHASES: dict[str, Phase[ForwardEvent] | Phase[BackwardEvent] | Phase[SyncEvent] | Phase[EvaluateEvent] | Phase[CheckpointEvent]] = {
+    "forward": forward,
+    "backward": backward,
+    "sync": sync,
+    "evaluate": evaluate,
+    "checkpoint": checkpoint,
+}
+
+
+def run_phase(ctx: JobContext, ch: Channel, ev: AnyTaskEvent, deadline: float) -> dict[str, Any]:
+    """The event's phase (the handler's dispatch): matching the event's class narrows its type, so
+    each phase is checked to get the event it takes, and an event class without a phase fails the
+    type check (assert_never)."""
+    match ev:
+        case ForwardEvent():
+            return forward(ctx, ch, ev, deadline)
+        case BackwardEvent():
+            return backward(ctx, ch, ev, deadline)
+        case SyncEvent():
+            return sync(ctx, ch, ev, deadline)
+        case EvaluateEvent():
+            return evaluate(ctx, ch, ev, deadline)
+        case CheckpointEvent():
+            return checkpoint(ctx, ch, ev, deadline)
+        case _:
+            assert_never(ev)
