@@ -35,6 +35,16 @@ def optim(job: str, version: int, stage: int, shard: int, chunk: int) -> str:
     return f"jobs/{job}/optim/v{version}/s{stage}/k{shard}/c{chunk}"
 
 
+def state_prefix(job: str, kind: str) -> str:
+    """Every version of one kind of stored state: ``kind`` is "params", "optim" or "buffers"."""
+    return f"jobs/{job}/{kind}/"
+
+
+def state_version(job: str, kind: str, key: str) -> int:
+    """The version a ``params``/``optim``/``buffers`` key (under ``state_prefix``) belongs to."""
+    return int(key[len(state_prefix(job, kind)) :].split("/")[0][1:])
+
+
 def buffers(job: str, version: int, stage: int) -> str:
     """A stage's running statistics (BatchNorm) after ``version`` iterations (training.running_stats)."""
     return f"jobs/{job}/buffers/v{version}/s{stage}"
@@ -75,6 +85,12 @@ def checkpoint(job: str, version: int, stage: int) -> str:
 
 def checkpoints_prefix(job: str) -> str:
     return f"jobs/{job}/checkpoints/"
+
+
+def checkpoint_of(job: str, key: str) -> tuple[int, int]:
+    """The (version, stage) a ``checkpoint`` key names: the inverse of ``checkpoint``."""
+    v, s = key[len(checkpoints_prefix(job)) :].split("/")
+    return int(v[1:]), int(s[1:].split(".")[0])
 
 
 def eval_result(job: str, version: int, replica: int) -> str:

@@ -13,7 +13,17 @@ a job or plan before anything is deployed, ``DeployError`` a stack that cannot t
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports each name on first use
+    from stagecoach.deploy.resources import DeployError
+    from stagecoach.errors import StagecoachError
+    from stagecoach.exactness import NotExact
+    from stagecoach.inspect.report import InspectError
+    from stagecoach.job import Job, JobError
+    from stagecoach.lifecycle import attach, list_jobs, resume
+    from stagecoach.planner.plan import Plan, PlanError
+    from stagecoach.run import Run, RunFailed
 
 __all__ = [
     "Job",

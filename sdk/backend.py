@@ -10,14 +10,14 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from stagecoach.deploy.cleanup import Removed, cleanup_job
-from stagecoach.deploy.resources import Clients, DeployError, StackResources, check_name_lengths
+from stagecoach.deploy.resources import BotoClient, Clients, DeployError, StackResources, check_name_lengths
 from stagecoach.deploy.resume import JobStatus, job_executions, list_jobs, resume_job
 from stagecoach.deploy.start import check_concurrency, deploy_and_start, preflight
 from stagecoach.planner.plan import per_worker_functions
-from stagecoach.run import Run
+from stagecoach.run import Run, read_spec
 
 if TYPE_CHECKING:
     from stagecoach.job import Job
@@ -32,7 +32,7 @@ class Backend(ABC):
     resources: StackResources
 
     @abstractmethod
-    def long_call_client(self, service: str) -> Any:
+    def long_call_client(self, service: str) -> BotoClient:
         """A client whose calls may wait up to Lambda's 15 minutes (a synchronous profile invocation)."""
 
     def deploy_clients(self) -> Clients:
@@ -82,12 +82,10 @@ class Backend(ABC):
         return list_jobs(self.clients, self.resources)
 
     def _run(self, job_id: str, job: Job | None, arn: str) -> Run:
-        run = Run(self, None, None, job_id, arn)
-        spec = run.spec()
-        run.plan = spec.to_plan()
-        if job is not None:
-            run.job = dataclasses.replace(job, iterations=spec.iterations, epochs=None)
-        return run
+        spec = read_spec(self.clients.s3, self.resources.bucket, job_id)
+        # the Job's iterations follow the deployed spec's (a resumed job's total)
+        job = dataclasses.replace(job, iterations=spec.iterations, epochs=None) if job is not None else None
+        return Run(self, job, spec.to_plan(), job_id, arn)
 
     def cleanup(
         self, job_id: str, keep_results: bool = False, stop_running: bool = False, log: Callable[[str], None] | None = None

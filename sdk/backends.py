@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypedDict
 
 from stagecoach.aws.backend import AwsBackend
 from stagecoach.aws.stack import StackError
 from stagecoach.backend import Backend
+from stagecoach.core.netem import NetworkSpec
 from stagecoach.local.backend import LocalBackend
+from stagecoach.planner.model.platforms import Platform
+
+
+class LocalStackOptions(TypedDict, total=False):
+    """What starts a local stack of its own (``get_backend``'s ``network`` and ``faults``)."""
+
+    network: NetworkSpec | Platform | None
+    faults: dict[str, Any] | None
+
+
+class Where(LocalStackOptions, total=False):
+    """``get_backend``'s keywords, as the functions that choose the backend themselves take them
+    (stagecoach.attach, resume, list_jobs)."""
+
+    stack: str | None
+    region: str | None
 
 
 def get_backend(
@@ -16,7 +33,7 @@ def get_backend(
     *,
     stack: str | None = None,
     region: str | None = None,
-    network: Any = None,
+    network: NetworkSpec | Platform | None = None,
     faults: dict[str, Any] | None = None,
 ) -> Backend:
     """A backend from an instance (returned as is) or a name.

@@ -35,6 +35,12 @@ from stagecoach.planner.profile.flows import Flow
 DEFERRED_BATCH_NORM = "Job(..., deferred_batch_norm=True)"
 
 MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+Loss = Callable[..., torch.Tensor]  # loss(output, target) -> scalar (Job.loss)
+# A tensor's dtype, shape and a hash of its bytes (:func:`_digest`)
+Digest = tuple[torch.dtype, tuple[int, ...], str]
+# Where a model holds a parameter or buffer (:func:`_signature`): kind, name, shape, dtype, type,
+# whether it trains, and the first place the same tensor appears
+Placement = tuple[str, str, tuple[int, ...], torch.dtype, str, bool, int]
 
 
 class NotExact(StagecoachError, ValueError):
@@ -130,7 +136,7 @@ def check_factory(first: nn.Module, second: nn.Module) -> None:
             )
 
 
-def check_loss(loss: Any) -> None:
+def check_loss(loss: Loss) -> None:
     if isinstance(loss, nn.Module) and any(True for _ in loss.parameters()):
         raise NotExact(
             f"job.loss ({type(loss).__name__}) has parameters, which Stagecoach never trains: move them into the model's last block"
@@ -261,10 +267,10 @@ def coupling_beyond_batch_norm(blocks: Sequence[nn.Module], x: torch.Tensor, see
         return _COUPLED
     calls: dict[int, int] = {}
 
-    def count(m: nn.Module, args: tuple[Any, ...]) -> None:
+    def count(m: nn.Module, args: tuple[object, ...]) -> None:
         calls[id(m)] = calls.get(id(m), 0) + 1
 
-    def identity(m: nn.Module, args: tuple[Any, ...], out: Any) -> Any:
+    def identity(m: nn.Module, args: tuple[object, ...], out: object) -> object:
         return args[0]
 
     handles = [m.register_forward_pre_hook(count) for m in norms]
@@ -295,7 +301,7 @@ def _sample(out: Any, i: int) -> Any:
     return boundary.map_leaves(lambda t: t[i : i + 1], out)
 
 
-def loss_not_mean(loss: Callable[..., torch.Tensor], out: Any, y: torch.Tensor) -> str | None:
+def loss_not_mean(loss: Loss, out: Any, y: torch.Tensor) -> str | None:
     """Why the loss of a batch is not the mean of its samples' losses, or None.
 
     The runtime averages the losses of equal micro-batches; that equals the global batch's loss
@@ -362,7 +368,7 @@ def optimizer_groups(opt: torch.optim.Optimizer, params: Sequence[nn.Parameter])
     return OptimizerGroups(tuple(hparams), tuple(of))
 
 
-def _jsonable(v: Any) -> bool:
+def _jsonable(v: object) -> bool:
     try:
         json.dumps(v)
     except (TypeError, ValueError):
@@ -391,6 +397,24 @@ def check_optimizer(make_optimizer: MakeOptimizer, params: list[nn.Parameter], d
     shapes = [tuple(min(d, 3) for d in p.shape) for p in params] if groups is not None else [(3, 4), (5,), (2, 3, 2), (4, 4)]
     init = [torch.randn(s, generator=g, dtype=dtype) for s in shapes]
     steps = [[torch.randn(s, generator=g, dtype=dtype) for s in shapes] for _ in range(3)]
+    whole, sim_groups = _whole_tensor_steps(make_optimizer, init, steps, name)
+    flat = _flat_shard_steps(make_optimizer, init, steps, sim_groups, name)
+    if not _close(whole, flat, dtype):
+        diff = float((whole - flat).abs().max())
+        raise NotExact(
+            f"job.optimizer ({name}) does not update each element on its own: on flat shards it gives other parameters "
+            f"than on whole tensors (max |diff| {diff:.2g} after 3 steps), e.g. Adafactor's factored moments, Muon's "
+            "orthogonalisation or LAMB's per-tensor trust ratio. The sync tasks shard the optimizer across "
+            "tensors: use an elementwise optimizer (SGD, Adam, AdamW, RMSprop, Adagrad, ...)"
+        )
+    return groups
+
+
+def _whole_tensor_steps(
+    make_optimizer: MakeOptimizer, init: list[torch.Tensor], steps: list[list[torch.Tensor]], name: str
+) -> tuple[torch.Tensor, OptimizerGroups | None]:
+    """One optimizer over whole tensors, stepped as plain PyTorch steps it: what the flat shards
+    must reproduce. Returns the parameters after the steps (flattened) and the groups it made."""
     try:
         whole_params = [nn.Parameter(t.clone()) for t in init]
         whole_opt = make_optimizer(whole_params)
@@ -403,7 +427,19 @@ def check_optimizer(make_optimizer: MakeOptimizer, params: list[nn.Parameter], d
         raise
     except Exception as e:
         raise NotExact(f"job.optimizer ({name}) cannot take a plain step on its parameters: {e}") from None
-    whole = torch.cat([p.detach().reshape(-1) for p in whole_params])
+    return torch.cat([p.detach().reshape(-1) for p in whole_params]), sim_groups
+
+
+def _flat_shard_steps(
+    make_optimizer: MakeOptimizer,
+    init: list[torch.Tensor],
+    steps: list[list[torch.Tensor]],
+    sim_groups: OptimizerGroups | None,
+    name: str,
+) -> torch.Tensor:
+    """The same steps as the sync tasks take them: the parameters as one flat vector, cut into
+    shards across tensor boundaries, each updated by an optimizer of its own whose state goes
+    through bytes between steps (core/optim_state.py). Returns the flat parameters after them."""
     flat = torch.cat([t.reshape(-1) for t in init])
     n = flat.numel()
     cuts = sorted({0, *(min(n, max(1, n * k // 7 + 1)) for k in (2, 3, 5)), n})
@@ -425,15 +461,7 @@ def check_optimizer(make_optimizer: MakeOptimizer, params: list[nn.Parameter], d
             f"job.optimizer ({name}) fails on a flat shard of parameters, as the sync tasks apply it ({e}): use an "
             "optimizer that needs no closure and keeps elementwise state (SGD, Adam, AdamW, RMSprop, Adagrad, ...)"
         ) from None
-    if not _close(whole, flat, dtype):
-        diff = float((whole - flat).abs().max())
-        raise NotExact(
-            f"job.optimizer ({name}) does not update each element on its own: on flat shards it gives other parameters "
-            f"than on whole tensors (max |diff| {diff:.2g} after 3 steps), e.g. Adafactor's factored moments, Muon's "
-            "orthogonalisation or LAMB's per-tensor trust ratio. The sync tasks shard the optimizer across "
-            "tensors: use an elementwise optimizer (SGD, Adam, AdamW, RMSprop, Adagrad, ...)"
-        )
-    return groups
+    return flat
 
 
 # -- building a stage on the meta device ------------------------------------------------------------------
@@ -492,7 +520,7 @@ def _meta_build_refusal(meta: nn.Module, build: Callable[[], nn.Sequential], x: 
     return None
 
 
-def _digest(t: torch.Tensor | None) -> tuple[Any, ...] | None:
+def _digest(t: torch.Tensor | None) -> Digest | None:
     """A tensor's dtype, shape and bytes, as a digest: equal digests are equal tensors, bit for bit."""
     if t is None:
         return None
@@ -500,7 +528,9 @@ def _digest(t: torch.Tensor | None) -> tuple[Any, ...] | None:
     return (t.dtype, tuple(t.shape), hashlib.blake2b(raw, digest_size=16).hexdigest())
 
 
-def _digest_run(blocks: Sequence[nn.Module], x: Any, seed: int) -> tuple[list[Any], list[Any], list[Any]] | str:
+def _digest_run(
+    blocks: Sequence[nn.Module], x: Any, seed: int
+) -> tuple[list[Digest | None], list[Digest | None], list[Digest | None]] | str:
     """Train mode, the runtime's seeding, forward and backward (the sum of the floating outputs):
     digests of the outputs, of every parameter's gradient and of every buffer afterwards."""
     for b in blocks:
@@ -523,10 +553,10 @@ def _state(model: nn.Module) -> list[torch.Tensor]:
     return [*model.parameters(), *model.buffers()]
 
 
-def _signature(model: nn.Module) -> list[tuple[Any, ...]]:
+def _signature(model: nn.Module) -> list[Placement]:
     """Every parameter and buffer where the model holds it: name, shape, dtype, type, whether it
     trains, and the first place the same tensor appears (tied weights, a module used twice)."""
-    out: list[tuple[Any, ...]] = []
+    out: list[Placement] = []
     first: dict[int, int] = {}
     for kind, named in (
         ("parameter", model.named_parameters(remove_duplicate=False)),
@@ -549,7 +579,7 @@ def _same_tensors(real: nn.Module, meta: nn.Module) -> str | None:
     return None
 
 
-def _plain_tensor(value: Any, depth: int = 3) -> bool:
+def _plain_tensor(value: object, depth: int = 3) -> bool:
     """Whether a plain attribute value holds a tensor, looking into lists, tuples, sets and dicts."""
     if isinstance(value, torch.Tensor):
         return True
@@ -598,7 +628,7 @@ def _aliased(model: nn.Module) -> str | None:
 
 # -- everything, in order ----------------------------------------------------------------------------------
 def check_split(
-    user: nn.Module, chain: nn.Sequential, originals: dict[str, torch.Tensor], loss: Any, x: Any, y: torch.Tensor, dtype: torch.dtype
+    user: nn.Module, chain: nn.Sequential, originals: dict[str, torch.Tensor], loss: Loss, x: Any, y: torch.Tensor, dtype: torch.dtype
 ) -> None:
     """The chain cut from a model's graph (``Job(blocks=...)``, core/graph_split.py) computes
     what the model itself does: on a sample batch, the same output, the same gradient of every
@@ -626,8 +656,8 @@ def check_split(
 
     want, got, why = run(0)
     if why is None:
-        loss(want, y).backward()
-        loss(got, y).backward()
+        torch.autograd.backward(loss(want, y))
+        torch.autograd.backward(loss(got, y))
         for name, p in user.named_parameters():
             a, b = p.grad, originals[name].grad
             if (a is None) != (b is None) or (a is not None and b is not None and not _close(a, b, dtype)):
@@ -652,7 +682,7 @@ def check_split(
 
 def examine(
     build: Callable[[], nn.Sequential],
-    loss: Callable[..., torch.Tensor],
+    loss: Loss,
     make_optimizer: MakeOptimizer,
     x: torch.Tensor,
     y: torch.Tensor,
@@ -678,7 +708,7 @@ def examine(
     check_buffers_unchanged(blocks, before)
     value = loss(out, y)
     if isinstance(value, torch.Tensor) and value.dim() == 0 and value.requires_grad:
-        value.backward()
+        torch.autograd.backward(value)
         check_gradients(blocks)
     coupling = batch_coupling(blocks, x, seed)
     beyond = coupling_beyond_batch_norm(blocks, x, seed) if coupling is not None else None

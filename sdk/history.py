@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from stagecoach.core import keys
 from stagecoach.core.records import LearntMemory, LearntTaskSeconds, TaskMetrics
 from stagecoach.planner.plan import PHASES, Plan, timeouts_from
+
+if TYPE_CHECKING:  # deploy is this module's sibling layer (pyproject [tool.importlinter]): the name only
+    from stagecoach.deploy.resources import BotoClient
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -44,7 +47,7 @@ def observed_task_seconds(metrics: Iterable[TaskMetrics], stages: int) -> list[d
     return out
 
 
-def record(s3: Any, bucket: str, name: str, job_id: str, plan: Plan, metrics: Iterable[TaskMetrics]) -> None:
+def record(s3: BotoClient, bucket: str, name: str, job_id: str, plan: Plan, metrics: Iterable[TaskMetrics]) -> None:
     """Remember a successful run's task durations for the next run of the same job."""
     body = LearntTaskSeconds(
         stages=plan.stages,
@@ -59,7 +62,7 @@ def record(s3: Any, bucket: str, name: str, job_id: str, plan: Plan, metrics: It
     s3.put_object(Bucket=bucket, Key=history_key(name), Body=body.model_dump_json().encode())
 
 
-def _read(s3: Any, bucket: str, key: str, record_type: type[R]) -> R | None:
+def _read(s3: BotoClient, bucket: str, key: str, record_type: type[R]) -> R | None:
     """The record, or None when there is none yet (a missing bucket is reported by the
     deployment's preflight) or it is not one this version wrote (then it is simply not used)."""
     try:
@@ -72,7 +75,7 @@ def _read(s3: Any, bucket: str, key: str, record_type: type[R]) -> R | None:
         return None
 
 
-def refine(plan: Plan, name: str, s3: Any, bucket: str) -> Plan:
+def refine(plan: Plan, name: str, s3: BotoClient, bucket: str) -> Plan:
     """The plan with timeouts and memory learnt from the job's past runs of the same shape."""
     past = _read(s3, bucket, history_key(name), LearntTaskSeconds)
     if past is not None and past.fits(plan):

@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 from safetensors.torch import load_file
@@ -27,7 +27,7 @@ from stagecoach.core import boundary
 from stagecoach.core.graph_split import Blocks, SplitError, SplitFactory, suggest
 from stagecoach.core.profiling import measure_model
 from stagecoach.core.samples import LocalSamples, as_dtype, encode
-from stagecoach.core.schedule import stand_in
+from stagecoach.core.schedule import MakeScheduler, stand_in
 from stagecoach.core.training import DTYPE_NAMES, build_model, master_dtype
 from stagecoach.errors import StagecoachError
 from stagecoach.planner.limits import EXECUTION_INPUT_MAX_BYTES
@@ -45,6 +45,18 @@ from stagecoach.run import Run
 
 class JobError(StagecoachError, ValueError):
     """A job that cannot run; the message names what is wrong and how to fix it."""
+
+
+class ManualPlan(TypedDict, total=False):
+    """A manual plan's settings, as ``Job.run`` takes them without a plan (``Job.manual_plan``)."""
+
+    stages: int
+    replicas: int
+    micro_batches: int
+    memory_mb: int
+    timeout_s: int
+    sync: str | Sequence[str] | None
+    aggregators: int | Sequence[int] | None
 
 
 @dataclass
@@ -123,9 +135,9 @@ class Job:
     test: Any = None
     transform: Callable[[Any], Any] | None = None
     epochs: int | None = None
-    scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
+    scheduler: MakeScheduler | None = None
     clip_grad_norm: float | None = None
-    init_from: Any = None  # a safetensors file's path or a state_dict: the starting weights
+    init_from: str | os.PathLike[str] | Mapping[str, torch.Tensor] | None = None  # a safetensors file or a state_dict
     checkpoint_every: int | None = None
     validation: Any = None
     eval_every: int | None = None
@@ -278,6 +290,30 @@ class Job:
     def validate(self, plan: Plan | None = None) -> None:
         """Refuse, before anything is deployed, a job (and, if given, a plan) that cannot run or would
         train something other than plain PyTorch (stagecoach.exactness); the error says what to change."""
+        self._check_counts()
+        self._check_switches()
+        samples = self._check_data()
+        self._check_epochs(len(samples))
+        self._check_evaluation()
+        self._check_scheduler()
+        self._check_version_lists()
+        self._check_checkpoints_and_clipping()
+        self._check_callables()
+        sample, labels = self._check_forward(min(4, len(samples)))
+        if self.blocks is not None:
+            self._check_split(sample, labels)
+        try:
+            self._facts = exactness.examine(
+                self.build_model, self.loss, self.optimizer, sample, labels, self.seed, self.dtype, factory=self.factory
+            )
+        except exactness.NotExact as e:
+            raise JobError(str(e)) from None
+        if plan is not None:
+            self.check_plan(plan)
+
+    def _check_counts(self) -> None:
+        """The name (every resource of the job is named after it, within AWS's name limits) and the
+        integers the job counts by: checked first, since every later check uses them."""
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,29}", self.name):
             raise JobError(f"job name {self.name!r}: use 1-30 lowercase letters, digits and '-'")
         if self.iterations is None and self.epochs is None:
@@ -286,6 +322,10 @@ class Job:
             v = getattr(self, what)
             if not isinstance(v, int) or isinstance(v, bool) or v < (0 if what == "seed" else 1):
                 raise JobError(f"job.{what}={v!r}: must be a {'non-negative' if what == 'seed' else 'positive'} integer")
+
+    def _check_switches(self) -> None:
+        """The settings that choose how the runtime trains (deferred batch norm, warm state, the
+        dtype): a value outside their few choices would silently pick one of them."""
         if not isinstance(self.deferred_batch_norm, bool):
             raise JobError(f"job.deferred_batch_norm={self.deferred_batch_norm!r}: must be True or False")
         if not isinstance(self.warm_state, bool):
@@ -295,6 +335,10 @@ class Job:
                 f"job.dtype={self.dtype}: use torch.float32, torch.float64, or torch.bfloat16 (mixed precision: bf16 compute "
                 "and transfers, float32 master weights and optimizer state)"
             )
+
+    def _check_data(self) -> LocalSamples:
+        """The training and test sets are data sets a worker can read by sample, one global batch
+        fits the training set, and the transform can be applied: returns the training samples."""
         samples = self.samples
         if self.test is not None:
             _samples(self.test, "test")
@@ -304,10 +348,11 @@ class Job:
             )
         if self.transform is not None and not callable(self.transform):
             raise JobError(f"job.transform={self.transform!r} is not callable: give a function input -> input, applied per sample")
-        self._check_epochs(len(samples))
-        self._check_evaluation()
-        self._check_scheduler()
-        self._check_version_lists()
+        return samples
+
+    def _check_checkpoints_and_clipping(self) -> None:
+        """``checkpoint_every`` and ``clip_grad_norm``, the optional numbers the workers act on every
+        iteration (a version list, a barrier): refused here rather than inside a running job."""
         if self.checkpoint_every is not None and (
             not isinstance(self.checkpoint_every, int) or isinstance(self.checkpoint_every, bool) or self.checkpoint_every < 1
         ):
@@ -316,6 +361,10 @@ class Job:
             isinstance(self.clip_grad_norm, bool) or not isinstance(self.clip_grad_norm, (int, float)) or not self.clip_grad_norm > 0
         ):
             raise JobError(f"job.clip_grad_norm={self.clip_grad_norm!r}: give the largest gradient norm, a positive number (e.g. 1.0)")
+
+    def _check_callables(self) -> None:
+        """The model, loss and optimizer are functions (a module or optimizer instance given in place
+        of its factory is the usual mistake): the error says what each must be."""
         for what in ("model", "loss", "optimizer"):
             if not callable(getattr(self, what)):
                 raise JobError(
@@ -326,8 +375,13 @@ class Job:
                         "optimizer": "a function optimizer(params) -> torch.optim.Optimizer, e.g. lambda p: torch.optim.Adam(p, lr=1e-3)",
                     }[what]
                 )
+
+    def _check_forward(self, n: int) -> tuple[Any, torch.Tensor]:
+        """The model's blocks run one after another on the first ``n`` samples, each passing on what
+        may cross a stage boundary, and the loss makes a scalar of the output: the first error names
+        the block. Returns the samples and labels the exactness checks run on; the model built here
+        is gone on return (they build their own: one paper-scale model at a time)."""
         model = self.build_model()
-        n = min(4, len(samples))
         sample, labels = self.head(n)
         out = sample
         with torch.no_grad():
@@ -347,17 +401,7 @@ class Job:
             raise JobError(f"job.loss fails on the model's output and the labels: {e}") from None
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise JobError("job.loss must return a scalar tensor (a mean over the batch)")
-        del model, out  # examine builds its own: one paper-scale model at a time
-        if self.blocks is not None:
-            self._check_split(sample, labels)
-        try:
-            self._facts = exactness.examine(
-                self.build_model, self.loss, self.optimizer, sample, labels, self.seed, self.dtype, factory=self.factory
-            )
-        except exactness.NotExact as e:
-            raise JobError(str(e)) from None
-        if plan is not None:
-            self.check_plan(plan)
+        return sample, labels
 
     def _check_split(self, x: Any, y: torch.Tensor) -> None:
         """The chain cut at ``blocks`` computes what job.model() itself does (exactness.check_split)."""
@@ -440,10 +484,11 @@ class Job:
         """``init_from`` as a state_dict (read from its file if it is a path)."""
         source = self.init_from
         if isinstance(source, (str, os.PathLike)):
+            path = os.fspath(source)
             try:
-                source = load_file(os.fspath(source))
+                source = load_file(path)
             except Exception as e:
-                raise JobError(f"job.init_from={os.fspath(self.init_from)!r} is not a readable safetensors file: {e}") from None
+                raise JobError(f"job.init_from={path!r} is not a readable safetensors file: {e}") from None
         if not isinstance(source, Mapping) or not all(isinstance(v, torch.Tensor) for v in source.values()):
             raise JobError("job.init_from: give a state_dict (name -> tensor) or the path of a safetensors file of one")
         return source
@@ -501,7 +546,7 @@ class Job:
         backend: Backend | str | None = None,
         reserve_concurrency: bool = False,
         max_cost: float | None = None,
-        **manual: Any,
+        **manual: Unpack[ManualPlan],
     ) -> Run:
         """Deploy and start the job; returns a Run to wait on and inspect.
 

@@ -10,9 +10,9 @@ Locally a job outlives its process only on the `stagecoach local` daemon's stack
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Unpack
 
-from stagecoach.backends import get_backend
+from stagecoach.backends import Where, get_backend
 from stagecoach.deploy.resume import JobStatus
 
 if TYPE_CHECKING:
@@ -21,16 +21,18 @@ if TYPE_CHECKING:
     from stagecoach.run import Run
 
 
-def attach(job_id: str, job: Job | None = None, backend: Backend | str | None = None, **where: Any) -> Run:
+def attach(job_id: str, job: Job | None = None, backend: Backend | str | None = None, **where: Unpack[Where]) -> Run:
     """The Run of a job started elsewhere (``job``: its Job, for Run.trained_model())."""
     return get_backend(backend, **where).attach(job_id, job)
 
 
-def resume(job_id: str, iterations: int | None = None, job: Job | None = None, backend: Backend | str | None = None, **where: Any) -> Run:
+def resume(
+    job_id: str, iterations: int | None = None, job: Job | None = None, backend: Backend | str | None = None, **where: Unpack[Where]
+) -> Run:
     """Continue a stopped, failed or finished job from its last complete checkpoint."""
     return get_backend(backend, **where).resume(job_id, iterations, job)
 
 
-def list_jobs(backend: Backend | str | None = None, **where: Any) -> list[JobStatus]:
+def list_jobs(backend: Backend | str | None = None, **where: Unpack[Where]) -> list[JobStatus]:
     """The stack's jobs, newest first, with their status."""
     return get_backend(backend, **where).jobs()

@@ -1,11 +1,18 @@
 """Profile a job's layers inside Lambda, once per memory tier (the planner's per-tier measurements).
 
 On a laptop the planner maps tiers to speed with Lambda's vCPU model (1 vCPU per 1,769 MB). On AWS
-the real speed of each tier is measured instead: one worker function per tier runs the handler's
-``profile`` phase (lambdas/handler.py -> core/profiling.profile_phase) on the job's own model and
-a sample of its data, and the results fold into one ModelProfile whose layers carry times per tier
-(``LayerProfile.tier_s``), which the performance model prefers to any estimate. The same code runs
-on the local stack, where every tier is one thread of this machine: useful to test, not to learn.
+the real speed of each tier is measured instead, and measuring creates resources on the stack, as
+a launch does: :func:`profile_tiers` uploads the job (its data set, model code, plan, initial
+parameters and spec) under a job id of its own ("<name>-xxxxxxxx-prof"), creates that job's worker
+role and one function per tier ("<stack>-<job id>-s<i>", the tier's memory, Lambda's longest
+timeout), and invokes each function in turn, synchronously, with the handler's ``profile`` phase
+(lambdas/handler.py -> core/profiling.profile_phase) on the job's own model and a sample of its
+data. The results fold into one ModelProfile whose layers carry times per tier
+(``LayerProfile.tier_s``), which the performance model prefers to any estimate. Whether it succeeds
+or fails, it then removes the functions, the job's objects and its role (deploy/cleanup.py
+rollback); the data set stays, as every job's does (data/ is shared between jobs). The same code
+runs on the local stack, where every tier is one thread of this machine: useful to test, not to
+learn.
 """
 
 from __future__ import annotations
@@ -39,7 +46,11 @@ def profile_tiers(
     micro_batch_sizes: Sequence[int] = (1, 2, 4),
     repeats: int = 2,
 ) -> ModelProfile:
-    """Run the profile phase at every tier on ``backend`` and fold the results; removes what it created."""
+    """Run the profile phase at every tier on ``backend`` and fold the results.
+
+    Creates on the stack, then removes again (also when a tier fails): the job's objects, a worker
+    role, and one function per tier.
+    """
     bad = [t for t in tiers if not LAMBDA_MIN_MB <= int(t) <= LAMBDA_MAX_MB]
     if not tiers or bad:
         raise ValueError(f"tiers={list(tiers)}: give Lambda memory sizes of {LAMBDA_MIN_MB}-{LAMBDA_MAX_MB} MB")

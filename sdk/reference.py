@@ -48,7 +48,7 @@ def train_reference(job: Job, replicas: int = 1, micro_batches: int = 1) -> nn.S
                     idx = micro_batch(batch, replicas, micro_batches, r, j)
                     x, y = samples.batch(idx, job.transform, job.seed, epoch)
                     out = run_layers(layers, 0, as_dtype(x, job.dtype), job.seed, t, r, j)
-                    (job.loss(out, y) / per).backward()
+                    torch.autograd.backward(job.loss(out, y) / per)
         if job.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), job.clip_grad_norm)
         optimizer.step()

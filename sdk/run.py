@@ -6,7 +6,7 @@ import json
 import os
 import time
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load as st_load
@@ -20,12 +20,18 @@ from stagecoach.core import keys
 from stagecoach.core.records import EvalResult, JobSpec, StopRecord, StopRequest, TaskMetrics
 from stagecoach.core.training import assign_flat, load_running_stats, master_dtype, ownership, running_stats, stage_layout
 from stagecoach.deploy.chain import follow
+from stagecoach.deploy.resources import BotoClient, Clients
 from stagecoach.deploy.resume import last_checkpoint
 from stagecoach.errors import StagecoachError
 from stagecoach.evaluation import Evaluation, combine
 from stagecoach.metrics import iteration_breakdown
 from stagecoach.planner.emit.asl import STOPPED_ERROR
 from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.plan import Plan
+
+if TYPE_CHECKING:  # both sit above this module (pyproject [tool.importlinter]): annotations only
+    from stagecoach.backend import Backend
+    from stagecoach.job import Job
 
 # "STOPPED": the job ended at an iteration boundary on request or at its cost cap, its checkpoint
 # kept (Step Functions reports it as FAILED with the error Stagecoach.Stopped; Run tells them apart)
@@ -37,7 +43,7 @@ class RunFailed(StagecoachError, RuntimeError):
 
 
 class Run:
-    def __init__(self, backend: Any, job: Any, plan: Any, job_id: str, execution_arn: str) -> None:
+    def __init__(self, backend: Backend, job: Job | None, plan: Plan, job_id: str, execution_arn: str) -> None:
         self.backend = backend
         self.job = job
         self.plan = plan
@@ -50,7 +56,7 @@ class Run:
         self._watch_requests = {"puts": 0, "gets": 0}  # this Run's own S3 requests (list, get): part of the cost
 
     @property
-    def _c(self) -> Any:
+    def _c(self) -> Clients:
         return self.backend.clients
 
     @property
@@ -121,8 +127,9 @@ class Run:
         # the Job's (a resumed job's has the deployed total), else the deployed spec's
         total = self.job.iterations if self.job is not None else self.spec().iterations
         bar = tqdm(total=total, unit="it", disable=not progress, dynamic_ncols=True)
-        versions = set(self.job.eval_versions()) if hasattr(self.job, "eval_versions") else set()
-        evaluates, latest = progress and bool(versions), None
+        # the versions whose evaluation the bar shows (with progress only): the Job's, if the Run has it
+        versions = set(self.job.eval_versions()) if progress and self.job is not None else set()
+        evaluates, latest = bool(versions), None
         start = time.time()
         done = 0
         status = "RUNNING"
@@ -216,12 +223,12 @@ class Run:
     # -- metrics ---------------------------------------------------------------------------------
     def spec(self) -> JobSpec:
         """What was deployed (``jobs/{job}/job.json``)."""
-        return JobSpec.model_validate_json(self._c.s3.get_object(Bucket=self.bucket, Key=keys.job_spec(self.job_id))["Body"].read())
+        return read_spec(self._c.s3, self.bucket, self.job_id)
 
     def _fetch_metrics(self) -> None:
         """Read metrics objects not yet seen, listing from the first unfinished iteration on."""
         prefix = keys.metrics_prefix(self.job_id)
-        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+        kw: dict[str, str] = {"Bucket": self.bucket, "Prefix": prefix}
         start = self.iterations_done()
         if start > 0:
             kw["StartAfter"] = f"{prefix}it{start - 1:08d}/~"
@@ -271,8 +278,8 @@ class Run:
         stages: dict[int, set[int]] = defaultdict(set)
         for page in self._c.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=keys.checkpoints_prefix(self.job_id)):
             for o in page.get("Contents", []):
-                v, s = o["Key"][len(keys.checkpoints_prefix(self.job_id)) :].split("/")
-                stages[int(v[1:])].add(int(s[1:].split(".")[0]))
+                version, stage = keys.checkpoint_of(self.job_id, o["Key"])
+                stages[version].add(stage)
         n = self.spec().to_plan().stages
         return sorted(v for v, ss in stages.items() if len(ss) == n)
 
@@ -382,9 +389,10 @@ class Run:
         """Stage ``stage``'s flat parameters after ``version`` updates (default: the version the job
         reached: its last iteration, or the checkpoint it stopped at)."""
         v = self.version() if version is None else version
-        model = self.job.build_model()
+        job = self._job()
+        model = job.build_model()
         numel = ownership(list(model), [self.plan.stage_layers(s) for s in range(self.plan.stages)]).numel(stage)
-        itemsize = torch.empty(0, dtype=master_dtype(self.job.dtype)).element_size()  # as stored
+        itemsize = torch.empty(0, dtype=master_dtype(job.dtype)).element_size()  # as stored
         parts = []
         for k, chunks in enumerate(stage_layout(numel, itemsize, self.plan.grad_shards(stage), self.plan.replicas)):
             for c in range(len(chunks)):
@@ -392,11 +400,11 @@ class Run:
                 parts.append(st_load(body)["p"])
         return torch.cat(parts)
 
-    def _job(self) -> Any:
+    def _job(self) -> Job:
         if self.job is None:
             raise ValueError(
                 f"run {self.job_id} was attached without its Job: the model's code is the job file's; "
-                f"attach with stagecoach.attach({self.job_id!r}, job=job) (or read run.checkpoint(t) / run.stage_vector(s))"
+                f"attach with stagecoach.attach({self.job_id!r}, job=job) (or read a kept state_dict with run.checkpoint(t))"
             )
         return self.job
 
@@ -404,9 +412,9 @@ class Run:
         """The model with the parameters, and the running statistics (BatchNorm), of the version
         the job reached (``version()``: the last iteration, or the checkpoint a stopped job kept):
         the user's own module (for a job with ``blocks``, not the chain it was cut into)."""
-        self._job()
+        job = self._job()
         version = self.version()
-        model = self.job.build_model(master_dtype(self.job.dtype))  # the stored weights' dtype (fp32 under bf16)
+        model = job.build_model(master_dtype(job.dtype))  # the stored weights' dtype (fp32 under bf16)
         layers = list(model)
         own = ownership(layers, [self.plan.stage_layers(s) for s in range(self.plan.stages)])
         for s in range(self.plan.stages):
@@ -416,7 +424,7 @@ class Run:
             if running_stats(stage, first):
                 body = self._c.s3.get_object(Bucket=self.bucket, Key=keys.buffers(self.job_id, version, s))["Body"].read()
                 load_running_stats(stage, first, st_load(body))
-        return self.job.user_model(model)
+        return job.user_model(model)
 
     def save(self, directory: str) -> str:
         """Write the trained model (safetensors), the plan, the metrics and the loss curve to ``directory``."""
@@ -441,7 +449,13 @@ def job_status(description: dict[str, Any]) -> str:
     return str(description["status"])
 
 
-def request_stop(s3: Any, bucket: str, job_id: str) -> bool:
+def read_spec(s3: BotoClient, bucket: str, job_id: str) -> JobSpec:
+    """What was deployed for the job (``jobs/{job}/job.json``): a Run's spec, and the plan of a Run
+    opened on a job started elsewhere (Backend.attach, resume)."""
+    return JobSpec.model_validate_json(s3.get_object(Bucket=bucket, Key=keys.job_spec(job_id))["Body"].read())
+
+
+def request_stop(s3: BotoClient, bucket: str, job_id: str) -> bool:
     """Write the job's stop request unless one exists (the gate's own, for the cost cap, is kept);
     True if this call wrote it."""
     key = keys.stop_request(job_id)

@@ -11,12 +11,12 @@ from botocore.exceptions import ClientError
 
 from stagecoach.aws.policy import deployer_policy
 from stagecoach.deploy.iam_policy import arn_matches
-from stagecoach.deploy.resources import DeployError
+from stagecoach.deploy.resources import BotoClient, DeployError
 
 DENIED_CODES = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "AuthorizationError", "UnauthorizedAccess", "403"}
 
 
-class AccessDenied(ClientError, DeployError):
+class AccessDenied(ClientError, DeployError):  # type: ignore[misc]  # botocore ships no types: ClientError is Any to mypy
     """An AWS call was denied; the message says which action on which resource, and the fix.
 
     A ClientError subclass so code that handles ClientError (e.g. deploy's cleanup on failure)
@@ -122,7 +122,7 @@ def _resource_of(service: str, params: dict[str, Any], region: str, account: str
     if service == "sfn":
         for k in ("executionArn", "stateMachineArn", "resourceArn"):
             if k in params:
-                return params[k]
+                return str(params[k])
         if "name" in params:
             return f"{arn}:states:{region}:{account}:stateMachine:{params['name']}"
     if service == "cloudformation" and "StackName" in params:
@@ -148,7 +148,9 @@ def statement_for(
 _NOT_AUTHORIZED = re.compile(r"not authorized to perform:? ([\w-]+:\w+)(?: on resource:? \"?([^\s\"]+)\"?)?")
 
 
-def explain_access_denied(client: Any, stack: str, region: str, account: str, policy: Callable[[], dict[str, Any]] | None = None) -> None:
+def explain_access_denied(
+    client: BotoClient, stack: str, region: str, account: str, policy: Callable[[], dict[str, Any]] | None = None
+) -> None:
     """Make ``client`` raise :class:`AccessDenied` (action, resource, policy statement) on a denial.
 
     botocore events, not a wrapper: they also see the calls paginators and waiters make.

@@ -23,7 +23,7 @@ from stagecoach.aws.idempotent import IdempotentLambda, IdempotentStepFunctions
 from stagecoach.aws.policy import deployer_policy
 from stagecoach.aws.stack import RegionMismatch, StackError, _arn_account, _arn_part, _arn_region, python_version, stack_outputs
 from stagecoach.backend import Backend
-from stagecoach.deploy.resources import Clients, DeployError, StackResources
+from stagecoach.deploy.resources import BotoClient, Clients, DeployError, StackResources
 
 CONSOLE = "https://{region}.console.aws.amazon.com/states/home?region={region}#/v2/executions/details/{arn}"
 
@@ -32,9 +32,9 @@ class AwsBackend(Backend):
     """Runs jobs on a deployed Stagecoach stack, found by name through its CloudFormation outputs."""
 
     name = "aws"
-    session: Any
+    session: boto3.Session
 
-    def __init__(self, stack: str, region: str | None = None, session: Any = None) -> None:
+    def __init__(self, stack: str, region: str | None = None, session: boto3.Session | None = None) -> None:
         if session is not None and region and session.region_name and session.region_name != region:
             raise RegionMismatch(f"the boto3 session is in {session.region_name} but region={region!r} was asked for")
         self.session = session or boto3.Session(region_name=region)
@@ -96,7 +96,7 @@ class AwsBackend(Backend):
             ("remove it when done:", f"stagecoach cleanup {job_id} {where}"),
         ]
 
-    def long_call_client(self, service: str) -> Any:
+    def long_call_client(self, service: str) -> BotoClient:
         """A client whose calls may wait up to Lambda's 15 minutes (a synchronous profile invocation)."""
         return self._client(service, read_timeout=905)
 
@@ -111,7 +111,7 @@ class AwsBackend(Backend):
             boundary=self.outputs["JobRoleBoundaryArn"],
         )
 
-    def _client(self, service: str, read_timeout: int = 60) -> Any:
+    def _client(self, service: str, read_timeout: int = 60) -> BotoClient:
         c = self.session.client(
             service,
             region_name=self.region,
@@ -128,7 +128,7 @@ class AwsBackend(Backend):
         """
         if self.outputs.get("WorkerImageUri"):
             return self.outputs["WorkerImageUri"]
-        code = self.clients.lambda_.get_function(FunctionName=self.outputs["WorkerFunctionName"])["Code"]
+        code: dict[str, str] = self.clients.lambda_.get_function(FunctionName=self.outputs["WorkerFunctionName"])["Code"]
         return code.get("ResolvedImageUri") or code["ImageUri"]
 
     def check_arn(self, arn: str) -> None:

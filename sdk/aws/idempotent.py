@@ -6,11 +6,11 @@ from typing import Any
 
 from botocore.exceptions import WaiterError
 
-from stagecoach.deploy.resources import DeployError
+from stagecoach.deploy.resources import BotoClient, DeployError
 
 
 # --------------------------------------------------------------------- idempotent deploy calls
-def ensure_function(client: Any, spec: dict[str, Any], wait: bool = True) -> dict[str, Any]:
+def ensure_function(client: BotoClient, spec: dict[str, Any], wait: bool = True) -> dict[str, Any]:
     """Create the function, or bring an existing one to ``spec`` (code, then configuration, tags).
 
     Launching again with the same job id (a retried ``launch``) then converges instead of failing
@@ -18,6 +18,7 @@ def ensure_function(client: Any, spec: dict[str, Any], wait: bool = True) -> dic
     function is Pending for a while after creation and Lambda rejects invocations until then.
     """
     name = spec["FunctionName"]
+    out: dict[str, Any]  # the function's configuration (boto3's responses are untyped)
     try:
         out = client.create_function(**spec)
     except client.exceptions.ResourceConflictException:
@@ -38,7 +39,7 @@ def ensure_function(client: Any, spec: dict[str, Any], wait: bool = True) -> dic
     return out
 
 
-def wait_function(client: Any, name: str, *waiters: str) -> None:
+def wait_function(client: BotoClient, name: str, *waiters: str) -> None:
     """Wait until the function is Active and its last update done; a function that ends Failed
     (e.g. Lambda may not pull the image) raises DeployError with Lambda's reason."""
     for waiter in waiters or ("function_active_v2", "function_updated_v2"):
@@ -61,7 +62,7 @@ def wait_function(client: Any, name: str, *waiters: str) -> None:
             ) from None
 
 
-def ensure_state_machine(client: Any, **spec: Any) -> dict[str, Any]:
+def ensure_state_machine(client: BotoClient, **spec: Any) -> dict[str, Any]:
     """Create the state machine, or update the existing one of that name (definition and role)."""
     try:
         arn = client.create_state_machine(**spec)["stateMachineArn"]
@@ -78,19 +79,19 @@ def ensure_state_machine(client: Any, **spec: Any) -> dict[str, Any]:
     return {"stateMachineArn": arn}
 
 
-def find_state_machine(client: Any, name: str) -> str | None:
+def find_state_machine(client: BotoClient, name: str) -> str | None:
     """The ARN of the state machine called ``name`` (ListStateMachines, paged), or None."""
     for page in client.get_paginator("list_state_machines").paginate():
         for sm in page["stateMachines"]:
             if sm["name"] == name:
-                return sm["stateMachineArn"]
+                return str(sm["stateMachineArn"])
     return None
 
 
 class _Delegate:
     """Passes every call to the wrapped client except the ones a subclass overrides."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: BotoClient) -> None:
         self._client = client
 
     def __getattr__(self, name: str) -> Any:
@@ -105,7 +106,7 @@ class IdempotentLambda(_Delegate):
     images are optimised by Lambda at the same time rather than one after the other.
     """
 
-    def __init__(self, client: Any, log_group: str | None = None, wait: bool = True, pending: list[str] | None = None) -> None:
+    def __init__(self, client: BotoClient, log_group: str | None = None, wait: bool = True, pending: list[str] | None = None) -> None:
         super().__init__(client)
         self._log_group = log_group
         self._wait = wait and pending is None
@@ -127,7 +128,7 @@ class IdempotentStepFunctions(_Delegate):
     """create_state_machine -> :func:`ensure_state_machine`; start_execution first waits until
     every function in ``pending`` is Active (a Pending function rejects invocations)."""
 
-    def __init__(self, client: Any, lambda_client: Any = None, pending: list[str] | None = None) -> None:
+    def __init__(self, client: BotoClient, lambda_client: BotoClient = None, pending: list[str] | None = None) -> None:
         super().__init__(client)
         self._lambda = lambda_client
         self._pending = pending if pending is not None else []
@@ -139,4 +140,5 @@ class IdempotentStepFunctions(_Delegate):
         while self._pending:
             wait_function(self._lambda, self._pending[0])
             self._pending.pop(0)
-        return self._client.start_execution(**kw)
+        started: dict[str, Any] = self._client.start_execution(**kw)
+        return started

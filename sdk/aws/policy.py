@@ -6,6 +6,8 @@ from typing import Any
 
 from stagecoach.deploy.roles import STACK_TAG
 
+Statement = dict[str, Any]  # one IAM policy statement, as JSON
+
 
 # ----------------------------------------------------------------------------- deployer policy
 def deployer_policy(
@@ -22,8 +24,8 @@ def deployer_policy(
     placeholder is filled from the stack's BucketName output), its roles, and the names the SDK
     gives per-job resources ("<stack>-*", the naming contract of sdk/deploy/). The placeholders
     render docs/deployer-policy.json; AccessDenied messages and ``python -m stagecoach.aws
-    deployer-policy`` render it for the actual stack (``roles``: the stack's role ARNs, instead of
-    "role/<stack>-*"). One wildcard resource is unavoidable: lambda:ListFunctions,
+    deployer-policy`` render it for the actual stack (``boundary``: the stack's JobRoleBoundaryArn
+    output, instead of "policy/stagecoach/<stack>/*"). One wildcard resource is unavoidable: lambda:ListFunctions,
     states:ListStateMachines and lambda:GetAccountSettings support no resource-level permissions.
 
     No ECR permission: the stack's creation of the default worker from the same repository made
@@ -31,9 +33,6 @@ def deployer_policy(
     """
     arn = f"arn:{partition}"
     fn = f"{arn}:lambda:{region}:{account}:function:{stack}-*"
-    sm = f"{arn}:states:{region}:{account}:stateMachine:{stack}-*"
-    ex = f"{arn}:states:{region}:{account}:execution:{stack}-*:*"
-    b = f"{arn}:s3:::{bucket}"
     path = f"{arn}:iam::{account}:role/stagecoach/{stack}/"
     bound = boundary or f"{arn}:iam::{account}:policy/stagecoach/{stack}/*"
     return {
@@ -45,98 +44,10 @@ def deployer_policy(
                 "Action": ["cloudformation:DescribeStacks"],
                 "Resource": f"{arn}:cloudformation:{region}:{account}:stack/{stack}/*",
             },
-            # jobs/: each job's objects; data/: datasets shared by jobs; history/: what a job's past
-            # runs taught its next one (timeouts, memory; sdk/history.py). AbortMultipartUpload: a
-            # data set's multipart upload that fails is aborted by boto3's transfer manager (the
-            # bucket's lifecycle rule would otherwise bill its parts for a day)
-            {
-                "Sid": "JobObjects",
-                "Effect": "Allow",
-                "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-                "Resource": [f"{b}/jobs/*", f"{b}/data/*", f"{b}/history/*"],
-            },
-            # no s3:prefix condition: HeadBucket (the SDK's check that the bucket exists) has no prefix
-            {"Sid": "ListJobObjects", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": b},
-            # The SDK tags every function it creates with its stack; changing one requires that tag,
-            # so the name pattern cannot reach another application's "<stack>-..." function. Creating
-            # and tagging require the tag both in the request and on the function (as the Lambda
-            # guide's ABAC example "Require tags on new functions" does): TagResource cannot adopt an
-            # untagged function whose name happens to fit the pattern.
-            {
-                "Sid": "CreateStageFunctions",
-                "Effect": "Allow",
-                "Action": ["lambda:CreateFunction", "lambda:TagResource"],
-                "Resource": fn,
-                "Condition": {"StringEquals": {f"aws:RequestTag/{STACK_TAG}": stack, f"aws:ResourceTag/{STACK_TAG}": stack}},
-            },
-            {
-                "Sid": "StageFunctions",
-                "Effect": "Allow",
-                "Action": [
-                    "lambda:UpdateFunctionCode",
-                    "lambda:UpdateFunctionConfiguration",
-                    "lambda:DeleteFunction",
-                    # Job.run(reserve_concurrency=True)
-                    "lambda:PutFunctionConcurrency",
-                ],
-                "Resource": fn,
-                "Condition": {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": stack}},
-            },
-            # reads: also of functions that do not exist (yet, or any more), which a tag condition
-            # would answer with AccessDenied instead of ResourceNotFound; GetFunction of a tagged
-            # function needs ListTags too
-            {
-                "Sid": "ReadStageFunctions",
-                "Effect": "Allow",
-                "Action": ["lambda:GetFunction", "lambda:GetFunctionConfiguration", "lambda:ListTags"],
-                "Resource": fn,
-            },
-            # profiling at memory tiers (Job.plan(profile_on=...)): the SDK invokes its own
-            # "<stack>-<job>-prof-s<i>" functions synchronously, and no other function
-            {
-                "Sid": "ProfileFunctions",
-                "Effect": "Allow",
-                "Action": ["lambda:InvokeFunction"],
-                "Resource": f"{fn}-prof-s*",
-                "Condition": {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": stack}},
-            },
-            # each job's worker role (deploy/roles.py), created only with the stack's boundary
-            {
-                "Sid": "JobRoles",
-                "Effect": "Allow",
-                "Action": ["iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy"],
-                "Resource": f"{path}*",
-                "Condition": {"ArnLike": {"iam:PermissionsBoundary": bound}},
-            },
-            {"Sid": "RemoveJobRoles", "Effect": "Allow", "Action": ["iam:DeleteRole"], "Resource": f"{path}*"},
-            {
-                "Sid": "PassStackRoles",
-                "Effect": "Allow",
-                "Action": ["iam:PassRole"],
-                # the stack's roles and its jobs': all under the stack's path
-                "Resource": f"{path}*",
-                "Condition": {"StringEquals": {"iam:PassedToService": ["lambda.amazonaws.com", "states.amazonaws.com"]}},
-            },
-            {
-                "Sid": "StateMachines",
-                "Effect": "Allow",
-                "Action": [
-                    "states:CreateStateMachine",
-                    "states:UpdateStateMachine",
-                    "states:DeleteStateMachine",
-                    "states:DescribeStateMachine",
-                    "states:TagResource",
-                    "states:StartExecution",
-                    "states:ListExecutions",
-                ],
-                "Resource": sm,
-            },
-            {
-                "Sid": "Executions",
-                "Effect": "Allow",
-                "Action": ["states:DescribeExecution", "states:GetExecutionHistory", "states:StopExecution"],
-                "Resource": ex,
-            },
+            *_s3_statements(f"{arn}:s3:::{bucket}"),
+            *_lambda_statements(fn, stack),
+            *_iam_statements(path, bound),
+            *_states_statements(f"{arn}:states:{region}:{account}", stack),
             # These support no resource-level permissions (IAM's service authorization reference):
             # the lists find a half-created job's functions and an existing window state machine;
             # GetAccountSettings is the account's Lambda concurrency, checked before a job starts.
@@ -148,3 +59,120 @@ def deployer_policy(
             },
         ],
     }
+
+
+def _s3_statements(b: str) -> list[Statement]:
+    """The stack's bucket ``b``: its objects under the prefixes the SDK writes, and listing them."""
+    return [
+        # jobs/: each job's objects; data/: datasets shared by jobs; history/: what a job's past
+        # runs taught its next one (timeouts, memory; sdk/history.py). AbortMultipartUpload: a
+        # data set's multipart upload that fails is aborted by boto3's transfer manager (the
+        # bucket's lifecycle rule would otherwise bill its parts for a day)
+        {
+            "Sid": "JobObjects",
+            "Effect": "Allow",
+            "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+            "Resource": [f"{b}/jobs/*", f"{b}/data/*", f"{b}/history/*"],
+        },
+        # no s3:prefix condition: HeadBucket (the SDK's check that the bucket exists) has no prefix
+        {"Sid": "ListJobObjects", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": b},
+    ]
+
+
+def _lambda_statements(fn: str, stack: str) -> list[Statement]:
+    """The per-job functions ``fn`` ("<stack>-*"): changing one requires the stack's tag on it."""
+    return [
+        # The SDK tags every function it creates with its stack; changing one requires that tag,
+        # so the name pattern cannot reach another application's "<stack>-..." function. Creating
+        # and tagging require the tag both in the request and on the function (as the Lambda
+        # guide's ABAC example "Require tags on new functions" does): TagResource cannot adopt an
+        # untagged function whose name happens to fit the pattern.
+        {
+            "Sid": "CreateStageFunctions",
+            "Effect": "Allow",
+            "Action": ["lambda:CreateFunction", "lambda:TagResource"],
+            "Resource": fn,
+            "Condition": {"StringEquals": {f"aws:RequestTag/{STACK_TAG}": stack, f"aws:ResourceTag/{STACK_TAG}": stack}},
+        },
+        {
+            "Sid": "StageFunctions",
+            "Effect": "Allow",
+            "Action": [
+                "lambda:UpdateFunctionCode",
+                "lambda:UpdateFunctionConfiguration",
+                "lambda:DeleteFunction",
+                # Job.run(reserve_concurrency=True)
+                "lambda:PutFunctionConcurrency",
+            ],
+            "Resource": fn,
+            "Condition": {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": stack}},
+        },
+        # reads: also of functions that do not exist (yet, or any more), which a tag condition
+        # would answer with AccessDenied instead of ResourceNotFound; GetFunction of a tagged
+        # function needs ListTags too
+        {
+            "Sid": "ReadStageFunctions",
+            "Effect": "Allow",
+            "Action": ["lambda:GetFunction", "lambda:GetFunctionConfiguration", "lambda:ListTags"],
+            "Resource": fn,
+        },
+        # profiling at memory tiers (Job.plan(profile_on=...)): the SDK invokes its own
+        # "<stack>-<job>-prof-s<i>" functions synchronously, and no other function
+        {
+            "Sid": "ProfileFunctions",
+            "Effect": "Allow",
+            "Action": ["lambda:InvokeFunction"],
+            "Resource": f"{fn}-prof-s*",
+            "Condition": {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": stack}},
+        },
+    ]
+
+
+def _iam_statements(path: str, bound: str) -> list[Statement]:
+    """The roles under the stack's ``path``: each job's, created only with the boundary ``bound``."""
+    return [
+        # each job's worker role (deploy/roles.py), created only with the stack's boundary
+        {
+            "Sid": "JobRoles",
+            "Effect": "Allow",
+            "Action": ["iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy"],
+            "Resource": f"{path}*",
+            "Condition": {"ArnLike": {"iam:PermissionsBoundary": bound}},
+        },
+        {"Sid": "RemoveJobRoles", "Effect": "Allow", "Action": ["iam:DeleteRole"], "Resource": f"{path}*"},
+        {
+            "Sid": "PassStackRoles",
+            "Effect": "Allow",
+            "Action": ["iam:PassRole"],
+            # the stack's roles and its jobs': all under the stack's path
+            "Resource": f"{path}*",
+            "Condition": {"StringEquals": {"iam:PassedToService": ["lambda.amazonaws.com", "states.amazonaws.com"]}},
+        },
+    ]
+
+
+def _states_statements(states: str, stack: str) -> list[Statement]:
+    """The per-job state machines and their executions, by name ("<stack>-*"; ``states``: the
+    Step Functions ARN prefix of the stack's region and account)."""
+    return [
+        {
+            "Sid": "StateMachines",
+            "Effect": "Allow",
+            "Action": [
+                "states:CreateStateMachine",
+                "states:UpdateStateMachine",
+                "states:DeleteStateMachine",
+                "states:DescribeStateMachine",
+                "states:TagResource",
+                "states:StartExecution",
+                "states:ListExecutions",
+            ],
+            "Resource": f"{states}:stateMachine:{stack}-*",
+        },
+        {
+            "Sid": "Executions",
+            "Effect": "Allow",
+            "Action": ["states:DescribeExecution", "states:GetExecutionHistory", "states:StopExecution"],
+            "Resource": f"{states}:execution:{stack}-*:*",
+        },
+    ]

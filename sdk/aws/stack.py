@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import sys
 import tomllib
-from typing import Any
 
 from botocore.exceptions import ClientError
 
 from stagecoach.aws.access import AccessDenied
-from stagecoach.deploy.resources import DeployError
+from stagecoach.deploy.resources import BotoClient, DeployError
 
 REQUIRED_OUTPUTS = ("BucketName", "ControlRoleArn", "StatesRoleArn", "JobStateMachineArn", "JobRoleBoundaryArn", "WorkerLogGroupName")
 USABLE_STATUSES = {"CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE", "IMPORT_COMPLETE", "IMPORT_ROLLBACK_COMPLETE"}
@@ -66,7 +65,7 @@ def python_version() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def stack_outputs(cfn: Any, stack: str, region: str) -> dict[str, str]:
+def stack_outputs(cfn: BotoClient, stack: str, region: str) -> dict[str, str]:
     """The stack's outputs; a missing, unfinished or foreign stack raises StackError saying what to do."""
     try:
         stacks = cfn.describe_stacks(StackName=stack)["Stacks"]

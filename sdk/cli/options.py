@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Unpack
 
 import click
 from botocore.exceptions import BotoCoreError, ClientError
 
 from stagecoach.backend import Backend
-from stagecoach.backends import get_backend
+from stagecoach.backends import LocalStackOptions, get_backend
 from stagecoach.deploy.resources import DeployError
 from stagecoach.local.daemon_state import running_stack
 from stagecoach.local.process import ACCOUNT as LOCAL_ACCOUNT
@@ -20,7 +20,9 @@ stack_option = click.option("--stack", envvar="STAGECOACH_STACK", help="the SAM 
 region_option = click.option("--region", envvar="AWS_REGION", help="the stack's region (aws backend)")
 
 
-def backend_for(backend: str | None, stack: str | None, region: str | None, need_daemon: bool = False, **local: Any) -> Backend:
+def backend_for(
+    backend: str | None, stack: str | None, region: str | None, need_daemon: bool = False, **local: Unpack[LocalStackOptions]
+) -> Backend:
     """The backend the options name, with its errors turned into CLI errors.
 
     ``need_daemon``: the local backend must be the `stagecoach local start` daemon's (a run started

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from stagecoach.planner.model.syncmodel import SyncChoice
 from stagecoach.planner.solve.sweep import PlannedConfig, PlanningResult
@@ -31,7 +31,7 @@ def _weights(a1: float, a2: float) -> str:
     return f"({a1:g},{a2:g})"
 
 
-def plan_row(c: PlannedConfig, samples_per_epoch: int | None = None, mark: str = "") -> dict[str, Any]:
+def plan_row(c: PlannedConfig, samples_per_epoch: int | None = None, mark: str = "") -> dict[str, str | int]:
     """One table row: the plan's shape per stage, its predictions and how it was found."""
     e, cfg = c.estimate, c.config
     iters = -(-samples_per_epoch // cfg.global_batch) if samples_per_epoch else None
@@ -53,13 +53,16 @@ def plan_row(c: PlannedConfig, samples_per_epoch: int | None = None, mark: str =
     }
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
+def format_table(rows: list[dict[str, str | int]]) -> str:
     """Left-aligned columns, a header and a rule."""
     if not rows:
         return "(no plans)"
     keys = list(rows[0])
     width = {k: max(len(str(k)), *(len(str(r[k])) for r in rows)) for k in keys}
-    line = lambda r: "  ".join(str(r[k]).ljust(width[k]) for k in keys).rstrip()
+
+    def line(r: Mapping[str, str | int]) -> str:
+        return "  ".join(str(r[k]).ljust(width[k]) for k in keys).rstrip()
+
     return "\n".join([line({k: k for k in keys}), line({k: "-" * width[k] for k in keys})] + [line(r) for r in rows])
 
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from typing import Any
 
 import click
 
 from stagecoach.backend import Backend
 from stagecoach.cli.jobfile import load_job_file
 from stagecoach.cli.options import backend_for, region_option, stack_option
+from stagecoach.cost import CostReport
 from stagecoach.deploy.resources import DeployError
-from stagecoach.job import JobError
+from stagecoach.job import Job, JobError
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.plan import SYNC_ALGORITHMS, Plan, PlanError
-from stagecoach.run import RunFailed
+from stagecoach.run import Run, RunFailed
 
 
 @click.command("train")
@@ -68,43 +70,16 @@ def train_command(
     --memory) or FILE's `defaults` give a manual one.
     """
     t0 = time.time()
-    module = load_job_file(file)
-    job = module.job
-    if iterations is not None:
-        job.iterations, job.epochs = iterations, None
     given = {
         k: v
         for k, v in (("stages", stages), ("replicas", replicas), ("micro_batches", micro_batches), ("memory_mb", memory_mb))
         if v is not None
     }
-    manual = {} if recommended and not given else {**getattr(module, "defaults", {}), **given}
+    job, manual = _job_and_manual(file, iterations, recommended, given)
     try:
-        job.validate()
-        if manual:
-            plan = job.manual_plan(**manual)
-        else:
-            result = job.plan()
-            plan = result.recommended.to_plan()
-            click.echo(
-                f"planner: recommended plan of {len(result.pareto)} on the Pareto front "
-                f"(predicted {plan.prediction.s_per_iteration if plan.prediction else float('nan'):.2f} s/iteration on AWS)"
-            )
-        if sync or aggregators:
-            plan = _with_sync(plan, sync, aggregators)
-        job.check_plan(plan)
-        click.echo(
-            f"plan: {plan.stages} stages (layers per stage {list(plan.balance)}) x {plan.replicas} replicas, "
-            f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}, memory {list(plan.memory_mb)} MB, "
-            f"sync {_sync_label(plan)}"
-        )
+        plan = _plan(job, manual, sync, aggregators)
         chosen = _backend(backend, stack, region, emulate_network)
-        # at the prices of the stack's architecture, as the run will be metered (deploy/start.py)
-        platform = aws_platform("x86_64" if chosen.resources.architecture == "x86_64" else "arm64")
-        predicted = job.predict_cost(plan, platform, capped=max_cost is not None)
-        click.echo(f"cost on AWS: predicted {predicted.summary()}" + (f"; cap ${max_cost:.4f}" if max_cost is not None else ""))
-        if max_cost is not None and max_cost < predicted.usd:
-            k = int(max_cost / predicted.per_iteration_usd())
-            click.echo(f"  the cap is predicted to stop the job after about {k} of its {job.iterations} iterations")
+        predicted = _predict_cost(job, plan, chosen, max_cost)
         run = job.run(plan=plan, backend=chosen, max_cost=max_cost)
     except (JobError, PlanError, DeployError) as e:
         raise click.ClickException(str(e)) from None
@@ -114,7 +89,59 @@ def train_command(
         status = run.wait(progress=True)
     except (RunFailed, DeployError) as e:  # DeployError: e.g. AccessDenied while watching on AWS
         raise click.ClickException(str(e)) from None
-    wall = time.time() - t0
+    _report(run, job, status, predicted, time.time() - t0, out)
+
+
+def _job_and_manual(file: str, iterations: int | None, recommended: bool, given: dict[str, int]) -> tuple[Job, dict[str, Any]]:
+    """FILE's job (``--iterations`` overriding its length) and the manual plan's settings: FILE's
+    `defaults` under the options given, or none when --recommended asks for the planner's."""
+    module = load_job_file(file)
+    job: Job = module.job
+    if iterations is not None:
+        job.iterations, job.epochs = iterations, None
+    manual = {} if recommended and not given else {**getattr(module, "defaults", {}), **given}
+    return job, manual
+
+
+def _plan(job: Job, manual: dict[str, Any], sync: str | None, aggregators: int | None) -> Plan:
+    """The job validated and its plan: the manual one, or the planner's recommendation (said with
+    its predicted speed), with --sync / --aggregators applied and checked against the job."""
+    job.validate()
+    if manual:
+        plan = job.manual_plan(**manual)
+    else:
+        result = job.plan()
+        plan = result.recommended.to_plan()
+        click.echo(
+            f"planner: recommended plan of {len(result.pareto)} on the Pareto front "
+            f"(predicted {plan.prediction.s_per_iteration if plan.prediction else float('nan'):.2f} s/iteration on AWS)"
+        )
+    if sync or aggregators:
+        plan = _with_sync(plan, sync, aggregators)
+    job.check_plan(plan)
+    click.echo(
+        f"plan: {plan.stages} stages (layers per stage {list(plan.balance)}) x {plan.replicas} replicas, "
+        f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}, memory {list(plan.memory_mb)} MB, "
+        f"sync {_sync_label(plan)}"
+    )
+    return plan
+
+
+def _predict_cost(job: Job, plan: Plan, chosen: Backend, max_cost: float | None) -> CostReport:
+    """The run's predicted cost on AWS, said before it starts, with where a cap would stop it."""
+    # at the prices of the stack's architecture, as the run will be metered (deploy/start.py)
+    platform = aws_platform("x86_64" if chosen.resources.architecture == "x86_64" else "arm64")
+    predicted = job.predict_cost(plan, platform, capped=max_cost is not None)
+    click.echo(f"cost on AWS: predicted {predicted.summary()}" + (f"; cap ${max_cost:.4f}" if max_cost is not None else ""))
+    if max_cost is not None and max_cost < predicted.usd:
+        k = int(max_cost / predicted.per_iteration_usd())
+        click.echo(f"  the cap is predicted to stop the job after about {k} of its {job.iterations} iterations")
+    return predicted
+
+
+def _report(run: Run, job: Job, status: str, predicted: CostReport, wall: float, out: str) -> None:
+    """After the run: why it stopped early (if it did), the results saved under ``out``, the loss,
+    the end-of-run evaluation, where the time went, and the measured cost beside the predicted."""
     if status == "STOPPED":
         record = run.stopped()
         if record is not None:

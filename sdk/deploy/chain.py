@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from stagecoach.deploy.resources import BotoClient
+
 
 def continued_as(description: dict[str, Any]) -> str | None:
     """The next link's ARN if this execution ended by continuing as a new one."""
@@ -21,7 +23,7 @@ def continued_as(description: dict[str, Any]) -> str | None:
     return nxt if isinstance(nxt, str) else None
 
 
-def follow(sfn: Any, execution_arn: str) -> tuple[list[str], dict[str, Any]]:
+def follow(sfn: BotoClient, execution_arn: str) -> tuple[list[str], dict[str, Any]]:
     """Every link from ``execution_arn`` on, and DescribeExecution of the latest."""
     links = [execution_arn]
     d = sfn.describe_execution(executionArn=execution_arn)

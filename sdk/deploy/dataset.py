@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-from typing import Any
 
 import torch
 from boto3.s3.transfer import TransferConfig
@@ -16,12 +15,12 @@ from tqdm import tqdm
 
 from stagecoach.core import keys
 from stagecoach.core.samples import SHARD_BYTES, LocalSamples, Manifest, encode, leaf_bytes
-from stagecoach.deploy.resources import object_exists
+from stagecoach.deploy.resources import BotoClient, object_exists
 
 MULTIPART = TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20, max_concurrency=4)
 
 
-def upload_samples(s3: Any, bucket: str, samples: LocalSamples, progress: bool = False, what: str = "train") -> str:
+def upload_samples(s3: BotoClient, bucket: str, samples: LocalSamples, progress: bool = False, what: str = "train") -> str:
     """Upload ``samples`` (unless the bucket holds them); returns the data set's id."""
     shards: list[str] = []
     first: list[int] = []

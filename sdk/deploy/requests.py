@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from stagecoach.deploy.resources import BotoClient
+
 # S3's first price class (PUT, COPY, POST, LIST) and second (GET, HEAD, and every other request
 # but DELETE, which is free): https://aws.amazon.com/s3/pricing/ "Requests & data retrievals"
 PUT_CLASS = {
@@ -28,7 +30,7 @@ FREE = {"DeleteObject", "DeleteObjects"}
 class RequestCounter:
     """Counts ``puts`` (PUT class) and ``gets`` (GET class) of an S3 client from ``start()`` on."""
 
-    def __init__(self, s3: Any) -> None:
+    def __init__(self, s3: BotoClient) -> None:
         self.s3 = s3
         self.puts = 0
         self.gets = 0
@@ -59,7 +61,7 @@ class RequestCounter:
     def __enter__(self) -> RequestCounter:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def as_dict(self) -> dict[str, int]:

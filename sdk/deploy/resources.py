@@ -25,6 +25,10 @@ JOB_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,29}-[0-9a-f]{8}")
 
 HANDLER = "stagecoach.lambdas.handler.handler"
 
+# A boto3 client (S3, Lambda, Step Functions, IAM, ...). boto3 ships no type information and no
+# stubs are installed here, so to mypy a client is Any: this name says what is meant.
+BotoClient = Any
+
 
 @dataclass(frozen=True)
 class StackResources:
@@ -50,10 +54,10 @@ class StackResources:
 
 @dataclass
 class Clients:
-    s3: Any
-    lambda_: Any
-    sfn: Any
-    iam: Any
+    s3: BotoClient
+    lambda_: BotoClient
+    sfn: BotoClient
+    iam: BotoClient
 
 
 def function_name(res: StackResources, job: str, stage: int) -> str:
@@ -72,7 +76,7 @@ class DeployError(StagecoachError, RuntimeError):
     """The stack cannot take the job; the message says what is missing and how to fix it."""
 
 
-def object_exists(s3: Any, bucket: str, key: str) -> bool:
+def object_exists(s3: BotoClient, bucket: str, key: str) -> bool:
     """HEAD the object (a 403 for a caller without s3:ListBucket counts as absent, as a 404 does)."""
     try:
         s3.head_object(Bucket=bucket, Key=key)
@@ -81,7 +85,7 @@ def object_exists(s3: Any, bucket: str, key: str) -> bool:
         return False
 
 
-def read_json(s3: Any, bucket: str, key: str) -> Any:
+def read_json(s3: BotoClient, bucket: str, key: str) -> Any:
     return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
 
 
@@ -99,11 +103,15 @@ def check_name_lengths(stack: str, job_name: str, stages: int, workers: int = 0)
         )
 
 
+def job_of_execution(execution_name: str) -> str:
+    """The job id of a job execution: ``{job}``, then ``{job}-c{n}`` for each continuation
+    (deploy/chain.py) and ``{job}-r{n}`` for each resumption (deploy/resume.py)."""
+    return re.sub(r"(-[cr][0-9]+)+$", "", execution_name)
+
+
 def job_id_from(ref: str) -> str:
-    """A job id from itself or from any of its job executions' ARNs (named after the job, then
-    ``{job}-c{link}`` for each continuation, deploy/chain.py)."""
-    job_id = ref.rsplit(":", 1)[-1] if ref.startswith("arn:") else ref
-    job_id = re.sub(r"(-[cr][0-9]+)+$", "", job_id) if ref.startswith("arn:") else job_id  # continuations, resumptions
+    """A job id from itself or from any of its job executions' ARNs (``job_of_execution``)."""
+    job_id = job_of_execution(ref.rsplit(":", 1)[-1]) if ref.startswith("arn:") else ref
     if not JOB_ID.fullmatch(job_id):
         raise DeployError(f"{ref!r} is not a job: give a job id (NAME-xxxxxxxx, as `stagecoach train` prints it) or its job execution ARN")
     return job_id

@@ -21,31 +21,25 @@ from typing import Any
 
 from stagecoach.core import keys
 from stagecoach.core.records import EvalSpec, JobSpec
-from stagecoach.deploy.resources import Clients, DeployError, StackResources, function_name, object_exists
+from stagecoach.deploy.resources import Clients, DeployError, StackResources, function_name, job_of_execution, object_exists
 from stagecoach.planner.emit.job_input import JobInput
 
 RUNNING = {"RUNNING"}
 
 
-def _listing(c: Clients, bucket: str, prefix: str) -> list[str]:
-    out: list[str] = []
-    for page in c.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        out += [o["Key"][len(prefix) :] for o in page.get("Contents", [])]
+def _objects_per_version(c: Clients, bucket: str, job: str, kind: str) -> dict[int, int]:
+    """How many objects of ``kind`` ("params", "optim", "buffers": core/keys.py) each version has."""
+    out: dict[int, int] = defaultdict(int)
+    for page in c.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=keys.state_prefix(job, kind)):
+        for o in page.get("Contents", []):
+            out[keys.state_version(job, kind, o["Key"])] += 1
     return out
 
 
 def last_checkpoint(c: Clients, bucket: str, job: str) -> int:
     """The latest version whose parameters (every chunk of every shard of every stage), optimizer
     state (for a stateful optimizer) and running statistics (where the model has them) are stored."""
-    params: dict[int, int] = defaultdict(int)
-    for rest in _listing(c, bucket, f"jobs/{job}/params/"):
-        params[int(rest.split("/")[0][1:])] += 1
-    optim: dict[int, int] = defaultdict(int)
-    for rest in _listing(c, bucket, f"jobs/{job}/optim/"):
-        optim[int(rest.split("/")[0][1:])] += 1
-    buffers: dict[int, int] = defaultdict(int)
-    for rest in _listing(c, bucket, f"jobs/{job}/buffers/"):
-        buffers[int(rest.split("/")[0][1:])] += 1
+    params, optim, buffers = (_objects_per_version(c, bucket, job, kind) for kind in ("params", "optim", "buffers"))
     whole = params.get(0, 0)
     if not whole:
         raise DeployError(f"job {job} has no stored parameters (s3://{bucket}/jobs/{job}/params/): was it cleaned up?")
@@ -77,14 +71,9 @@ def _executions(c: Clients, res: StackResources) -> list[dict[str, Any]]:
     return out
 
 
-def _job_of(execution_name: str) -> str:
-    """The job id of a job execution: ``{job}``, ``{job}-c{n}`` (a continuation), ``{job}-r{n}`` (a resumption)."""
-    return re.sub(r"(-[cr]\d+)+$", "", execution_name)
-
-
 def job_executions(c: Clients, res: StackResources, job: str) -> list[dict[str, Any]]:
     """The job's executions (every link and resumption), oldest first."""
-    mine = [e for e in _executions(c, res) if _job_of(e["name"]) == job]
+    mine = [e for e in _executions(c, res) if job_of_execution(e["name"]) == job]
     return sorted(mine, key=lambda e: e["startDate"])
 
 
@@ -92,7 +81,7 @@ def list_jobs(c: Clients, res: StackResources) -> list[JobStatus]:
     """The stack's jobs, newest first, each with its latest execution's status."""
     by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for e in _executions(c, res):
-        by_job[_job_of(e["name"])].append(e)
+        by_job[job_of_execution(e["name"])].append(e)
     out = []
     for job, execs in by_job.items():
         latest = max(execs, key=lambda e: e["startDate"])

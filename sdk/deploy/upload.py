@@ -7,7 +7,8 @@ import inspect
 import sys
 import sysconfig
 import time
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import cloudpickle
 import torch
@@ -30,7 +31,7 @@ def _safetensors(tensors: dict[str, torch.Tensor]) -> bytes:
     return st_save({k: v.contiguous() for k, v in tensors.items()})
 
 
-def _user_modules(*objs: Any) -> list[Any]:
+def _user_modules(*objs: object) -> list[ModuleType]:
     """Modules of the user's callables that workers cannot import (scripts, tests, notebooks)."""
 
     site = sysconfig.get_paths()["purelib"]
@@ -73,7 +74,7 @@ def pickle_job_code(job: Job) -> bytes:
     for m in modules:
         cloudpickle.register_pickle_by_value(m)
     try:
-        return cloudpickle.dumps(
+        code: bytes = cloudpickle.dumps(  # cloudpickle ships no type information
             {
                 "model": job.factory,
                 "loss": job.loss,
@@ -83,6 +84,7 @@ def pickle_job_code(job: Job) -> bytes:
                 "scheduler": job.scheduler,
             }
         )
+        return code
     finally:
         for m in modules:
             cloudpickle.unregister_pickle_by_value(m)
@@ -129,9 +131,8 @@ def upload_job(
     master = job.build_model(master_dtype(job.dtype)) if master_dtype(job.dtype) != job.dtype else model  # fp32 under bf16
     own = ownership(list(master), [plan.stage_layers(s) for s in range(plan.stages)])
     for s in range(plan.stages):
-        flat = flat_params(
-            own.owned[s]
-        )  # the stored (master) parameters  # what the stage owns: a parameter shared with an earlier stage is that stage's
+        # the stored (master) parameters the stage owns: a parameter shared with an earlier stage is that stage's
+        flat = flat_params(own.owned[s])
         for k, chunks in enumerate(stage_layout(flat.numel(), flat.element_size(), plan.grad_shards(s), plan.replicas)):
             for ci, (a, b) in enumerate(chunks):
                 c.s3.put_object(Bucket=res.bucket, Key=keys.params(job_id, 0, s, k, ci), Body=_safetensors({"p": flat[a:b]}))

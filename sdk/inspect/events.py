@@ -70,7 +70,7 @@ def failed_tasks(events: list[dict[str, Any]], execution_arn: str) -> list[Faile
     """
     by_id = {e["id"]: e for e in events}
     out: list[FailedTask] = []
-    succeeded_payloads: list[tuple[Any, ...]] = []
+    succeeded_payloads: list[tuple[object, ...]] = []
     for e in events:
         if e["type"] in ("TaskSucceeded", "LambdaFunctionSucceeded"):
             sched = _walk_to(by_id, e, {"TaskScheduled", "LambdaFunctionScheduled"})
@@ -107,7 +107,7 @@ def _sched_params(ev: dict[str, Any]) -> str | None:
     return det.get("parameters") or det.get("input")
 
 
-def _worker_key(p: dict[str, Any]) -> tuple[Any, ...]:
+def _worker_key(p: dict[str, Any]) -> tuple[object, ...]:
     return (p.get("phase"), p.get("stage"), p.get("replica", p.get("shard")), p.get("t"))
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stagecoach.core.records import TaskMetrics
 from stagecoach.inspect.events import FailedTask
 from stagecoach.inspect.report import InspectError, Inspection
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 # ------------------------------------------------------------------------------------ plots
 _COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "sync": "#55a868"}
@@ -21,7 +24,7 @@ _PARTS = (
 )
 
 
-def _pyplot() -> Any:
+def _pyplot() -> Any:  # matplotlib.pyplot, loaded on use: a module, which no annotation names
     try:
         # matplotlib is the optional `plot` extra, heavy: imported on use
         import matplotlib
@@ -52,10 +55,41 @@ def plot_gantt(
     iterations; ``iterations`` = [a, b). The waiting share is drawn at the end of its task (the
     metrics give its length, not when it happened).
     """
-    # matplotlib is the optional `plot` extra, heavy: imported on use
-    from matplotlib.patches import Patch
-
     plt = _pyplot()
+    a, b, ms = _gantt_window(metrics, iterations)
+    t0 = min(m.start for m in ms)
+    rows = gantt_rows(ms)
+    ypos = {r: i for i, r in enumerate(rows)}
+    fig, ax = plt.subplots(figsize=(12, 0.42 * len(rows) + 2.2))
+    _draw_tasks(ax, ms, t0, ypos)
+    crosses = _failure_crosses(failures or [], t0, ypos, a, b)
+    if crosses:
+        ax.scatter(
+            [x for x, _ in crosses],
+            [y for _, y in crosses],
+            marker="X",
+            s=60,
+            color="#d62728",
+            zorder=5,
+            edgecolors="white",
+            linewidths=0.6,
+        )
+    _draw_boundaries(ax, rows, ms, t0, a, b)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"stage {s} {'sync' if sync else 'replica'} {i}" for s, sync, i in rows], fontsize=8)
+    ax.set_ylim(len(rows) - 0.5, -1.0)
+    ax.set_xlabel("seconds")
+    ax.set_title(f"tasks per stage, iterations {a}-{b - 1} (hatched: waiting for other workers' objects)", fontsize=10)
+    _gantt_legend(ax, len(rows), failed=bool(crosses))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _gantt_window(metrics: list[TaskMetrics], iterations: tuple[int, int] | None) -> tuple[int, int, list[TaskMetrics]]:
+    """The iterations [a, b) to draw (by default the last up to 5) and their tasks; an empty
+    window is an error the caller reports, not an empty picture."""
     if not metrics:
         raise ValueError("no task metrics yet: nothing to plot")
     ts = sorted({int(m.t) for m in metrics})
@@ -63,10 +97,12 @@ def plot_gantt(
     ms = [m for m in metrics if a <= m.t < b]
     if not ms:
         raise ValueError(f"no task metrics in iterations [{a}, {b})")
-    t0 = min(m.start for m in ms)
-    rows = gantt_rows(ms)
-    ypos = {r: i for i, r in enumerate(rows)}
-    fig, ax = plt.subplots(figsize=(12, 0.42 * len(rows) + 2.2))
+    return a, b, ms
+
+
+def _draw_tasks(ax: Axes, ms: list[TaskMetrics], t0: float, ypos: dict[tuple[int, bool, int], int]) -> None:
+    """A bar per task on its row, and its waiting share hatched at its end (the metrics give how
+    long it waited, not when)."""
     for m in ms:
         y = ypos[(int(m.stage), m.phase == "sync", int(m.index))]
         ax.broken_barh(
@@ -80,9 +116,16 @@ def plot_gantt(
             ax.broken_barh(
                 [(m.end - t0 - m.wait_s, m.wait_s)], (y - 0.4, 0.8), facecolors="none", hatch="///", edgecolor="white", linewidth=0
             )
-    crosses = [
+
+
+def _failure_crosses(
+    failures: list[FailedTask], t0: float, ypos: dict[tuple[int, bool, int], int], a: int, b: int
+) -> list[tuple[float, int]]:
+    """(seconds, row) of each failed attempt in the window that can be placed: a failure whose
+    history lacks its time, iteration or worker, or whose worker has no row here, is left out."""
+    return [
         (f.time - t0, ypos[(f.stage, f.phase == "sync", f.index)])
-        for f in failures or []
+        for f in failures
         if f.time is not None
         and f.t is not None
         and f.stage is not None
@@ -90,18 +133,12 @@ def plot_gantt(
         and a <= f.t < b
         and (f.stage, f.phase == "sync", f.index) in ypos
     ]
-    if crosses:
-        ax.scatter(
-            [x for x, _ in crosses],
-            [y for _, y in crosses],
-            marker="X",
-            s=60,
-            color="#d62728",
-            zorder=5,
-            edgecolors="white",
-            linewidths=0.6,
-        )
-    for i in range(1, len(rows)):  # a line between stages
+
+
+def _draw_boundaries(ax: Axes, rows: list[tuple[int, bool, int]], ms: list[TaskMetrics], t0: float, a: int, b: int) -> None:
+    """A line between stages, and a dotted line where each iteration's first task started,
+    labelled with the iteration (and "cold" if a task of it started a container)."""
+    for i in range(1, len(rows)):
         if rows[i][0] != rows[i - 1][0]:
             ax.axhline(i - 0.5, color="black", linewidth=0.6)
     for t in range(a, b):
@@ -110,39 +147,36 @@ def plot_gantt(
             ax.axvline(min(starts) - t0, color="grey", linestyle=":", linewidth=0.8)
             cold = any(m.cold for m in ms if m.t == t)
             ax.text(min(starts) - t0, -0.75, f"t={t}" + (" (cold)" if cold else ""), fontsize=7, color="dimgrey")
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"stage {s} {'sync' if sync else 'replica'} {i}" for s, sync, i in rows], fontsize=8)
-    ax.set_ylim(len(rows) - 0.5, -1.0)
-    ax.set_xlabel("seconds")
-    ax.set_title(f"tasks per stage, iterations {a}-{b - 1} (hatched: waiting for other workers' objects)", fontsize=10)
-    # matplotlib is the optional `plot` extra, heavy: imported on use
+
+
+def _gantt_legend(ax: Axes, n_rows: int, failed: bool) -> None:
+    """The phases' colours, the hatch, and the failure cross if any was drawn; below the chart,
+    further down when there are few rows (the axis label would overlap it)."""
+    # matplotlib is the optional `plot` extra, heavy to import: imported on use (after _pyplot's check)
     from matplotlib.artist import Artist
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     handles: list[Artist] = [Patch(color=c, label=p) for p, c in _COLOURS.items()]
     handles.append(Patch(facecolor="#dd8452", hatch="///", edgecolor="white", label="waiting"))
-    if crosses:
+    if failed:
         handles.append(Line2D([], [], marker="X", color="#d62728", linestyle="none", markersize=8, label="failed attempt"))
     ax.legend(
         handles=handles,
         loc="upper center",
-        bbox_to_anchor=(0.5, -0.12 if len(rows) > 6 else -0.2),
+        bbox_to_anchor=(0.5, -0.12 if n_rows > 6 else -0.2),
         ncol=len(handles),
         fontsize=8,
         frameon=False,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def plot_breakdown(breakdown: list[dict[str, float]], path: str) -> str:
     """Stacked bars per iteration: compute, S3 transfer, waiting, orchestration (they add up to it)."""
+    plt = _pyplot()  # first: without matplotlib, its error says how to install it
     # matplotlib is the optional `plot` extra, heavy: imported on use
     from matplotlib.ticker import MaxNLocator
 
-    plt = _pyplot()
     if not breakdown:
         raise ValueError("fewer than two iterations finished: no time breakdown yet")
     ts = [int(x["t"]) for x in breakdown]
@@ -170,10 +204,10 @@ def plot_breakdown(breakdown: list[dict[str, float]], path: str) -> str:
 
 def plot_loss(losses: list[float], path: str) -> str:
     """The loss curve: the global-batch mean loss per iteration."""
+    plt = _pyplot()  # first: without matplotlib, its error says how to install it
     # matplotlib is the optional `plot` extra, heavy: imported on use
     from matplotlib.ticker import MaxNLocator
 
-    plt = _pyplot()
     if not losses:
         raise ValueError("no finished iteration yet: no loss to plot")
     fig, ax = plt.subplots(figsize=(6, 3.5))

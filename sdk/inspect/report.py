@@ -22,7 +22,7 @@ from stagecoach.evaluation import Evaluation
 from stagecoach.inspect.events import FailedTask, failed_tasks
 from stagecoach.metrics import _losses, iteration_breakdown, phase_timings
 from stagecoach.planner.plan import FUSED_SYNC
-from stagecoach.run import Run
+from stagecoach.run import Run, read_spec
 
 
 @dataclass
@@ -100,9 +100,8 @@ def read_run(backend: Backend, execution_arn: str) -> OpenedRun:
         raise InspectError(f"{execution_arn} is not a Stagecoach job execution (its input has no 'job')") from None
     if inp.get("bucket") and inp["bucket"] != backend.resources.bucket:
         raise InspectError(f"{execution_arn} belongs to bucket {inp['bucket']}, not this stack's {backend.resources.bucket}")
-    run = Run(backend, None, None, job_id, execution_arn)
     try:
-        spec = run.spec()
+        spec = read_spec(backend.clients.s3, backend.resources.bucket, job_id)  # what Run.spec() reads
     except backend.clients.s3.exceptions.NoSuchKey:
         r = backend.resources
         raise InspectError(
@@ -110,7 +109,7 @@ def read_run(backend: Backend, execution_arn: str) -> OpenedRun:
             f"up (`stagecoach cleanup`)? Its Step Functions history stays for 90 days after it ended: "
             f"{r.console.format(region=r.region, arn=execution_arn)}"
         ) from None
-    run.plan = spec.to_plan()
+    run = Run(backend, None, spec.to_plan(), job_id, execution_arn)
     return OpenedRun(run=run, description=d, spec=spec, execution_input=inp)
 
 

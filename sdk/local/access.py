@@ -30,11 +30,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 from urllib.parse import parse_qs, unquote
 from xml.etree import ElementTree
 
 from stagecoach.deploy.iam_policy import Decision, evaluate
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 ACCOUNT = "123456789012"
 REGION = "us-east-1"
@@ -74,7 +77,7 @@ class Request:
 _CREDENTIAL = re.compile(r"Credential=([^/]+)/[^/]+/([^/]+)/([^/]+)/")
 
 
-def _s3_request(method: str, path: str, query: dict[str, list[str]], environ: dict[str, Any], body: Callable[[], bytes]) -> Request:
+def _s3_request(method: str, path: str, query: dict[str, list[str]], environ: WSGIEnvironment, body: Callable[[], bytes]) -> Request:
     host = environ.get("HTTP_HOST", "").rsplit(":", 1)[0]
     if re.fullmatch(r"[0-9.]+|localhost", host):  # path style: /bucket/key (boto3's choice for an IP endpoint)
         bucket, _, key = unquote(path).lstrip("/").partition("/")
@@ -142,7 +145,7 @@ def _lambda_request(method: str, path: str, tags_of: Callable[[str], dict[str, s
     return Request("lambda", [(f"lambda:?{method} {path}", "*", {})])
 
 
-def _json_request(service: str, environ: dict[str, Any]) -> Request:
+def _json_request(service: str, environ: WSGIEnvironment) -> Request:
     """JSON-protocol services (Step Functions, CloudWatch Logs, ...): the action from X-Amz-Target;
     the resource is not modelled, so only a statement for every resource could allow it."""
     target = environ.get("HTTP_X_AMZ_TARGET", "")
@@ -154,7 +157,7 @@ class AccessControl:
 
     def __init__(
         self,
-        app: Any,
+        app: WSGIApplication,
         policies_of: Callable[[str], tuple[list[str], str | None]],
         tags_of: Callable[[str], dict[str, str]],
         role_age_s: Callable[[str], float | None],
@@ -172,7 +175,7 @@ class AccessControl:
         self.role_propagation_s = role_propagation_s
         self.denials: list[str] = []
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         found = _CREDENTIAL.search(environ.get("HTTP_AUTHORIZATION", ""))
         body_cache: list[bytes] = []
 
@@ -231,7 +234,7 @@ class AccessControl:
         return None
 
     @staticmethod
-    def _error(start_response: Callable[..., Any], service: str, status: int, code: str, message: str, method: str) -> list[bytes]:
+    def _error(start_response: StartResponse, service: str, status: int, code: str, message: str, method: str) -> list[bytes]:
         request_id = str(uuid.uuid4())
         reason = {400: "Bad Request", 403: "Forbidden"}[status]
         if service == "s3":
@@ -256,13 +259,21 @@ def _xml(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def moto_lookups(account: str = ACCOUNT) -> dict[str, Callable[..., Any]]:
+class Lookups(TypedDict):
+    """What :class:`AccessControl` reads of the stack's IAM and Lambda state (its keyword arguments)."""
+
+    policies_of: Callable[[str], tuple[list[str], str | None]]
+    tags_of: Callable[[str], dict[str, str]]
+    role_age_s: Callable[[str], float | None]
+
+
+def moto_lookups(account: str = ACCOUNT) -> Lookups:
     """The role policies, function tags and role ages as moto (in this process) holds them."""
     # moto is the `local` extra, heavy and optional: imported on use, in the stack process only
     from moto.awslambda.models import lambda_backends
-    from moto.iam.models import iam_backends
+    from moto.iam.models import IAMBackend, iam_backends
 
-    def iam() -> Any:
+    def iam() -> IAMBackend:
         return iam_backends[account]["aws"]
 
     def policies_of(role_arn: str) -> tuple[list[str], str | None]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from stagecoach.backend import Backend
 from stagecoach.core.netem import NetworkSpec
-from stagecoach.deploy.resources import Clients, StackResources
+from stagecoach.deploy.resources import BotoClient, Clients, StackResources
 from stagecoach.deploy.roles import control_policy, job_boundary_policy, role_path
 from stagecoach.deploy.start import create_stage_function
 from stagecoach.local.daemon_state import running_stack
@@ -135,7 +135,7 @@ class LocalBackend(Backend):
         """The emulated account's limit (moto implements no GetAccountSettings)."""
         return self.fidelity.account_concurrency, "the local stack's account (Fidelity.account_concurrency)"
 
-    def long_call_client(self, service: str) -> Any:
+    def long_call_client(self, service: str) -> BotoClient:
         return self.stack.client(service, read_timeout=905)
 
 

@@ -13,11 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from types import FrameType
 
 from stagecoach.errors import StagecoachError
 from stagecoach.local.backend import LocalBackend
-from stagecoach.local.daemon_state import pid_alive, read_state, state_path
+from stagecoach.local.daemon_state import DaemonState, pid_alive, read_state, state_path
 
 
 class DaemonError(StagecoachError, RuntimeError):
@@ -31,7 +31,7 @@ def serve() -> None:
     stack = backend.stack
     path = state_path()
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    state = {
+    state: DaemonState = {
         "pid": os.getpid(),
         "endpoint": stack.endpoint_url,
         "log_dir": stack.log_dir,
@@ -46,7 +46,7 @@ def serve() -> None:
     os.replace(tmp, path)
     stopping = False
 
-    def stop(_sig: int, _frm: Any) -> None:
+    def stop(_sig: int, _frm: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
 
@@ -65,7 +65,7 @@ def serve() -> None:
         stack.close()
 
 
-def start(timeout: float = 120.0) -> tuple[dict[str, Any], bool]:
+def start(timeout: float = 120.0) -> tuple[DaemonState, bool]:
     """Start the daemon unless one runs; returns its state and whether this call started it."""
     st = read_state()
     if st:

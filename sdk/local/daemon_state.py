@@ -11,11 +11,23 @@ from __future__ import annotations
 import json
 import os
 import socket
-from typing import Any
+from typing import TypedDict
 
 from stagecoach.local.process import StackProcess
 
 STATE_FILE = "local.json"
+
+
+class DaemonState(TypedDict):
+    """The daemon's record in :func:`state_path` (written by stagecoach.local.daemon.serve)."""
+
+    pid: int
+    endpoint: str
+    log_dir: str
+    region: str
+    bucket: str
+    job_state_machine: str
+    started: float
 
 
 def state_path() -> str:
@@ -47,22 +59,22 @@ def _serving(endpoint: str) -> bool:
         return False
 
 
-def read_state() -> dict[str, Any] | None:
+def read_state() -> DaemonState | None:
     """The daemon's record, if a live daemon wrote it (a stale file from a killed one is ignored)."""
     try:
         with open(state_path()) as f:
-            st = json.load(f)
+            st: DaemonState = json.load(f)
     except (OSError, ValueError):
         return None
     if not pid_alive(int(st.get("pid", -1))) or not _serving(st.get("endpoint", "http://127.0.0.1:1")):
         return None
-    return dict(st)
+    return st
 
 
 class AttachedStack(StackProcess):
     """A stack owned by the `stagecoach local start` daemon; this process attaches, never stops it."""
 
-    def __init__(self, state: dict[str, Any]) -> None:
+    def __init__(self, state: DaemonState) -> None:
         self.endpoint_url = str(state["endpoint"])
         self.log_dir = str(state.get("log_dir", ""))
         self.pid = int(state["pid"])

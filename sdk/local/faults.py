@@ -72,7 +72,7 @@ class FaultInjector:
         except (ValueError, TypeError) as e:
             raise ValueError(f"STAGECOACH_FAULTS={raw!r} is not a valid fault spec ({e}); see stagecoach/local/faults.py") from None
 
-    def draw(self, event: Any) -> Fault | None:
+    def draw(self, event: object) -> Fault | None:
         """The fault (if any) to inject into this invocation; only training tasks are hit."""
         if not isinstance(event, dict) or event.get("phase") not in ("forward", "backward", "sync"):
             return None

@@ -22,6 +22,7 @@ from botocore.config import Config
 
 from stagecoach.core.netem import ENV as NETWORK_ENV
 from stagecoach.core.netem import NetworkSpec
+from stagecoach.deploy.resources import BotoClient
 from stagecoach.local.fidelity import ENV as FIDELITY_ENV
 from stagecoach.local.fidelity import Fidelity
 
@@ -38,7 +39,7 @@ class StackProcess(ABC):
         """The workers' log (every local Lambda invocation's output)."""
         return os.path.join(self.log_dir, "workers.log")
 
-    def client(self, service: str, read_timeout: int = 60) -> Any:
+    def client(self, service: str, read_timeout: int = 60) -> BotoClient:
         return boto3.client(
             service,
             endpoint_url=self.endpoint_url,

@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import boto3
 
@@ -86,7 +86,7 @@ class _Worker:
 class _Zygote:
     """A process that has imported a handler module and forks execution environments on request."""
 
-    def __init__(self, handler: str, env: dict[str, str], log: Any) -> None:
+    def __init__(self, handler: str, env: dict[str, str], log: IO[bytes] | int) -> None:
         ours, theirs = socket.socketpair()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "stagecoach.local.worker", str(theirs.fileno())],
@@ -186,10 +186,10 @@ class LocalLambdaRuntime:
         self.shapes = ErrorShapes(self.fidelity)
         self._running: dict[str, int] = {}  # function name -> invocations in flight
         self._idle: dict[FunctionSpec, list[_Worker]] = {}
-        self._zygotes: dict[tuple, _Zygote] = {}
+        self._zygotes: dict[tuple[str, tuple[tuple[str, str], ...]], _Zygote] = {}  # (handler, shared environment)
         self._lock = threading.Lock()
         self._all: list[_Worker] = []
-        self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        self._log: IO[bytes] | int = open(log_path, "ab") if log_path else subprocess.DEVNULL
         self._stopping = threading.Event()
         threading.Thread(target=self._reclaim_idle, daemon=True).start()
 
@@ -292,7 +292,7 @@ class LocalLambdaRuntime:
         for z in zygotes:
             z.close()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, int]:
         with self._lock:
             return {"processes": len(self._all), "idle": sum(len(v) for v in self._idle.values())}
 

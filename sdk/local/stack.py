@@ -6,8 +6,9 @@ when its parent closes stdin, taking its worker processes with it.
 
 Run as ``python -m stagecoach.local.stack``; it prints ``READY <port>`` once it serves.
 
-Every moto import here is inside the function that patches it: moto is the optional, heavy `local`
-extra, imported on use and only in the stack's own process.
+Every moto import that loads moto is inside the function that patches it: moto is the optional,
+heavy `local` extra, imported on use and only in the stack's own process (the imports under
+TYPE_CHECKING only name moto's types for the patches' annotations).
 """
 
 from __future__ import annotations
@@ -21,12 +22,24 @@ import os
 import socket
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stagecoach.local.access import AccessControl, moto_lookups
 from stagecoach.local.faults import FaultInjector
 from stagecoach.local.fidelity import Fidelity
 from stagecoach.local.runtime import FunctionSpec, LocalLambdaRuntime, Throttled
+
+if TYPE_CHECKING:
+    from moto.awslambda.models import LambdaFunction
+    from moto.stepfunctions.models import StateMachine
+    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import FailureEvent
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_lambda import (
+        StateTaskServiceLambda,
+    )
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_sfn import (
+        StateTaskServiceSfn,
+    )
+    from moto.stepfunctions.parser.asl.eval.environment import Environment
 
 MOTO_VERSION = "5.2.1"
 
@@ -34,7 +47,8 @@ MOTO_VERSION = "5.2.1"
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # (host, port) of an AF_INET socket
+        return port
 
 
 def _function_spec(fn: Any) -> FunctionSpec:
@@ -82,7 +96,7 @@ def install_lambda_hook(runtime: LocalLambdaRuntime) -> None:
             body["Reason"] = reason
             self.description = json.dumps(body)
 
-    def _invoke_lambda(self: Any, event: Any = None) -> tuple[str, bool, str]:
+    def _invoke_lambda(self: LambdaFunction, event: Any = None) -> tuple[str, bool, str]:
         try:
             return runtime.invoke(_function_spec(self), event if event is not None else {})
         except Throttled as e:
@@ -100,9 +114,10 @@ def install_execution_snapshot_fix() -> None:
     the definition and configuration, which are immutable values, so a shallow copy with its own
     (empty) executions list is equivalent. Guarded by tests/test_moto_hook.py.
     """
+    # moto: the `local` extra, heavy and optional; imported on use, in the stack process only
     from moto.stepfunctions.models import StateMachine
 
-    def __deepcopy__(self: Any, memo: dict) -> Any:
+    def __deepcopy__(self: StateMachine, memo: dict[int, object]) -> StateMachine:
         clone = copy.copy(self)
         clone.executions = []
         return clone
@@ -118,6 +133,7 @@ def install_sfn_integration_fix() -> None:
     response that says ``executionArn``. Step Functions on AWS does this translation itself; here we
     add it. Guarded by tests/test_moto_hook.py.
     """
+    # moto: the `local` extra, heavy and optional; imported on use, in the stack process only
     from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_sfn import (
         StateTaskServiceSfn,
     )
@@ -125,13 +141,13 @@ def install_sfn_integration_fix() -> None:
     normalise = StateTaskServiceSfn._normalise_parameters
     evaluate = StateTaskServiceSfn._eval_service_task
 
-    def _normalise_parameters(self: Any, parameters: dict, *args: Any, **kwargs: Any) -> None:
+    def _normalise_parameters(self: StateTaskServiceSfn, parameters: dict[str, Any], *args: Any, **kwargs: Any) -> None:
         normalise(self, parameters, *args, **kwargs)
         for key in list(parameters):
             if key[:1].isupper():
                 parameters[key[0].lower() + key[1:]] = parameters.pop(key)
 
-    def _eval_service_task(self: Any, env: Any, *args: Any, **kwargs: Any) -> None:
+    def _eval_service_task(self: StateTaskServiceSfn, env: Environment, *args: Any, **kwargs: Any) -> None:
         evaluate(self, env, *args, **kwargs)
         response = env.stack[-1]
         if isinstance(response, dict):
@@ -147,6 +163,7 @@ def install_jsonpath_cache() -> None:
     That rebuild (jsonpath_ng's yacc tables) took ~80% of the stack's CPU and ~0.5 s per state;
     parsed paths are immutable, so caching them changes nothing but speed.
     """
+    # moto: the `local` extra, heavy and optional; imported on use, in the stack process only
     from moto.stepfunctions.parser.asl.component.common.path import result_path
     from moto.stepfunctions.parser.asl.utils import json_path
 
@@ -177,6 +194,7 @@ def install_sync_casing() -> None:
     both as the task's result and, JSON-encoded, as the Cause of its States.TaskFailed; Step
     Functions on AWS uses ``ExecutionArn``, ``Error``, ``Cause``. Guarded by tests/test_fidelity.py.
     """
+    # moto: the `local` extra, heavy and optional; imported on use, in the stack process only
     from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_sfn import (
         StateTaskServiceSfn,
     )
@@ -200,6 +218,7 @@ def install_unknown_lambda_error() -> None:
     """A Lambda failure whose payload names no error type fails the task as ``Lambda.Unknown``
     (as Step Functions reports unhandled errors such as timeouts and some out-of-memory kills);
     moto would call it ``Exception``."""
+    # moto: the `local` extra, heavy and optional; imported on use, in the stack process only
     from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
     from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_lambda import (
         StateTaskServiceLambda,
@@ -207,7 +226,7 @@ def install_unknown_lambda_error() -> None:
 
     from_error = StateTaskServiceLambda._from_error
 
-    def _from_error(self: Any, env: Any, ex: Exception) -> Any:
+    def _from_error(self: StateTaskServiceLambda, env: Environment, ex: Exception) -> FailureEvent:
         if isinstance(ex, lambda_eval_utils.LambdaFunctionErrorException):
             try:
                 typed = "errorType" in json.loads(ex.payload)
@@ -231,6 +250,7 @@ def install_history_limit(limit: int) -> None:
     """Fail an execution as Step Functions does when its history would pass ``limit`` events: the
     limit-th event is ExecutionFailed (States.Runtime), nothing is recorded after it, and no Catch
     sees it. moto records events without bound."""
+    # moto: the `local` extra, heavy and optional; imported on use, in the stack process only
     from moto.stepfunctions.parser.api import ExecutionFailedEventDetails, HistoryEventType
     from moto.stepfunctions.parser.asl.eval.environment import Environment
     from moto.stepfunctions.parser.asl.eval.event.event_manager import EventManager
@@ -261,6 +281,7 @@ def install_history_limit(limit: int) -> None:
 
 def install_input_limit(limit: int) -> None:
     """StartExecution refuses an input over ``limit`` bytes, as the API's length constraint does."""
+    # moto: the `local` extra, heavy and optional; imported on use, in the stack process only
     from moto.stepfunctions.exceptions import ValidationException
     from moto.stepfunctions.models import StepFunctionBackend
     from moto.stepfunctions.parser.models import StepFunctionsParserBackend
@@ -313,6 +334,7 @@ def main() -> None:
     log_path = sys.argv[2] if len(sys.argv) > 2 else None
     # The Step Functions interpreter calls Lambda and Step Functions at localhost:MOTO_PORT.
     os.environ["MOTO_PORT"] = str(port)
+    # moto: the `local` extra, heavy and optional; imported on use, in the stack process only
     from moto.core.config import default_user_config
 
     default_user_config["stepfunctions"] = {"execute_state_machine": True}

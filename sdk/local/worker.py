@@ -21,10 +21,11 @@ import struct
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 
-def send_msg(sock: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
+def send_msg(sock: socket.socket, obj: object, fds: list[int] | None = None) -> None:
     data = json.dumps(obj).encode()
     frame = struct.pack("<I", len(data)) + data
     if fds:
@@ -66,7 +67,7 @@ class LambdaContext:
         return max(0, int((self._deadline - time.time()) * 1000))
 
 
-def serve(sock: socket.socket, handler: Any) -> None:
+def serve(sock: socket.socket, handler: Callable[[Any, LambdaContext], object]) -> None:
     """A worker: run invocations until the runtime closes the socket."""
     while True:
         try:
