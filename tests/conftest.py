@@ -41,8 +41,9 @@ def _starts_a_stack(item: pytest.Item) -> bool:
     if cached is None:
         with open(module.__file__) as f:
             source = f.read()
-        # its own LocalBackend, or a `stagecoach train` subprocess (which starts one)
-        cached = "LocalBackend(" in source or '"train"' in source
+        # its own LocalBackend (directly or through helpers.capped_backend), or a `stagecoach train`
+        # subprocess (which starts one)
+        cached = "LocalBackend(" in source or "capped_backend(" in source or '"train"' in source
         module._stagecoach_starts_stack = cached
     return bool(cached)
 

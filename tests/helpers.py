@@ -1,9 +1,15 @@
-"""Shared helpers: test functions on the local stack, and waiting for executions."""
+"""Shared helpers: test functions and state machines on the local stack, waiting for executions,
+the small job the reliability tests break, and comparing what runs trained."""
 
 import json
 import os
 import time
 import uuid
+
+import torch
+from torch import nn
+
+from stagecoach import Job
 
 HANDLERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "handlers")
 
@@ -23,6 +29,26 @@ def create_function(backend, handler: str, memory_mb: int = 512, timeout_s: int 
         Environment={"Variables": {"PYTHONPATH": HANDLERS}},
     )
     return name
+
+
+def task_machine(fn: str, timeout_s: int = 60, retry: list | None = None) -> dict:
+    """A state machine of one Task that invokes ``fn`` with its input, retried as ``retry`` says."""
+    task = {
+        "Type": "Task",
+        "Resource": "arn:aws:states:::lambda:invoke",
+        "Parameters": {"FunctionName": fn, "Payload.$": "$"},
+        "TimeoutSeconds": timeout_s,
+    }
+    if retry:
+        task["Retry"] = retry
+    return {"StartAt": "T", "States": {"T": {**task, "End": True}}}
+
+
+def task_failure(events: list) -> dict:
+    """The last TaskFailed event's details in an execution's history (there must be one)."""
+    failed = [e for e in events if e["type"] == "TaskFailed"]
+    assert failed, [e["type"] for e in events]
+    return failed[-1]["taskFailedEventDetails"]
 
 
 def run_state_machine(backend, definition: dict, payload: dict, timeout_s: float = 120) -> tuple[dict, list]:
@@ -69,3 +95,50 @@ def run_in_waves(starts: dict, wave: int) -> dict:
             run.wait(progress=False, poll_s=2.0, timeout_s=900)
         done.update(started)
     return done
+
+
+def recovery_job(name: str, warm: bool = True) -> Job:
+    """The small job whose runs under faults are compared with a fault-free run: dropout draws
+    random numbers, so a retried task or restarted window that replays them wrongly shows, and
+    Adam's state must survive a restart as the parameters do."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(64, 6, generator=g)
+    y = torch.randint(0, 3, (64,), generator=g)
+    model = lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.1), nn.Linear(16, 3))
+    return Job(
+        model=model,
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
+        train=(x, y),
+        global_batch=16,
+        iterations=5,
+        seed=5,
+        name=name,
+        warm_state=warm,
+    )
+
+
+def task_errors(r) -> list[str]:
+    """The error of every failed or timed-out task in every window execution of the run."""
+    errors = []
+    for arn in r.window_executions():
+        for ev in r.history(execution_arn=arn):
+            det = ev.get("taskFailedEventDetails") or ev.get("taskTimedOutEventDetails")
+            if det:
+                errors.append(det.get("error", ""))
+    return errors
+
+
+def window_statuses(r) -> list[str]:
+    """The status of each of the run's window executions (a restarted window adds one)."""
+    return [r._c.sfn.describe_execution(executionArn=a)["status"] for a in r.window_executions()]
+
+
+def same_parameters(a: nn.Module, b: nn.Module) -> bool:
+    """Bit-identical parameters."""
+    return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def max_diff(a: nn.Module, b: nn.Module) -> float:
+    """The largest absolute difference between corresponding parameters."""
+    return max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), b.parameters()))

@@ -7,17 +7,34 @@ import os
 import sys
 
 import boto3
+import click
 import pytest
 import torch
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, WaiterError
 from botocore.stub import Stubber
 from click.testing import CliRunner
 from moto import mock_aws
+from moto.core import enable_iam_authentication
+from moto.iam import access_control
 from torch import nn
 
+from stagecoach import Job, history
+from stagecoach.aws.__main__ import _main
+from stagecoach.aws.access import AccessDenied
+from stagecoach.aws.backend import AwsBackend
+from stagecoach.aws.idempotent import IdempotentStepFunctions, ensure_function, ensure_state_machine, wait_function
+from stagecoach.aws.stack import RegionMismatch, StackError, StackNotFound, stack_outputs
+from stagecoach.cli.cleanup import cleanup_command
+from stagecoach.cli.inspect import inspect_command
+from stagecoach.cli.options import backend_for
+from stagecoach.cli.stop import stop_command
 from stagecoach.core import keys
+from stagecoach.core.records import TaskMetrics
 from stagecoach.deploy.cleanup import Removed
-from stagecoach.deploy.resources import DeployError
+from stagecoach.deploy.resources import DeployError, check_name_lengths
+from stagecoach.deploy.roles import job_boundary_policy, role_path
+from stagecoach.inspect.plots import write_plots
+from stagecoach.inspect.report import InspectError, format_report, inspect_execution
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REGION = "us-east-1"
@@ -34,8 +51,6 @@ def _trust(service):
 
 def make_stack(name=STACK, region=REGION, python=None):
     """What `sam deploy` of template.yaml leaves behind (names as CloudFormation generates them)."""
-    from stagecoach.deploy.roles import job_boundary_policy, role_path
-
     iam = boto3.client("iam", region_name=region)
     roles = {}
     for logical, svc in (
@@ -105,16 +120,12 @@ def aws(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # no samconfig.toml unless a test writes one
     # moto answers GetAccountSettings with 404 (not implemented): the account's concurrency is
     # checked against a stubbed Lambda in test_the_account_concurrency_is_read_and_its_denial_explained
-    from stagecoach.aws.backend import AwsBackend
-
     monkeypatch.setattr(AwsBackend, "available_concurrency", lambda self: (1000, "moto's account"))
     with mock_aws():
         yield make_stack()
 
 
 def tiny_job(name="tiny"):
-    from stagecoach import Job
-
     g = torch.Generator().manual_seed(0)
     x = torch.randn(32, 4, generator=g)
     y = torch.randint(0, 3, (32,), generator=g)
@@ -134,9 +145,6 @@ def fake_metrics(backend, job_id, plan, iterations, loss0=2.0, t0=1000.0):
     """Metrics objects as the workers write them (docs/runtime.md), with known timings: forward at
     +0 s, backward at +2 s, sync at +5 s, each task 1.5 s; sync tasks as the plan has them (K per
     stage, none for a fused sync)."""
-    from stagecoach.core import keys
-    from stagecoach.core.records import TaskMetrics
-
     s3, bucket = backend.clients.s3, backend.resources.bucket
     for t in range(iterations):
         base = t0 + 10.0 * t
@@ -176,8 +184,6 @@ def fake_metrics(backend, job_id, plan, iterations, loss0=2.0, t0=1000.0):
 
 
 def test_finds_the_stack_from_its_outputs(aws):
-    from stagecoach.aws.backend import AwsBackend
-
     roles, job_sm = aws
     b = AwsBackend(STACK, REGION)
     r = b.resources
@@ -191,35 +197,23 @@ def test_finds_the_stack_from_its_outputs(aws):
 
 
 def test_missing_stack_says_how_to_deploy(aws):
-    from stagecoach.aws.backend import AwsBackend
-    from stagecoach.aws.stack import StackNotFound
-
     with pytest.raises(StackNotFound, match=r"no CloudFormation stack 'nope' in us-east-1.*sam deploy --guided"):
         AwsBackend("nope", REGION)
 
 
 def test_region_mismatch_from_samconfig(aws, tmp_path):
-    from stagecoach.aws.backend import AwsBackend
-    from stagecoach.aws.stack import RegionMismatch
-
     (tmp_path / "samconfig.toml").write_text('version = 0.1\n[default.deploy.parameters]\nstack_name = "other"\nregion = "eu-west-1"\n')
     with pytest.raises(RegionMismatch, match="eu-west-1"):
         AwsBackend("other", REGION)
 
 
 def test_region_mismatch_of_an_arn(aws):
-    from stagecoach.aws.backend import AwsBackend
-    from stagecoach.aws.stack import RegionMismatch
-
     b = AwsBackend(STACK, REGION)
     with pytest.raises(RegionMismatch, match="--region eu-west-1"):
         b.check_arn("arn:aws:states:eu-west-1:123456789012:execution:sc-job:x")
 
 
 def test_not_a_stagecoach_stack(aws):
-    from stagecoach.aws.backend import AwsBackend
-    from stagecoach.aws.stack import StackError
-
     boto3.client("cloudformation", region_name=REGION).create_stack(
         StackName="plain", TemplateBody=json.dumps({"Resources": {"B": {"Type": "AWS::S3::Bucket"}}})
     )
@@ -228,9 +222,6 @@ def test_not_a_stagecoach_stack(aws):
 
 
 def test_access_denied_names_action_resource_and_statement(aws):
-    from stagecoach.aws.access import AccessDenied
-    from stagecoach.aws.backend import AwsBackend
-
     roles, _ = aws
     b = AwsBackend(STACK, REGION)
     s3 = b.clients.s3
@@ -295,8 +286,6 @@ def test_access_denied_names_action_resource_and_statement(aws):
             lam.get_function(FunctionName="sc-x-s0")
     assert not isinstance(e.value, AccessDenied)
     # ... and AccessDenied is a DeployError, which `stagecoach train` reports as a message
-    from stagecoach.deploy.resources import DeployError
-
     assert issubclass(AccessDenied, DeployError) and issubclass(AccessDenied, ClientError)
     # a non-denial error passes through untouched
     with Stubber(s3) as stub:
@@ -306,9 +295,6 @@ def test_access_denied_names_action_resource_and_statement(aws):
 
 
 def test_idempotent_function_and_state_machine(aws):
-    from stagecoach.aws.backend import AwsBackend
-    from stagecoach.aws.idempotent import ensure_function, ensure_state_machine
-
     roles, _ = aws
     b = AwsBackend(STACK, REGION)
     lam, sfn = b.clients.lambda_, b.clients.sfn
@@ -333,18 +319,12 @@ def test_idempotent_function_and_state_machine(aws):
 
 
 def test_name_length_is_checked_before_creating_anything(aws):
-    from stagecoach.deploy.resources import DeployError, check_name_lengths
-
     check_name_lengths("stagecoach", "digits", 3)
     with pytest.raises(DeployError, match="64"):
         check_name_lengths("a-rather-long-stack-name-x", "a-rather-long-job-name-xyz", 3)
 
 
 def test_deploy_start_inspect_cleanup(aws, tmp_path):
-    from stagecoach.aws.backend import AwsBackend
-    from stagecoach.inspect.plots import write_plots
-    from stagecoach.inspect.report import format_report, inspect_execution
-
     roles, job_sm = aws
     b = AwsBackend(STACK, REGION)
     job = tiny_job()
@@ -390,17 +370,12 @@ def test_deploy_start_inspect_cleanup(aws, tmp_path):
     assert len(paths) == 3 and all(os.path.getsize(p) > 5000 for p in paths)
 
     # the CLI: inspect finds the stack from --stack
-    from stagecoach.cli.cleanup import cleanup_command
-    from stagecoach.cli.inspect import inspect_command
-
     out = CliRunner().invoke(inspect_command, [run.execution_arn, "--stack", STACK, "--region", REGION, "--json"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.output)["iterations_done"] == 3
 
     # stop (moto's account is the local stack's, so the stack is named, not inferred from the ARN);
     # the request is what the job's iteration gate reads
-    from stagecoach.cli.stop import stop_command
-
     out = CliRunner().invoke(stop_command, [run.job_id, "--stack", STACK, "--region", REGION])
     assert out.exit_code == 0 and "stop requested" in out.output, out.output
     body = c.s3.get_object(Bucket=b.resources.bucket, Key=keys.stop_request(run.job_id))["Body"].read()
@@ -427,8 +402,6 @@ def test_deploy_start_inspect_cleanup(aws, tmp_path):
 
 
 def test_failed_launch_leaves_nothing_behind(aws):
-    from stagecoach.aws.backend import AwsBackend
-
     b = AwsBackend(STACK, REGION)
     job = tiny_job("broken")
     plan = job.manual_plan(stages=2, replicas=1)
@@ -449,11 +422,7 @@ def test_failed_launch_leaves_nothing_behind(aws):
 
 
 def test_train_cli_needs_a_stack_for_aws(aws, monkeypatch):
-    from stagecoach.cli.options import backend_for
-
     monkeypatch.delenv("STAGECOACH_STACK", raising=False)
-    import click
-
     with pytest.raises(click.ClickException, match="--stack"):
         backend_for("aws", None, REGION)
     assert backend_for(None, STACK, REGION).name == "aws"  # --stack alone means aws
@@ -490,9 +459,6 @@ def _for_moto(policy):
 def enforced_iam(aws, monkeypatch):
     """IAM enforcement in moto. Request signatures are not what is under test (moto recomputes
     Lambda's REST signatures differently from botocore), so their check is switched off."""
-    from moto.core import enable_iam_authentication
-    from moto.iam import access_control
-
     monkeypatch.setattr(access_control.IAMRequestBase, "check_signature", lambda self: None)
     return enable_iam_authentication
 
@@ -501,10 +467,6 @@ def test_deployer_policy_grants_every_call_of_a_job_s_life(aws, enforced_iam):
     """Launch (history read, uploads, functions, window machine, start), watch, inspect, record what
     the run taught, clean up: as an identity holding only the deployer policy, with IAM enforced.
     A call the policy lacks fails here with AccessDenied, as it would on AWS."""
-    from stagecoach import history
-    from stagecoach.aws.backend import AwsBackend
-    from stagecoach.inspect.report import inspect_execution
-
     admin = AwsBackend(STACK, REGION)
     dev = _identity_with(_for_moto(admin.deployer_policy()), "dev")
     job = tiny_job()
@@ -526,10 +488,6 @@ def test_deployer_policy_grants_every_call_of_a_job_s_life(aws, enforced_iam):
 
 
 def test_a_missing_statement_is_named_in_the_error(aws, enforced_iam):
-    from stagecoach.aws.access import AccessDenied
-    from stagecoach.aws.backend import AwsBackend
-    from stagecoach.inspect.report import inspect_execution
-
     admin = AwsBackend(STACK, REGION)
     job = tiny_job()
     run = job.run(plan=job.manual_plan(stages=1, replicas=1, timeout_s=60), backend=admin)
@@ -550,9 +508,6 @@ def test_worker_image_for_another_python_is_refused(monkeypatch, tmp_path):
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(k, "testing")
     monkeypatch.chdir(tmp_path)
-    from stagecoach.aws.backend import AwsBackend
-    from stagecoach.aws.stack import StackError
-
     with mock_aws():
         make_stack(python="3.99")
         with pytest.raises(StackError, match=r"worker image runs Python 3\.99 but this SDK runs Python 3\.\d+.*cloudpickle"):
@@ -572,8 +527,6 @@ def test_worker_image_for_another_python_is_refused(monkeypatch, tmp_path):
     ],
 )
 def test_unusable_stack_says_what_to_do(status, reason, expect):
-    from stagecoach.aws.stack import StackError, stack_outputs
-
     cfn = boto3.client("cloudformation", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
     st = {"StackName": STACK, "CreationTime": "2025-01-01T00:00:00Z", "StackStatus": status}
     if reason:
@@ -585,17 +538,12 @@ def test_unusable_stack_says_what_to_do(status, reason, expect):
 
 
 def test_arn_of_another_account_is_refused(aws):
-    from stagecoach.aws.backend import AwsBackend
-    from stagecoach.aws.stack import StackError
-
     b = AwsBackend(STACK, REGION)
     with pytest.raises(StackError, match="account 999999999999.*credentials of that account"):
         b.check_arn("arn:aws:states:us-east-1:999999999999:execution:sc-job:x")
 
 
 def test_deployer_policy_rendered_for_a_deployed_stack(aws, capsys):
-    from stagecoach.aws.__main__ import _main
-
     roles, _ = aws
     assert _main(["deployer-policy", "--stack", STACK, "--region", REGION]) == 0
     pol = json.loads(capsys.readouterr().out)
@@ -618,8 +566,6 @@ class _FakeLambda:
         self.state, self.reason_code, self.reason, self.waited = state, reason_code, reason, []
 
     def get_waiter(self, name):
-        from botocore.exceptions import WaiterError
-
         fake = self
 
         class W:
@@ -635,9 +581,6 @@ class _FakeLambda:
 
 
 def test_a_function_that_fails_to_become_active_says_why():
-    from stagecoach.aws.idempotent import wait_function
-    from stagecoach.deploy.resources import DeployError
-
     lam = _FakeLambda("Failed", "ImageAccessDenied", "Lambda does not have permission to access the ECR image.")
     with pytest.raises(
         DeployError,
@@ -650,7 +593,6 @@ def test_a_function_that_fails_to_become_active_says_why():
 def test_the_job_starts_only_after_every_function_is_active():
     """Functions are created without waiting (their images are optimised at the same time); the
     start waits for all of them."""
-    from stagecoach.aws.idempotent import IdempotentStepFunctions
 
     class Sfn:
         def __init__(self, lam):
@@ -670,8 +612,6 @@ def test_the_job_starts_only_after_every_function_is_active():
 
 # ------------------------------------------------------------------------------ cleanup, sync algorithms
 def test_cleanup_refuses_what_is_not_a_job_and_stops_running_windows(aws):
-    from stagecoach.aws.backend import AwsBackend
-
     b = AwsBackend(STACK, REGION)
     for bad in ("", "digits", "jobs/x", "arn:aws:states:us-east-1:123456789012:execution:sc-job:"):
         with pytest.raises(DeployError, match="is not a job"):
@@ -691,9 +631,6 @@ def test_cleanup_refuses_what_is_not_a_job_and_stops_running_windows(aws):
 @pytest.mark.parametrize("sync, aggregators, sync_tasks", [("k_reduce", 1, 1), ("pipelined_scatter_reduce", None, 0)])
 def test_inspect_counts_iterations_by_each_stage_s_own_sync_tasks(aws, sync, aggregators, sync_tasks):
     """K aggregators (not one sync task per replica), or no sync Map at all for the fused sync."""
-    from stagecoach.aws.backend import AwsBackend
-    from stagecoach.inspect.report import format_report, inspect_execution
-
     b = AwsBackend(STACK, REGION)
     job = tiny_job()
     plan = job.manual_plan(stages=2, replicas=2, timeout_s=60, sync=sync, aggregators=aggregators)
@@ -708,9 +645,6 @@ def test_inspect_counts_iterations_by_each_stage_s_own_sync_tasks(aws, sync, agg
 
 
 def test_inspect_of_a_cleaned_up_job_says_so(aws):
-    from stagecoach.aws.backend import AwsBackend
-    from stagecoach.inspect.report import InspectError, inspect_execution
-
     b = AwsBackend(STACK, REGION)
     job = tiny_job()
     run = b.launch(job, job.manual_plan(stages=1, replicas=1, timeout_s=60))
@@ -722,9 +656,6 @@ def test_inspect_of_a_cleaned_up_job_says_so(aws):
 def test_a_denied_bucket_check_is_not_reported_as_a_missing_stack(aws, enforced_iam):
     """deploy.preflight turns any HeadBucket error into 'deploy the stack first'; the AWS backend
     checks first, so a missing s3:ListBucket is reported as what it is."""
-    from stagecoach.aws.access import AccessDenied
-    from stagecoach.aws.backend import AwsBackend
-
     admin = AwsBackend(STACK, REGION)
     policy = _for_moto(admin.deployer_policy())
     policy["Statement"] = [st for st in policy["Statement"] if st["Sid"] != "ListJobObjects"]
@@ -741,11 +672,6 @@ def test_a_denied_bucket_check_is_not_reported_as_a_missing_stack(aws, enforced_
 def test_the_account_concurrency_is_read_and_its_denial_explained():
     """lambda:GetAccountSettings' UnreservedConcurrentExecutions is what a job may use; a denied
     call names the permission and the deployer-policy statement that grants it."""
-    from botocore.stub import Stubber
-
-    from stagecoach.aws.backend import AwsBackend
-    from stagecoach.deploy.resources import DeployError
-
     b = object.__new__(AwsBackend)  # only the Lambda client and the names are used
     lam = boto3.client("lambda", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
     b.clients, b.account, b.region = type("C", (), {"lambda_": lam})(), ACCOUNT, REGION

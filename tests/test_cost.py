@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers import max_diff
 from torch import nn
 
 from stagecoach import Job
@@ -45,10 +46,6 @@ def tiny_job(name, iterations, dtype=torch.float64):
 def iterations_done(run):
     run.metrics()  # reads the metrics written since the last call
     return run.iterations_done()
-
-
-def max_diff(a, b):
-    return max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), b.parameters()))
 
 
 # ------------------------------------------------------------------------------ arithmetic (no stack)

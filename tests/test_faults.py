@@ -5,10 +5,8 @@ import json
 from datetime import datetime
 
 import pytest
-import torch
-from torch import nn
+from helpers import max_diff, recovery_job, same_parameters, task_errors, window_statuses
 
-from stagecoach import Job
 from stagecoach.core.records import LearntMemory, Remediation
 from stagecoach.local.backend import LocalBackend
 from stagecoach.reference import train_reference
@@ -16,42 +14,10 @@ from stagecoach.reference import train_reference
 TIMEOUT_S = 12  # a hung task and a lost object are waited out this long
 
 
-def make_job(name: str, warm: bool = True) -> Job:
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(64, 6, generator=g)
-    y = torch.randint(0, 3, (64,), generator=g)
-    model = lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.1), nn.Linear(16, 3))  # noqa: E731
-    return Job(
-        model=model,
-        loss=nn.CrossEntropyLoss(),
-        optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
-        train=(x, y),
-        global_batch=16,
-        iterations=5,
-        seed=5,
-        name=name,
-        warm_state=warm,
-    )
-
-
 def run(backend, name: str, warm: bool = True, **plan):
-    r = make_job(name, warm).run(stages=2, replicas=2, micro_batches=2, timeout_s=TIMEOUT_S, backend=backend, **plan)
+    r = recovery_job(name, warm).run(stages=2, replicas=2, micro_batches=2, timeout_s=TIMEOUT_S, backend=backend, **plan)
     r.wait(progress=False, poll_s=1.0, timeout_s=900)
     return r
-
-
-def task_errors(r) -> list[str]:
-    errors = []
-    for arn in r.window_executions():
-        for ev in r.history(execution_arn=arn):
-            det = ev.get("taskFailedEventDetails") or ev.get("taskTimedOutEventDetails")
-            if det:
-                errors.append(det.get("error", ""))
-    return errors
-
-
-def same_parameters(a: nn.Module, b: nn.Module) -> bool:
-    return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +71,7 @@ def test_a_lost_activation_restarts_the_window_from_its_checkpoint(clean):
     faulty = LocalBackend(faults={"once": [{"kind": "delete", "phase": "forward", "t": 2, "stage": 0, "replica": 1}]})
     try:
         r = run(faulty, "lost")
-        windows = r.window_executions()
-        statuses = [r._c.sfn.describe_execution(executionArn=a)["status"] for a in windows]
+        statuses = window_statuses(r)
         assert "FAILED" in statuses and statuses.count("SUCCEEDED") == 1, statuses
         assert "ObjectWaitTimeout" in task_errors(r)
         assert same_parameters(r.trained_model(), clean.trained_model())
@@ -118,7 +83,7 @@ def test_a_stage_planned_with_too_little_memory_is_raised_a_tier_and_completes(b
     from stagecoach import Plan
     from stagecoach.history import memory_key
 
-    job = make_job("oom")
+    job = recovery_job("oom")
     plan = Plan(
         balance=[2, 2],
         replicas=2,
@@ -162,7 +127,7 @@ def test_when_a_window_fails_its_waiting_tasks_stop_within_seconds():
     (WindowAborted), and the restarted window trains exactly what the fault-free run trained."""
     faulty = LocalBackend(faults={"once": [{"kind": "fail", "phase": "forward", "t": 1, "stage": 0, "replica": 1}]})
     try:
-        r = make_job("aborted").run(stages=3, replicas=2, micro_batches=2, timeout_s=TIMEOUT_S, backend=faulty)
+        r = recovery_job("aborted").run(stages=3, replicas=2, micro_batches=2, timeout_s=TIMEOUT_S, backend=faulty)
         r.wait(progress=False, poll_s=1.0, timeout_s=900)
         assert "Stagecoach.InjectedFailure" in task_errors(r)
         c = faulty.clients
@@ -175,6 +140,6 @@ def test_when_a_window_fails_its_waiting_tasks_stop_within_seconds():
         stopped = datetime.fromisoformat(aborted[0]["timestamp"].replace(",", ".")).timestamp()
         assert stopped - marked < 5.0 < TIMEOUT_S  # within seconds, not at the Task's timeout
         expected = train_reference(r.job, replicas=2, micro_batches=2)
-        assert max(float((p - q).detach().abs().max()) for p, q in zip(r.trained_model().parameters(), expected.parameters())) < 1e-5
+        assert max_diff(r.trained_model(), expected) < 1e-5
     finally:
         faulty.stack.close()

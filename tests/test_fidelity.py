@@ -13,31 +13,10 @@ import boto3
 import botocore.exceptions
 import pytest
 from botocore.config import Config
-from helpers import create_function, run_state_machine
+from helpers import create_function, run_state_machine, task_failure, task_machine
 
 from stagecoach.local.backend import LocalBackend
 from stagecoach.local.fidelity import OOM_SHAPES, TIMEOUT_SHAPES, Fidelity
-
-
-def _invoke_task(fn: str, timeout_s: int = 60) -> dict:
-    return {
-        "StartAt": "T",
-        "States": {
-            "T": {
-                "Type": "Task",
-                "Resource": "arn:aws:states:::lambda:invoke",
-                "Parameters": {"FunctionName": fn, "Payload.$": "$"},
-                "TimeoutSeconds": timeout_s,
-                "End": True,
-            }
-        },
-    }
-
-
-def _task_failure(events: list) -> dict:
-    failed = [e for e in events if e["type"] == "TaskFailed"]
-    assert failed, [e["type"] for e in events]
-    return failed[-1]["taskFailedEventDetails"]
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +29,9 @@ def test_out_of_memory_kills_reach_step_functions_in_each_of_aws_shapes(seeded):
     fn = create_function(seeded, "hog.handler", memory_mb=300)
     seen: dict[str, str] = {}
     for _ in range(12):
-        d, events = run_state_machine(seeded, _invoke_task(fn), {"allocate_mb": 500})
+        d, events = run_state_machine(seeded, task_machine(fn), {"allocate_mb": 500})
         assert d["status"] == "FAILED"
-        det = _task_failure(events)
+        det = task_failure(events)
         seen[det["error"]] = det["cause"]
         if len(seen) == len(OOM_SHAPES):
             break
@@ -67,8 +46,8 @@ def test_timeouts_reach_step_functions_as_sandbox_timedout_or_lambda_unknown(see
     fn = create_function(seeded, "hog.handler", timeout_s=1)
     seen: dict[str, str] = {}
     for _ in range(8):
-        _, events = run_state_machine(seeded, _invoke_task(fn), {"sleep_s": 5})
-        det = _task_failure(events)
+        _, events = run_state_machine(seeded, task_machine(fn), {"sleep_s": 5})
+        det = task_failure(events)
         seen[det["error"]] = det["cause"]
         if len(seen) == len(TIMEOUT_SHAPES):
             break
@@ -79,7 +58,7 @@ def test_timeouts_reach_step_functions_as_sandbox_timedout_or_lambda_unknown(see
 def test_a_forced_shape_is_the_only_one_reported():
     forced = LocalBackend(fidelity=Fidelity(error_shapes="Runtime.ExitError"))
     fn = create_function(forced, "hog.handler", memory_mb=300)
-    errors = {_task_failure(run_state_machine(forced, _invoke_task(fn), {"allocate_mb": 500})[1])["error"] for _ in range(3)}
+    errors = {task_failure(run_state_machine(forced, task_machine(fn), {"allocate_mb": 500})[1])["error"] for _ in range(3)}
     assert errors == {"Runtime.ExitError"}
 
 

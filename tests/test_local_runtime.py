@@ -2,55 +2,33 @@
 
 import json
 
-from helpers import create_function, run_state_machine
+from helpers import create_function, run_state_machine, task_failure, task_machine
 
 from stagecoach.local.fidelity import OOM_SHAPES, TIMEOUT_SHAPES
 
-LAMBDA_ERRORS_RETRY = {"ErrorEquals": ["Lambda.ServiceException"], "MaxAttempts": 2}
-
-
-def _task_machine(fn: str, timeout_s: int = 60) -> dict:
-    return {
-        "StartAt": "T",
-        "States": {
-            "T": {
-                "Type": "Task",
-                "Resource": "arn:aws:states:::lambda:invoke",
-                "Parameters": {"FunctionName": fn, "Payload.$": "$"},
-                "TimeoutSeconds": timeout_s,
-                "Retry": [LAMBDA_ERRORS_RETRY],
-                "End": True,
-            }
-        },
-    }
-
-
-def _failure(events):
-    failed = [e for e in events if e["type"] == "TaskFailed"]
-    assert failed, [e["type"] for e in events]
-    return failed[-1]["taskFailedEventDetails"]
+LAMBDA_ERRORS_RETRY = [{"ErrorEquals": ["Lambda.ServiceException"], "MaxAttempts": 2}]
 
 
 def test_over_memory_fails_the_task_with_an_out_of_memory_error(backend):
     fn = create_function(backend, "hog.handler", memory_mb=400)
-    d, events = run_state_machine(backend, _task_machine(fn), {"allocate_mb": 600})
+    d, events = run_state_machine(backend, task_machine(fn, retry=LAMBDA_ERRORS_RETRY), {"allocate_mb": 600})
     assert d["status"] == "FAILED"
-    det = _failure(events)
+    det = task_failure(events)
     # reported in one of AWS's shapes (which one is drawn per invocation: tests/test_fidelity.py)
     assert det["error"] in OOM_SHAPES
 
 
 def test_within_memory_succeeds(backend):
     fn = create_function(backend, "hog.handler", memory_mb=1024)
-    d, _ = run_state_machine(backend, _task_machine(fn), {"allocate_mb": 100})
+    d, _ = run_state_machine(backend, task_machine(fn, retry=LAMBDA_ERRORS_RETRY), {"allocate_mb": 100})
     assert d["status"] == "SUCCEEDED"
 
 
 def test_over_timeout_fails_the_task_with_a_timeout(backend):
     fn = create_function(backend, "hog.handler", timeout_s=2)
-    d, events = run_state_machine(backend, _task_machine(fn), {"sleep_s": 10})
+    d, events = run_state_machine(backend, task_machine(fn, retry=LAMBDA_ERRORS_RETRY), {"sleep_s": 10})
     assert d["status"] == "FAILED"
-    det = _failure(events)
+    det = task_failure(events)
     assert det["error"] in TIMEOUT_SHAPES
     assert "timed out after 2.00 seconds" in det["cause"]
 

@@ -507,7 +507,8 @@ def _dockerfile():
 
 def test_handler_path_is_the_package_layout():
     """The handler the image runs, the default worker's and the SDK's per-stage functions' are one,
-    and it is a function of the installed package (setuptools package-dir: lambdas -> stagecoach.lambdas)."""
+    and it is a function of the installed package (lambdas/ is stagecoach.lambdas through the link
+    sdk/lambdas, docs/architecture.md "Layout")."""
     import importlib
 
     from stagecoach.deploy import resources as deploy
@@ -517,9 +518,29 @@ def test_handler_path_is_the_package_layout():
     assert f'CMD ["{deploy.HANDLER}"]' in _dockerfile()
     module, fn = deploy.HANDLER.rsplit(".", 1)
     assert callable(getattr(importlib.import_module(module), fn))
+    assert _package_sources()["stagecoach.lambdas"] == "lambdas"
+    assert _package_sources()["stagecoach"] == "sdk"
+
+
+def _package_sources() -> dict[str, str]:
+    """Each package of pyproject.toml and the top-level folder it lives in, through the checkout's
+    links (stagecoach -> sdk, sdk/planner -> ../planner, ...)."""
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        pkg_dirs = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
-    assert pkg_dirs["stagecoach.lambdas"] == "lambdas" and pkg_dirs["stagecoach"] == "sdk"
+        packages = tomllib.load(f)["tool"]["setuptools"]["packages"]
+    out = {}
+    for pkg in packages:
+        real = os.path.realpath(os.path.join(ROOT, *pkg.split(".")))
+        assert os.path.isfile(os.path.join(real, "__init__.py")), pkg
+        out[pkg] = os.path.relpath(real, ROOT)
+    return out
+
+
+def test_the_links_name_the_top_level_folders():
+    """stagecoach.* resolves from the checkout itself: the links are in git, not built."""
+    assert os.readlink(os.path.join(ROOT, "stagecoach")) == "sdk"
+    for sub in ("planner", "lambdas", "core"):
+        assert os.readlink(os.path.join(ROOT, "sdk", sub)) == f"../{sub}"
+        assert _package_sources()[f"stagecoach.{sub}"] == sub
 
 
 def test_dockerfile_python_torch_and_entry_point():
@@ -544,8 +565,7 @@ def test_dockerfile_python_torch_and_entry_point():
 def test_dockerfile_copies_what_the_package_needs_and_dockerignore_keeps_it():
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)
-    sources = set(project["tool"]["setuptools"]["package-dir"].values())
-    top = {s.split("/")[0] for s in sources}
+    top = {s.split("/")[0] for s in _package_sources().values()} | {"stagecoach"}  # the folders and the link
     copied = set(re.findall(r"^COPY (\S+) \./", _dockerfile(), re.M)) | {"pyproject.toml", "README.md"}
     assert top <= copied, top - copied
     assert project["project"]["readme"] == "README.md"

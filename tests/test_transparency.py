@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import capped_backend, run_in_waves
+from helpers import capped_backend, max_diff, run_in_waves
 from torch import nn
 
 from stagecoach import Job
@@ -144,10 +144,6 @@ def make_job(name: str, model, optimizer, **options) -> Job:
         name=name,
         **options,
     )
-
-
-def max_diff(a: nn.Module, b: nn.Module) -> float:
-    return max(float((p.detach() - q.detach()).abs().max()) for p, q in zip(a.parameters(), b.parameters()))
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,8 @@ restarts the window from its checkpoint, bit-identically."""
 import re
 
 import pytest
-import torch
-from torch import nn
+from helpers import recovery_job, same_parameters, task_errors, window_statuses
 
-from stagecoach import Job
 from stagecoach.local.backend import LocalBackend
 from stagecoach.planner.emit import asl
 from stagecoach.planner.model.platforms import aws_platform
@@ -24,26 +22,8 @@ def short_windows():
         yield
 
 
-def make_job(name: str, warm: bool) -> Job:
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(64, 6, generator=g)
-    y = torch.randint(0, 3, (64,), generator=g)
-    model = lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.1), nn.Linear(16, 3))  # noqa: E731
-    return Job(
-        model=model,
-        loss=nn.CrossEntropyLoss(),
-        optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
-        train=(x, y),
-        global_batch=16,
-        iterations=5,
-        seed=5,
-        name=name,
-        warm_state=warm,
-    )
-
-
 def run(backend, name: str, warm: bool):
-    r = make_job(name, warm).run(stages=2, replicas=1, micro_batches=2, timeout_s=TIMEOUT_S, backend=backend)
+    r = recovery_job(name, warm).run(stages=2, replicas=1, micro_batches=2, timeout_s=TIMEOUT_S, backend=backend)
     r.wait(progress=False, poll_s=1.0, timeout_s=900)
     return r
 
@@ -55,20 +35,6 @@ def stored_versions(r, kind: str) -> set[int]:
         for o in page.get("Contents", []):
             found.add(int(re.match(r"v(\d+)/", o["Key"][len(prefix) :]).group(1)))
     return found
-
-
-def task_errors(r) -> list[str]:
-    errors = []
-    for arn in r.window_executions():
-        for ev in r.history(execution_arn=arn):
-            det = ev.get("taskFailedEventDetails") or ev.get("taskTimedOutEventDetails")
-            if det:
-                errors.append(det.get("error", ""))
-    return errors
-
-
-def same_parameters(a: nn.Module, b: nn.Module) -> bool:
-    return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +69,7 @@ def test_a_container_recycled_mid_window_restarts_the_window_from_its_checkpoint
     )
     try:
         r = run(faulty, "recycled", warm=True)
-        statuses = [r._c.sfn.describe_execution(executionArn=a)["status"] for a in r.window_executions()]
+        statuses = window_statuses(r)
         assert statuses.count("FAILED") == 2 and statuses.count("SUCCEEDED") == 3, statuses
         assert "WarmStateLost" in task_errors(r)
         assert same_parameters(r.trained_model(), stored.trained_model())
@@ -143,7 +109,7 @@ def test_the_model_charges_a_warm_stage_its_state_once_per_checkpoint():
 def test_a_job_without_warm_state_is_planned_and_predicted_with_its_state_through_s3_every_iteration():
     """Job(warm_state=False) stores the parameters and Adam state every iteration: its predictions
     (Job.predict, and the planner through Job.plan) charge that, a warm job's only per checkpoint."""
-    warm, cold = make_job("pred-warm", warm=True), make_job("pred-cold", warm=False)
+    warm, cold = recovery_job("pred-warm", warm=True), recovery_job("pred-cold", warm=False)
     plan = warm.manual_plan(stages=2)
     a, b = warm.predict(plan), cold.predict(plan)
     assert b.s3_puts > a.s3_puts + 1 and b.time_s > a.time_s
@@ -160,7 +126,7 @@ def test_a_job_without_warm_state_is_planned_and_predicted_with_its_state_throug
 
 # -- d > 1: one function per worker, each owner's optimizer state warm in its own container ---------
 def run_replicated(backend, name: str, warm: bool, sync: str):
-    r = make_job(name, warm).run(stages=2, replicas=2, micro_batches=2, sync=sync, timeout_s=TIMEOUT_S, backend=backend)
+    r = recovery_job(name, warm).run(stages=2, replicas=2, micro_batches=2, sync=sync, timeout_s=TIMEOUT_S, backend=backend)
     r.wait(progress=False, poll_s=1.0, timeout_s=900)
     return r
 
@@ -210,7 +176,7 @@ def test_with_replicas_a_container_recycled_mid_window_restarts_it_bit_identical
     faulty = LocalBackend(faults={"once": [fault]})
     try:
         r = run_replicated(faulty, f"recycled-d2-{sync[:4]}", warm=True, sync=sync)
-        statuses = [r._c.sfn.describe_execution(executionArn=a)["status"] for a in r.window_executions()]
+        statuses = window_statuses(r)
         assert statuses.count("FAILED") == 1 and statuses.count("SUCCEEDED") == 3, statuses
         assert "WarmStateLost" in task_errors(r)
         assert same_parameters(r.trained_model(), stored_replicated.trained_model())
