@@ -31,8 +31,9 @@ from stagecoach.cli.stop import stop_command
 from stagecoach.core import keys
 from stagecoach.core.records import TaskMetrics
 from stagecoach.deploy.cleanup import Removed
+from stagecoach.deploy.iam_policy import arn_matches
 from stagecoach.deploy.resources import DeployError, check_name_lengths
-from stagecoach.deploy.roles import job_boundary_policy, role_path
+from stagecoach.deploy.roles import job_boundary_policy, job_role_arn, role_path
 from stagecoach.inspect.plots import write_plots
 from stagecoach.inspect.report import InspectError, format_report, inspect_execution
 
@@ -240,16 +241,26 @@ def test_access_denied_names_action_resource_and_statement(aws):
             list(s3.get_paginator("list_objects_v2").paginate(Bucket=b.resources.bucket, Prefix="jobs/"))
     # when AWS names the action (iam:PassRole inside CreateFunction), that is what is reported
     lam = b.clients.lambda_
-    msg = f"User: arn:aws:iam::123456789012:user/dev is not authorized to perform: iam:PassRole on resource: {b.resources.control_role_arn}"
-    with Stubber(lam) as stub:
-        stub.add_client_error("create_function", service_error_code="AccessDeniedException", service_message=msg, http_status_code=403)
-        with pytest.raises(AccessDenied) as e:
-            lam.create_function(FunctionName="sc-x-s0", Role=b.resources.control_role_arn, Code={"ImageUri": IMAGE}, PackageType="Image")
-    assert (e.value.action, e.value.resource) == ("iam:PassRole", b.resources.control_role_arn)
-    assert e.value.statement["Sid"] == "PassStackRoles" and e.value.covered
-    # rendered for this stack: the roles under its IAM path (its own and its jobs'), its bucket
-    assert e.value.statement["Resource"] == f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/*"
-    assert all(r.startswith(f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/") for r in roles.values())
+
+    def pass_role_denied(role):
+        msg = f"User: arn:aws:iam::123456789012:user/dev is not authorized to perform: iam:PassRole on resource: {role}"
+        with Stubber(lam) as stub:
+            stub.add_client_error("create_function", service_error_code="AccessDeniedException", service_message=msg, http_status_code=403)
+            with pytest.raises(AccessDenied) as e:
+                lam.create_function(FunctionName="sc-x-s0", Role=role, Code={"ImageUri": IMAGE}, PackageType="Image")
+        assert (e.value.action, e.value.resource) == ("iam:PassRole", role)
+        return e.value
+
+    job_role = job_role_arn(b.resources, "x-1a2b3c4d")
+    err = pass_role_denied(job_role)
+    assert err.statement["Sid"] == "PassJobRoles" and err.covered
+    # rendered for this stack: the jobs' roles under its IAM path, its bucket
+    path = f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/"
+    assert err.statement["Resource"] == [f"{path}{STACK}-*-????????", f"{path}{STACK}-*-????????-prof"]
+    assert all(r.startswith(path) for r in roles.values())
+    # the stack's control role is never passed to a function: the statement does not cover it
+    err = pass_role_denied(b.resources.control_role_arn)
+    assert err.statement["Sid"] == "PassJobRoles" and not err.covered and "grants iam:PassRole only on" in str(err)
     assert f"arn:aws:s3:::{b.resources.bucket}/jobs/*" in b.deployer_policy()["Statement"][1]["Resource"]
     # S3's newer messages quote the resource
     quoted = (
@@ -263,11 +274,14 @@ def test_access_denied_names_action_resource_and_statement(aws):
     assert e.value.resource == f"arn:aws:s3:::{b.resources.bucket}/history/j/memory.json"
     assert e.value.statement["Sid"] == "JobObjects" and e.value.covered
     # an explicit Deny cannot be fixed by adding the statement: say so
-    deny = msg + " with an explicit deny in a service control policy"
+    deny = (
+        f"User: arn:aws:iam::123456789012:user/dev is not authorized to perform: iam:PassRole on resource: {job_role} "
+        "with an explicit deny in a service control policy"
+    )
     with Stubber(lam) as stub:
         stub.add_client_error("create_function", service_error_code="AccessDeniedException", service_message=deny, http_status_code=403)
         with pytest.raises(AccessDenied, match="explicit Deny .* cannot override") as e:
-            lam.create_function(FunctionName="sc-x-s0", Role=b.resources.control_role_arn, Code={"ImageUri": IMAGE}, PackageType="Image")
+            lam.create_function(FunctionName="sc-x-s0", Role=job_role, Code={"ImageUri": IMAGE}, PackageType="Image")
     assert e.value.explicit_deny
     # a resource that is not the stack's: the statement exists but does not cover it
     with Stubber(s3) as stub:
@@ -550,10 +564,14 @@ def test_deployer_policy_rendered_for_a_deployed_stack(aws, capsys):
     bucket = boto3.client("s3", region_name=REGION).list_buckets()["Buckets"][0]["Name"]
     sts = {st["Sid"]: st for st in pol["Statement"]}
     assert sts["ListJobObjects"]["Resource"] == f"arn:aws:s3:::{bucket}"
-    assert sts["PassStackRoles"]["Resource"] == f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/*"
+    path = f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/"
+    assert sts["PassJobRoles"]["Resource"] == [f"{path}{STACK}-*-????????", f"{path}{STACK}-*-????????-prof"]
+    assert sts["PassWindowRole"]["Resource"] == f"{path}*-WindowStatesRole-*"
+    assert arn_matches(sts["PassWindowRole"]["Resource"], roles["WindowStatesRole"])  # the role the SDK passes
+    assert not any(arn_matches(p, roles[r]) for r in roles for p in sts["RemoveJobRoles"]["Resource"])  # the stack's own
     boundary = boto3.client("iam").list_policies(Scope="Local", PathPrefix=f"/stagecoach/{STACK}/")["Policies"][0]["Arn"]
     assert sts["JobRoles"]["Condition"] == {"ArnLike": {"iam:PermissionsBoundary": boundary}}
-    assert sts["StageFunctions"]["Resource"] == f"arn:aws:lambda:{REGION}:123456789012:function:{STACK}-*"
+    assert sts["StageFunctions"]["Resource"] == f"arn:aws:lambda:{REGION}:123456789012:function:{STACK}-*-s*"
     assert _main(["deployer-policy", "--stack", "nope", "--region", REGION]) == 1
     assert "no CloudFormation stack 'nope'" in capsys.readouterr().err
 

@@ -243,3 +243,24 @@ def test_a_job_can_reserve_the_concurrency_its_stages_need(backend):
         for w in ("", "-r1", "-r2", "-k0", "-k1"):
             got = lam.get_function_concurrency(FunctionName=f"{backend.resources.prefix}-{run.job_id}-s{s}{w}")
             assert got["ReservedConcurrentExecutions"] == 2
+
+
+def test_a_put_whose_sha256_checksum_is_not_its_body_is_refused_as_s3_refuses_it(backend):
+    """S3 computes the checksum of what a PUT carries and refuses a mismatch with 400 BadDigest
+    (S3 user guide, "Checking object integrity for data uploads"); moto would store the given
+    value, and the data upload trusts the stored one (deploy/dataset.py)."""
+    import base64
+    import hashlib
+
+    s3, bucket = backend.clients.s3, backend.resources.bucket
+    key = "data/shards/fidelity-checksum"
+    lie = base64.b64encode(hashlib.sha256(b"other bytes").digest()).decode()
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"these bytes", ChecksumAlgorithm="SHA256", ChecksumSHA256=lie)
+    assert e.value.response["Error"]["Code"] == "BadDigest"
+    assert e.value.response["Error"]["Message"] == "The SHA256 you specified did not match the calculated checksum."
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=key)["KeyCount"] == 0
+    right = base64.b64encode(hashlib.sha256(b"these bytes").digest()).decode()
+    s3.put_object(Bucket=bucket, Key=key, Body=b"these bytes", ChecksumAlgorithm="SHA256", ChecksumSHA256=right)
+    assert s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")["ChecksumSHA256"] == right
+    s3.delete_object(Bucket=bucket, Key=key)

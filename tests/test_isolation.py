@@ -64,6 +64,14 @@ def _probing(victim_job, victim_function, bucket):
 
             seen = {
                 "read_victim_code": attempt(lambda: s3.get_object(Bucket=bucket, Key=f"jobs/{victim_job}/model/job.pkl")),
+                # a copy into its own prefix, to read there: S3 checks s3:GetObject on the source too
+                "copy_victim_code": attempt(
+                    lambda: s3.copy_object(
+                        Bucket=bucket,
+                        Key=f"jobs/{own}/stolen.pkl",
+                        CopySource={"Bucket": bucket, "Key": f"jobs/{victim_job}/model/job.pkl"},
+                    )
+                ),
                 "overwrite_victim_spec": attempt(lambda: s3.put_object(Bucket=bucket, Key=f"jobs/{victim_job}/job.json", Body=b"{}")),
                 "delete_victim_code": attempt(lambda: s3.delete_object(Bucket=bucket, Key=f"jobs/{victim_job}/model/job.pkl")),
                 "list_victim": attempt(lambda: s3.list_objects_v2(Bucket=bucket, Prefix=f"jobs/{victim_job}/")),
@@ -89,6 +97,7 @@ def test_a_jobs_workers_cannot_touch_another_jobs_objects_or_function(backend):
     seen = json.loads(backend.clients.s3.get_object(Bucket=bucket, Key=f"jobs/{prober.job_id}/probe.json")["Body"].read())
     assert seen == {
         "read_victim_code": "AccessDenied",
+        "copy_victim_code": "AccessDenied",
         "overwrite_victim_spec": "AccessDenied",
         "delete_victim_code": "AccessDenied",
         "list_victim": "AccessDenied",
@@ -200,6 +209,42 @@ def test_the_stack_roles_are_enforced_with_aws_answers(backend):
     assert _call_as(backend, control, "lambda", "get_function_configuration", FunctionName=res.control_function)["code"] == (
         "AccessDeniedException"
     )
+
+
+def test_a_copy_needs_read_on_its_source_as_on_aws(backend):
+    """CopyObject and UploadPartCopy read the object their x-amz-copy-source names: S3 checks
+    s3:GetObject on that source as well as s3:PutObject on the destination (S3 API reference,
+    CopyObject and UploadPartCopy, "Permissions"; s3:GetObjectVersion for a source ?versionId=, as
+    GetObject's page says). A job's worker cannot copy another job's code into its own prefix to
+    read it there."""
+    from stagecoach.deploy.roles import create_job_role
+
+    res, s3 = backend.resources, backend.clients.s3
+    job, victim = f"copier-{uuid.uuid4().hex[:8]}", f"victim-{uuid.uuid4().hex[:8]}"
+    role = create_job_role(res, backend.clients, job)
+    secret, stolen, own = keys.job_code(victim), f"jobs/{job}/stolen.pkl", f"jobs/{job}/mine.pkl"
+    s3.put_object(Bucket=res.bucket, Key=secret, Body=b"the victim's pickled code")
+    s3.put_object(Bucket=res.bucket, Key=own, Body=b"its own code")
+
+    def copy(method, source, **kwargs):
+        return _call_as(backend, role, "s3", method, Bucket=res.bucket, CopySource={"Bucket": res.bucket, **source}, **kwargs)
+
+    copied = copy("copy_object", {"Key": secret}, Key=stolen)
+    assert copied["code"] == "AccessDenied", copied
+    assert copied["message"].endswith(
+        f'is not authorized to perform: s3:GetObject on resource: "arn:aws:s3:::{res.bucket}/{secret}" '
+        "because no identity-based policy allows the s3:GetObject action"
+    )
+    upload = s3.create_multipart_upload(Bucket=res.bucket, Key=stolen)["UploadId"]
+    part = copy("upload_part_copy", {"Key": secret}, Key=stolen, UploadId=upload, PartNumber=1)
+    s3.abort_multipart_upload(Bucket=res.bucket, Key=stolen, UploadId=upload)
+    assert part["code"] == "AccessDenied" and f's3:GetObject on resource: "arn:aws:s3:::{res.bucket}/{secret}"' in part["message"]
+    assert s3.list_objects_v2(Bucket=res.bucket, Prefix=stolen)["KeyCount"] == 0  # nothing landed
+    # within its own prefix both sides are granted; a source version needs s3:GetObjectVersion
+    assert copy("copy_object", {"Key": own}, Key=stolen)["code"] == "ok"
+    assert s3.get_object(Bucket=res.bucket, Key=stolen)["Body"].read() == b"its own code"
+    versioned = copy("copy_object", {"Key": own, "VersionId": "3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY"}, Key=stolen)
+    assert versioned["code"] == "AccessDenied" and "s3:GetObjectVersion" in versioned["message"], versioned
 
 
 def test_a_new_role_is_refused_until_iam_propagates_it(backend):

@@ -599,10 +599,16 @@ def test_deployer_policy_is_scoped_to_the_stack():
             else:
                 assert f":{STACK}-" in r or f"/{STACK}-" in r or f"/{STACK}/" in r or f":::{BUCKET}" in r, r
     assert not any(a.startswith("ecr:") for st in pol["Statement"] for a in st["Action"])
-    pass_role = next(st for st in pol["Statement"] if "iam:PassRole" in st["Action"])
-    assert pass_role["Condition"]["StringEquals"]["iam:PassedToService"] == ["lambda.amazonaws.com", "states.amazonaws.com"]
-    # roles live under the stack's IAM path (template.yaml Path, deploy/roles.py): nothing else is there
-    assert pass_role["Resource"] == f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/*"
+    # roles live under the stack's IAM path (template.yaml Path, deploy/roles.py): nothing else is
+    # there; Lambda gets the jobs' roles, Step Functions the window machines' role
+    passed = {
+        st["Condition"]["StringEquals"]["iam:PassedToService"]: st["Resource"] for st in pol["Statement"] if "iam:PassRole" in st["Action"]
+    }
+    path = f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/"
+    assert passed == {
+        "lambda.amazonaws.com": [f"{path}{STACK}-*-????????", f"{path}{STACK}-*-????????-prof"],
+        "states.amazonaws.com": f"{path}*-WindowStatesRole-*",
+    }
 
 
 def test_deployer_policy_has_no_privilege_escalation():
@@ -649,6 +655,65 @@ def test_deployer_policy_has_no_privilege_escalation():
     assert not can("lambda:TagResource", foreign, **{"aws:RequestTag/stagecoach:stack": STACK})
     assert not can("lambda:InvokeFunction", foreign) and not can("lambda:InvokeFunction", ours, **tagged)  # only profile functions
     assert can("lambda:InvokeFunction", ours.replace("-s0", "-prof-s0"), **tagged)
+
+
+def test_deployer_policy_reaches_none_of_the_stacks_own_roles_functions_or_machines():
+    """The stack's own resources are not the deployer's to change: its roles (CloudFormation names
+    them "<stack>-<LogicalId>-<random>", under the same path as the jobs' roles), its default worker
+    (which runs as the control role: new code or a new command there would run with that role, the
+    escalation parliament reports as EditExistingLambdaFunctionWithRole) and its job state machine.
+    Deleting, changing and passing roles reach only the roles jobs get ("<stack>-<job id>", a job id
+    ending in 8 hex digits, "-prof" after them for a profiling job: deploy/roles.py, profile_tiers.py);
+    changing, creating and deleting functions only job functions ("<stack>-<job>-s<stage>..."); creating,
+    changing and deleting state machines only windows ("<stack>-<job>-window")."""
+    from stagecoach.aws.policy import deployer_policy
+    from stagecoach.deploy import resources as deploy
+    from stagecoach.deploy.iam_policy import evaluate
+    from stagecoach.deploy.roles import job_role_arn
+
+    boundary = f"arn:aws:iam::{ACCOUNT}:policy/stagecoach/{STACK}/{STACK}-JobRoleBoundary-X"
+    pol = deployer_policy(STACK, REGION, ACCOUNT, bucket=BUCKET, boundary=boundary)
+
+    def can(action, resource, **context):
+        return evaluate(action, resource, [pol], context=context).allowed
+
+    res = stack_resources()
+    path = f"arn:aws:iam::{ACCOUNT}:role/stagecoach/{STACK}/"
+    own_roles = [
+        f"{path}{STACK}-{logical}-{suffix}"
+        for logical in ("ControlRole", "WindowStatesRole", "JobStatesRole")
+        for suffix in ("1A2B3C4D5E6F", "aBcDeFgHiJkLm")
+    ]
+    job_roles = [job_role_arn(res, job) for job in ("digits-1a2b3c4d", "a-0f0f0f0f", "my-long-job-name-deadbeef", "digits-1a2b3c4d-prof")]
+    for role in own_roles:
+        for action in ("iam:DeleteRole", "iam:DeleteRolePolicy", "iam:PutRolePolicy"):
+            assert not can(action, role), (action, role)
+        assert not can("iam:PassRole", role, **{"iam:PassedToService": "lambda.amazonaws.com"}), role
+    for role in job_roles:
+        assert can("iam:DeleteRole", role), role
+        assert can("iam:DeleteRolePolicy", role, **{"iam:PermissionsBoundary": boundary}), role
+        assert can("iam:PassRole", role, **{"iam:PassedToService": "lambda.amazonaws.com"}), role
+        assert not can("iam:PassRole", role, **{"iam:PassedToService": "states.amazonaws.com"}), role
+    window_role = own_roles[2]
+    assert can("iam:PassRole", window_role, **{"iam:PassedToService": "states.amazonaws.com"})
+    assert not can("iam:PassRole", own_roles[4], **{"iam:PassedToService": "states.amazonaws.com"})  # the job machine's role
+    fn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:"
+    tagged = {"aws:ResourceTag/stagecoach:stack": STACK, "aws:RequestTag/stagecoach:stack": STACK}
+    changes = ("lambda:UpdateFunctionCode", "lambda:UpdateFunctionConfiguration", "lambda:DeleteFunction", "lambda:PutFunctionConcurrency")
+    for action in (*changes, "lambda:CreateFunction", "lambda:TagResource", "lambda:InvokeFunction"):
+        assert not can(action, fn + res.control_function, **tagged), action  # even if someone tagged it
+    job = "digits-1a2b3c4d"
+    functions = [deploy.function_name(res, job, 0), deploy.function_name(res, job, 3) + "-r1", deploy.function_name(res, job, 3) + "-k0"]
+    for name in functions + [deploy.function_name(res, job + "-prof", 1)]:
+        for action in (*changes, "lambda:CreateFunction"):
+            assert can(action, fn + name, **tagged), (action, name)
+    assert can("lambda:GetFunction", fn + res.control_function)  # the SDK reads the worker image from it
+    sm = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:"
+    window = deploy.window_state_machine_name(res, job)
+    for action in ("states:CreateStateMachine", "states:UpdateStateMachine", "states:DeleteStateMachine", "states:TagResource"):
+        assert can(action, sm + window) and not can(action, sm + f"{STACK}-job"), action
+    for action in ("states:StartExecution", "states:DescribeStateMachine", "states:ListExecutions"):
+        assert can(action, sm + f"{STACK}-job"), action
 
 
 def test_deployer_policy_covers_the_keys_the_sdk_uses():

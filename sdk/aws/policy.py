@@ -30,6 +30,11 @@ def deployer_policy(
 
     No ECR permission: the stack's creation of the default worker from the same repository made
     Lambda add its pull permission to the repository policy (docs/aws.md).
+
+    Nothing that changes, deletes or passes reaches the stack's own resources: its roles, its
+    default worker (it runs as the control role, so new code, a new command or a new role there
+    would run with that role) and its job state machine. Those statements name only what jobs
+    get: their roles, their functions "<stack>-<job>-s<stage>...", their window machines.
     """
     arn = f"arn:{partition}"
     fn = f"{arn}:lambda:{region}:{account}:function:{stack}-*"
@@ -46,7 +51,7 @@ def deployer_policy(
             },
             *_s3_statements(f"{arn}:s3:::{bucket}"),
             *_lambda_statements(fn, stack),
-            *_iam_statements(path, bound),
+            *_iam_statements(path, stack, bound),
             *_states_statements(f"{arn}:states:{region}:{account}", stack),
             # These support no resource-level permissions (IAM's service authorization reference):
             # the lists find a half-created job's functions and an existing window state machine;
@@ -80,18 +85,21 @@ def _s3_statements(b: str) -> list[Statement]:
 
 
 def _lambda_statements(fn: str, stack: str) -> list[Statement]:
-    """The per-job functions ``fn`` ("<stack>-*"): changing one requires the stack's tag on it."""
+    """The stack's functions ``fn`` ("<stack>-*"): the jobs' ("<stack>-*-s*") may be created and
+    changed, and only with the stack's tag on them; the default worker ("<stack>-worker") only read."""
+    jobs = f"{fn}-s*"  # "<stack>-<job>-s<stage>", "-r<i>"/"-k<i>" after it, "<stack>-<job>-prof-s<i>"
     return [
         # The SDK tags every function it creates with its stack; changing one requires that tag,
         # so the name pattern cannot reach another application's "<stack>-..." function. Creating
         # and tagging require the tag both in the request and on the function (as the Lambda
         # guide's ABAC example "Require tags on new functions" does): TagResource cannot adopt an
-        # untagged function whose name happens to fit the pattern.
+        # untagged function whose name happens to fit the pattern. The names are the jobs'
+        # functions only: the default worker "<stack>-worker" has no "-s" after the stack's prefix.
         {
             "Sid": "CreateStageFunctions",
             "Effect": "Allow",
             "Action": ["lambda:CreateFunction", "lambda:TagResource"],
-            "Resource": fn,
+            "Resource": jobs,
             "Condition": {"StringEquals": {f"aws:RequestTag/{STACK_TAG}": stack, f"aws:ResourceTag/{STACK_TAG}": stack}},
         },
         {
@@ -104,12 +112,12 @@ def _lambda_statements(fn: str, stack: str) -> list[Statement]:
                 # Job.run(reserve_concurrency=True)
                 "lambda:PutFunctionConcurrency",
             ],
-            "Resource": fn,
+            "Resource": jobs,
             "Condition": {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": stack}},
         },
         # reads: also of functions that do not exist (yet, or any more), which a tag condition
         # would answer with AccessDenied instead of ResourceNotFound; GetFunction of a tagged
-        # function needs ListTags too
+        # function needs ListTags too; and of the default worker, whose image the jobs' use
         {
             "Sid": "ReadStageFunctions",
             "Effect": "Allow",
@@ -128,45 +136,73 @@ def _lambda_statements(fn: str, stack: str) -> list[Statement]:
     ]
 
 
-def _iam_statements(path: str, bound: str) -> list[Statement]:
-    """The roles under the stack's ``path``: each job's, created only with the boundary ``bound``."""
+def _iam_statements(path: str, stack: str, bound: str) -> list[Statement]:
+    """The roles under the stack's ``path``: each job's, created only with the boundary ``bound``,
+    and the window machines' role, passed to Step Functions."""
+    # A job's role is "<stack>-<job id>", and a job id ends in 8 hex digits ("-prof" after them for
+    # a profiling job): deploy/roles.py job_role_name, deploy/resources.py new_job_id,
+    # profile_tiers.py. iam:DeleteRole has no condition key that could say more (IAM's service
+    # authorization reference lists none for it), so the name is the scope. The stack's own roles
+    # share the path, named by CloudFormation "<stack>-<LogicalId>-<random>" (template.yaml), and
+    # would fit "<stack>-*-????????" only if that random part were exactly 8 characters; and even
+    # then IAM refuses to delete a role that still has inline policies (DeleteConflict:
+    # https://docs.aws.amazon.com/IAM/latest/APIReference/API_DeleteRole.html), which every stack
+    # role has and which this policy can remove only from a role with the stack's boundary.
+    jobs = [f"{path}{stack}-*-????????", f"{path}{stack}-*-????????-prof"]
     return [
-        # each job's worker role (deploy/roles.py), created only with the stack's boundary
         {
             "Sid": "JobRoles",
             "Effect": "Allow",
             "Action": ["iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy"],
-            "Resource": f"{path}*",
+            "Resource": jobs,
             "Condition": {"ArnLike": {"iam:PermissionsBoundary": bound}},
         },
-        {"Sid": "RemoveJobRoles", "Effect": "Allow", "Action": ["iam:DeleteRole"], "Resource": f"{path}*"},
+        {"Sid": "RemoveJobRoles", "Effect": "Allow", "Action": ["iam:DeleteRole"], "Resource": jobs},
+        # functions run with their job's role; never the control role (the default worker's: a new
+        # function running it would act as the stack's remediation) or the job machine's role
         {
-            "Sid": "PassStackRoles",
+            "Sid": "PassJobRoles",
             "Effect": "Allow",
             "Action": ["iam:PassRole"],
-            # the stack's roles and its jobs': all under the stack's path
-            "Resource": f"{path}*",
-            "Condition": {"StringEquals": {"iam:PassedToService": ["lambda.amazonaws.com", "states.amazonaws.com"]}},
+            "Resource": jobs,
+            "Condition": {"StringEquals": {"iam:PassedToService": "lambda.amazonaws.com"}},
+        },
+        # the window machines run with the stack's WindowStatesRole (the StatesRoleArn output).
+        # CloudFormation names it "<stack>-WindowStatesRole-<random>" but shortens the stack part
+        # when the whole would pass IAM's 64 characters (aws/serverless-application-model
+        # discussion 3262: "my-stack-na-MyFunctionRole-..."), so the pattern does not spell the
+        # stack: the path, which the template sets to the stack's own, already scopes it.
+        {
+            "Sid": "PassWindowRole",
+            "Effect": "Allow",
+            "Action": ["iam:PassRole"],
+            "Resource": f"{path}*-WindowStatesRole-*",
+            "Condition": {"StringEquals": {"iam:PassedToService": "states.amazonaws.com"}},
         },
     ]
 
 
 def _states_statements(states: str, stack: str) -> list[Statement]:
-    """The per-job state machines and their executions, by name ("<stack>-*"; ``states``: the
-    Step Functions ARN prefix of the stack's region and account)."""
+    """The per-job window machines ("<stack>-<job>-window"), the job machine ("<stack>-job") and
+    their executions (``states``: the Step Functions ARN prefix of the stack's region and account).
+    Only windows are created, changed and deleted: the job machine is the stack's."""
     return [
         {
-            "Sid": "StateMachines",
+            "Sid": "WindowStateMachines",
             "Effect": "Allow",
             "Action": [
                 "states:CreateStateMachine",
                 "states:UpdateStateMachine",
                 "states:DeleteStateMachine",
-                "states:DescribeStateMachine",
                 "states:TagResource",
-                "states:StartExecution",
-                "states:ListExecutions",
             ],
+            "Resource": f"{states}:stateMachine:{stack}-*-window",
+        },
+        # start and resume a job (the job machine), read a window's definition, list executions
+        {
+            "Sid": "StateMachines",
+            "Effect": "Allow",
+            "Action": ["states:DescribeStateMachine", "states:StartExecution", "states:ListExecutions"],
             "Resource": f"{states}:stateMachine:{stack}-*",
         },
         {

@@ -14,12 +14,15 @@ are the deployer's, whose policy the AWS tests check with moto. A call a role ma
 cannot map to an IAM action and resource is denied, never waved through: the gap shows in a test
 instead of on AWS.
 
-Also here: Lambda refuses a role IAM has not yet propagated (CreateFunction right after CreateRole:
-"The role defined for the function cannot be assumed by Lambda."), for ``role_propagation_s``.
+Also here, for every caller: Lambda refuses a role IAM has not yet propagated (CreateFunction right
+after CreateRole: "The role defined for the function cannot be assumed by Lambda."), for
+``role_propagation_s``; and S3 refuses a PUT whose x-amz-checksum-sha256 is not its body's (400
+BadDigest), which moto would store as given (see :func:`_bad_digest`).
 """
 
 from __future__ import annotations
 
+import base64
 import datetime
 import hashlib
 import io
@@ -105,15 +108,40 @@ def _s3_request(method: str, path: str, query: dict[str, list[str]], environ: WS
         action = "s3:ListMultipartUploadParts" if method == "GET" else "s3:AbortMultipartUpload"
         return Request("s3", [(action, obj, {})])
     if method in ("GET", "HEAD"):
-        return Request("s3", [("s3:GetObject", obj, {})])
-    if method in ("PUT", "POST"):  # PutObject, and the parts of a multipart upload
+        # a specific version is s3:GetObjectVersion, and s3:GetObject does not grant it (GetObject's
+        # API reference, "versionId")
+        return Request("s3", [("s3:GetObjectVersion" if "versionId" in query else "s3:GetObject", obj, {})])
+    if method in ("PUT", "POST"):  # PutObject, the parts of a multipart upload, and the copies
         checks: list[tuple[str, str, dict[str, Any]]] = [("s3:PutObject", obj, {})]
         if environ.get("HTTP_X_AMZ_TAGGING"):
             checks.append(("s3:PutObjectTagging", obj, {}))
-        return Request("s3", checks)
+        return Request("s3", checks + _copy_source_checks(environ))
     if method == "DELETE":
-        return Request("s3", [("s3:DeleteObject", obj, {})])
+        return Request("s3", [("s3:DeleteObjectVersion" if "versionId" in query else "s3:DeleteObject", obj, {})])
     return Request("s3", [(f"s3:?{method}", obj, {})])
+
+
+def _copy_source_checks(environ: WSGIEnvironment) -> list[tuple[str, str, dict[str, Any]]]:
+    """What a request with a source (x-amz-copy-source: CopyObject, UploadPartCopy) needs on it.
+
+    S3 reads the source for the caller, so it checks s3:GetObject on the source object besides
+    s3:PutObject on the destination (S3 API reference, CopyObject and UploadPartCopy,
+    "Permissions": https://docs.aws.amazon.com/AmazonS3/latest/API/API_CopyObject.html,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_UploadPartCopy.html); a source
+    "?versionId=" is a specific version, s3:GetObjectVersion. The header is "bucket/key" or
+    "/bucket/key", the key URL-encoded. An access point or Outposts ARN as the source is not modelled
+    here, so it is denied rather than waved through.
+    """
+    source = environ.get("HTTP_X_AMZ_COPY_SOURCE")
+    if source is None:
+        return []
+    path, _, version = source.partition("?")  # the key's own "?" arrives encoded (%3F)
+    path = unquote(path).lstrip("/")
+    action = "s3:GetObjectVersion" if "versionId" in parse_qs(version) else "s3:GetObject"
+    bucket, _, key = path.partition("/")
+    if path.startswith("arn:") or not bucket or not key:
+        return [("s3:?copy-source", path, {})]
+    return [(action, f"arn:aws:s3:::{bucket}/{key}", {})]
 
 
 _LAMBDA_ROUTES: list[tuple[str, str, str]] = [
@@ -193,6 +221,10 @@ class AccessControl:
             refused = self._unpropagated_role(body())
             if refused:
                 return self._error(start_response, "lambda", 400, "InvalidParameterValueException", refused, method)
+        if service == "s3" and method == "PUT":
+            refused = _bad_digest(environ, body)
+            if refused:
+                return self._error(start_response, "s3", 400, "BadDigest", refused, method)
         session = _sessions.get(found.group(1)) if found else None
         if session is None or not self.enforce:
             return self.app(environ, start_response)
@@ -253,6 +285,23 @@ class AccessControl:
             body = b""
         start_response(f"{status} {reason}", [*headers, ("Content-Length", str(len(body)))])
         return [body]
+
+
+def _bad_digest(environ: WSGIEnvironment, body: Callable[[], bytes]) -> str | None:
+    """S3's answer to a PUT whose SHA-256 checksum header is not its body's, or None.
+
+    S3 computes the checksum of what it receives and refuses the PUT when it differs from the one
+    given (S3 user guide, "Checking object integrity for data uploads":
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/checking-object-integrity-upload.html);
+    moto stores the given value unchecked, and the SDK's data upload trusts the stored one
+    (deploy/dataset.py). A checksum in an aws-chunked trailer is not read here.
+    """
+    given = environ.get("HTTP_X_AMZ_CHECKSUM_SHA256")
+    if not given or environ.get("HTTP_X_AMZ_CONTENT_SHA256", "").startswith("STREAMING-"):
+        return None
+    if base64.b64encode(hashlib.sha256(body()).digest()).decode() == given:
+        return None
+    return "The SHA256 you specified did not match the calculated checksum."
 
 
 def _xml(text: str) -> str:
