@@ -126,51 +126,12 @@ def cleanup_job(
     """
     job_id = job_id_from(job_id)
     log = log or _quiet
-    job_sm_name = res.job_state_machine_arn.split(":")[-1]
-    execution = res.job_state_machine_arn.replace(":stateMachine:", ":execution:") + f":{job_id}"
     removed = Removed()
-    try:
-        links, latest = follow(c.sfn, execution)  # the job's latest execution (it continues as new ones)
-        execution, status = links[-1], latest["status"]
-    except c.sfn.exceptions.ExecutionDoesNotExist:
-        status = None
-    spec: JobSpec | None = None
-    try:
-        spec = JobSpec.model_validate(read_json(c.s3, res.bucket, keys.job_spec(job_id)))
-    except c.s3.exceptions.NoSuchKey:
-        pass
-    sm_arn = (
-        spec.window_state_machine
-        if spec is not None and spec.window_state_machine
-        else res.job_state_machine_arn.replace(job_sm_name, window_state_machine_name(res, job_id))
-    )
-    if status == "RUNNING":
-        if not stop_running:
-            raise DeployError(f"job {job_id} is still running ({execution}); stop it first or pass --force")
-        c.sfn.stop_execution(executionArn=execution, error="Stagecoach.Cleanup", cause="stopped by stagecoach cleanup")
-        removed.stopped.append(execution)
-        log(f"stopped {execution}")
-    # a window execution outlives its stopped parent for a moment: stop it before its functions go
-    try:
-        for page in c.sfn.get_paginator("list_executions").paginate(stateMachineArn=sm_arn, statusFilter="RUNNING"):
-            for e in page["executions"]:
-                c.sfn.stop_execution(executionArn=e["executionArn"], error="Stagecoach.Cleanup", cause="stopped by stagecoach cleanup")
-                removed.stopped.append(e["executionArn"])
-    except c.sfn.exceptions.StateMachineDoesNotExist:
-        pass
-    if spec is not None:
-        plan = spec.to_plan()
-        per_worker = per_worker_functions(plan, spec.warm_state)
-        functions = [name for s in range(plan.stages) for name in stage_functions(plan, s, function_name(res, job_id, s), per_worker)]
-    else:  # the launch failed before job.json: find its functions by name
-        prefix = function_name(res, job_id, 0)[:-1]
-        functions = [
-            f["FunctionName"]
-            for page in c.lambda_.get_paginator("list_functions").paginate()
-            for f in page["Functions"]
-            if f["FunctionName"].startswith(prefix)
-        ]
-    removed.functions = delete_functions(c, functions, log)
+    spec = _spec(res, c, job_id)
+    sm_arn = _window_state_machine(res, job_id, spec)
+    _stop_job_execution(res, c, job_id, stop_running, removed, log)
+    _stop_windows(c, sm_arn, removed)
+    removed.functions = delete_functions(c, _functions(res, c, job_id, spec), log)
     removed.state_machines = delete_state_machines(c, [sm_arn], log)
     if delete_job_role(res, c, job_id):
         removed.roles.append(job_id)
@@ -178,3 +139,62 @@ def cleanup_job(
     if not keep_results:
         removed.objects = delete_objects(res, c, job_id, log)
     return removed
+
+
+def _spec(res: StackResources, c: Clients, job_id: str) -> JobSpec | None:
+    """The job's spec, or None where its launch failed before writing it."""
+    try:
+        return JobSpec.model_validate(read_json(c.s3, res.bucket, keys.job_spec(job_id)))
+    except c.s3.exceptions.NoSuchKey:
+        return None
+
+
+def _window_state_machine(res: StackResources, job_id: str, spec: JobSpec | None) -> str:
+    """The window state machine's ARN: the spec's, else the one its name rule gives."""
+    if spec is not None and spec.window_state_machine:
+        return spec.window_state_machine
+    job_sm_name = res.job_state_machine_arn.split(":")[-1]
+    return res.job_state_machine_arn.replace(job_sm_name, window_state_machine_name(res, job_id))
+
+
+def _stop_job_execution(res: StackResources, c: Clients, job_id: str, stop_running: bool, removed: Removed, log: Log) -> None:
+    """Stop the job's latest execution (it continues as new ones) if it runs and we may; refuse if not."""
+    execution = res.job_state_machine_arn.replace(":stateMachine:", ":execution:") + f":{job_id}"
+    try:
+        links, latest = follow(c.sfn, execution)
+    except c.sfn.exceptions.ExecutionDoesNotExist:
+        return
+    execution = links[-1]
+    if latest["status"] != "RUNNING":
+        return
+    if not stop_running:
+        raise DeployError(f"job {job_id} is still running ({execution}); stop it first or pass --force")
+    c.sfn.stop_execution(executionArn=execution, error="Stagecoach.Cleanup", cause="stopped by stagecoach cleanup")
+    removed.stopped.append(execution)
+    log(f"stopped {execution}")
+
+
+def _stop_windows(c: Clients, sm_arn: str, removed: Removed) -> None:
+    """A window execution outlives its stopped parent for a moment: stop it before its functions go."""
+    try:
+        for page in c.sfn.get_paginator("list_executions").paginate(stateMachineArn=sm_arn, statusFilter="RUNNING"):
+            for e in page["executions"]:
+                c.sfn.stop_execution(executionArn=e["executionArn"], error="Stagecoach.Cleanup", cause="stopped by stagecoach cleanup")
+                removed.stopped.append(e["executionArn"])
+    except c.sfn.exceptions.StateMachineDoesNotExist:
+        pass
+
+
+def _functions(res: StackResources, c: Clients, job_id: str, spec: JobSpec | None) -> list[str]:
+    """The job's functions: from its plan, or (the launch failed before job.json) by their name."""
+    if spec is not None:
+        plan = spec.to_plan()
+        per_worker = per_worker_functions(plan, spec.warm_state)
+        return [name for s in range(plan.stages) for name in stage_functions(plan, s, function_name(res, job_id, s), per_worker)]
+    prefix = function_name(res, job_id, 0)[:-1]
+    return [
+        f["FunctionName"]
+        for page in c.lambda_.get_paginator("list_functions").paginate()
+        for f in page["Functions"]
+        if f["FunctionName"].startswith(prefix)
+    ]
