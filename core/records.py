@@ -15,7 +15,11 @@ from stagecoach.planner.profile.flows import Flow
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A float that is NaN or infinite (a diverged loss, a gradient norm) is written as the JSON
+    # strings "NaN", "Infinity", "-Infinity", which a reader parses back to the float: pydantic's
+    # default writes it as null, which reads back as "no value" (a NaN loss left out of the mean),
+    # and JSON itself (RFC 8259) has no NaN. https://docs.pydantic.dev/latest/api/config/#pydantic.config.ConfigDict.ser_json_inf_nan
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="strings")
 
 
 class DatasetRef(_Record):
@@ -46,6 +50,10 @@ class EvalResult(_Record):
 class JobSpec(_Record):
     """``jobs/{job}/job.json``: what the SDK deployed, read by every worker and by `inspect`."""
 
+    # its untyped values (the plan, the optimizer groups' hyperparameters, the prices) have no
+    # float type to read "Infinity" back into: an infinite hyperparameter is written as the bare
+    # constant, which only pydantic reads this file with, and parses back to the float
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
     job: str
     name: str
     seed: int
@@ -90,6 +98,9 @@ class JobSpec(_Record):
     # the cost cap (``--max-cost``): the iteration gate stops the job at the next iteration
     # boundary once the metered cost passes it (lambdas/gate.py); None: no cap
     max_cost_usd: float | None = None
+    # Job.stop_on_nonfinite_loss: the iteration gate stops the job at the iteration boundary after
+    # an iteration whose loss is NaN or infinite on any replica (lambdas/gate.py)
+    stop_on_nonfinite_loss: bool = False
     # the prices the job is metered at (core/cost.py Prices, from the planner's platform for the
     # functions' architecture), fixed at launch so a later price change never re-prices a job
     prices: dict[str, Any] | None = None
@@ -128,18 +139,25 @@ class TaskMetrics(_Record):
     max_rss_mb: float
     # bytes of the parameters and buffers the container's stage modules hold (each storage once)
     model_bytes: int | None = None
-    loss: float | None = None  # the last stage's backward: mean loss over its micro-batches
+    # the last stage's backward: mean loss over its micro-batches (NaN or infinite when one's is)
+    loss: float | None = None
     lr: list[float] | None = None  # ... and, under a scheduler, each parameter group's learning rate
     eval_metrics: dict[str, float] | None = None  # an evaluate task of the last stage: its slice's metric means
     grad_norm: float | None = None  # an updating task, under clipping: the global gradient norm before clipping
 
 
+# why a job stopped: on request (Run.stop, `stagecoach stop`), at its cost cap, or on a loss that
+# is NaN or infinite (Job.stop_on_nonfinite_loss)
+StopReason = Literal["requested", "max_cost", "nonfinite_loss"]
+
+
 class StopRequest(_Record):
     """``jobs/{job}/stop/request.json``: asks the job to stop at its next iteration boundary.
     Written by the client (``Run.stop()``, ``stagecoach stop``) or by the iteration gate when the
-    metered cost passed the job's cap; read by the gate before every iteration (lambdas/gate.py)."""
+    metered cost passed the job's cap or, under ``stop_on_nonfinite_loss``, the last iteration's
+    loss was NaN or infinite; read by the gate before every iteration (lambdas/gate.py)."""
 
-    reason: Literal["requested", "max_cost"]
+    reason: StopReason
     time: float
     detail: str = ""
 
@@ -150,7 +168,7 @@ class StopRecord(_Record):
     (complete: every task of iteration ``version`` - 1 had finished). What a resume starts from."""
 
     version: int
-    reason: Literal["requested", "max_cost"]
+    reason: StopReason
     time: float
     detail: str = ""
     attempt: str = ""  # the window execution that stopped

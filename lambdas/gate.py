@@ -8,7 +8,10 @@ and once more when the window has run its last one (planner/emit/asl.py ``Gate``
 - a stop request exists (``jobs/{job}/stop/request.json``: ``Run.stop()``, ``stagecoach stop``);
 - the job has a cost cap (``JobSpec.max_cost_usd``) and what it has used so far passes it: the
   gate then writes the stop request itself (reason ``max_cost``), so the job stops whoever is
-  watching, or nobody (the client may be gone).
+  watching, or nobody (the client may be gone);
+- the job stops on a non-finite loss (``JobSpec.stop_on_nonfinite_loss``) and the iteration just
+  run had a loss that is NaN or infinite on some replica (its last stage's backward metrics, one
+  GET per replica): the gate writes the stop request (reason ``nonfinite_loss``) likewise.
 
 Stopping happens only between iterations: every task of iteration t-1 has finished, so version t
 of the parameters, optimizer state and running statistics is complete, and nothing of iteration t
@@ -25,6 +28,7 @@ transitions from the execution histories instead. docs/cost.md.
 
 from __future__ import annotations
 
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -113,11 +117,40 @@ def meter(ch: Channel, spec: JobSpec, ev: GateEvent, started: float, memory_mb: 
     return tally
 
 
+def nonfinite_loss(ch: Channel, job: str, plan: Plan, t: int) -> str | None:
+    """What is not finite about iteration t's loss ("iteration 3's loss is nan on replica 1 of 2"),
+    from its last stage's backward tasks' metrics (one per replica: handler.py); None if every
+    replica's loss is finite."""
+    last = plan.stages - 1
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        bodies = list(pool.map(ch.get_bytes, [keys.metrics(job, t, "backward", last, r) for r in range(plan.replicas)]))
+    bad = []
+    for r, body in enumerate(bodies):
+        loss = TaskMetrics.model_validate_json(body).loss if body is not None else None
+        if loss is not None and not math.isfinite(loss):
+            bad.append(f"{loss} on replica {r}")
+    return f"iteration {t}'s loss is {', '.join(bad)} of {plan.replicas}" if bad else None
+
+
+def _nonfinite_request(ch: Channel, spec: JobSpec, ev: GateEvent) -> StopRequest | None:
+    """Under ``stop_on_nonfinite_loss``: the stop request, written, if the iteration this window
+    attempt ran last (t - 1) had a loss that is not finite. A window's first gate checks nothing:
+    the previous window's last gate checked its last iteration, and a resumed job goes on."""
+    if not spec.stop_on_nonfinite_loss or not ev.window_start < ev.t < spec.iterations:
+        return None
+    detail = nonfinite_loss(ch, ev.job, spec.to_plan(), ev.t - 1)
+    if detail is None:
+        return None
+    request = StopRequest(reason="nonfinite_loss", time=time.time(), detail=detail)
+    ch.put_bytes(keys.stop_request(ev.job), request.model_dump_json().encode())
+    return request
+
+
 def gate(ev: GateEvent, ch: Channel, started: float, memory_mb: int) -> dict[str, Any]:
     """May the job run iteration ``ev.t``? ``{"stop": bool}`` for the window's Go? choice."""
     spec = _spec(ch, ev.job)
     body = ch.get_bytes(keys.stop_request(ev.job))
-    request = StopRequest.model_validate_json(body) if body is not None else None
+    request = StopRequest.model_validate_json(body) if body is not None else _nonfinite_request(ch, spec, ev)
     out: dict[str, Any] = {"stop": False}
     if spec.max_cost_usd is not None:
         tally = meter(ch, spec, ev, started, memory_mb)

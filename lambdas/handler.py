@@ -126,7 +126,10 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     m = _task_metrics(ctx, ch, ev, index, t0, int(context.memory_limit_in_mb), (container, started), result)
     ch.put_bytes(keys.metrics(ev.job, ev.t, ev.phase, ev.stage, index), m.model_dump_json(exclude_none=True).encode())
     logger.info("task done", extra={"duration_s": m.duration_s, "cold": m.cold})
-    return {"phase": ev.phase, "t": ev.t, "stage": ev.stage, "index": index, **result}
+    # the output goes to Step Functions, which reads only valid JSON: a NaN or infinite loss goes as
+    # the string the metrics hold ("NaN"; core/records.py), never Python's bare NaN, which its parser
+    # refuses (https://github.com/nasa/cumulus-message-adapter/issues/105; RFC 8259 has no NaN)
+    return {"phase": ev.phase, "t": ev.t, "stage": ev.stage, "index": index, **json.loads(m.model_dump_json(include=set(result)))}
 
 
 def _gate(event: dict[str, Any], context: Any) -> dict[str, Any]:

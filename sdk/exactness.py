@@ -72,6 +72,18 @@ class ModelFacts:
     # flows.py), sent straight from the stage computing each to the stages reading it; None for an
     # nn.Sequential, whose blocks pass their whole output on
     flows: tuple[Flow, ...] | None = None
+    # parameters another block holds as a buffer (:func:`parameter_buffers`): no cut may separate them
+    parameter_buffers: tuple[ParameterBuffer, ...] = ()
+
+
+@dataclass(frozen=True)
+class ParameterBuffer:
+    """A block's buffer that is (or views) another block's parameter: blocks ``first`` to ``last``
+    must share a stage. ``what`` names both, for the refusal."""
+
+    first: int
+    last: int
+    what: str
 
 
 def _tol(dtype: torch.dtype) -> float:
@@ -119,6 +131,32 @@ def check_structure(blocks: Sequence[nn.Module]) -> None:
             owner[key] = i
 
 
+def parameter_buffers(blocks: Sequence[nn.Module]) -> tuple[ParameterBuffer, ...]:
+    """Buffers that are another block's parameter (``self.register_buffer("w", other.lin.weight)``)
+    or a view of one.
+
+    In one process they are one tensor: the buffer's use adds to the parameter's gradient, and
+    the optimizer's update shows in the buffer. On a stage of its own the block would keep the
+    buffer's version-0 values and send no gradient back (a tied parameter is different: it
+    travels, training.ownership). So only plans that keep both blocks on one stage are exact
+    (:func:`check_plan`).
+    """
+    params: dict[int, tuple[int, str]] = {}
+    for j, block in enumerate(blocks):
+        for name, p in block.named_parameters():
+            if p.numel():
+                params.setdefault(p.untyped_storage().data_ptr(), (j, name))
+    out = []
+    for i, block in enumerate(blocks):
+        for name, b in block.named_buffers():
+            j, pname = params.get(b.untyped_storage().data_ptr(), (i, "")) if b.numel() else (i, "")
+            if j != i and blocks[j] is not block:
+                relation = "is" if any(p is b for p in blocks[j].parameters()) else "views"
+                what = f"block {i}'s buffer {name!r} {relation} block {j}'s parameter {pname!r}"
+                out.append(ParameterBuffer(min(i, j), max(i, j), what))
+    return tuple(out)
+
+
 def check_factory(first: nn.Module, second: nn.Module) -> None:
     """The factory builds a new, identical model each time (workers rebuild it from the same seed)."""
     if first is second:
@@ -141,6 +179,25 @@ def check_loss(loss: Loss) -> None:
         raise NotExact(
             f"job.loss ({type(loss).__name__}) has parameters, which Stagecoach never trains: move them into the model's last block"
         )
+
+
+def check_loss_gradient(out: Any, value: Any) -> None:
+    """The loss of the model's output carries a gradient back to the parameters: without one,
+    nothing trains (the runtime would fail at the first backward pass)."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.requires_grad:
+        return
+    floating = [t for t in boundary.leaves(out) if t.is_floating_point() or t.is_complex()]
+    if not floating:
+        dtype = boundary.leaves(out)[0].dtype
+        raise NotExact(
+            f"the model's output is an integer tensor ({dtype}): no gradient flows through it, so no parameter would "
+            "train. The model must return floating values (e.g. logits), which the loss compares with the targets; "
+            "take argmax or round in a metric (Job(metrics=...)), not in the model"
+        )
+    raise NotExact(
+        "job.loss(output, target) carries no gradient back to the model (its value does not require grad): it must be "
+        "computed from the output with torch operations, without .detach(), .item(), numpy or torch.no_grad()"
+    )
 
 
 # -- running the model ----------------------------------------------------------------------------------
@@ -700,6 +757,7 @@ def examine(
     flows = model.flows if isinstance(model, Blocks) else None
     blocks = list(model)
     check_structure(blocks)
+    ties = parameter_buffers(blocks)
     check_factory(model, build())
     check_loss(loss)
     model.train()
@@ -707,9 +765,9 @@ def examine(
     out, crossing = _forward(blocks, x, seed)
     check_buffers_unchanged(blocks, before)
     value = loss(out, y)
-    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.requires_grad:
-        torch.autograd.backward(value)
-        check_gradients(blocks)
+    check_loss_gradient(out, value)
+    torch.autograd.backward(value)
+    check_gradients(blocks)
     coupling = batch_coupling(blocks, x, seed)
     beyond = coupling_beyond_batch_norm(blocks, x, seed) if coupling is not None else None
     not_mean = loss_not_mean(loss, boundary.map_leaves(torch.Tensor.detach, out), y)
@@ -726,6 +784,7 @@ def examine(
         optimizer_groups=groups,
         full_build=full_build,
         flows=flows,
+        parameter_buffers=ties,
     )
 
 
@@ -781,6 +840,15 @@ def check_plan(
                 f"the plan cuts after block {cut - 1}, whose output holds a {str(complex_[0]).removeprefix('torch.')} tensor: "
                 "complex tensors cannot cross a stage boundary. Choose a balance that keeps that block and the next on one stage"
             )
+        for tie in facts.parameter_buffers:
+            if tie.first <= cut - 1 < tie.last:
+                raise NotExact(
+                    f"the plan cuts after block {cut - 1}, between two uses of one tensor: {tie.what}. On different stages "
+                    "the buffer would stay a copy of the initial values and its use would send the parameter no gradient. "
+                    f"Choose a balance that keeps blocks {tie.first} to {tie.last} on one stage, or make it a parameter of "
+                    "both blocks (assign it, self.w = other.lin.weight, instead of register_buffer: tied weights train "
+                    "exactly across stages)"
+                )
     if replicas * micro_batches > 1:
         why = split_batch_refusal(facts, deferred_batch_norm)
         if why:

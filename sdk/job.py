@@ -27,8 +27,9 @@ from stagecoach.core import boundary
 from stagecoach.core.graph_split import Blocks, SplitError, SplitFactory, suggest
 from stagecoach.core.profiling import measure_model
 from stagecoach.core.samples import LocalSamples, as_dtype, encode
-from stagecoach.core.schedule import MakeScheduler, stand_in
+from stagecoach.core.schedule import MakeScheduler, Schedule, stand_in
 from stagecoach.core.training import DTYPE_NAMES, build_model, master_dtype
+from stagecoach.deploy.upload import JobCodeError, pickle_job_code
 from stagecoach.errors import StagecoachError
 from stagecoach.planner.limits import EXECUTION_INPUT_MAX_BYTES
 from stagecoach.planner.model.passes import checkpoint_pass, evaluate_pass
@@ -78,7 +79,7 @@ class Job:
                   Parameter groups (built over ``params``, e.g. by ``p.ndim``) keep their own
                   hyperparameters. What the runtime cannot train exactly is refused by
                   ``validate`` (docs/exactness.md).
-    train:        (inputs, targets) tensors, or any map-style torch Dataset whose items are
+    train:        (inputs, targets) tensors or numpy arrays, or any map-style torch Dataset whose items are
                   (input, target) pairs of tensors or tensor structures (Python numbers become
                   tensors, as torch's default_collate makes them). It is uploaded once, in
                   content-addressed shards, and a worker reads only its micro-batches' samples
@@ -123,6 +124,11 @@ class Job:
                   (then every replica and sync task gets a function of its own) each shard's
                   optimizer state. False: store every iteration's, one function per stage (the
                   earlier behaviour, also what a restart-heavy run may prefer).
+    stop_on_nonfinite_loss: end the job at the iteration boundary after an iteration whose loss
+                  is NaN or infinite on any replica (status STOPPED, reason "nonfinite_loss",
+                  its checkpoint kept, as ``Run.stop()`` ends it; docs/cost.md "Stopping"), as
+                  Lightning's ``EarlyStopping(check_finite=True)`` does. False: train on, the
+                  losses reported as NaN (Run.losses(), the progress bar, `stagecoach inspect`).
     """
 
     model: Callable[[], nn.Module]
@@ -147,6 +153,7 @@ class Job:
     blocks: Sequence[str] | None = None
     deferred_batch_norm: bool = False
     warm_state: bool = True
+    stop_on_nonfinite_loss: bool = False
     _facts: exactness.ModelFacts | None = field(default=None, init=False, repr=False)
     _samples: LocalSamples | None = field(default=None, init=False, repr=False)
 
@@ -215,6 +222,31 @@ class Job:
             raise JobError(
                 f"job.scheduler returned {type(sched).__name__}, which has no step(): return a torch.optim.lr_scheduler scheduler"
             )
+
+    def _check_schedule_length(self) -> None:
+        """The scheduler steps through every iteration, as the workers step it (core/schedule.py,
+        with the job's parameter groups) and a plain loop would: a schedule shorter than the job
+        (OneCycleLR's total_steps) raises past its end, which would fail a task mid-run."""
+        if self.scheduler is None:
+            return
+        groups = self._facts.optimizer_groups if self._facts is not None else None
+        schedule = Schedule(self.optimizer, self.scheduler, list(groups.hparams) if groups is not None else None)
+        try:
+            schedule.at(self.iterations)
+        except Exception as e:
+            raise JobError(
+                f"job.scheduler fails at step {schedule.t + 1} of the job's {self.iterations} iterations ({type(e).__name__}: {e}): "
+                f"it is stepped once per iteration, as optimizer.step(); scheduler.step() in a plain loop; give a "
+                f"schedule that covers all {self.iterations} iterations (e.g. OneCycleLR(total_steps={self.iterations}))"
+            ) from None
+
+    def _check_code(self) -> None:
+        """What travels to the workers pickles (cloudpickle, as the upload pickles it), before
+        anything is uploaded: a lock, a file or a client held by a function would fail there."""
+        try:
+            pickle_job_code(self)
+        except JobCodeError as e:
+            raise JobError(str(e)) from None
 
     @property
     def evaluation_set(self) -> Any:
@@ -308,6 +340,8 @@ class Job:
             )
         except exactness.NotExact as e:
             raise JobError(str(e)) from None
+        self._check_schedule_length()
+        self._check_code()
         if plan is not None:
             self.check_plan(plan)
 
@@ -322,6 +356,8 @@ class Job:
             v = getattr(self, what)
             if not isinstance(v, int) or isinstance(v, bool) or v < (0 if what == "seed" else 1):
                 raise JobError(f"job.{what}={v!r}: must be a {'non-negative' if what == 'seed' else 'positive'} integer")
+        if self.seed >= 2**64:  # torch.manual_seed takes [-2**63, 2**64): every build and draw is seeded by it
+            raise JobError(f"job.seed={self.seed}: torch.manual_seed takes seeds below 2**64; give an integer in [0, 2**64)")
 
     def _check_switches(self) -> None:
         """The settings that choose how the runtime trains (deferred batch norm, warm state, the
@@ -330,6 +366,8 @@ class Job:
             raise JobError(f"job.deferred_batch_norm={self.deferred_batch_norm!r}: must be True or False")
         if not isinstance(self.warm_state, bool):
             raise JobError(f"job.warm_state={self.warm_state!r}: must be True or False")
+        if not isinstance(self.stop_on_nonfinite_loss, bool):
+            raise JobError(f"job.stop_on_nonfinite_loss={self.stop_on_nonfinite_loss!r}: must be True or False")
         if self.dtype not in DTYPE_NAMES:
             raise JobError(
                 f"job.dtype={self.dtype}: use torch.float32, torch.float64, or torch.bfloat16 (mixed precision: bf16 compute "
@@ -340,8 +378,12 @@ class Job:
         """The training and test sets are data sets a worker can read by sample, one global batch
         fits the training set, and the transform can be applied: returns the training samples."""
         samples = self.samples
-        if self.test is not None:
-            _samples(self.test, "test")
+        # every item read once, as the upload reads them: what only a worker would trip on
+        for data in [samples, *(_samples(d, w) for d, w in ((self.validation, "validation"), (self.test, "test")) if d is not None)]:
+            try:
+                data.check_all()
+            except TypeError as e:
+                raise JobError(str(e)) from None
         if self.global_batch > len(samples):
             raise JobError(
                 f"global batch {self.global_batch} is larger than the training set ({len(samples)} samples): use a smaller global batch"
@@ -401,7 +443,29 @@ class Job:
             raise JobError(f"job.loss fails on the model's output and the labels: {e}") from None
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise JobError("job.loss must return a scalar tensor (a mean over the batch)")
+        if not bool(torch.isfinite(loss)):
+            raise JobError(self._not_finite(n, float(loss)))
         return sample, labels
+
+    def _not_finite(self, n: int, loss: float) -> str:
+        """Why the loss of the first ``n`` samples is not finite, for the refusal: the exactness
+        checks compare values on them (a NaN equals nothing), and training would be NaN from the
+        first iteration that reads them."""
+        for i in range(n):
+            for part, name in zip(self.samples[i], ("input", "target")):
+                bad = [t for t in boundary.leaves(part) if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+                if bad:
+                    what = "NaN" if bool(bad[0].isnan().any()) else "an infinity"
+                    return (
+                        f"job.train[{i}]'s {name} holds {what}, so the loss of the first {n} samples is {loss}: training would "
+                        "be NaN, and the checks that decide exactness run on these samples. Clean or impute the data "
+                        "(e.g. torch.nan_to_num), or replace NaN inside the model's first block"
+                    )
+        return (
+            f"the loss of the first {n} samples of job.train is {loss} (their inputs and targets are finite): the model's output "
+            "or job.loss overflows or divides by zero on them, so training would not be finite; check the model's "
+            "initialisation and the loss (e.g. log of 0)"
+        )
 
     def _check_split(self, x: Any, y: torch.Tensor) -> None:
         """The chain cut at ``blocks`` computes what job.model() itself does (exactness.check_split)."""
@@ -463,6 +527,7 @@ class Job:
         try:
             model = build_model(self.factory if dtype is None else self._factory_in(dtype), self.seed, dtype or self.dtype)
         except SplitError as e:
+            self._check_lazy_before_split()
             raise JobError(str(e)) from None
         except JobError:
             raise
@@ -476,9 +541,35 @@ class Job:
             )
         if len(model) == 0:
             raise JobError("job.model() returned an empty nn.Sequential")
+        self._check_lazy(model)
         if self.init_from is not None:
             self._load_initial(model)
         return model
+
+    def _check_lazy(self, model: nn.Module) -> None:
+        """No lazy module (nn.LazyLinear, ...) is left uninitialised: its parameters get their
+        shapes at its first forward pass, which every container would otherwise reach only after
+        loading the parameters it has no shapes for. torch's docs advise a dry run after building."""
+        lazy = next((m for m in model.modules() if isinstance(m, nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params()), None)
+        if lazy is None:
+            return
+        x = self.samples[0][0]
+        dry = f"model(torch.zeros(1, {', '.join(map(str, x.shape))}))" if isinstance(x, torch.Tensor) else "model(one_sample_batch)"
+        raise JobError(
+            f"job.model() builds a {type(lazy).__name__} whose parameters are uninitialized until a first forward pass: "
+            "every container must build them with their shapes before loading the trained values. Materialise them in "
+            f"the factory with a dry run, as torch's docs advise (model = Net(); {dry} under torch.no_grad(); return "
+            "model), or give the layer its input size (nn.Linear(in_features, ...))"
+        )
+
+    def _check_lazy_before_split(self) -> None:
+        """A model cut at ``blocks`` that torch.export could not capture: if it holds an
+        uninitialised lazy module, that is the reason to give (``_check_lazy``)."""
+        try:
+            model = build_model(self.model, self.seed, self.dtype)
+        except Exception:
+            return  # the split's own error says why
+        self._check_lazy(model)
 
     def _initial_state(self) -> Mapping[str, torch.Tensor]:
         """``init_from`` as a state_dict (read from its file if it is a path)."""
@@ -498,6 +589,7 @@ class Job:
         (a chain cut at ``blocks`` holds them under those names too)."""
         source = self._initial_state()
         target = model.original_state_dict(keep_vars=True) if isinstance(model, Blocks) else model.state_dict(keep_vars=True)
+        source = _with_aliases(source, target)
         missing, extra = sorted(set(target) - set(source)), sorted(set(source) - set(target))
         if missing or extra:
             raise JobError(
@@ -600,8 +692,7 @@ class Job:
         """What the performance model evaluates ``plan`` from: the model's layers timed here at the
         plan's micro-batch size, the plan as a Config, and the platform as this job uses it."""
         platform = self.runtime_platform(platform or aws_platform())
-        x = self.train[0]
-        sample = x[0].to(self.dtype) if x.is_floating_point() else x[0]
+        sample = boundary.map_leaves(lambda t: t[0], self.head(1)[0])  # as plan() times it: any data set, numpy too
         b = plan.micro_batch_size
         profile = self.with_job_bytes(measure_model(self.build_model(), sample, micro_batch_sizes=(b,), name=self.name))
         choices = tuple(SyncChoice("none", 1) if plan.replicas == 1 else SyncChoice(a, k) for a, k in zip(plan.sync, plan.aggregators))
@@ -693,6 +784,28 @@ def check_max_cost(max_cost: float | None) -> None:
         return
     if isinstance(max_cost, bool) or not isinstance(max_cost, (int, float)) or not (0 < max_cost < float("inf")):
         raise JobError(f"max_cost={max_cost!r}: give a positive number of US dollars, e.g. max_cost=0.50")
+
+
+def _with_aliases(source: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """``source`` with a value for every name of a tensor the model holds under several (tied
+    weights) that it gives under one of them — safetensors' save_model (Hugging Face's files)
+    keeps a tied tensor once. Refuses names of one tensor given different values."""
+    names: dict[int, list[str]] = {}
+    for k, t in target.items():
+        names.setdefault(id(t), []).append(k)
+    out = dict(source)
+    for group in (g for g in names.values() if len(g) > 1):
+        given = [k for k in group if k in source]
+        for k in given[1:]:
+            if source[k].shape != source[given[0]].shape or not torch.equal(source[k], source[given[0]]):
+                raise JobError(
+                    f"job.init_from gives {given[0]!r} and {k!r} different values, but they are one tensor in the model "
+                    "(tied weights): give one value for both"
+                )
+        for k in group:
+            if given:
+                out.setdefault(k, source[given[0]])
+    return out
 
 
 def _first_input(samples: LocalSamples) -> Any:

@@ -115,10 +115,19 @@ def iteration_breakdown(metrics: list[TaskMetrics], complete: int | None = None)
     return out
 
 
+def mean_loss(ms: Iterable[TaskMetrics]) -> float | None:
+    """An iteration's loss, the global-batch mean: the mean of its replicas' losses (the last
+    stage's backward tasks), or None if none has reported one. NaN if any replica's is NaN (or
+    two are infinite with opposite signs), infinite if one is: never the mean of the finite ones."""
+    ls = [m.loss for m in ms if m.loss is not None]
+    return sum(ls) / len(ls) if ls else None
+
+
 def _losses(metrics: list[TaskMetrics], complete: int) -> list[float]:
+    """The loss of each of the first ``complete`` iterations (``mean_loss``; NaN where none is known)."""
     by_it = _by_iteration(metrics)
     out = []
     for t in range(complete):
-        ls = [m.loss for m in by_it.get(t, []) if m.loss is not None]
-        out.append(sum(ls) / len(ls) if ls else float("nan"))
+        loss = mean_loss(by_it.get(t, []))
+        out.append(float("nan") if loss is None else loss)
     return out

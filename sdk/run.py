@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load as st_load
-from safetensors.torch import save_model
+from safetensors.torch import save_file
 from torch import nn
 from tqdm import tqdm
 
@@ -24,7 +24,7 @@ from stagecoach.deploy.resources import BotoClient, Clients
 from stagecoach.deploy.resume import last_checkpoint
 from stagecoach.errors import StagecoachError
 from stagecoach.evaluation import Evaluation, combine
-from stagecoach.metrics import iteration_breakdown
+from stagecoach.metrics import iteration_breakdown, mean_loss
 from stagecoach.planner.emit.asl import STOPPED_ERROR
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.plan import Plan
@@ -33,8 +33,9 @@ if TYPE_CHECKING:  # both sit above this module (pyproject [tool.importlinter]):
     from stagecoach.backend import Backend
     from stagecoach.job import Job
 
-# "STOPPED": the job ended at an iteration boundary on request or at its cost cap, its checkpoint
-# kept (Step Functions reports it as FAILED with the error Stagecoach.Stopped; Run tells them apart)
+# "STOPPED": the job ended at an iteration boundary on request, at its cost cap or on a non-finite
+# loss (Job.stop_on_nonfinite_loss), its checkpoint kept (Step Functions reports it as FAILED with
+# the error Stagecoach.Stopped; Run tells them apart)
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "STOPPED"}
 
 
@@ -82,7 +83,8 @@ class Run:
 
     def status(self) -> str:
         """The job's status: Step Functions' (RUNNING, SUCCEEDED, FAILED, TIMED_OUT, ABORTED), or
-        STOPPED when it ended at an iteration boundary by ``stop()`` or its cost cap."""
+        STOPPED when it ended at an iteration boundary by ``stop()``, its cost cap or a non-finite
+        loss (``stopped()`` says which)."""
         return job_status(self.describe())
 
     # -- stopping --------------------------------------------------------------------------------
@@ -121,7 +123,8 @@ class Run:
 
     def wait(self, progress: bool = True, poll_s: float = 1.0, timeout_s: float | None = None) -> str:
         """Block until the run ends; show iteration, loss and phase times. Returns "SUCCEEDED", or
-        "STOPPED" for a job that ended at an iteration boundary (``stop()``, its cost cap); raises
+        "STOPPED" for a job that ended at an iteration boundary (``stop()``, its cost cap, a
+        non-finite loss); raises
         RunFailed otherwise. Ctrl-C stops nothing: it prints the commands that reach the job."""
 
         # the Job's (a resumed job's has the deployed total), else the deployed spec's
@@ -336,9 +339,9 @@ class Run:
         """Loss (global-batch mean) and each phase's span (first start to last end) at iteration t."""
         ms = self._by_iteration().get(t, [])
         out: dict[str, float] = {}
-        losses = [m.loss for m in ms if m.loss is not None]
-        if losses:
-            out["loss"] = sum(losses) / len(losses)
+        loss = mean_loss(ms)  # NaN or infinite when one replica's is (stagecoach.metrics)
+        if loss is not None:
+            out["loss"] = loss
         for phase in ("forward", "backward", "sync"):
             pm = [m for m in ms if m.phase == phase]
             if pm:
@@ -364,6 +367,8 @@ class Run:
         return {k: sum(r[k] for r in rows) / len(rows) for k in keys_}
 
     def losses(self) -> list[float]:
+        """Per finished iteration, the loss: the mean over the global batch, as a single process
+        would compute it, so NaN (or infinite) when any replica's is."""
         self._fetch_metrics()
         return [self.iteration_summary(t).get("loss", float("nan")) for t in range(self.iterations_done())]
 
@@ -429,8 +434,7 @@ class Run:
     def save(self, directory: str) -> str:
         """Write the trained model (safetensors), the plan, the metrics and the loss curve to ``directory``."""
         os.makedirs(directory, exist_ok=True)
-        # save_model keeps one copy of a tensor the model holds under two names (tied weights)
-        save_model(self.trained_model(), os.path.join(directory, "model.safetensors"))
+        save_state_dict(self.trained_model(), os.path.join(directory, "model.safetensors"))
         with open(os.path.join(directory, "plan.json"), "w") as f:
             f.write(self.plan.to_json())
         with open(os.path.join(directory, "metrics.jsonl"), "w") as f:
@@ -439,6 +443,26 @@ class Run:
         with open(os.path.join(directory, "losses.json"), "w") as f:
             json.dump(self.losses(), f)
         return directory
+
+
+def save_state_dict(model: nn.Module, path: str) -> None:
+    """``model.state_dict()`` as a safetensors file with every name, so that
+    ``model.load_state_dict(load_file(path), strict=True)`` and ``Job(init_from=path)`` take it.
+
+    A tensor the model holds under several names (tied weights) is stored under each, as a copy
+    after the first: safetensors refuses tensors that share memory, and its ``save_model`` would
+    keep one name only, which a strict load then misses. Loading writes the same values into the
+    one tensor once per name, which keeps it tied.
+    """
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        t = t.detach()
+        storage = t.untyped_storage().data_ptr() if t.numel() else None
+        out[name] = t.clone().contiguous() if storage in seen else t.contiguous()
+        if storage is not None:
+            seen.add(storage)
+    save_file(out, path)
 
 
 def job_status(description: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ import random
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from stagecoach import Job, JobError
@@ -247,6 +248,48 @@ def test_any_model_trains_to_the_parameters_of_plain_pytorch(runs, i):
     assert max(float((got[k] - initial[k]).detach().abs().max()) for k in got) > 1e-3, "training moved the parameters"
     assert max(float((got[k] - p).detach().abs().max()) for k, p in expected.named_parameters()) < 1e-5
     assert trained.head.decoder.weight is trained.embeddings.word.weight  # still tied
+
+
+def test_a_saved_model_with_tied_weights_loads_strictly_and_starts_a_job(runs, tmp_path):
+    """Once stored the tied tensor under one name: load_state_dict(strict=True) missed the other,
+    and Job(init_from=...) refused the file the README offers it."""
+    run = runs[CONFIGS[0]]
+    path = os.path.join(run.save(str(tmp_path / "saved")), "model.safetensors")
+    state = load_file(path)
+    trained = run.trained_model()
+    assert set(state) == set(trained.state_dict())  # every name, the tied one too
+    model = tiny_bert().double()
+    model.load_state_dict(state, strict=True)
+    assert all(torch.equal(t, trained.state_dict()[k]) for k, t in model.state_dict().items())
+    assert model.head.decoder.weight is model.embeddings.word.weight  # loading kept the tie
+    job = make_job("any-from-saved", OPTIMIZERS["adam"], init_from=path)
+    job.validate()
+    start = job.user_model(job.build_model()).state_dict()
+    assert all(torch.equal(start[k], t) for k, t in trained.state_dict().items())
+
+
+def test_init_from_takes_a_file_that_keeps_a_tied_tensor_once():
+    """safetensors' save_model (Hugging Face's way) drops a tied tensor's other names: they are
+    one tensor in the model, so the name it kept gives the value of both."""
+    import tempfile
+
+    from safetensors.torch import save_model
+
+    source = tiny_bert().double()
+    with torch.no_grad():
+        source.embeddings.word.weight.add_(1.0)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "once.safetensors")
+        save_model(source, path)
+        assert len(load_file(path)) < len(source.state_dict())
+        job = make_job("any-from-once", OPTIMIZERS["adam"], init_from=path)
+        job.validate()
+        start = job.user_model(job.build_model())
+    assert torch.equal(start.head.decoder.weight, source.embeddings.word.weight)
+    assert start.head.decoder.weight is start.embeddings.word.weight
+    tied_apart = {**source.state_dict(), "head.decoder.weight": torch.zeros_like(source.head.decoder.weight)}
+    with pytest.raises(JobError, match="different values, but they are one tensor in the model"):
+        make_job("any-from-apart", OPTIMIZERS["adam"], init_from=tied_apart).validate()
 
 
 def test_batchnorm_inside_any_model_keeps_running_statistics_like_pytorch(runs):

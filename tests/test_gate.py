@@ -194,3 +194,57 @@ def test_ctrl_c_in_wait_stops_nothing_and_prints_the_commands_on_aws(monkeypatch
     with pytest.raises(KeyboardInterrupt):
         run.wait(progress=False)
     assert "inside this process" in capsys.readouterr().out
+
+
+def put_losses(s3, t, losses):
+    """The last stage's backward task of each replica at iteration t, with its loss."""
+    for r, loss in enumerate(losses):
+        m = TaskMetrics(
+            phase="backward", t=t, stage=1, index=r, start=0.0, end=0.1, duration_s=0.1,
+            upload_s=0.0, download_s=0.0, transfer_s=0.0, wait_s=0.0, bytes_up=0, bytes_down=0, puts=3, gets=5,
+            compute_s=0.1, container="c", container_started=0.0, invocation=1, cold=False,
+            memory_mb=2048, max_rss_mb=100.0, loss=loss,
+        )  # fmt: skip
+        s3.put_object(Bucket="bucket", Key=keys.metrics(JOB, t, "backward", 1, r), Body=m.model_dump_json(exclude_none=True).encode())
+
+
+def test_a_nonfinite_loss_stops_the_job_at_the_next_boundary_when_asked():
+    s3 = MemoryS3()
+    nan = float("nan")
+    s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=spec().model_dump_json().encode())
+    put_losses(s3, 0, [1.0, nan])
+    assert run_gate(s3, ev(1)) == {"stop": False}  # not asked: the job trains on
+    assert keys.stop_request(JOB) not in s3.objects
+
+    from stagecoach.lambdas import gate as gate_module
+
+    gate_module._SPECS.clear()  # a new job (container) that asks for the stop
+    asked = spec().model_copy(update={"stop_on_nonfinite_loss": True})
+    s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=asked.model_dump_json().encode())
+    put_losses(s3, 0, [1.0, 1.2])
+    assert run_gate(s3, ev(1))["stop"] is False
+    put_losses(s3, 1, [1.0, nan])
+    assert run_gate(s3, ev(2))["stop"] is True
+    request = json.loads(s3.objects[keys.stop_request(JOB)])
+    assert request["reason"] == "nonfinite_loss" and request["detail"] == "iteration 1's loss is nan on replica 1 of 2"
+    record = json.loads(s3.objects[keys.stopped(JOB)])
+    assert record["version"] == 2 and record["reason"] == "nonfinite_loss"
+
+
+def test_a_nonfinite_loss_in_a_windows_last_iteration_stops_the_next_window():
+    s3 = MemoryS3()
+    asked = spec().model_copy(update={"stop_on_nonfinite_loss": True})
+    s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=asked.model_dump_json().encode())
+    put_losses(s3, 4, [float("inf"), 1.0])
+    # the window [0, 5) ends: its last gate finds the infinite loss and asks; the next window stops at once
+    assert run_gate(s3, ev(5, end=5))["stop"] is False
+    assert json.loads(s3.objects[keys.stop_request(JOB)])["detail"] == "iteration 4's loss is inf on replica 0 of 2"
+    assert run_gate(s3, ev(5, end=10, window_start=5, attempt="w1-a"))["stop"] is True
+    assert json.loads(s3.objects[keys.stopped(JOB)])["version"] == 5
+    # resumed from version 5 (the request removed): its first gate looks at nothing before it
+    del s3.objects[keys.stop_request(JOB)], s3.objects[keys.stopped(JOB)]
+    assert run_gate(s3, ev(5, end=10, window_start=5, attempt="r1-a"))["stop"] is False
+    # the job's last iteration: nothing is left to stop
+    put_losses(s3, 9, [float("nan"), float("nan")])
+    assert run_gate(s3, ev(10, end=10, window_start=5, attempt="r1-a"))["stop"] is False
+    assert keys.stop_request(JOB) not in s3.objects

@@ -145,7 +145,9 @@ def _report(run: Run, job: Job, status: str, predicted: CostReport, wall: float,
     if status == "STOPPED":
         record = run.stopped()
         if record is not None:
-            why = "its measured cost passed the cap" if record.reason == "max_cost" else "on request"
+            why = {"max_cost": "its measured cost passed the cap", "nonfinite_loss": "its loss was NaN or infinite"}.get(
+                record.reason, "on request"
+            )
             click.echo(f"stopped before iteration {record.version} ({why}): the results are version {record.version}'s checkpoint")
     losses = run.losses()
     directory = run.save(os.path.join(out, run.job_id))

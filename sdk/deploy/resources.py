@@ -103,10 +103,38 @@ def check_name_lengths(stack: str, job_name: str, stages: int, workers: int = 0)
         )
 
 
+# A job execution's name: the job id (its first execution), ``{job}-c{n}`` for a continuation
+# (deploy/chain.py) and ``{job}-r{n}`` for a resumption (deploy/resume.py), n counting from 1.
+# The job id is matched first and whole, so its own 8 hex digits are never taken for a suffix:
+# ``digits-c1234567`` is that job's first execution, not a continuation of a job ``digits``.
+# (A name reads two ways only for a continuation numbered with exactly 7 digits, the millionth
+# and on: a job never gets there, and the name is then read as a job id.)
+_EXECUTION = re.compile(rf"(?P<job>{JOB_ID.pattern})(?:-(?P<kind>[cr])(?P<n>[1-9][0-9]*))?")
+
+
+@dataclass(frozen=True)
+class ExecutionName:
+    """A job execution's name, read: its job, and which link it is ("" the first execution,
+    "c" a continuation, "r" a resumption, each with its number ``n``; 0 for the first)."""
+
+    job: str
+    kind: str
+    n: int
+
+
+def parse_execution_name(name: str) -> ExecutionName | None:
+    """What a job execution's name says, or None for a name no job execution has."""
+    m = _EXECUTION.fullmatch(name)
+    if m is None:
+        return None
+    return ExecutionName(m["job"], m["kind"] or "", int(m["n"] or 0))
+
+
 def job_of_execution(execution_name: str) -> str:
-    """The job id of a job execution: ``{job}``, then ``{job}-c{n}`` for each continuation
-    (deploy/chain.py) and ``{job}-r{n}`` for each resumption (deploy/resume.py)."""
-    return re.sub(r"(-[cr][0-9]+)+$", "", execution_name)
+    """The job id of a job execution: ``{job}``, ``{job}-c{n}`` or ``{job}-r{n}``; a name no job
+    execution has comes back unchanged (``job_id_from`` refuses it)."""
+    parsed = parse_execution_name(execution_name)
+    return parsed.job if parsed is not None else execution_name
 
 
 def job_id_from(ref: str) -> str:

@@ -14,14 +14,21 @@ continued run ends bit-identical to one that never stopped.
 from __future__ import annotations
 
 import json
-import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from stagecoach.core import keys
 from stagecoach.core.records import EvalSpec, JobSpec
-from stagecoach.deploy.resources import Clients, DeployError, StackResources, function_name, job_of_execution, object_exists
+from stagecoach.deploy.resources import (
+    Clients,
+    DeployError,
+    StackResources,
+    function_name,
+    job_of_execution,
+    object_exists,
+    parse_execution_name,
+)
 from stagecoach.planner.emit.job_input import JobInput
 
 RUNNING = {"RUNNING"}
@@ -38,16 +45,19 @@ def _objects_per_version(c: Clients, bucket: str, job: str, kind: str) -> dict[i
 
 def last_checkpoint(c: Clients, bucket: str, job: str) -> int:
     """The latest version whose parameters (every chunk of every shard of every stage), optimizer
-    state (for a stateful optimizer) and running statistics (where the model has them) are stored."""
+    state (for a stateful optimizer) and running statistics (where the model has them) are stored.
+
+    Every version has the same objects, so a complete one has as many as the most any version has
+    (one being written has fewer). Not counted from version 0, which is gone once a later window
+    started: the workers keep each window's first version, and with one iteration per window the
+    second window's is version 1 (lambdas/collectives.py forget_old_version)."""
     params, optim, buffers = (_objects_per_version(c, bucket, job, kind) for kind in ("params", "optim", "buffers"))
-    whole = params.get(0, 0)
-    if not whole:
+    if not params:
         raise DeployError(f"job {job} has no stored parameters (s3://{bucket}/jobs/{job}/params/): was it cleaned up?")
+    whole, statistics = max(params.values()), max(buffers.values(), default=0)
     stateful = bool(optim)
     complete = [
-        v
-        for v, n in params.items()
-        if n == whole and (v == 0 or not stateful or optim.get(v) == whole) and buffers.get(v, 0) == buffers.get(0, 0)
+        v for v, n in params.items() if n == whole and (v == 0 or not stateful or optim.get(v) == whole) and buffers.get(v, 0) == statistics
     ]
     return max(complete)
 
@@ -126,8 +136,10 @@ def resume_job(
         c.s3.put_object(Bucket=res.bucket, Key=keys.job_spec(job), Body=spec.model_dump_json(indent=2).encode())
     c.s3.delete_objects(Bucket=res.bucket, Delete={"Objects": [{"Key": keys.stop_request(job)}, {"Key": keys.stopped(job)}], "Quiet": True})
     execs = job_executions(c, res, job)
+    if not execs:
+        raise DeployError(f"job {job} has no executions on {res.job_state_machine_arn}: it ran on another stack (or over 90 days ago)")
     first = json.loads(c.sfn.describe_execution(executionArn=execs[0]["executionArn"]).get("input") or "{}")
-    n = 1 + sum(1 for e in execs if re.search(r"-r\d+$", e["name"]))
+    n, link = _resumption_links(execs)
     job_input = JobInput(
         job=job,
         bucket=res.bucket,
@@ -138,12 +150,24 @@ def resume_job(
         windowsPerExecution=int(first["windowsPerExecution"]),
         functionPrefix=function_name(res, job, 0)[:-1],
         controlFunction=res.control_function,
+        link=link,
         start=start,
     )
     arn = c.sfn.start_execution(stateMachineArn=res.job_state_machine_arn, name=f"{job}-r{n}", input=job_input.model_dump_json())[
         "executionArn"
     ]
     return arn, start, total
+
+
+def _resumption_links(execs: list[dict[str, Any]]) -> tuple[int, int]:
+    """For a new resumption of the job with these executions: its number n (``{job}-r{n}``), and
+    its place in the chain (JobInput.link): after the job's latest continuation, so that its own
+    continuations are named ``{job}-c{link + 1}``, ... and never repeat an earlier execution's name
+    (Step Functions refuses a name used in the last 90 days with ExecutionAlreadyExists:
+    https://docs.aws.amazon.com/step-functions/latest/apireference/API_StartExecution.html)."""
+    names = [name for e in execs if (name := parse_execution_name(e["name"])) is not None]
+    n = 1 + sum(1 for name in names if name.kind == "r")
+    return n, max((name.n for name in names if name.kind == "c"), default=0)
 
 
 def _extend(c: Clients, res: StackResources, spec: JobSpec, total: int) -> JobSpec:

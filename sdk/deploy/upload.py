@@ -21,6 +21,7 @@ from stagecoach.core.stagebuild import stage_buffers
 from stagecoach.core.training import DTYPE_NAMES, flat_params, master_dtype, ownership, running_stats, stage_layout
 from stagecoach.deploy.dataset import upload_samples
 from stagecoach.deploy.resources import Clients, StackResources
+from stagecoach.errors import StagecoachError
 from stagecoach.planner.plan import Plan
 
 if TYPE_CHECKING:
@@ -61,8 +62,13 @@ def _evaluation(job: Job, c: Clients, res: StackResources) -> EvalSpec | None:
     )
 
 
+class JobCodeError(StagecoachError, TypeError):
+    """A function of the job cannot be pickled to travel to the workers; the message names it."""
+
+
 def pickle_job_code(job: Job) -> bytes:
-    """cloudpickle the model factory, loss and optimizer; user code ships by value, not by import."""
+    """cloudpickle the model factory, loss and optimizer; user code ships by value, not by import.
+    Raises JobCodeError naming the field that cannot be pickled (Job.validate calls this first)."""
     modules = _user_modules(
         job.model,
         job.loss,
@@ -73,21 +79,39 @@ def pickle_job_code(job: Job) -> bytes:
     )
     for m in modules:
         cloudpickle.register_pickle_by_value(m)
+    code: dict[str, object] = {
+        "model": job.factory,
+        "loss": job.loss,
+        "optimizer": job.optimizer,
+        "transform": job.transform,
+        "metrics": job.metrics,
+        "scheduler": job.scheduler,
+    }
     try:
-        code: bytes = cloudpickle.dumps(  # cloudpickle ships no type information
-            {
-                "model": job.factory,
-                "loss": job.loss,
-                "optimizer": job.optimizer,
-                "transform": job.transform,
-                "metrics": job.metrics,
-                "scheduler": job.scheduler,
-            }
-        )
-        return code
+        body: bytes = cloudpickle.dumps(code)  # cloudpickle ships no type information
+        return body
+    except Exception as e:
+        raise JobCodeError(_unpicklable(code, e)) from None
     finally:
         for m in modules:
             cloudpickle.unregister_pickle_by_value(m)
+
+
+def _unpicklable(code: dict[str, object], error: Exception) -> str:
+    """Which of the job's functions cannot be pickled, and what to do."""
+    field = "code"
+    for name, value in code.items():
+        try:
+            cloudpickle.dumps(value)
+        except Exception:
+            field = name
+            break
+    return (
+        f"job.{field} cannot be pickled to travel to the workers ({type(error).__name__}: {error}): it, or something it "
+        "refers to (a closure's variable, a global of its module), holds an object pickle cannot copy (a lock, an open "
+        "file, a client, a generator). Use a module-level function or a class whose state is plain values and tensors, "
+        "and create such objects inside the function"
+    )
 
 
 def upload_job(
@@ -96,6 +120,7 @@ def upload_job(
     """Upload what the workers read: the data set, the model code, the plan and the initial
     parameters (version 0, in the plan's shard and chunk layout). Returns the job's spec (the
     caller writes it last: its presence means the job is complete)."""
+    code = pickle_job_code(job)  # before any upload: code that cannot travel fails here (Job.validate checks it first)
     samples = job.samples
     ds_id = upload_samples(c.s3, res.bucket, samples, progress=sys.stderr.isatty())
     groups = job.facts.optimizer_groups  # the workers apply each parameter group's own hyperparameters
@@ -123,8 +148,8 @@ def upload_job(
         init_from=job.init_from is not None,
         checkpoint_every=job.checkpoint_every,
         warm_state=job.warm_state,
+        stop_on_nonfinite_loss=job.stop_on_nonfinite_loss,
     )
-    code = pickle_job_code(job)
     c.s3.put_object(Bucket=res.bucket, Key=keys.job_code(job_id), Body=code)
     c.s3.put_object(Bucket=res.bucket, Key=keys.plan(job_id), Body=plan.to_json().encode())
     model = job.build_model()

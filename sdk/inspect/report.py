@@ -10,6 +10,7 @@ stack.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -221,6 +222,25 @@ def _sync_label(p: dict[str, Any]) -> str:
     return labels[0] if len(set(labels)) == 1 else ", ".join(f"s{i}: {lab}" for i, lab in enumerate(labels))
 
 
+# why a job stopped (core/records.py StopReason), as the report says it
+STOPPED_BY = {"requested": "on request", "max_cost": "cost cap", "nonfinite_loss": "non-finite loss"}
+
+
+def _loss_lines(ls: list[float]) -> list[str]:
+    """The loss curve in two lines: first, last and least loss, and every tenth iteration's. A NaN
+    or infinite loss is shown as such, and the iterations that had one are counted."""
+    finite = [v for v in ls if math.isfinite(v)]
+    bad = [t for t, v in enumerate(ls) if not math.isfinite(v)]
+    head = f"loss: first {ls[0]:.4f}, last {ls[-1]:.4f}"
+    if not bad:
+        head += f", min {min(ls):.4f}"
+    else:
+        head += f", min {min(finite):.4f} (finite)" if finite else ""
+        head += f"; not finite in {len(bad)} of {len(ls)} iterations, first at iteration {bad[0]}"
+    step = max(1, len(ls) // 10)
+    return [head, "  " + " ".join(f"[{t}] {ls[t]:.4f}" for t in range(0, len(ls), step))]
+
+
 def format_report(ins: Inspection) -> str:
     """The human-readable report `stagecoach inspect` prints."""
     p = ins.plan
@@ -241,7 +261,7 @@ def format_report(ins: Inspection) -> str:
         )
     if ins.stop:
         lines.append(
-            f"stopped before iteration {ins.stop.version} ({'cost cap' if ins.stop.reason == 'max_cost' else 'on request'}"
+            f"stopped before iteration {ins.stop.version} ({STOPPED_BY[ins.stop.reason]}"
             + (f": {ins.stop.detail}" if ins.stop.detail else "")
             + f"); checkpoint: version {ins.stop.version} of the parameters and optimizer state"
         )
@@ -274,10 +294,7 @@ def format_report(ins: Inspection) -> str:
             + ", ".join(f"{k[:-2]} {v:.3f} s ({v / it:.0%})" if it > 0 else f"{k[:-2]} {v:.3f} s" for k, v in parts.items())
         )
     if ins.losses:
-        ls = ins.losses
-        step = max(1, len(ls) // 10)
-        lines.append(f"loss: first {ls[0]:.4f}, last {ls[-1]:.4f}, min {min(ls):.4f}")
-        lines.append("  " + " ".join(f"[{t}] {ls[t]:.4f}" for t in range(0, len(ls), step)))
+        lines += _loss_lines(ins.losses)
     for e in ins.evaluations:
         lines.append(f"evaluation after {e.version} iterations ({e.samples} samples): {e.describe()}")
     for rm in ins.remediations:
