@@ -141,37 +141,9 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
     length = int(inp.get("windowLength") or spec.window_length or 1)
     n_windows = -(-spec.iterations // length)
     d = run.describe()  # the chain's latest execution: the job's status
-    sfn = backend.clients.sfn
-    window = None
-    failures: list[FailedTask] = []
-    try:
-        execs = []
-        for page in sfn.get_paginator("list_executions").paginate(stateMachineArn=spec.window_state_machine):
-            execs += page["executions"]
-    except sfn.exceptions.StateMachineDoesNotExist:
-        execs = []  # cleaned up
-    execs.sort(key=lambda e: e["startDate"])
-    if execs:
-        last = execs[-1]
-        wd = sfn.describe_execution(executionArn=last["executionArn"])
-        wi = json.loads(wd.get("input") or "{}")
-        idx = int(wi["start"]) // length if isinstance(wi.get("start"), int) else None
-        window = {
-            "index": idx,
-            "start": wi.get("start"),
-            "end": wi.get("end"),
-            "status": wd["status"],
-            "arn": last["executionArn"],
-            "attempts": sum(1 for e in execs if e["name"].startswith(f"w{wi.get('start')}-")),
-        }
-    to_read = [e for e in execs if e["status"] in ("FAILED", "TIMED_OUT", "ABORTED")]
-    if execs and execs[-1] not in to_read:
-        to_read.append(execs[-1])
-    for e in to_read:
-        failures += failed_tasks(run.history(execution_arn=e["executionArn"]), e["executionArn"])
-        if len(failures) >= max_failures:
-            failures = failures[:max_failures]
-            break
+    execs = _window_executions(backend, spec.window_state_machine)
+    window = _window(backend, execs, length)
+    failures = _failures(run, execs, max_failures)
     r = backend.resources
     status = run.status()  # STOPPED where Step Functions says FAILED with the stop error
     return Inspection(
@@ -199,6 +171,51 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
         max_cost_usd=spec.max_cost_usd,
         metered_usd=_metered(backend, run.job_id) if spec.max_cost_usd is not None else None,
     )
+
+
+def _window_executions(backend: Backend, window_state_machine: str | None) -> list[dict[str, Any]]:
+    """The job's window executions, oldest first (none once it is cleaned up)."""
+    sfn = backend.clients.sfn
+    execs: list[dict[str, Any]] = []
+    if window_state_machine is None:
+        return []
+    try:
+        for page in sfn.get_paginator("list_executions").paginate(stateMachineArn=window_state_machine):
+            execs += page["executions"]
+    except sfn.exceptions.StateMachineDoesNotExist:
+        return []
+    return sorted(execs, key=lambda e: e["startDate"])
+
+
+def _window(backend: Backend, execs: list[dict[str, Any]], length: int) -> dict[str, Any] | None:
+    """Where the run is: the latest window execution's iterations, status and attempt."""
+    if not execs:
+        return None
+    last = execs[-1]
+    wd = backend.clients.sfn.describe_execution(executionArn=last["executionArn"])
+    wi = json.loads(wd.get("input") or "{}")
+    idx = int(wi["start"]) // length if isinstance(wi.get("start"), int) else None
+    return {
+        "index": idx,
+        "start": wi.get("start"),
+        "end": wi.get("end"),
+        "status": wd["status"],
+        "arn": last["executionArn"],
+        "attempts": sum(1 for e in execs if e["name"].startswith(f"w{wi.get('start')}-")),
+    }
+
+
+def _failures(run: Run, execs: list[dict[str, Any]], max_failures: int) -> list[FailedTask]:
+    """Failed tasks from the windows that did not succeed and the latest one (its retried tasks)."""
+    to_read = [e for e in execs if e["status"] in ("FAILED", "TIMED_OUT", "ABORTED")]
+    if execs and execs[-1] not in to_read:
+        to_read.append(execs[-1])
+    failures: list[FailedTask] = []
+    for e in to_read:
+        failures += failed_tasks(run.history(execution_arn=e["executionArn"]), e["executionArn"])
+        if len(failures) >= max_failures:
+            return failures[:max_failures]
+    return failures
 
 
 def _metered(backend: Backend, job_id: str) -> float | None:
@@ -242,7 +259,7 @@ def _loss_lines(ls: list[float]) -> list[str]:
 
 
 def format_report(ins: Inspection) -> str:
-    """The human-readable report `stagecoach inspect` prints."""
+    """The human-readable report `stagecoach inspect` prints: one section after another."""
     p = ins.plan
     lines = [
         f"job {ins.job_id}: {ins.status}",
@@ -253,61 +270,92 @@ def format_report(ins: Inspection) -> str:
         f"{p['micro_batches']} micro-batches, memory {list(p['memory_mb'])} MB, sync {_sync_label(p)}",
         f"iteration {ins.iterations_done}/{ins.iterations} done",
     ]
-    if ins.window:
-        w = ins.window
-        lines.append(
-            f"window {('?' if w['index'] is None else w['index'] + 1)}/{ins.windows}: iterations [{w['start']}, {w['end']}) "
-            f"{w['status']} (attempt {w['attempts']})"
-        )
+    for section in (_window_lines, _end_lines, _cost_lines, _timing_lines, _breakdown_lines):
+        lines += section(ins)
+    if ins.losses:
+        lines += _loss_lines(ins.losses)
+    lines += [f"evaluation after {e.version} iterations ({e.samples} samples): {e.describe()}" for e in ins.evaluations]
+    lines += _remediation_lines(ins) + _failure_lines(ins)
+    return "\n".join(lines)
+
+
+def _window_lines(ins: Inspection) -> list[str]:
+    if not ins.window:
+        return []
+    w = ins.window
+    return [
+        f"window {('?' if w['index'] is None else w['index'] + 1)}/{ins.windows}: iterations [{w['start']}, {w['end']}) "
+        f"{w['status']} (attempt {w['attempts']})"
+    ]
+
+
+def _end_lines(ins: Inspection) -> list[str]:
+    """Why it stopped (at an iteration boundary, keeping its checkpoint), or its error."""
     if ins.stop:
-        lines.append(
+        return [
             f"stopped before iteration {ins.stop.version} ({STOPPED_BY[ins.stop.reason]}"
             + (f": {ins.stop.detail}" if ins.stop.detail else "")
             + f"); checkpoint: version {ins.stop.version} of the parameters and optimizer state"
-        )
-    elif ins.error:
-        lines.append(f"error: {ins.error}")
-    if ins.cost:
-        cap = ""
-        if ins.max_cost_usd is not None:
-            metered = f", the engine's meter ${ins.metered_usd:.4f}" if ins.metered_usd is not None else ""
-            cap = f"; cap ${ins.max_cost_usd:.4f}{metered}"
-        lines.append(f"cost: measured {ins.cost.summary()}{cap}")
-        lines.append(f"  {ins.cost.quantities()}")
-        pred = (p.get("prediction") or {}).get("usd_per_iteration")
-        if pred:
-            lines.append(f"  the planner predicted ${pred:.6f} per iteration; measured ${ins.cost.per_iteration_usd():.6f}")
-    if ins.phase_timings:
-        lines.append("phase timings (mean per iteration after the first; task parts are means per task):")
-        lines.append(f"  {'phase':9} {'span s':>8} {'task s':>8} {'max s':>8} {'compute':>8} {'transfer':>9} {'wait':>8} {'tasks':>6}")
-        for ph, v in ins.phase_timings.items():
-            lines.append(
-                f"  {ph:9} {v['span_s']:8.3f} {v['task_s']:8.3f} {v['max_task_s']:8.3f} {v['compute_s']:8.3f} "
-                f"{v['transfer_s']:9.3f} {v['wait_s']:8.3f} {int(v['tasks']):6d}"
-            )
-    if ins.breakdown:
-        b = ins.breakdown[1:] or ins.breakdown
-        it = sum(x["iteration_s"] for x in b) / len(b)
-        parts = {k: sum(x[k] for x in b) / len(b) for k in ("orchestration_s", "compute_s", "transfer_s", "wait_s")}
+        ]
+    return [f"error: {ins.error}"] if ins.error else []
+
+
+def _cost_lines(ins: Inspection) -> list[str]:
+    if not ins.cost:
+        return []
+    cap = ""
+    if ins.max_cost_usd is not None:
+        metered = f", the engine's meter ${ins.metered_usd:.4f}" if ins.metered_usd is not None else ""
+        cap = f"; cap ${ins.max_cost_usd:.4f}{metered}"
+    lines = [f"cost: measured {ins.cost.summary()}{cap}", f"  {ins.cost.quantities()}"]
+    pred = (ins.plan.get("prediction") or {}).get("usd_per_iteration")
+    if pred:
+        lines.append(f"  the planner predicted ${pred:.6f} per iteration; measured ${ins.cost.per_iteration_usd():.6f}")
+    return lines
+
+
+def _timing_lines(ins: Inspection) -> list[str]:
+    if not ins.phase_timings:
+        return []
+    lines = [
+        "phase timings (mean per iteration after the first; task parts are means per task):",
+        f"  {'phase':9} {'span s':>8} {'task s':>8} {'max s':>8} {'compute':>8} {'transfer':>9} {'wait':>8} {'tasks':>6}",
+    ]
+    for ph, v in ins.phase_timings.items():
         lines.append(
-            f"time per iteration{' after the first' if len(ins.breakdown) > 1 else ''} {it:.3f} s: "
-            + ", ".join(f"{k[:-2]} {v:.3f} s ({v / it:.0%})" if it > 0 else f"{k[:-2]} {v:.3f} s" for k, v in parts.items())
+            f"  {ph:9} {v['span_s']:8.3f} {v['task_s']:8.3f} {v['max_task_s']:8.3f} {v['compute_s']:8.3f} "
+            f"{v['transfer_s']:9.3f} {v['wait_s']:8.3f} {int(v['tasks']):6d}"
         )
-    if ins.losses:
-        lines += _loss_lines(ins.losses)
-    for e in ins.evaluations:
-        lines.append(f"evaluation after {e.version} iterations ({e.samples} samples): {e.describe()}")
-    for rm in ins.remediations:
-        if rm.kind == "out_of_memory":
-            lines.append(f"out of memory: stage {rm.stage} raised from {rm.from_mb} MB to {rm.to_mb} MB ({rm.function})")
-        else:
-            lines.append(f"worker killed ({rm.kind}, {rm.error}): stage {rm.stage}, window restarted at the same memory")
-    if ins.failed_tasks:
-        lines.append(f"failed tasks ({len(ins.failed_tasks)}):")
-        for f in ins.failed_tasks:
-            who = f"{f.phase} s{f.stage} #{f.index} t={f.t}" if f.phase else f.state
-            cause = f.cause[len(f.error) + 2 :] if f.cause.startswith(f"{f.error}: ") else f.cause
-            lines.append(f"  {who}: {f.error}: {cause[:300]}" + (" (retried, then succeeded)" if f.retried else ""))
-    else:
-        lines.append("failed tasks: none")
-    return "\n".join(lines)
+    return lines
+
+
+def _breakdown_lines(ins: Inspection) -> list[str]:
+    if not ins.breakdown:
+        return []
+    b = ins.breakdown[1:] or ins.breakdown
+    it = sum(x["iteration_s"] for x in b) / len(b)
+    parts = {k: sum(x[k] for x in b) / len(b) for k in ("orchestration_s", "compute_s", "transfer_s", "wait_s")}
+    return [
+        f"time per iteration{' after the first' if len(ins.breakdown) > 1 else ''} {it:.3f} s: "
+        + ", ".join(f"{k[:-2]} {v:.3f} s ({v / it:.0%})" if it > 0 else f"{k[:-2]} {v:.3f} s" for k, v in parts.items())
+    ]
+
+
+def _remediation_lines(ins: Inspection) -> list[str]:
+    return [
+        f"out of memory: stage {rm.stage} raised from {rm.from_mb} MB to {rm.to_mb} MB ({rm.function})"
+        if rm.kind == "out_of_memory"
+        else f"worker killed ({rm.kind}, {rm.error}): stage {rm.stage}, window restarted at the same memory"
+        for rm in ins.remediations
+    ]
+
+
+def _failure_lines(ins: Inspection) -> list[str]:
+    if not ins.failed_tasks:
+        return ["failed tasks: none"]
+    lines = [f"failed tasks ({len(ins.failed_tasks)}):"]
+    for f in ins.failed_tasks:
+        who = f"{f.phase} s{f.stage} #{f.index} t={f.t}" if f.phase else f.state
+        cause = f.cause[len(f.error) + 2 :] if f.cause.startswith(f"{f.error}: ") else f.cause
+        lines.append(f"  {who}: {f.error}: {cause[:300]}" + (" (retried, then succeeded)" if f.retried else ""))
+    return lines
