@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -33,18 +34,28 @@ from stagecoach.core import boundary
 from stagecoach.core.training import derive_seed
 
 SHARD_BYTES = 8 << 20  # a shard's target size: a few MiB, many samples per object, one PUT each
+DIGEST_BYTES = 16  # a record's digest in the manifest (record_digest): 32 bytes a sample
+
+
+def record_digest(record: bytes) -> bytes:
+    """A record's digest as the manifest keeps it (BLAKE2b, 16 bytes): a worker checks each record
+    it reads by range against it, so a shard need not be downloaded whole to be checked."""
+    return hashlib.blake2b(record, digest_size=DIGEST_BYTES).digest()
 
 
 @dataclass(frozen=True)
 class Manifest:
     """``data/sets/{id}``: the shards (content hashes, keys.data_shard) and where every sample's
-    input and target records lie in them; its id is its own body's hash. Offsets are int64 tensors,
-    8 bytes per record, so a million samples cost a container 16 MB."""
+    input and target records lie in them and each record's digest (``record_digest``); its id is
+    its own body's hash, so the id covers the digests and the digests cover every record. Offsets
+    are int64 tensors, 8 bytes per record, and digests 16 bytes per record, so a million samples
+    cost a container 48 MB."""
 
     shards: tuple[str, ...]
     first: torch.Tensor  # [shards + 1]: each shard's first sample index; the sample count last
     offsets: torch.Tensor  # per shard, 2k + 1 byte offsets (input_i, target_i, ..., end), concatenated
     base: torch.Tensor  # [shards]: where each shard's offsets start in ``offsets``
+    digests: torch.Tensor  # uint8 [2 * samples, DIGEST_BYTES]: record_digest of input_i (row 2i), target_i (2i + 1)
     input_bytes: int  # all samples' input tensors (what the planner's data terms count)
     target_bytes: int
 
@@ -67,16 +78,27 @@ class Manifest:
         end = int(self.offsets[at + (1 if part == "input" else 2)])
         return shard, start, end
 
+    def digest(self, index: int, part: str) -> bytes:
+        """The ``record_digest`` of sample ``index``'s input or target record, as uploaded."""
+        return self.digests[2 * index + (1 if part == "target" else 0)].numpy().tobytes()
+
     def body(self) -> bytes:
         # one metadata entry: safetensors writes several in no fixed order, and the id is this body's hash
         meta = {"manifest": json.dumps({"shards": list(self.shards), "input_bytes": self.input_bytes, "target_bytes": self.target_bytes})}
-        return st_save({"first": self.first, "offsets": self.offsets, "base": self.base}, metadata=meta)
+        tensors = {"first": self.first, "offsets": self.offsets, "base": self.base, "digests": self.digests}
+        return st_save(tensors, metadata=meta)
 
     @classmethod
     def parse(cls, body: bytes) -> Manifest:
         meta = json.loads(safe_open_metadata(body)["manifest"])
         t = st_load(body)
-        return cls(tuple(meta["shards"]), t["first"], t["offsets"], t["base"], int(meta["input_bytes"]), int(meta["target_bytes"]))
+        if "digests" not in t:
+            raise ValueError(
+                "this data set's manifest predates per-record digests, so its records cannot be checked: launch the "
+                "job again, whose upload writes the manifest anew (under a new data set id)"
+            )
+        shards, sizes = tuple(meta["shards"]), (int(meta["input_bytes"]), int(meta["target_bytes"]))
+        return cls(shards, t["first"], t["offsets"], t["base"], t["digests"], *sizes)
 
     def dataset_id(self) -> str:
         return hashlib.sha256(self.body()).hexdigest()[:32]
@@ -137,34 +159,80 @@ def transformed(sample: tuple[Any, Any], transform: Callable[[Any], Any] | None,
         torch.random.set_rng_state(state)
 
 
+def _as_tensor(v: Any) -> Any:
+    """A Python number (a class index, as torchvision data sets return) or a numpy array or scalar
+    as a tensor, as torch's default_collate makes it (numpy: torch.as_tensor, sharing the array's
+    memory); anything else as it is."""
+    if isinstance(v, (bool, int, float)):
+        return torch.tensor(v)
+    if isinstance(v, (np.ndarray, np.generic)):
+        try:
+            return torch.as_tensor(v)
+        except (TypeError, ValueError) as e:  # object arrays, strings: no tensor of them
+            raise TypeError(f"a numpy array of {v.dtype} cannot be a tensor ({e}): give numbers") from None
+    return v
+
+
 def _as_tensors(obj: Any) -> Any:
-    """Python numbers in a sample (a class index, as torchvision data sets return) as tensors,
-    as torch's default_collate would make them."""
-    if isinstance(obj, (bool, int, float)):
-        return torch.tensor(obj)
+    """A sample's numbers and numpy arrays as tensors (``_as_tensor``), in any structure."""
     if isinstance(obj, torch.Tensor):
         return obj
-    return pytree.tree_map(lambda v: torch.tensor(v) if isinstance(v, (bool, int, float)) else v, obj)
+    return pytree.tree_map(_as_tensor, obj)
+
+
+_ARRAYS = (torch.Tensor, np.ndarray)  # what ``train=`` may give as (inputs, targets): row i is sample i
 
 
 def _given_as_tensors(data: Any) -> bool:
-    """Whether the data is given as tensors (a tensor, or a tuple or list of them) rather than as
-    a Dataset: then it must be an (inputs, targets) pair (``_tensor_pair``)."""
-    return isinstance(data, torch.Tensor) or (
-        isinstance(data, (tuple, list)) and bool(data) and all(isinstance(t, torch.Tensor) for t in data)
-    )
+    """Whether the data is given as tensors or numpy arrays (one, or a tuple or list of them)
+    rather than as a Dataset: then it must be an (inputs, targets) pair (``_tensor_pair``)."""
+    return isinstance(data, _ARRAYS) or (isinstance(data, (tuple, list)) and bool(data) and all(isinstance(t, _ARRAYS) for t in data))
 
 
-def _tensor_pair(data: torch.Tensor | Sequence[torch.Tensor], what: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (inputs, targets) tensors, refused unless they are two with as many rows, at least one."""
-    if isinstance(data, torch.Tensor) or len(data) != 2:
-        n = 1 if isinstance(data, torch.Tensor) else len(data)
+def _tensor_pair(data: Any, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (inputs, targets) tensors (numpy arrays as the tensors torch.from_numpy makes of them),
+    refused unless they are two with as many rows, at least one."""
+    if isinstance(data, _ARRAYS) or len(data) != 2:
+        n = 1 if isinstance(data, _ARRAYS) else len(data)
         raise TypeError(f"job.{what} holds {n} tensor(s): give an (inputs, targets) pair; a data set without labels cannot be trained")
-    x, y = data
+    try:
+        x, y = (_as_tensor(t) for t in data)
+    except TypeError as e:
+        raise TypeError(f"job.{what}: {e}") from None
     if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0] or x.shape[0] == 0:
         n, m = (x.shape[0] if x.dim() else 0), (y.shape[0] if y.dim() else 0)
         raise TypeError(f"job.{what}: {n} inputs but {m} labels; they must match and be non-empty")
     return x, y
+
+
+Shapes = tuple[tuple[str, Any, tuple[tuple[int, ...], ...]], ...]
+
+
+def _shapes(sample: tuple[Any, Any]) -> Shapes:
+    """A sample's input and target as their structures and their leaves' shapes."""
+    out = []
+    for part, name in zip(sample, ("input", "target")):
+        leaves, spec = pytree.tree_flatten(part)
+        out.append((name, spec, tuple(tuple(t.shape) for t in leaves)))
+    return tuple(out)
+
+
+def _unlike(what: str, i: int, got: Shapes, first: Shapes) -> str:
+    """Why sample i cannot be stacked with sample 0 (``LocalSamples.check_all``)."""
+    for (name, spec, shapes), (_, spec0, shapes0) in zip(got, first):
+        if spec != spec0:
+            return (
+                f"job.{what}[{i}]'s {name} is structured otherwise than job.{what}[0]'s ({spec} vs {spec0}): a batch stacks "
+                "its samples, so every sample must have the same structure"
+            )
+        if shapes != shapes0:
+            show = (lambda s: str(s[0])) if len(shapes) == 1 else str
+            return (
+                f"job.{what}[{i}]'s {name} has shape {show(shapes)} but job.{what}[0]'s {show(shapes0)}: a batch stacks its "
+                "samples (torch's default_collate), so every sample's tensors must have the same shapes; pad or crop them "
+                "in the Dataset"
+            )
+    return f"job.{what}[{i}] differs from job.{what}[0]"
 
 
 class LocalSamples:
@@ -180,8 +248,39 @@ class LocalSamples:
                 "(with __len__ and __getitem__(i) -> (input, target))"
             )
 
+        self._walked = self.tensors is not None  # rows of two tensors: alike by construction
+
     def __len__(self) -> int:
         return int(self.tensors[0].shape[0]) if self.tensors is not None else len(self.data)
+
+    def check_all(self) -> None:
+        """Read every item once, as the upload will, and refuse what would fail only in a worker:
+        an index below ``len`` that ``__getitem__`` cannot read, an item that is not an (input,
+        target) pair of tensors, and one whose structure or shapes differ from item 0's (a batch
+        stacks its samples, as torch's default_collate does). Raises TypeError; done once."""
+        if self._walked:
+            return
+        n, first = len(self), _shapes(self._item(0))
+        for i in range(1, n):
+            got = _shapes(self._item(i))
+            if got != first:
+                raise TypeError(_unlike(self.what, i, got, first))
+        self._walked = True
+
+    def _item(self, i: int) -> tuple[Any, Any]:
+        try:
+            return self[i]
+        except TypeError as e:
+            if str(e).startswith(f"job.{self.what}["):  # check_sample's: names the item already
+                raise
+            raise TypeError(f"job.{self.what}[{i}] fails: TypeError: {e}") from None
+        except IndexError as e:
+            raise TypeError(
+                f"job.{self.what}[{i}] raises IndexError ({e}), but len(job.{self.what}) is {len(self)}: __len__ must count "
+                "exactly the items __getitem__ returns"
+            ) from None
+        except Exception as e:
+            raise TypeError(f"job.{self.what}[{i}] fails: {type(e).__name__}: {e}") from None
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         if self.tensors is not None:

@@ -6,10 +6,19 @@ once per container and kept; a larger one is read by sample, one ranged GET per 
 micro-batch's records requested at once (the channel keeps several in flight), so the container
 holds only its micro-batch's samples, however large the data set. A first stage reads only the
 inputs' records, a last stage only the targets'.
+
+Nothing read is trusted for its name alone: the manifest and the shards are named by their content's
+SHA-256, and whoever may write the bucket's data/ could put other bytes under a right name. So the
+manifest is checked against the data set's id (the job's spec names it; the id is the manifest's
+hash, and the manifest holds every record's digest), a whole shard a resident set downloads against
+its name, and each record a streamed set reads by range against its digest in the manifest: no
+shard is downloaded whole to check a ranged read. A mismatch fails the task with
+:class:`DataIntegrityError`, naming the object and what to do.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -17,19 +26,50 @@ import torch
 from torch.utils.data import default_collate
 
 from stagecoach.core import keys
-from stagecoach.core.samples import Manifest, as_dtype, decode, transformed
+from stagecoach.core.samples import Manifest, as_dtype, decode, record_digest, transformed
+from stagecoach.errors import StagecoachError
 from stagecoach.lambdas.channel import Channel
 from stagecoach.planner.plan import data_resident
 
 
+class DataIntegrityError(StagecoachError):
+    """A data set's manifest, shard or record is not the bytes its name says."""
+
+
+FIX = (
+    "Nothing was trained on them. Something with write access to the bucket's data/ (the deployer "
+    "policy grants it) replaced them: find out what, then launch the job again, whose upload checks the "
+    "data set's objects and puts the right bytes back."
+)
+
+
+def _check(what: str, key: str, body: bytes, name: str) -> None:
+    """``body`` must be what ``name`` (a SHA-256 in hex, or its first 32 or more digits) says."""
+    got = hashlib.sha256(body).hexdigest()
+    if len(name) < 32 or not got.startswith(name):
+        raise DataIntegrityError(
+            f"{what} {key} does not hash to its name (its SHA-256 is {got}): the bucket holds other bytes "
+            f"under this content-addressed name than were uploaded. {FIX}"
+        )
+
+
 class RemoteSamples:
     def __init__(self, ch: Channel, dataset_id: str, memory_mb: int):
-        body = ch.get_bytes(keys.dataset(dataset_id))
+        key = keys.dataset(dataset_id)
+        body = ch.get_bytes(key)
         if body is None:
-            raise FileNotFoundError(f"data set {keys.dataset(dataset_id)} is missing")
+            raise FileNotFoundError(f"data set {key} is missing")
+        _check("data set", key, body, dataset_id)  # the id is the first 32 hex digits of its SHA-256
         self.manifest = Manifest.parse(body)
         self.resident = data_resident(self.manifest.total_bytes, memory_mb)
-        self.shards: dict[int, bytes] = {}
+        self.shards: dict[int, bytes] = {}  # resident: checked shards, kept
+
+    def _shard(self, s: int, body: bytes | None) -> bytes:
+        key = keys.data_shard(self.manifest.shards[s])
+        if body is None:
+            raise FileNotFoundError(f"data shard {key} is missing")
+        _check("data shard", key, body, self.manifest.shards[s])
+        return body
 
     def _records(self, ch: Channel, indices: list[int], part: str) -> list[bytes]:
         m = self.manifest
@@ -38,17 +78,20 @@ class RemoteSamples:
             missing = sorted({s for s, _, _ in spots} - set(self.shards))
             pending = [(s, ch.submit_get_bytes(keys.data_shard(m.shards[s]))) for s in missing]
             for s, fut in pending:
-                body = fut.result()
-                if body is None:
-                    raise FileNotFoundError(f"data shard {keys.data_shard(m.shards[s])} is missing")
-                self.shards[s] = body
+                self.shards[s] = self._shard(s, fut.result())
             return [self.shards[s][a:b] for s, a, b in spots]
         futures = [ch.submit_get_bytes(keys.data_shard(m.shards[s]), (a, b)) for s, a, b in spots]
         out = []
-        for (s, _, _), fut in zip(spots, futures):
+        for index, (s, a, b), fut in zip(indices, spots, futures):
             body = fut.result()
             if body is None:
                 raise FileNotFoundError(f"data shard {keys.data_shard(m.shards[s])} is missing")
+            if record_digest(body) != m.digest(index, part):
+                raise DataIntegrityError(
+                    f"sample {index}'s {part} record in data shard {keys.data_shard(m.shards[s])} (bytes {a}-{b - 1}) does "
+                    f"not match its digest in the data set's manifest: the bucket holds other bytes under this "
+                    f"content-addressed name than were uploaded. {FIX}"
+                )
             out.append(body)
         return out
 

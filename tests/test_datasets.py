@@ -7,6 +7,9 @@ state machines to the parameters that loop gives, float64 within 1e-5, and a Dat
 tensors it holds.
 """
 
+import hashlib
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -14,11 +17,11 @@ from torch.utils.data import Dataset, default_collate
 
 from stagecoach import Job, JobError
 from stagecoach.core import keys
-from stagecoach.core.samples import LocalSamples, Manifest
+from stagecoach.core.samples import SHARD_BYTES, LocalSamples, Manifest, encode
 from stagecoach.core.training import batch_indices, derive_seed
 from stagecoach.deploy.dataset import upload_samples
 from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.datafetch import RemoteSamples
+from stagecoach.lambdas.datafetch import DataIntegrityError, RemoteSamples
 
 G = torch.Generator().manual_seed(21)
 X = torch.randn(48, 5, generator=G, dtype=torch.float64)
@@ -115,8 +118,6 @@ def test_shards_are_content_addressed_and_every_record_is_found(backend):
     assert manifest.samples == 48 and manifest.input_bytes == 48 * 6 * 8 and manifest.target_bytes == 48 * 8
     for shard in manifest.shards:
         body = s3.get_object(Bucket=bucket, Key=keys.data_shard(shard))["Body"].read()
-        import hashlib
-
         assert hashlib.sha256(body).hexdigest() == shard
     # read back as a worker does, by ranged GETs (forced: a 0 MB budget keeps nothing resident)
     remote = RemoteSamples(Channel(s3, bucket), ds, memory_mb=0)
@@ -182,3 +183,76 @@ def test_a_dataset_trains_exactly_what_its_tensors_train(runs):
     rows, tensors = runs["rows"].trained_model().state_dict(), runs["tensors"].trained_model().state_dict()
     assert all(torch.equal(rows[k], tensors[k]) for k in rows)
     assert runs["rows"].job.samples.batch(torch.tensor([5, 1]))[0].equal(X[[5, 1]])
+
+
+def test_a_streamed_read_fetches_only_its_records(backend):
+    """A streamed set's records are checked against the manifest's digests, so a worker downloads
+    no shard whole: every shard GET is ranged, and the bytes fetched are the records' own."""
+    s3, bucket = backend.clients.s3, backend.resources.bucket
+    samples = LocalSamples((X * 5 + 1, Y))
+    ds = upload_samples(s3, bucket, samples)
+    manifest = Manifest.parse(s3.get_object(Bucket=bucket, Key=keys.dataset(ds))["Body"].read())
+    gets: list[tuple[str, str | None]] = []
+
+    def seen(params: dict[str, Any], **_: Any) -> None:
+        gets.append((params["Key"], params.get("Range")))
+
+    s3.meta.events.register("before-parameter-build.s3.GetObject", seen)
+    try:
+        remote = RemoteSamples(Channel(s3, bucket), ds, memory_mb=0)
+        idx = torch.tensor([3, 40, 7])
+        assert torch.equal(remote.inputs(Channel(s3, bucket), idx, None, 0, 0, torch.float64), samples.batch(idx)[0])
+    finally:
+        s3.meta.events.unregister("before-parameter-build.s3.GetObject", seen)
+    shard_gets = [(k, r) for k, r in gets if k.startswith(keys.data_shard(""))]
+    spans = [manifest.locate(i, "input") for i in (3, 40, 7)]
+    assert sorted(shard_gets) == sorted((keys.data_shard(manifest.shards[s]), f"bytes={a}-{b - 1}") for s, a, b in spans)
+
+
+def _shard_of(samples: LocalSamples) -> bytes:
+    """The one shard a small set uploads as (deploy/dataset.py: each sample's input and target
+    records, concatenated)."""
+    return b"".join(encode(part) for i in range(len(samples)) for part in samples[i])
+
+
+def test_a_shard_that_does_not_hash_to_its_name_is_refused_and_replaced(backend):
+    """Shards are named by their SHA-256 and an upload skips a name the bucket holds, so whoever
+    may write data/ could place other bytes under a right name, before the upload or after it.
+    Workers check the manifest against its name, a whole shard against its name, and a record read
+    by range against its digest in the manifest, and refuse one that differs, naming it; an upload
+    finding such a shard puts the right bytes back."""
+    s3, bucket = backend.clients.s3, backend.resources.bucket
+    right = LocalSamples((X * 7 + 3, Y))  # data of this test only: its shard's name is its own
+    wrong = LocalSamples((X * 7 - 3, Y))  # same shapes, so every record's offset still fits
+    body, poison = _shard_of(right), _shard_of(wrong)
+    assert len(body) == len(poison) < SHARD_BYTES
+    key = keys.data_shard(hashlib.sha256(body).hexdigest())
+    s3.put_object(Bucket=bucket, Key=key, Body=poison)  # placed before the set is ever uploaded
+
+    ds = upload_samples(s3, bucket, right)
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == body  # the upload put the right bytes back
+    idx = torch.tensor([3, 40])
+    for memory_mb in (1024, 0):  # resident (whole shards), streamed (ranged GETs)
+        remote = RemoteSamples(Channel(s3, bucket), ds, memory_mb=memory_mb)
+        assert torch.equal(remote.inputs(Channel(s3, bucket), idx, None, 0, 0, torch.float64), right.batch(idx)[0])
+
+    s3.put_object(Bucket=bucket, Key=key, Body=poison)  # replaced after the upload
+    refused = {
+        1024: rf"data shard {key} does not hash to its name .*Nothing was trained on them.*launch the job again",
+        0: rf"sample 3's input record in data shard {key} \(bytes \d+-\d+\) does not match its digest in the data set's "
+        r"manifest.*Nothing was trained on them.*launch the job again",
+    }
+    for memory_mb, match in refused.items():  # resident: the shard against its name; streamed: each record
+        remote = RemoteSamples(Channel(s3, bucket), ds, memory_mb=memory_mb)
+        with pytest.raises(DataIntegrityError, match=match):
+            remote.inputs(Channel(s3, bucket), idx, None, 0, 0, torch.float64)
+    s3.put_object(Bucket=bucket, Key=key, Body=body)
+
+    # the manifest likewise: another set's manifest under this set's name
+    other = upload_samples(s3, bucket, wrong)
+    manifest = keys.dataset(ds)
+    s3.put_object(Bucket=bucket, Key=manifest, Body=s3.get_object(Bucket=bucket, Key=keys.dataset(other))["Body"].read())
+    with pytest.raises(DataIntegrityError, match=rf"data set {manifest} does not hash to its name"):
+        RemoteSamples(Channel(s3, bucket), ds, memory_mb=1024)
+    assert upload_samples(s3, bucket, right) == ds  # and the next upload puts it back
+    RemoteSamples(Channel(s3, bucket), ds, memory_mb=1024)
