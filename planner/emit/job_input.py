@@ -23,7 +23,9 @@ class JobInput(BaseModel):
     windowsPerExecution: int = Field(gt=0)  # before continuing as a new execution (asl.windows_per_execution)
     functionPrefix: str  # a stage's function is functionPrefix + its index
     controlFunction: str  # where the remediation step runs (the stack's own worker)
-    link: int = Field(default=0, ge=0)  # this execution's place in the chain: {job}, {job}-c1, ...
+    # this execution's place in the chain: {job}, {job}-c1, ...; a resumption ({job}-r{n}) starts
+    # from the job's latest continuation number, so its own continuations take new names
+    link: int = Field(default=0, ge=0)
     start: int = Field(default=0, ge=0)  # the first iteration this execution runs
     windowsHere: int = Field(default=0, ge=0)  # windows run by this execution so far
 
