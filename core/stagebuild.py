@@ -7,8 +7,8 @@ not fit the function's memory could never run. Instead the container runs the fa
 ``torch.device("meta")`` — the same modules, shapes and dtypes, no storage — keeps the stage's
 blocks, and gives their tensors storage (:func:`materialize`): nothing of another stage is ever
 allocated. The values come from S3: parameters at version 0 (sdk/deploy/upload.py, the client's
-real build), and the stage's initial buffers, persistent or not (:func:`stage_buffers`,
-``keys.initial_buffers``).
+real build), and the stage's initial buffers, persistent or not, with its frozen parameters
+(:func:`stage_buffers`, ``keys.initial_buffers``).
 
 That is exact only for a model whose state is all in its parameters and buffers; the client
 checks it on the job's own factory (sdk/exactness.py ``meta_build_refusal``) and otherwise records
@@ -126,9 +126,23 @@ def reachable_modules(root: nn.Module) -> list[nn.Module]:
 
 
 def stage_buffers(layers: Sequence[nn.Module], first_layer: int) -> dict[str, torch.Tensor]:
-    """Every buffer of consecutive layers, persistent or not, keyed "<layer>.<path>" by the
-    layer's index in the model (as training.running_stats keys them)."""
-    return {f"{first_layer + i}.{name}": b for i, layer in enumerate(layers) for name, b in layer.named_buffers()}
+    """What of consecutive layers never trains, keyed "<layer>.<path>" by the layer's index in the
+    model (as training.running_stats keys them): every buffer, persistent or not, and every frozen
+    parameter (``requires_grad=False``: in no flat vector, training.Ownership), each tensor once
+    (a frozen weight two layers share is one tensor, stored under its first name).
+
+    The client uploads them once per stage (``keys.initial_buffers``) and a container loads them
+    into the stage it built: the values the factory made, or ``Job(init_from=...)`` gave (a
+    pretrained backbone)."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for i, layer in enumerate(layers):
+        frozen = [(name, p) for name, p in layer.named_parameters() if not p.requires_grad]
+        for name, t in [*layer.named_buffers(), *frozen]:
+            if id(t) not in seen:
+                seen.add(id(t))
+                out[f"{first_layer + i}.{name}"] = t
+    return out
 
 
 def load_buffers(layers: Sequence[nn.Module], first_layer: int, values: dict[str, torch.Tensor]) -> None:

@@ -98,7 +98,12 @@ class Tied:
 class Ownership:
     """Which stage owns which parameter: the first stage that uses it, once each, in order of
     use. A stage's flat vector holds only what it owns; the parameters it shares with an earlier
-    stage are that stage's, read from its version and updated with both stages' gradients summed."""
+    stage are that stage's, read from its version and updated with both stages' gradients summed.
+
+    Only parameters that train are owned: a frozen one (``requires_grad=False``) is in no flat
+    vector, so no gradient of it is computed, moved, reduced or clipped, no optimizer state is
+    made for it and no update touches it — as torch.optim skips a parameter whose ``.grad`` is
+    None. It travels with the stage's buffers instead (core/stagebuild.py ``stage_buffers``)."""
 
     owned: list[list[nn.Parameter]]
     tied: list[list[Tied]]
@@ -123,7 +128,8 @@ class Ownership:
 
 
 def ownership(layers: Sequence[nn.Module], stages: Sequence[range]) -> Ownership:
-    """Owned and tied parameters per stage of ``layers`` cut into ``stages`` (index ranges)."""
+    """Owned and tied parameters per stage of ``layers`` cut into ``stages`` (index ranges); frozen
+    parameters are neither (:class:`Ownership`)."""
     owner: dict[int, tuple[int, int, int]] = {}  # id -> (stage, index, offset)
     owned: list[list[nn.Parameter]] = []
     tied: list[list[Tied]] = []
@@ -134,7 +140,7 @@ def ownership(layers: Sequence[nn.Module], stages: Sequence[range]) -> Ownership
         offset = 0
         for i in rng:
             for p in layers[i].parameters():
-                if id(p) in seen:
+                if id(p) in seen or not p.requires_grad:
                     continue
                 seen.add(id(p))
                 if id(p) in owner:
@@ -189,6 +195,13 @@ def install_buffers(mine: dict[str, torch.Tensor], values: dict[str, torch.Tenso
 def load_running_stats(layers: Iterable[nn.Module], first_layer: int, values: dict[str, torch.Tensor]) -> None:
     """Install running statistics saved by :func:`running_stats` (every one of them)."""
     install_buffers(running_stats(layers, first_layer), values, "running statistics")
+
+
+def trains_up_to(own: Ownership, stage: int) -> bool:
+    """Whether a stage at or before ``stage`` owns a parameter that trains: else no gradient is
+    needed at or before it (a frozen backbone), so its backward pass has nothing to compute and
+    the next stage sends it no input gradient (lambdas/phases.py)."""
+    return any(n > 0 for n in own.numels[: stage + 1])
 
 
 def flat_params(params: Iterable[nn.Parameter]) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch
 
 from stagecoach.core import boundary, keys
 from stagecoach.core.events import AnyTaskEvent, BackwardEvent, CheckpointEvent, EvaluateEvent, ForwardEvent, SyncEvent
-from stagecoach.core.training import batch_indices, micro_batch, tracked_norms
+from stagecoach.core.training import batch_indices, micro_batch, tracked_norms, trains_up_to
 from stagecoach.lambdas import collectives, deferred_bn
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.checkpoint import checkpoint
@@ -162,10 +162,17 @@ def _backward_passes(
 ) -> list[float]:
     """The micro-batches in reverse: recompute with grad, backward from the loss (the last stage)
     or the output's gradient, input gradients sent back; the stream armed before the last pass.
-    Returns the last stage's micro-batch losses (none for another stage)."""
+    Returns the last stage's micro-batch losses (none for another stage).
+
+    Frozen parameters (training.Ownership) get no gradient, as in PyTorch: a stage with nothing
+    that trains at or before it (a frozen backbone) has no backward pass to run and waits for no
+    gradient, and the stage after it sends none (its input needs none)."""
     plan = ctx.plan
     s, r, t = ev.stage, ev.replica, ev.t
     last = s == plan.stages - 1
+    if not last and not trains_up_to(ctx.ownership(s), s):
+        return []
+    upstream_trains = trains_up_to(ctx.ownership(s), s - 1)
     first = plan.stage_layers(s).start
     io = ctx.stage_io(s)
     scale = 1.0 / (plan.micro_batches * plan.replicas)
@@ -177,7 +184,7 @@ def _backward_passes(
     for j, x in _inputs(ctx, ch, io, t, r, list(reversed(range(plan.micro_batches))), deadline):
         # a floating input's gradient is sent back; integer and boolean ones (ids, masks) travel
         # forward only. The layers get a copy, which a first layer may change in place.
-        sends_grad = io.sends_grads(x)
+        sends_grad = upstream_trains and io.sends_grads(x)
         if sends_grad:
             x = boundary.with_grad(x)
         with _recording(record, j) if last else _suspended(record):

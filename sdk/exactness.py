@@ -234,17 +234,29 @@ def check_buffers_unchanged(blocks: Sequence[nn.Module], before: list[tuple[int,
             )
 
 
+def check_something_trains(blocks: Sequence[nn.Module]) -> None:
+    """At least one parameter trains: a model whose every parameter is frozen has nothing to train
+    (and no gradient for a loss to carry)."""
+    if not any(p.requires_grad for block in blocks for p in block.parameters()):
+        raise NotExact(
+            "no parameter of the model trains (every one is frozen, requires_grad=False, or there are none): "
+            "there is nothing to train. Leave at least one parameter with requires_grad=True (e.g. the head on a "
+            "frozen backbone); to only evaluate a model, run it in plain PyTorch"
+        )
+
+
 def check_gradients(blocks: Sequence[nn.Module]) -> None:
-    """Every parameter gets a dense gradient: the runtime treats a missing one as zero, which an
-    optimizer with momentum or weight decay turns into an update PyTorch would not make."""
+    """Every parameter that trains gets a dense gradient: the runtime treats a missing one as zero,
+    which an optimizer with momentum or weight decay turns into an update PyTorch would not make.
+
+    A frozen parameter (``requires_grad=False``) is exact as it is: it is in no stage's flat
+    vector (training.Ownership), so it gets no gradient, no sync, no optimizer state and no
+    update, as torch.optim skips a parameter whose ``.grad`` is None; it travels with the stage's
+    buffers (:func:`check_something_trains` refuses a model with none that trains)."""
     for i, block in enumerate(blocks):
         for name, p in block.named_parameters():
             if not p.requires_grad:
-                raise NotExact(
-                    f"block {i}'s parameter {name!r} is frozen (requires_grad=False): the runtime updates every "
-                    "parameter, as if its gradient were zero, which momentum or weight decay would change. Register "
-                    "it as a buffer (module.register_buffer) or let it train"
-                )
+                continue
             if p.grad is None:
                 raise NotExact(
                     f"block {i}'s parameter {name!r} gets no gradient (it is not used in the forward pass): the runtime "
@@ -395,16 +407,19 @@ class OptimizerGroups:
 def optimizer_groups(opt: torch.optim.Optimizer, params: Sequence[nn.Parameter]) -> OptimizerGroups | None:
     """The groups of ``opt`` over ``params`` (None for one group, which the workers rebuild from
     the factory itself); refuses groups that do not cover exactly ``params`` or whose
-    hyperparameters cannot travel as JSON."""
+    hyperparameters cannot travel as JSON. A frozen parameter may be left out (PyTorch's
+    ``filter(lambda p: p.requires_grad, params)``: torch.optim skips it either way, and the
+    workers never give the optimizer one); its group is then -1."""
     index = {id(p): i for i, p in enumerate(params)}
     of = [-1] * len(params)
+    given = [p for g in opt.param_groups for p in g["params"]]
     for g, group in enumerate(opt.param_groups):
         for p in group["params"]:
-            if id(p) not in index:
-                of = []
-                break
-            of[index[id(p)]] = g
-    if not of or -1 in of or sum(len(g["params"]) for g in opt.param_groups) != len(params):
+            if id(p) in index:
+                of[index[id(p)]] = g
+    foreign = any(id(p) not in index for p in given)
+    missing = any(g == -1 and p.requires_grad for g, p in zip(of, params))
+    if foreign or missing or len({id(p) for p in given}) != len(given):
         raise NotExact(
             "job.optimizer(params) does not optimise exactly the parameters it is given: it must build the "
             "optimizer over `params` (e.g. lambda params: torch.optim.SGD(params, lr=0.1)), not over other tensors"
@@ -757,6 +772,7 @@ def examine(
     flows = model.flows if isinstance(model, Blocks) else None
     blocks = list(model)
     check_structure(blocks)
+    check_something_trains(blocks)
     ties = parameter_buffers(blocks)
     check_factory(model, build())
     check_loss(loss)

@@ -78,10 +78,8 @@ class WithUnused(nn.Module):
         return self.used(x)
 
 
-def frozen_bias():
-    m = plain()
-    m[0].bias.requires_grad_(False)
-    return m
+def all_frozen():
+    return plain().requires_grad_(False)
 
 
 SHARED_NET = plain()
@@ -129,7 +127,7 @@ REFUSED = [
         "does not optimise exactly the parameters it is given",
     ),
     ("a buffer updated in forward", dict(model=lambda: nn.Sequential(Counter(), nn.Linear(6, 3))), "buffer 'seen'"),
-    ("a frozen parameter", dict(model=frozen_bias), "'bias' is frozen"),
+    ("nothing that trains", dict(model=all_frozen), "nothing to train"),
     ("an unused parameter", dict(model=lambda: nn.Sequential(WithUnused(), nn.Linear(6, 3))), "'spare.weight' gets no gradient"),
     (
         "a sparse gradient",

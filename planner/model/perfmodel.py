@@ -307,7 +307,9 @@ def stage_terms(
 ) -> StageTerms:
     """One stage's terms from its aggregated layer facts (sums over its layers; in/ingrad of its
     first layer, out of its last; per-sample bytes; ``fwd_s``/``bwd_s`` one micro-batch at the tier).
-    ``buffer_bytes``: the stage's buffers; ``build_bytes``: what any container of the job allocates
+    ``p_bytes``: the stage's parameters that train — synced, updated, loaded per version, given
+    optimizer state; ``buffer_bytes``: what it holds and never trains, its buffers and frozen
+    parameters (LayerProfile.buffer_bytes: no sync, no state, one copy); ``build_bytes``: what any container of the job allocates
     to build its stage (ModelProfile.build_bytes: the whole model under the full build, else 0).
     ``outgrad_ps``: the bytes of the output's gradient per sample (its floating leaves; default all
     of the output). ``data_streamed``: the training set is too large to keep (planner/plan.py

@@ -1,7 +1,8 @@
 """Per-layer profiles: plain data the performance model reads (no torch at import).
 
 A *layer* is one block of the user's nn.Sequential (a block used twice counts twice). The planner
-needs, per layer: parameter bytes, bytes saved for backward per sample (what a micro-batch's
+needs, per layer: the bytes of the parameters that train (synced and updated) and of what it holds
+without training (buffers, frozen parameters), bytes saved for backward per sample (what a micro-batch's
 recomputed forward keeps alive during backward), output and input(-gradient) bytes per sample
 (what crosses a stage boundary), and forward/backward time per micro-batch size at each tier.
 
@@ -35,6 +36,8 @@ class LayerProfile:
     """Measured or estimated facts about one layer (or a merged run of ``count`` layers)."""
 
     name: str
+    # the parameters that train: what is synced, updated, stored per version and given optimizer
+    # state (frozen ones, requires_grad=False, are in buffer_bytes and frozen_bytes instead)
     param_bytes: float
     saved_bytes_per_sample: float
     out_bytes_per_sample: float
@@ -51,7 +54,10 @@ class LayerProfile:
     # bytes per sample of the input's floating leaves (its gradient); None: all of the input
     in_grad_bytes_per_sample: float | None = None
     out_grad_bytes_per_sample: float | None = None  # the output's floating leaves; None: all of it
-    buffer_bytes: float = 0.0  # buffers (BatchNorm's running statistics, fixed tables): held, never trained
+    # what the layer holds and never trains: buffers (BatchNorm's running statistics, fixed
+    # tables) and frozen parameters (requires_grad=False: no gradient, sync or optimizer state)
+    buffer_bytes: float = 0.0
+    frozen_bytes: float = 0.0  # the frozen parameters' part of buffer_bytes
 
     @property
     def ingrad_bytes_per_sample(self) -> float:
@@ -79,8 +85,14 @@ class LayerProfile:
         if self.fwd_s:
             return (_affine_in_b(self.fwd_s, micro_batch) / sp, _affine_in_b(self.bwd_s, micro_batch) / sp)
         rate = platform.flops_per_vcpu * sp
-        passes = platform.param_pass_s(self.param_bytes, tier_mb)  # one pass over the layer's parameters
-        return (self.fwd_flops_per_sample * micro_batch / rate + passes, self.bwd_flops_per_sample * micro_batch / rate + 2 * passes)
+        # one pass over the layer's parameters forward; backward two over those that train (their
+        # gradient), one over the frozen ones (the input's gradient only)
+        trains = platform.param_pass_s(self.param_bytes, tier_mb)
+        frozen = platform.param_pass_s(self.frozen_bytes, tier_mb)
+        return (
+            self.fwd_flops_per_sample * micro_batch / rate + trains + frozen,
+            self.bwd_flops_per_sample * micro_batch / rate + 2 * trains + frozen,
+        )
 
     def _measured_at(self, tier_mb: int, micro_batch: int) -> tuple[float, float]:
         per = self.tier_s[tier_mb]
@@ -173,26 +185,40 @@ class ModelProfile:
 
     @property
     def param_bytes(self) -> float:
+        """The bytes of the parameters that train (frozen ones: ``frozen_bytes``)."""
         return sum(l.param_bytes for l in self.layers)
+
+    @property
+    def frozen_bytes(self) -> float:
+        return sum(l.frozen_bytes for l in self.layers)
+
+    def trains_before(self, layer: int) -> bool:
+        """Whether a layer before ``layer`` has parameters that train. If none does (a frozen
+        backbone, or layers without parameters), no gradient is needed before ``layer``: a
+        stage starting there sends no input gradient back (lambdas/phases.py)."""
+        return any(l.param_bytes > 0 for l in self.layers[:layer])
 
     def stage_io(self, lo: int, hi: int) -> StageBytes:
         """Bytes per sample a stage of layers [lo, hi) receives and sends (and their gradients).
         The first stage's input is its rows of the data set; the last stage's output the model's
-        (held for the loss, sent nowhere)."""
+        (held for the loss, sent nowhere). No gradient crosses a cut with nothing that trains
+        before it (:meth:`trains_before`)."""
         first, last = self.layers[lo], self.layers[hi - 1]
         whole = StageBytes(
             first.in_bytes_per_sample, last.out_bytes_per_sample, first.ingrad_bytes_per_sample, last.outgrad_bytes_per_sample
         )
-        if not self.flows:
-            return whole
-        direct = stage_bytes(self.flows, lo, hi)
-        end = hi == len(self.layers)
-        return StageBytes(
-            whole.in_ps if lo == 0 else direct.in_ps,
-            whole.out_ps if end else direct.out_ps,
-            whole.ingrad_ps if lo == 0 else direct.ingrad_ps,
-            whole.outgrad_ps if end else direct.outgrad_ps,
-        )
+        if self.flows:
+            direct = stage_bytes(self.flows, lo, hi)
+            end = hi == len(self.layers)
+            whole = StageBytes(
+                whole.in_ps if lo == 0 else direct.in_ps,
+                whole.out_ps if end else direct.out_ps,
+                whole.ingrad_ps if lo == 0 else direct.ingrad_ps,
+                whole.outgrad_ps if end else direct.outgrad_ps,
+            )
+        ingrad = whole.ingrad_ps if self.trains_before(lo) else 0.0
+        outgrad = whole.outgrad_ps if self.trains_before(hi) else 0.0
+        return StageBytes(whole.in_ps, whole.out_ps, ingrad, outgrad)
 
     @property
     def original_layers(self) -> int:
@@ -324,6 +350,7 @@ def merge_layers(layers: Sequence[LayerProfile]) -> LayerProfile:
         in_grad_bytes_per_sample=layers[0].in_grad_bytes_per_sample,
         out_grad_bytes_per_sample=layers[-1].out_grad_bytes_per_sample,
         buffer_bytes=sum(l.buffer_bytes for l in layers),
+        frozen_bytes=sum(l.frozen_bytes for l in layers),
     )
 
 

@@ -126,11 +126,15 @@ def layer_profile(
     measured times, or the counted FLOPs). Both profilers build their layers here, so the sizes,
     names and gradient flags they report cannot disagree."""
     (x1, x2), (y1, y2), (s1, s2) = x, y, saved
+    trains = float(sum(p.numel() * p.element_size() for p in child.parameters() if p.requires_grad))
+    # a frozen parameter (requires_grad=False) is held like a buffer: no gradient, sync or optimizer state
+    frozen = float(sum(p.numel() * p.element_size() for p in child.parameters() if not p.requires_grad))
     return LayerProfile(
         # a Sequential built from a list names its children "0", "1", ...: the type says more
         name=f"{index}:{child_name}" if not child_name.isdigit() else f"{index}:{type(child).__name__}",
-        param_bytes=float(sum(p.numel() * p.element_size() for p in child.parameters())),
-        buffer_bytes=float(sum(b.numel() * b.element_size() for b in child.buffers())),
+        param_bytes=trains,
+        buffer_bytes=float(sum(b.numel() * b.element_size() for b in child.buffers())) + frozen,
+        frozen_bytes=frozen,
         saved_bytes_per_sample=float(max(0, s2 - s1)),
         out_bytes_per_sample=float(tensor_bytes(y2) - tensor_bytes(y1)),
         in_bytes_per_sample=float(tensor_bytes(x2) - tensor_bytes(x1)),
