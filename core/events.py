@@ -81,7 +81,9 @@ class RemediateEvent(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     phase: Literal["remediate"]
-    job: str = Field(pattern=_NAME)
+    # the job id from the job execution's input (NAME-8hex, sdk/deploy/resources.py JOB_ID), which
+    # names the job the remediation acts on and nothing a worker wrote (lambdas/remediate.py)
+    job: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,29}-[0-9a-f]{8}$")
     bucket: str = Field(pattern=_BUCKET)
     function: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     stage: int = Field(ge=0)
@@ -99,3 +101,4 @@ class ProfileEvent(BaseModel):
     bucket: str = Field(pattern=_BUCKET)
     micro_batch_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(default=[1, 2, 4], min_length=1, max_length=16)
     repeats: int = Field(default=2, ge=1, le=20)
+

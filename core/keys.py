@@ -118,14 +118,22 @@ def metrics(job: str, t: int, phase: str, stage: int, index: int) -> str:
     return f"jobs/{job}/metrics/it{t:08d}/{phase}-s{stage}-{index}.json"
 
 
+def dataset_prefix(dataset_id: str) -> str:
+    """Everything of one data set: its manifest and its shards. A job's role is granted reading
+    exactly the prefixes of the data sets it uses (deploy/roles.py job_dataset_policy), one
+    statement entry per set whatever its shard count."""
+    return f"data/{dataset_id}/"
+
+
 def dataset(dataset_id: str) -> str:
-    """A data set's manifest (core/samples.py Manifest), named by its own content's hash."""
-    return f"data/sets/{dataset_id}"
+    """A data set's manifest (core/samples.py Manifest); ``dataset_id`` is its own content's hash."""
+    return f"{dataset_prefix(dataset_id)}manifest"
 
 
-def data_shard(digest: str) -> str:
-    """A shard of samples, named by its content's hash: shared by every data set holding it."""
-    return f"data/shards/{digest}"
+def data_shard(dataset_id: str, digest: str) -> str:
+    """A shard of the data set's samples, named by its content's hash, under its data set's prefix
+    (the same data uploaded again is the same set and the same keys)."""
+    return f"{dataset_prefix(dataset_id)}shards/{digest}"
 
 
 def memory_pressure(job: str, stage: int) -> str:

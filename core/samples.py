@@ -45,7 +45,7 @@ def record_digest(record: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class Manifest:
-    """``data/sets/{id}``: the shards (content hashes, keys.data_shard) and where every sample's
+    """``data/{id}/manifest``: the shards (``data/{id}/shards/<content hash>``, keys.data_shard) and where every sample's
     input and target records lie in them and each record's digest (``record_digest``); its id is
     its own body's hash, so the id covers the digests and the digests cover every record. Offsets
     are int64 tensors, 8 bytes per record, and digests 16 bytes per record, so a million samples

@@ -7,6 +7,10 @@ micro-batch's records requested at once (the channel keeps several in flight), s
 holds only its micro-batch's samples, however large the data set. A first stage reads only the
 inputs' records, a last stage only the targets'.
 
+Every object of a data set lies under its prefix data/<id>/ (core/keys.py), and the job's role may
+read the prefixes of its own data sets only (sdk/deploy/roles.py job_dataset_policy): a worker
+reads its job's training and validation sets and nothing of another job's.
+
 Nothing read is trusted for its name alone: the manifest and the shards are named by their content's
 SHA-256, and whoever may write the bucket's data/ could put other bytes under a right name. So the
 manifest is checked against the data set's id (the job's spec names it; the id is the manifest's
@@ -55,17 +59,21 @@ def _check(what: str, key: str, body: bytes, name: str) -> None:
 
 class RemoteSamples:
     def __init__(self, ch: Channel, dataset_id: str, memory_mb: int):
+        self.id = dataset_id
         key = keys.dataset(dataset_id)
         body = ch.get_bytes(key)
         if body is None:
-            raise FileNotFoundError(f"data set {key} is missing")
+            raise FileNotFoundError(
+                f"data set {key} is missing: a job launched before data sets were kept under a prefix of their own "
+                "(data/<id>/, which the job's role is granted) cannot read its set; launch the job again, which uploads it there"
+            )
         _check("data set", key, body, dataset_id)  # the id is the first 32 hex digits of its SHA-256
         self.manifest = Manifest.parse(body)
         self.resident = data_resident(self.manifest.total_bytes, memory_mb)
         self.shards: dict[int, bytes] = {}  # resident: checked shards, kept
 
     def _shard(self, s: int, body: bytes | None) -> bytes:
-        key = keys.data_shard(self.manifest.shards[s])
+        key = keys.data_shard(self.id, self.manifest.shards[s])
         if body is None:
             raise FileNotFoundError(f"data shard {key} is missing")
         _check("data shard", key, body, self.manifest.shards[s])
@@ -76,19 +84,19 @@ class RemoteSamples:
         spots = [m.locate(i, part) for i in indices]
         if self.resident:
             missing = sorted({s for s, _, _ in spots} - set(self.shards))
-            pending = [(s, ch.submit_get_bytes(keys.data_shard(m.shards[s]))) for s in missing]
+            pending = [(s, ch.submit_get_bytes(keys.data_shard(self.id, m.shards[s]))) for s in missing]
             for s, fut in pending:
                 self.shards[s] = self._shard(s, fut.result())
             return [self.shards[s][a:b] for s, a, b in spots]
-        futures = [ch.submit_get_bytes(keys.data_shard(m.shards[s]), (a, b)) for s, a, b in spots]
+        futures = [ch.submit_get_bytes(keys.data_shard(self.id, m.shards[s]), (a, b)) for s, a, b in spots]
         out = []
         for index, (s, a, b), fut in zip(indices, spots, futures):
             body = fut.result()
             if body is None:
-                raise FileNotFoundError(f"data shard {keys.data_shard(m.shards[s])} is missing")
+                raise FileNotFoundError(f"data shard {keys.data_shard(self.id, m.shards[s])} is missing")
             if record_digest(body) != m.digest(index, part):
                 raise DataIntegrityError(
-                    f"sample {index}'s {part} record in data shard {keys.data_shard(m.shards[s])} (bytes {a}-{b - 1}) does "
+                    f"sample {index}'s {part} record in data shard {keys.data_shard(self.id, m.shards[s])} (bytes {a}-{b - 1}) does "
                     f"not match its digest in the data set's manifest: the bucket holds other bytes under this "
                     f"content-addressed name than were uploaded. {FIX}"
                 )

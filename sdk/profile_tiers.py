@@ -10,7 +10,7 @@ timeout), and invokes each function in turn, synchronously, with the handler's `
 data. The results fold into one ModelProfile whose layers carry times per tier
 (``LayerProfile.tier_s``), which the performance model prefers to any estimate. Whether it succeeds
 or fails, it then removes the functions, the job's objects and its role (deploy/cleanup.py
-rollback); the data set stays, as every job's does (data/ is shared between jobs). The same code
+rollback); the data set stays, as every job's does (shared by the jobs that use it). The same code
 runs on the local stack, where every tier is one thread of this machine: useful to test, not to
 learn.
 """

@@ -8,6 +8,8 @@ tensors it holds.
 """
 
 import hashlib
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +21,7 @@ from stagecoach import Job, JobError
 from stagecoach.core import keys
 from stagecoach.core.samples import SHARD_BYTES, LocalSamples, Manifest, encode
 from stagecoach.core.training import batch_indices, derive_seed
-from stagecoach.deploy.dataset import upload_samples
+from stagecoach.deploy.dataset import encode_samples, upload_samples
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.datafetch import DataIntegrityError, RemoteSamples
 
@@ -117,8 +119,11 @@ def test_shards_are_content_addressed_and_every_record_is_found(backend):
     manifest = Manifest.parse(s3.get_object(Bucket=bucket, Key=keys.dataset(ds))["Body"].read())
     assert manifest.samples == 48 and manifest.input_bytes == 48 * 6 * 8 and manifest.target_bytes == 48 * 8
     for shard in manifest.shards:
-        body = s3.get_object(Bucket=bucket, Key=keys.data_shard(shard))["Body"].read()
+        body = s3.get_object(Bucket=bucket, Key=keys.data_shard(ds, shard))["Body"].read()
         assert hashlib.sha256(body).hexdigest() == shard
+    # the set's objects, and only they, lie under its own prefix: what a job's role is granted (deploy/roles.py)
+    held = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=keys.dataset_prefix(ds))["Contents"]}
+    assert held == {keys.dataset(ds), *(keys.data_shard(ds, h) for h in manifest.shards)}
     # read back as a worker does, by ranged GETs (forced: a 0 MB budget keeps nothing resident)
     remote = RemoteSamples(Channel(s3, bucket), ds, memory_mb=0)
     assert not remote.resident
@@ -204,9 +209,9 @@ def test_a_streamed_read_fetches_only_its_records(backend):
         assert torch.equal(remote.inputs(Channel(s3, bucket), idx, None, 0, 0, torch.float64), samples.batch(idx)[0])
     finally:
         s3.meta.events.unregister("before-parameter-build.s3.GetObject", seen)
-    shard_gets = [(k, r) for k, r in gets if k.startswith(keys.data_shard(""))]
+    shard_gets = [(k, r) for k, r in gets if k.startswith(keys.data_shard(ds, ""))]
     spans = [manifest.locate(i, "input") for i in (3, 40, 7)]
-    assert sorted(shard_gets) == sorted((keys.data_shard(manifest.shards[s]), f"bytes={a}-{b - 1}") for s, a, b in spans)
+    assert sorted(shard_gets) == sorted((keys.data_shard(ds, manifest.shards[s]), f"bytes={a}-{b - 1}") for s, a, b in spans)
 
 
 def _shard_of(samples: LocalSamples) -> bytes:
@@ -226,10 +231,12 @@ def test_a_shard_that_does_not_hash_to_its_name_is_refused_and_replaced(backend)
     wrong = LocalSamples((X * 7 - 3, Y))  # same shapes, so every record's offset still fits
     body, poison = _shard_of(right), _shard_of(wrong)
     assert len(body) == len(poison) < SHARD_BYTES
-    key = keys.data_shard(hashlib.sha256(body).hexdigest())
+    with tempfile.TemporaryDirectory() as spool:  # the set's id, as the upload computes it, before it is uploaded
+        ds = encode_samples(right, Path(spool))[0].dataset_id()
+    key = keys.data_shard(ds, hashlib.sha256(body).hexdigest())
     s3.put_object(Bucket=bucket, Key=key, Body=poison)  # placed before the set is ever uploaded
 
-    ds = upload_samples(s3, bucket, right)
+    assert upload_samples(s3, bucket, right) == ds
     assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == body  # the upload put the right bytes back
     idx = torch.tensor([3, 40])
     for memory_mb in (1024, 0):  # resident (whole shards), streamed (ranged GETs)

@@ -13,9 +13,10 @@ from torch import nn
 
 from stagecoach import Job
 from stagecoach.core import keys
+from stagecoach.core.samples import Manifest
 from stagecoach.deploy.iam_policy import evaluate
 from stagecoach.deploy.resources import function_name
-from stagecoach.deploy.roles import job_boundary_policy, job_role_arn, job_role_name, job_worker_policy
+from stagecoach.deploy.roles import job_boundary_policy, job_dataset_policy, job_role_arn, job_role_name, job_worker_policy
 
 
 def _data(seed):
@@ -23,12 +24,12 @@ def _data(seed):
     return torch.randn(24, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (24,), generator=g)
 
 
-def _job(name, model):
+def _job(name, model, data=1):
     return Job(
         model=model,
         loss=nn.CrossEntropyLoss(),
         optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-        train=_data(1),
+        train=_data(data),
         global_batch=8,
         iterations=2,
         seed=0,
@@ -41,9 +42,11 @@ def _plain():
     return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
 
 
-def _probing(victim_job, victim_function, bucket):
+def _probing(victim_job, victim_function, bucket, victim_data):
     """A model factory that, inside a worker (not in the SDK, which builds the model too), tries
-    the victim's objects and function and records what AWS answered in its own job's prefix."""
+    the victim's objects, data set and function and records what AWS answered in its own job's
+    prefix. ``victim_data``: the victim's data set's manifest key, a shard's key and its prefix."""
+    victim_manifest, victim_shard, victim_prefix = victim_data
 
     def factory():
         import os
@@ -77,6 +80,12 @@ def _probing(victim_job, victim_function, bucket):
                 "list_victim": attempt(lambda: s3.list_objects_v2(Bucket=bucket, Prefix=f"jobs/{victim_job}/")),
                 "update_victim_function": attempt(lambda: lam.update_function_configuration(FunctionName=victim_function, MemorySize=128)),
                 "read_history": attempt(lambda: s3.get_object(Bucket=bucket, Key="history/victim/memory.json")),
+                # the victim's training bytes (issue 24 item 6): its set's manifest, a shard, its
+                # prefix, and every data set's (listing data/ would name them)
+                "read_victim_data_manifest": attempt(lambda: s3.get_object(Bucket=bucket, Key=victim_manifest)),
+                "read_victim_data_shard": attempt(lambda: s3.get_object(Bucket=bucket, Key=victim_shard, Range="bytes=0-15")),
+                "list_victim_data": attempt(lambda: s3.list_objects_v2(Bucket=bucket, Prefix=victim_prefix)),
+                "list_data_sets": attempt(lambda: s3.list_objects_v2(Bucket=bucket, Prefix="data/")),
                 "read_own_spec": attempt(lambda: s3.get_object(Bucket=bucket, Key=f"jobs/{own}/job.json")),
             }
             s3.put_object(Bucket=bucket, Key=f"jobs/{own}/probe.json", Body=json.dumps(seen).encode())
@@ -91,9 +100,14 @@ def test_a_jobs_workers_cannot_touch_another_jobs_objects_or_function(backend):
     bucket = backend.resources.bucket
     victim_fn = function_name(backend.resources, victim.job_id, 0)
     before = backend.clients.s3.get_object(Bucket=bucket, Key=keys.job_code(victim.job_id))["Body"].read()
+    victim_ds = victim.spec().dataset.id
+    shard = Manifest.parse(backend.clients.s3.get_object(Bucket=bucket, Key=keys.dataset(victim_ds))["Body"].read()).shards[0]
+    victim_data = (keys.dataset(victim_ds), keys.data_shard(victim_ds, shard), keys.dataset_prefix(victim_ds))
 
-    prober = _job("prober", _probing(victim.job_id, victim_fn, bucket)).run(backend=backend, stages=2)
-    assert prober.wait(progress=False, poll_s=0.5, timeout_s=300) == "SUCCEEDED"  # it trains: its own objects and the data set
+    # another data set than the victim's: reading its own is all the prober's role is granted
+    prober = _job("prober", _probing(victim.job_id, victim_fn, bucket, victim_data), data=2).run(backend=backend, stages=2)
+    assert prober.spec().dataset.id != victim_ds
+    assert prober.wait(progress=False, poll_s=0.5, timeout_s=300) == "SUCCEEDED"  # it trains: its own objects and data set
     seen = json.loads(backend.clients.s3.get_object(Bucket=bucket, Key=f"jobs/{prober.job_id}/probe.json")["Body"].read())
     assert seen == {
         "read_victim_code": "AccessDenied",
@@ -103,6 +117,10 @@ def test_a_jobs_workers_cannot_touch_another_jobs_objects_or_function(backend):
         "list_victim": "AccessDenied",
         "update_victim_function": "AccessDeniedException",
         "read_history": "AccessDenied",
+        "read_victim_data_manifest": "AccessDenied",
+        "read_victim_data_shard": "AccessDenied",
+        "list_victim_data": "AccessDenied",
+        "list_data_sets": "AccessDenied",
         "read_own_spec": "ok",
     }
     # nothing of the victim changed
@@ -125,18 +143,31 @@ def test_cleanup_removes_the_jobs_role(backend):
         backend.clients.iam.get_role(RoleName=job_role_name(backend.resources, run.job_id))
 
 
-def test_the_job_role_grants_its_own_objects_and_the_data_sets_only(backend):
+def test_the_job_role_grants_its_own_objects_and_its_own_data_sets_only(backend):
     res = backend.resources
+    own_set, val_set, other_set = "0123456789abcdef" * 2, "fedcba9876543210" * 2, "00112233445566778899aabbccddeeff"
     policy, boundary = job_worker_policy(res, "a-1a2b3c4d"), job_boundary_policy("arn:aws:s3:::" + res.bucket, res.log_group_arn)
+    datasets = job_dataset_policy(res, [own_set, val_set])
     b = f"arn:aws:s3:::{res.bucket}"
 
     def can(action, resource, **ctx):
-        return evaluate(action, resource, [policy], boundary, ctx).allowed
+        return evaluate(action, resource, [policy, datasets], boundary, ctx).allowed
 
     for key in (keys.job_code("a-1a2b3c4d"), keys.act("a-1a2b3c4d", 3, 1, 0, 0), keys.memory_pressure("a-1a2b3c4d", 0)):
         assert can("s3:GetObject", f"{b}/{key}") and can("s3:PutObject", f"{b}/{key}") and can("s3:DeleteObject", f"{b}/{key}")
-    assert can("s3:GetObject", f"{b}/{keys.dataset('abc')}")
-    assert not can("s3:PutObject", f"{b}/{keys.dataset('abc')}")  # data sets are shared: read only
+    # its data sets (training and validation), read only; no other job's, and no listing of data/
+    for ds in (own_set, val_set):
+        for key in (keys.dataset(ds), keys.data_shard(ds, "ab" * 32)):
+            assert can("s3:GetObject", f"{b}/{key}") and not can("s3:PutObject", f"{b}/{key}"), key
+        assert can("s3:ListBucket", b, **{"s3:prefix": keys.dataset(ds)})
+    for key in (keys.dataset(other_set), keys.data_shard(other_set, "ab" * 32), "data/sets/x", "data/shards/x", f"data/{own_set}"):
+        assert not can("s3:GetObject", f"{b}/{key}"), key
+    for prefix in ("data/", keys.dataset_prefix(other_set), "data/0123"):
+        assert not can("s3:ListBucket", b, **{"s3:prefix": prefix}), prefix
+    assert not evaluate("s3:GetObject", f"{b}/{keys.dataset(own_set)}", [policy], boundary).allowed  # only the "datasets" policy grants
+    for bad in (["*"], ["0123456789abcdef*"], [own_set + "/../"], []):
+        with pytest.raises(ValueError, match="32 hex digits"):
+            job_dataset_policy(res, bad)
     for key in (keys.job_code("a-1a2b3c4d0"), keys.job_code("b-1a2b3c4d"), "history/a/memory.json", "jobs/a-1a2b3c4d"):
         assert not can("s3:GetObject", f"{b}/{key}"), key
     assert can("s3:ListBucket", b, **{"s3:prefix": "jobs/a-1a2b3c4d/iter/3/act/s1/r0/m0"})
@@ -267,3 +298,34 @@ def test_a_new_role_is_refused_until_iam_propagates_it(backend):
     create_function_when_role_ready(c, spec)
     assert time.monotonic() - started < 10
     assert c.lambda_.get_function_configuration(FunctionName=spec["FunctionName"])["Role"] == role
+
+
+def test_a_worker_cannot_steer_the_remediation_to_another_jobs_memory(backend):
+    """Issue 24 item 7 (confused deputy): a worker rewrote its own job.json to name another job, so
+    that the remediation, on the stack's control role, wrote that job's history/<name>/memory.json
+    (its next run started a stage 6 tiers up). The job's spec is the deployer's: the workers may
+    read it, not write or delete it; and the remediation takes the job, its name and its functions
+    from the job execution's input, refusing a spec that names another job."""
+    from stagecoach.core.records import JobSpec
+
+    c, res = backend.clients, backend.resources
+    run = _job("deputy", _plain).run(backend=backend, stages=2)
+    assert run.wait(progress=False, poll_s=0.5, timeout_s=300) == "SUCCEEDED"
+    role, spec_key = job_role_arn(res, run.job_id), keys.job_spec(run.job_id)
+    spec = JobSpec.model_validate_json(c.s3.get_object(Bucket=res.bucket, Key=spec_key)["Body"].read())
+    forged = spec.model_copy(update={"name": "victim"}).model_dump_json()
+    # the attack as a worker makes it, with the job's own role
+    assert _call_as(backend, role, "s3", "put_object", Bucket=res.bucket, Key=spec_key, Body=forged)["code"] == "AccessDenied"
+    assert _call_as(backend, role, "s3", "delete_object", Bucket=res.bucket, Key=spec_key)["code"] == "AccessDenied"
+    assert _call_as(backend, role, "s3", "get_object", Bucket=res.bucket, Key=spec_key)["code"] == "ok"  # workers read it
+    # and had the spec been rewritten anyway, the remediation would not act on another job's name
+    c.s3.put_object(Bucket=res.bucket, Key=spec_key, Body=forged.encode())
+    victim = keys.learnt_memory("victim")
+    before = c.s3.list_objects_v2(Bucket=res.bucket, Prefix=victim).get("Contents", [])
+    fn = function_name(res, run.job_id, 1)
+    event = {"phase": "remediate", "job": run.job_id, "bucket": res.bucket, "function": fn, "stage": 1}
+    out = c.lambda_.invoke(FunctionName=res.control_function, Payload=json.dumps({**event, "error": "Runtime.OutOfMemory"}).encode())
+    reply = json.loads(out["Payload"].read())
+    assert out.get("FunctionError") and "victim" in reply["errorMessage"] and run.job_id in reply["errorMessage"], reply
+    assert c.s3.list_objects_v2(Bucket=res.bucket, Prefix=victim).get("Contents", []) == before
+    assert c.lambda_.get_function_configuration(FunctionName=fn)["MemorySize"] == spec.to_plan().memory_mb[1]

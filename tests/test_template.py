@@ -124,6 +124,7 @@ STACK = "sc"
 ACCOUNT = "123456789012"
 REGION = "us-east-1"
 BUCKET = "sc-bucket-1a2b3c4d5e6f"
+DS = "0123456789abcdef" * 2  # a data set id (core/samples.py Manifest.dataset_id: 32 hex digits)
 
 
 def render(pattern):
@@ -235,7 +236,7 @@ def test_control_role_covers_the_remediation_and_nothing_a_job_runs(template):
     assert grants(sts, "s3:GetObject", f"{b}/{history.memory_key('digits')}") and grants(
         sts, "s3:PutObject", f"{b}/{history.memory_key('digits')}"
     )
-    for key in (keys.job_code(job), keys.act(job, 3, 1, 0, 1), keys.params(job, 0, 0, 0, 0), keys.dataset("d"), keys.data_shard("e")):
+    for key in (keys.job_code(job), keys.act(job, 3, 1, 0, 1), keys.params(job, 0, 0, 0, 0), keys.dataset(DS), keys.data_shard(DS, "e")):
         for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
             assert not grants(sts, action, f"{b}/{key}"), (action, key)
     fn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{STACK}-{job}-s1"
@@ -251,7 +252,7 @@ def test_job_roles_cover_every_key_the_workers_use_and_nothing_else(template):
     """The keys come from the code (core.keys), so a new key tree the workers start to write
     fails here before it fails on AWS with AccessDenied. Checked on the boundary (every job) and on
     one job's own role, which must not reach another job's keys."""
-    from stagecoach.deploy.roles import job_worker_policy
+    from stagecoach.deploy.roles import job_dataset_policy, job_worker_policy
 
     job = "digits-1a2b3c4d"
     used = [
@@ -278,13 +279,17 @@ def test_job_roles_cover_every_key_the_workers_use_and_nothing_else(template):
     ]
     res = stack_resources()
     boundary = role_statements(template, "JobRoleBoundary")
-    own = job_worker_policy(res, job)["Statement"]
+    own = job_worker_policy(res, job)["Statement"] + job_dataset_policy(res, [DS])["Statement"]
     for sts in (boundary, own):
         for key in used:
             for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
-                assert grants(sts, action, f"arn:aws:s3:::{BUCKET}/{key}"), (action, key)
-        assert grants(sts, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/{keys.dataset('abcdef0123456789')}")
-        assert not grants(sts, "s3:PutObject", f"arn:aws:s3:::{BUCKET}/{keys.dataset('abcdef0123456789')}")
+                # the job's spec is the deployer's: its own role reads it only (issue 24 item 7)
+                writes_spec = sts is own and key == keys.job_spec(job) and action != "s3:GetObject"
+                assert grants(sts, action, f"arn:aws:s3:::{BUCKET}/{key}") != writes_spec, (action, key)
+        for key in (keys.dataset(DS), keys.data_shard(DS, "ab" * 32)):
+            assert grants(sts, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/{key}")
+            assert not grants(sts, "s3:PutObject", f"arn:aws:s3:::{BUCKET}/{key}")
+        assert grants(sts, "s3:ListBucket", f"arn:aws:s3:::{BUCKET}", context={"s3:prefix": keys.dataset(DS)})
         for key in ("other/x", "jobsx/y", "history/digits/memory.json"):
             assert not grants(sts, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/{key}"), key
         assert not grants(sts, "s3:GetObject", f"arn:aws:s3:::another-bucket/{keys.job_spec(job)}")
@@ -292,6 +297,12 @@ def test_job_roles_cover_every_key_the_workers_use_and_nothing_else(template):
         assert grants(sts, "s3:PutObjectTagging", f"arn:aws:s3:::{BUCKET}/{keys.act(job, 3, 1, 0, 1)}")
         assert not any(a.startswith(("lambda:", "iam:", "states:")) for st in sts for a in _strings(st["Action"]))
     assert not grants(own, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/{keys.job_code('other-1a2b3c4d')}")
+    # a job reads only the data sets it uses (issue 24 item 6): not another's, and it lists no data/
+    other = "f" * 32
+    assert not grants(own, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/{keys.dataset(other)}")
+    assert not grants(own, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/{keys.data_shard(other, 'ab' * 32)}")
+    for prefix in ("data/", keys.dataset_prefix(other)):
+        assert not grants(own, "s3:ListBucket", f"arn:aws:s3:::{BUCKET}", context={"s3:prefix": prefix})
 
 
 def test_role_patterns_match_exactly_the_names_the_sdk_gives(template):
@@ -725,8 +736,8 @@ def test_deployer_policy_covers_the_keys_the_sdk_uses():
     for key in (
         keys.job_spec(job),
         keys.metrics(job, 0, "forward", 0, 0),
-        keys.dataset("abc"),
-        keys.data_shard("abc"),
+        keys.dataset(DS),
+        keys.data_shard(DS, "abc"),
         history.history_key("digits"),
         history.memory_key("digits"),
         keys.stop_request(job),  # Run.stop(), `stagecoach stop`

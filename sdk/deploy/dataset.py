@@ -1,7 +1,16 @@
 """Upload a job's data set as workers read it (core/samples.py): records in content-addressed
-shards, then the manifest that names them. Each shard is hashed before it is sent and skipped if
-the bucket holds exactly it, so the same data (or the part two data sets share) is uploaded once;
+shards, then the manifest that names them, all under the data set's own prefix ``data/<id>/``
+(core/keys.py), its id the manifest's hash. Each shard is hashed before it is sent and skipped if
+the bucket holds exactly it, so the same data is uploaded once and shared by the jobs that use it;
 the manifest goes last, so its presence means every shard is there.
+
+Why a prefix per data set rather than one pool of shards: a job's workers may read only the data
+sets the job uses (issue 24; deploy/roles.py job_dataset_policy grants each set's prefix). A pool
+would need every shard's key in the job's role policy, and IAM caps a role's inline policies at
+10,240 characters in all (IAM user guide, "IAM and AWS STS quotas":
+https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_iam-quotas.html), about a hundred
+shard ARNs, under a gigabyte of data. The prefix needs the id before the first shard is sent, so
+the set is encoded to local files first (``upload_samples``).
 
 A name in the bucket is no proof of its bytes: whoever may write data/ could have put others under
 it. So every object goes up with its SHA-256 (``ChecksumSHA256``), which S3 checks against the body
@@ -20,6 +29,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import tempfile
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -43,9 +54,11 @@ def put_content_addressed(s3: BotoClient, bucket: str, key: str, body: bytes) ->
     return True
 
 
-def upload_samples(s3: BotoClient, bucket: str, samples: LocalSamples, progress: bool = False, what: str = "train") -> str:
-    """Upload ``samples`` (unless the bucket holds them); returns the data set's id."""
+def encode_samples(samples: LocalSamples, spool: Path, progress: bool = False, what: str = "train") -> tuple[Manifest, list[Path]]:
+    """Walk ``samples`` once, writing the shards to files in the directory ``spool``; returns the
+    manifest (and so the data set's id) and the shards' files, in the manifest's order."""
     shards: list[str] = []
+    files: list[Path] = []
     first: list[int] = []
     offsets: list[int] = []
     base: list[int] = []
@@ -56,15 +69,15 @@ def upload_samples(s3: BotoClient, bucket: str, samples: LocalSamples, progress:
     n = len(samples)
 
     def flush() -> None:
-        digest = hashlib.sha256(body).hexdigest()
-        put_content_addressed(s3, bucket, keys.data_shard(digest), bytes(body))
-        shards.append(digest)
+        files.append(spool / str(len(shards)))
+        files[-1].write_bytes(body)
+        shards.append(hashlib.sha256(body).hexdigest())
         base.append(len(offsets))
         offsets.extend(local)
         body.clear()
         local[:] = [0]
 
-    with tqdm(total=n, unit="sample", desc=f"uploading {what} set", disable=not progress, leave=False) as bar:
+    with tqdm(total=n, unit="sample", desc=f"encoding {what} set", disable=not progress, leave=False) as bar:
         for i in range(n):
             if not body:
                 first.append(i)
@@ -91,6 +104,22 @@ def upload_samples(s3: BotoClient, bucket: str, samples: LocalSamples, progress:
         in_bytes,
         tgt_bytes,
     )
-    ds_id = manifest.dataset_id()
-    put_content_addressed(s3, bucket, keys.dataset(ds_id), manifest.body())
+    return manifest, files
+
+
+def upload_samples(s3: BotoClient, bucket: str, samples: LocalSamples, progress: bool = False, what: str = "train") -> str:
+    """Upload ``samples`` (unless the bucket holds them) under their data set's own prefix; returns
+    the data set's id. The id is the manifest's hash, known only once every record is encoded, so
+    the shards are encoded to a temporary directory first (free disk for the encoded set, in
+    Python's ``tempfile.gettempdir()``: TMPDIR), then sent."""
+    with tempfile.TemporaryDirectory(prefix="stagecoach-data-") as spool:
+        manifest, files = encode_samples(samples, Path(spool), progress, what)
+        ds_id = manifest.dataset_id()
+        total = sum(f.stat().st_size for f in files)
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"uploading {what} set", disable=not progress, leave=False) as bar:
+            for digest, file in zip(manifest.shards, files):
+                body = file.read_bytes()
+                put_content_addressed(s3, bucket, keys.data_shard(ds_id, digest), body)
+                bar.update(len(body))
+    put_content_addressed(s3, bucket, keys.dataset(ds_id), manifest.body())  # last: its presence means every shard is there
     return ds_id

@@ -21,6 +21,7 @@ from stagecoach.core.stagebuild import stage_buffers
 from stagecoach.core.training import DTYPE_NAMES, flat_params, master_dtype, ownership, running_stats, stage_layout
 from stagecoach.deploy.dataset import upload_samples
 from stagecoach.deploy.resources import Clients, StackResources
+from stagecoach.deploy.roles import grant_datasets
 from stagecoach.errors import StagecoachError
 from stagecoach.planner.plan import Plan
 
@@ -118,11 +119,16 @@ def upload_job(
     job: Job, plan: Plan, res: StackResources, c: Clients, job_id: str, window_length: int | None, window_state_machine: str | None
 ) -> JobSpec:
     """Upload what the workers read: the data set, the model code, the plan and the initial
-    parameters (version 0, in the plan's shard and chunk layout). Returns the job's spec (the
+    parameters (version 0, in the plan's shard and chunk layout), and grant the job's role its data
+    sets (deploy/roles.py grant_datasets). Returns the job's spec (the
     caller writes it last: its presence means the job is complete)."""
     code = pickle_job_code(job)  # before any upload: code that cannot travel fails here (Job.validate checks it first)
     samples = job.samples
     ds_id = upload_samples(c.s3, res.bucket, samples, progress=sys.stderr.isatty())
+    evaluation = _evaluation(job, c, res)
+    # the job's workers read these data sets and no other (deploy/roles.py): granted now, before the
+    # code, parameters and functions, so IAM propagates the grant meanwhile
+    grant_datasets(res, c, job_id, [ds_id] + ([evaluation.dataset.id] if evaluation else []))
     groups = job.facts.optimizer_groups  # the workers apply each parameter group's own hyperparameters
     spec = JobSpec(
         job=job_id,
@@ -143,7 +149,7 @@ def upload_job(
         param_groups=list(groups.of_param) if groups is not None else None,
         deferred_batch_norm=job.deferred_batch_norm,
         flows=job.flows,
-        evaluation=_evaluation(job, c, res),
+        evaluation=evaluation,
         clip_grad_norm=float(job.clip_grad_norm) if job.clip_grad_norm is not None else None,
         init_from=job.init_from is not None,
         checkpoint_every=job.checkpoint_every,

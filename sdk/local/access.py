@@ -173,11 +173,20 @@ def _lambda_request(method: str, path: str, tags_of: Callable[[str], dict[str, s
     return Request("lambda", [(f"lambda:?{method} {path}", "*", {})])
 
 
-def _json_request(service: str, environ: WSGIEnvironment) -> Request:
-    """JSON-protocol services (Step Functions, CloudWatch Logs, ...): the action from X-Amz-Target;
-    the resource is not modelled, so only a statement for every resource could allow it."""
-    target = environ.get("HTTP_X_AMZ_TARGET", "")
-    return Request(service, [(f"{service}:{target.rsplit('.', 1)[-1]}", "*", {})])
+def _json_request(service: str, environ: WSGIEnvironment, body: Callable[[], bytes]) -> Request:
+    """JSON-protocol services (Step Functions, CloudWatch Logs, ...): the action from X-Amz-Target.
+    A CloudWatch Logs call naming a log group is decided on the group's ARN in the form IAM policies
+    use, with the trailing ":*" (CloudWatch Logs API reference, LogGroup.arn); any other resource is
+    not modelled, so only a statement for every resource could allow it."""
+    action = f"{service}:{environ.get('HTTP_X_AMZ_TARGET', '').rsplit('.', 1)[-1]}"
+    if service == "logs":
+        try:
+            group = json.loads(body() or b"{}").get("logGroupName")
+        except ValueError:
+            group = None
+        if isinstance(group, str) and group:
+            return Request(service, [(action, f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{group}:*", {})])
+    return Request(service, [(action, "*", {})])
 
 
 class AccessControl:
@@ -234,7 +243,7 @@ class AccessControl:
         elif service == "lambda":
             request = _lambda_request(method, path, self.tags_of)
         else:
-            request = _json_request(service, environ)
+            request = _json_request(service, environ, body)
         policies, boundary = self.policies_of(session.role_arn)
         for action, resource, context in request.checks:
             decision = self._decide(action, resource, context, policies, boundary)

@@ -15,12 +15,22 @@ invocation into this runtime instead. It keeps what matters to a training run on
 Error payloads follow the AWS Python runtime's shape (errorType / errorMessage). Out-of-memory kills
 and timeouts are reported in each of the shapes AWS has been seen to use (local/fidelity.py), so
 Step Functions' Retry and Catch meet what they meet on AWS (docs/local-stack.md lists what differs).
+
+Every invocation ends, as on Lambda, with its REPORT in CloudWatch Logs (the stack's moto Logs):
+in the stack's log group, which every function of the stack logs to on AWS (template.yaml
+WorkerLogGroup, LogFormat JSON), a "platform.report" record with the request id, the function's
+Memory Size and, as Max Memory Used, the worker's peak resident set as measured here (the memory
+size itself when it was killed for memory), in a stream named as Lambda names one in a custom log
+group, ``YYYY/MM/DD/<function>[$LATEST]<environment>`` (docs.aws.amazon.com/lambda/latest/dg/
+monitoring-cloudwatchlogs-loggroups.html). The remediation reads it (lambdas/remediate.py).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import queue
 import select
 import signal
 import socket
@@ -43,6 +53,9 @@ from stagecoach.local.fidelity import ErrorShapes, Fidelity
 from stagecoach.local.worker import recv_msg, send_msg
 
 POLL_S = 0.02
+# The stack's log group, where every function's REPORT goes (local/backend.py provisions the stack
+# as template.yaml does, WorkerLogGroup "/aws/lambda/${AWS::StackName}-workers", stack "stagecoach").
+STACK_LOG_GROUP = "/aws/lambda/stagecoach-workers"
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,7 @@ class _Worker:
     def __init__(self, pid: int, sock: socket.socket) -> None:
         self.pid = pid
         self.sock = sock
+        self.guid = uuid.uuid4().hex  # the execution environment's, in its log stream's name
         self.invocations = 0
         self.idle_since = time.monotonic()
 
@@ -139,6 +153,29 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
+@dataclass
+class _Meter:
+    """What an invocation's REPORT says: its environment, peak memory and how it ended."""
+
+    environment: str = ""
+    peak_mb: float = 0.0
+    status: str = "success"  # platform.report's: success, error or timeout
+
+
+def report_record(request_id: str, memory_mb: int, meter: _Meter, duration_ms: float) -> str:
+    """An invocation's REPORT as Lambda writes it in the JSON log format: a "platform.report"
+    event (docs.aws.amazon.com/lambda/latest/dg/telemetry-schema-reference.html#platform-report)."""
+    metrics = {
+        "durationMs": round(duration_ms, 2),
+        "billedDurationMs": int(duration_ms) + 1,
+        "memorySizeMB": memory_mb,
+        "maxMemoryUsedMB": int(min(meter.peak_mb, memory_mb) + 0.5),
+    }
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    record = {"requestId": request_id, "metrics": metrics, "status": meter.status}
+    return json.dumps({"time": now, "type": "platform.report", "record": record})
+
+
 def _error(error_type: str, message: str) -> str:
     return json.dumps({"errorType": error_type, "errorMessage": message})
 
@@ -178,9 +215,17 @@ class LocalLambdaRuntime:
     )
 
     def __init__(
-        self, endpoint_url: str, log_path: str | None = None, faults: FaultInjector | None = None, fidelity: Fidelity | None = None
+        self,
+        endpoint_url: str,
+        log_path: str | None = None,
+        faults: FaultInjector | None = None,
+        fidelity: Fidelity | None = None,
+        log_group: str = STACK_LOG_GROUP,
     ) -> None:
         self.endpoint_url = endpoint_url
+        self.log_group = log_group
+        self._reports: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue()
+        threading.Thread(target=self._ship_reports, daemon=True).start()
         self.faults = faults
         self.fidelity = fidelity or Fidelity()
         self.shapes = ErrorShapes(self.fidelity)
@@ -208,6 +253,7 @@ class LocalLambdaRuntime:
                 "AWS_LAMBDA_FUNCTION_NAME": spec.name,
                 "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(spec.memory_mb),
                 "AWS_LAMBDA_FUNCTION_TIMEOUT": str(int(spec.timeout_s)),
+                "AWS_LAMBDA_LOG_GROUP_NAME": self.log_group,
                 "STAGECOACH_LOCAL_RUNTIME": "1",
                 # one thread per worker: the workers of a phase share this machine's cores
                 "OMP_NUM_THREADS": env.get("STAGECOACH_WORKER_THREADS", "1"),
@@ -283,8 +329,42 @@ class LocalLambdaRuntime:
             self._log.write(f"[runtime] {line}\n".encode())
             self._log.flush()
 
+    def _report(self, spec: FunctionSpec, request_id: str, meter: _Meter, started: float) -> None:
+        """Queue the invocation's REPORT for the stack's log group (written off the invocation's
+        path: CloudWatch Logs, too, shows an event some time after it was written)."""
+        day = time.strftime("%Y/%m/%d", time.gmtime())
+        stream = f"{day}/{spec.name}[$LATEST]{meter.environment or uuid.uuid4().hex}"
+        message = report_record(request_id, spec.memory_mb, meter, 1000 * (time.time() - started))
+        self._reports.put((stream, {"timestamp": int(time.time() * 1000), "message": message}))
+
+    def _ship_reports(self) -> None:
+        logs: Any = None
+        streams: set[str] = set()
+        while (item := self._reports.get()) is not None:
+            stream, event = item
+            try:
+                if logs is None:
+                    logs = boto3.client(
+                        "logs",
+                        endpoint_url=self.endpoint_url,
+                        region_name="us-east-1",
+                        aws_access_key_id="local",
+                        aws_secret_access_key="local",
+                    )
+                    try:
+                        logs.create_log_group(logGroupName=self.log_group)
+                    except logs.exceptions.ResourceAlreadyExistsException:
+                        pass
+                if stream not in streams:
+                    logs.create_log_stream(logGroupName=self.log_group, logStreamName=stream)
+                    streams.add(stream)
+                logs.put_log_events(logGroupName=self.log_group, logStreamName=stream, logEvents=[event])
+            except Exception as e:  # a REPORT lost is a log line lost, never a failed invocation
+                self._note(f"REPORT not written to {self.log_group}: {e}")
+
     def shutdown(self) -> None:
         self._stopping.set()
+        self._reports.put(None)
         with self._lock:
             workers, zygotes = list(self._all), list(self._zygotes.values())
         for w in workers:
@@ -304,11 +384,15 @@ class LocalLambdaRuntime:
         if fault is not None and fault.kind == "fail":
             return _error("Stagecoach.InjectedFailure", "injected: this task failed (sdk/local/faults.py)"), True, ""
         self._admit(spec)
+        request_id, meter, started = str(uuid.uuid4()), _Meter(), time.time()
         try:
-            result = self._invoke(spec, event, fault)
+            result = self._invoke(spec, event, fault, request_id, meter)
         finally:
             with self._lock:
                 self._running[spec.name] -= 1
+        if result[1] and meter.status == "success":
+            meter.status = "error"
+        self._report(spec, request_id, meter, started)
         if fault is not None and fault.kind == "delete" and not result[1]:
             self._delete_an_activation(event)
         return result
@@ -336,12 +420,12 @@ class LocalLambdaRuntime:
         key = keys.act(event["job"], event["t"], event["stage"], event["replica"], 0)
         s3.delete_object(Bucket=event["bucket"], Key=key)
 
-    def _invoke(self, spec: FunctionSpec, event: Any, fault: Fault | None) -> tuple[str, bool, str]:
-        request_id = str(uuid.uuid4())
+    def _invoke(self, spec: FunctionSpec, event: Any, fault: Fault | None, request_id: str, meter: _Meter) -> tuple[str, bool, str]:
         try:
             w, cold = self._take(spec)
         except Exception as e:  # the handler cannot even be imported
             return _error("Runtime.ImportModuleError", f"RequestId: {request_id} {e}"), True, ""
+        meter.environment = w.guid
         deadline = time.time() + spec.timeout_s
         started = time.time()
         try:
@@ -356,6 +440,7 @@ class LocalLambdaRuntime:
             now = time.time()
             if now >= deadline:
                 self._kill(w)
+                meter.status = "timeout"
                 return timeout_payload(self.shapes.timeout(), request_id, spec.timeout_s), True, ""
             if fault is not None and fault.kind == "kill" and now - started >= fault.delay_s:
                 self._kill(w)
@@ -365,8 +450,10 @@ class LocalLambdaRuntime:
                     "",
                 )
             rss = _rss_mb(w.pid)
+            meter.peak_mb = max(meter.peak_mb, rss)
             if rss > spec.memory_mb:
                 self._kill(w)
+                meter.peak_mb = spec.memory_mb  # Lambda reports the memory size as Max Memory Used
                 self._note(f"{spec.name} {request_id}: killed, memory {rss:.0f} MB > configured {spec.memory_mb} MB")
                 return out_of_memory_payload(self.shapes.out_of_memory(), request_id), True, ""
             r, _, _ = select.select([w.sock], [], [], min(POLL_S, max(0.0, deadline - now)))
