@@ -71,6 +71,9 @@ class GateEvent(BaseModel):
     t: int = Field(ge=0)
     end: int = Field(ge=0)
     window_start: int = Field(ge=0)
+    # the first iteration this window attempt runs: the window's start, or for an attempt that
+    # resumed a failed one, the latest complete version (lambdas/resumepoint.py)
+    first: int | None = Field(default=None, ge=0)
     attempt: str = Field(default="", pattern=r"^[A-Za-z0-9_-]{0,80}$")
 
 
@@ -102,3 +105,15 @@ class ProfileEvent(BaseModel):
     micro_batch_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(default=[1, 2, 4], min_length=1, max_length=16)
     repeats: int = Field(default=2, ge=1, le=20)
 
+
+class ResumeEvent(BaseModel):
+    """From the job state machine after a window attempt failed: where does the window [start, end)
+    restart? (lambdas/resumepoint.py; the job id is the job execution's input, as the remediation's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    phase: Literal["resume"]
+    job: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,29}-[0-9a-f]{8}$")
+    bucket: str = Field(pattern=_BUCKET)
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)

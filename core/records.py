@@ -92,6 +92,9 @@ class JobSpec(_Record):
     # loads its stage's initial buffers from the client's upload, as a meta-built one does
     init_from: bool = False
     checkpoint_every: int | None = None  # Job.checkpoint_every (lambdas/checkpoint.py)
+    # whether the optimizer keeps per-parameter state (core/versions.py optimizer_keeps_state): which
+    # objects a complete version has; None in specs written before it was recorded
+    optimizer_state: bool | None = None
     # parameters and optimizer state stay in the worker's memory between iterations and go to S3
     # only as window checkpoints (Job.warm_state; docs/runtime.md "State that stays warm")
     warm_state: bool = False

@@ -100,10 +100,13 @@ def meter(ch: Channel, spec: JobSpec, ev: GateEvent, started: float, memory_mb: 
     else:  # the first gate: the launch's requests and the job execution's fixed transitions
         usage = launch_usage(spec) + Usage(transitions=asl.TRANSITIONS_JOB_FIXED)
     through = tally.through if tally else 0
-    if ev.t > ev.window_start:
+    first = ev.window_start if ev.first is None else ev.first
+    if ev.t > first:
         metered = [ev.t - 1]  # just run by this window attempt (again, if the window restarted)
     else:
-        metered = list(range(through, ev.t))  # the previous window's last, unless its final gate counted it
+        # the previous window's last, unless its final gate counted it; for an attempt resuming a
+        # failed one (lambdas/resumepoint.py), what that attempt ran after its last gate
+        metered = list(range(through, ev.t))
         usage = usage + Usage(transitions=asl.TRANSITIONS_WINDOW_FIXED + asl.TRANSITIONS_JOB_PER_WINDOW)
     for t in metered:
         usage = usage + iteration_usage(ch, ev.job, plan, t)

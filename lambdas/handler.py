@@ -27,6 +27,7 @@ from stagecoach.core.events import (
     GateEvent,
     ProfileEvent,
     RemediateEvent,
+    ResumeEvent,
     SyncEvent,
     TaskEvent,
 )
@@ -40,11 +41,13 @@ from stagecoach.lambdas.gate import gate
 from stagecoach.lambdas.jobctx import JobContext, job_context
 from stagecoach.lambdas.phases import run_phase
 from stagecoach.lambdas.remediate import remediate
+from stagecoach.lambdas.resumepoint import resume_point
 from stagecoach.lambdas.watchdog import MemoryWatch
 
 logger = Logger(service="stagecoach-worker")
 _TASK_EVENT: TypeAdapter[AnyTaskEvent] = TypeAdapter(TaskEvent)
 warm_up()  # at import: Lambda's init phase, and locally the zygote every worker is forked from
+
 
 _container: tuple[int, str, float] | None = None  # (pid, id, started): set on the first invocation
 _invocations = 0
@@ -98,6 +101,9 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     phase = event.get("phase") if isinstance(event, dict) else None
     if phase == "gate":
         return _gate(event, context)
+    if phase == "resume":  # the job state machine's ResumePoint, on the control function
+        rsv = _parsed(event, "resume", lambda e: parse(event=e, model=ResumeEvent))
+        return resume_point(rsv, Channel(_client(), rsv.bucket))
     _invocations += 1
     t0 = time.time()
     container, started = _container_id()

@@ -13,7 +13,7 @@ from stagecoach.reference import train_reference
 def test_a_job_continues_as_new_executions_and_trains_exactly_like_pytorch(backend, monkeypatch):
     # 2 iterations per window and 2 windows per execution: 7 iterations are 4 windows in 2 links
     monkeypatch.setattr(asl, "window_length", lambda plan, limit=asl.HISTORY_LIMIT, **kw: 2)
-    monkeypatch.setattr(asl, "windows_per_execution", lambda window_attempts=4, limit=asl.HISTORY_LIMIT: 2)
+    monkeypatch.setattr(asl, "windows_per_execution", lambda limit=asl.HISTORY_LIMIT: 2)
     g = torch.Generator().manual_seed(11)
     job = Job(
         model=lambda: nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)),

@@ -49,7 +49,7 @@ def test_list_attach_and_resume_find_a_job_whose_id_reads_like_a_continuation(ba
     job_id = "ids-c1234567"
     monkeypatch.setattr(start, "new_job_id", lambda name: job_id)
     monkeypatch.setattr(asl, "window_length", lambda plan, limit=asl.HISTORY_LIMIT, **kw: 1)
-    monkeypatch.setattr(asl, "windows_per_execution", lambda window_attempts=4, limit=asl.HISTORY_LIMIT: 1)
+    monkeypatch.setattr(asl, "windows_per_execution", lambda limit=asl.HISTORY_LIMIT: 1)
     g = torch.Generator().manual_seed(3)
 
     def job(iterations: int) -> Job:

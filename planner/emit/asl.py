@@ -62,13 +62,16 @@ WORKER_RETRY = {
 KILLED_ERRORS = ["Runtime.OutOfMemory", "Runtime.ExitError", "Lambda.Unknown"]
 # ...except the two ambiguous names, retried first: a crash is usually transient (the task is
 # idempotent), while an out-of-memory kill reported under them fails each retry at the same point
-# and is caught after the last (the price of AWS not naming it; docs/reliability.md).
+# and is caught after the last (the price of AWS not naming it; docs/reliability.md). Five
+# retries: a task killed at random with probability p fails for good with p^6 (30%: 0.07%, where
+# p^4 was 0.8%, a window restart in every ~8 iterations of the demo); a retry costs ~1 s, a
+# restart the iteration it struck plus the job state machine's ~4 s round (benchmarks/faults.py).
 KILLED_RETRY = {
     "ErrorEquals": ["Runtime.ExitError", "Lambda.Unknown"],
     "IntervalSeconds": 1,
-    "MaxAttempts": 3,
+    "MaxAttempts": 5,
     "BackoffRate": 2.0,
-    "MaxDelaySeconds": 10,
+    "MaxDelaySeconds": 8,
     "JitterStrategy": "FULL",
 }
 
@@ -241,9 +244,12 @@ def _init_state(plan: Plan, fn: FunctionOf, per_worker: bool, evals: Sequence[in
         "Parameters": {
             "job.$": "$.job",
             "bucket.$": "$.bucket",
-            "t.$": "$.start",
+            "t.$": "$.first",
             "end.$": "$.end",
             "window_start.$": "$.start",
+            # the first iteration this attempt runs: the window's start, or where a failed attempt
+            # left it complete (the job state machine's ResumePoint, lambdas/resumepoint.py)
+            "first.$": "$.first",
             # this attempt's execution name: the key of its abort marker (restarts get their own)
             "attempt.$": "$$.Execution.Name",
             "ranks": ranks,
@@ -282,6 +288,7 @@ def _gate_states(plan: Plan, gate_function: str) -> dict[str, Any]:
                     "t.$": "$.t",
                     "end.$": "$.end",
                     "window_start.$": "$.window_start",
+                    "first.$": "$.first",
                     "attempt.$": "$.attempt",
                 },
             },
@@ -387,6 +394,7 @@ def _carry(per_worker: bool, evals: Sequence[int], saves: Sequence[int]) -> dict
         "bucket.$": "$.bucket",
         "end.$": "$.end",
         "window_start.$": "$.window_start",
+        "first.$": "$.first",
         "attempt.$": "$.attempt",
         "ranks.$": "$.ranks",
         "shards.$": "$.shards",
@@ -492,15 +500,18 @@ def window_definition(
 # Events the job state machine adds to its own history (counted on moto's recorded histories by
 # tests/test_asl.py): a window that succeeds first time, and each restart of a failed window.
 EV_JOB_WINDOW = 3 * EV_PASS + 2 * EV_PASS + 6  # Next?/Clamp Choices, Bounds/Full-or-Last/Advance Passes, the .sync:2 Task
-EV_JOB_RESTART = 4 * EV_PASS + EV_PASS + EV_PASS + 6 + EV_TASK  # the Catch path's states, the remediation, the Task again
+# the Catch path's states, the remediation, the resume point (Task, Progress?, Progressed), the Task again
+EV_JOB_RESTART = 4 * EV_PASS + EV_PASS + EV_PASS + 6 + EV_TASK + EV_TASK + 2 * EV_PASS
+# A window's restarts in all (however far each attempt got): bounds a job execution's history
+WINDOW_RESTARTS = 12
 # started, the last Next?, NextLink, ContinueAsNew, Continued, succeeded (the last link: Done instead, fewer)
 EV_JOB_FIXED = 1 + EV_PASS + EV_PASS + EV_TASK + EV_PASS + 1
 
 
-def windows_per_execution(window_attempts: int = 4, limit: int = HISTORY_LIMIT) -> int:
+def windows_per_execution(limit: int = HISTORY_LIMIT) -> int:
     """Windows one job execution runs before it continues as a new execution: enough that even if
-    every window needed all its attempts, the execution's history stays within the budget."""
-    worst = EV_JOB_WINDOW + (window_attempts - 1) * EV_JOB_RESTART
+    every window restarted ``WINDOW_RESTARTS`` times, the execution's history stays within the budget."""
+    worst = EV_JOB_WINDOW + WINDOW_RESTARTS * EV_JOB_RESTART
     return max(1, (int(limit * HISTORY_BUDGET) - EV_JOB_FIXED) // worst)
 
 
@@ -537,7 +548,7 @@ def _job_window_loop(carry: dict[str, Any], window: dict[str, Any]) -> dict[str,
         },
         "Bounds": {
             "Type": "Pass",
-            "Parameters": {**carry, "end.$": "States.MathAdd($.start, $.windowLength)", "attempt": 1},
+            "Parameters": {**carry, "end.$": "States.MathAdd($.start, $.windowLength)", "first.$": "$.start", "attempt": 1, "restarts": 0},
             "Next": "Clamp",
         },
         "Clamp": {
@@ -559,6 +570,7 @@ def _job_window_loop(carry: dict[str, Any], window: dict[str, Any]) -> dict[str,
                     "bucket.$": "$.bucket",
                     "start.$": "$.start",
                     "end.$": "$.end",
+                    "first.$": "$.first",
                     "AWS_STEP_FUNCTIONS_STARTED_BY_EXECUTION_ID.$": "$$.Execution.Id",
                 },
             },
@@ -583,7 +595,7 @@ def _job_failure_reading(window: dict[str, Any]) -> dict[str, Any]:
         "HowDidItFail": {
             "Type": "Choice",
             "Choices": [{"Variable": "$.failure.Error", "StringEquals": "States.TaskFailed", "Next": "ReadFailure"}],
-            "Default": "CanRestart",
+            "Default": "ResumePoint",
         },
         "ReadFailure": {
             "Type": "Pass",
@@ -610,7 +622,7 @@ def _job_failure_reading(window: dict[str, Any]) -> dict[str, Any]:
                     "Next": "Stopped",
                 },
             ],
-            "Default": "CanRestart",
+            "Default": "ResumePoint",
         },
         "Stopped": {"Type": "Fail", "Error": STOPPED_ERROR, "CausePath": "$.child.Cause"},
         "ReadStage": {
@@ -644,23 +656,70 @@ def _remediate_state() -> dict[str, Any]:
         "Retry": [dict(LAMBDA_RETRY)],
         "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.remediation", "Next": "WindowFailed"}],
         "ResultPath": None,
-        "Next": "CanRestart",
+        "Next": "ResumePoint",
+    }
+
+
+def _resume_states(window: dict[str, Any]) -> dict[str, Any]:
+    """ResumePoint .. Progressed: where the window's next attempt starts (lambdas/resumepoint.py:
+    its latest complete version, on the stack's control function); an attempt that got further
+    than the one before it resets the count of attempts without progress. If the step itself
+    fails, the next attempt starts where the last one did."""
+    return {
+        "ResumePoint": {
+            "Type": "Task",
+            "Resource": "arn:aws:states:::lambda:invoke",
+            "Parameters": {
+                "FunctionName.$": "$.controlFunction",
+                "Payload": {"phase": "resume", "job.$": "$.job", "bucket.$": "$.bucket", "start.$": "$.start", "end.$": "$.end"},
+            },
+            "TimeoutSeconds": 60,
+            "Retry": [dict(LAMBDA_RETRY)],
+            "ResultSelector": {"first.$": "$.Payload.first"},
+            "ResultPath": "$.resumed",
+            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.resumeFailed", "Next": "CanRestart"}],
+            "Next": "Progress?",
+        },
+        "Progress?": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.resumed.first", "NumericGreaterThanPath": "$.first", "Next": "Progressed"}],
+            "Default": "CanRestart",
+        },
+        "Progressed": {
+            "Type": "Pass",
+            "Parameters": {
+                **{k: v for k, v in window.items() if k not in ("first.$", "attempt.$")},
+                "first.$": "$.resumed.first",
+                "attempt": 0,
+            },
+            "Next": "CanRestart",
+        },
     }
 
 
 def _job_restart(window: dict[str, Any], window_attempts: int, backoff_s: int) -> dict[str, Any]:
-    """CanRestart .. WindowFailed: run the window again after ``backoff_s``, up to
-    ``window_attempts`` attempts in all, then fail the job."""
+    """CanRestart .. WindowFailed: run the window again after ``backoff_s``, until
+    ``window_attempts`` attempts in a row got no further (``attempt``) or the window restarted
+    ``WINDOW_RESTARTS`` times in all (``restarts``, which bounds the job execution's history), then
+    fail the job."""
     return {
         "CanRestart": {
             "Type": "Choice",
-            "Choices": [{"Variable": "$.attempt", "NumericLessThan": window_attempts, "Next": "Backoff"}],
+            "Choices": [
+                {
+                    "And": [
+                        {"Variable": "$.attempt", "NumericLessThan": window_attempts},
+                        {"Variable": "$.restarts", "NumericLessThan": WINDOW_RESTARTS},
+                    ],
+                    "Next": "Backoff",
+                }
+            ],
             "Default": "WindowFailed",
         },
         "Backoff": {"Type": "Wait", "Seconds": backoff_s, "Next": "NextAttempt"},
         "NextAttempt": {
             "Type": "Pass",
-            "Parameters": {**window, "attempt.$": "States.MathAdd($.attempt, 1)"},
+            "Parameters": {**window, "attempt.$": "States.MathAdd($.attempt, 1)", "restarts.$": "States.MathAdd($.restarts, 1)"},
             "Next": "RunWindow",
         },
         "WindowFailed": {
@@ -712,14 +771,14 @@ def job_definition(window_attempts: int = 4, backoff_s: int = 2) -> dict[str, An
     so the execution's input has the same small size for any number of iterations (JobInput), and
     after ``windowsPerExecution`` windows the execution starts its successor (named
     ``{job}-c{link}``) with the next start and ends; ``Run`` follows the chain. A restarted window
-    starts again from the parameters checkpointed at its first iteration (the workers keep that
-    version until the window has finished); its tasks are idempotent, so what a failed attempt left
-    behind is rewritten with the same bytes. The restart is an explicit Catch -> Choice -> Wait
+    starts from its latest complete version (the ResumePoint step, lambdas/resumepoint.py; at worst
+    its first, which the workers keep until the window has finished); its tasks are idempotent, so
+    what a failed attempt left behind is rewritten with the same bytes. The restart is an explicit Catch -> Choice -> Wait
     loop rather than a Retry, so every attempt is a visible state in the job's history (and a place
     where the remediation step acts before the next attempt).
     """
     carry = _job_carry()
-    window = {**carry, "end.$": "$.end", "attempt.$": "$.attempt"}
+    window = {**carry, "end.$": "$.end", "first.$": "$.first", "attempt.$": "$.attempt", "restarts.$": "$.restarts"}
     return {
         "Comment": "Stagecoach job: runs the job's windows one after the other, continuing as a new execution",
         "StartAt": "Next?",
@@ -727,6 +786,7 @@ def job_definition(window_attempts: int = 4, backoff_s: int = 2) -> dict[str, An
             **_job_window_loop(carry, window),
             **_job_failure_reading(window),
             "Remediate": _remediate_state(),
+            **_resume_states(window),
             **_job_restart(window, window_attempts, backoff_s),
             **_job_continuation(carry),
             "Done": {"Type": "Pass", "Parameters": {"done.$": "$.start"}, "End": True},

@@ -18,7 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from stagecoach.core import keys
+from stagecoach.core import keys, versions
 from stagecoach.core.records import EvalSpec, JobSpec
 from stagecoach.deploy.resources import (
     Clients,
@@ -36,30 +36,25 @@ RUNNING = {"RUNNING"}
 
 def _objects_per_version(c: Clients, bucket: str, job: str, kind: str) -> dict[int, int]:
     """How many objects of ``kind`` ("params", "optim", "buffers": core/keys.py) each version has."""
-    out: dict[int, int] = defaultdict(int)
-    for page in c.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=keys.state_prefix(job, kind)):
-        for o in page.get("Contents", []):
-            out[keys.state_version(job, kind, o["Key"])] += 1
-    return out
+    prefix = keys.state_prefix(job, kind)
+    found: list[str] = []
+    for page in c.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        found += [o["Key"] for o in page.get("Contents", [])]
+    return versions.count_versions(found, prefix)
 
 
 def last_checkpoint(c: Clients, bucket: str, job: str) -> int:
     """The latest version whose parameters (every chunk of every shard of every stage), optimizer
-    state (for a stateful optimizer) and running statistics (where the model has them) are stored.
-
-    Every version has the same objects, so a complete one has as many as the most any version has
-    (one being written has fewer). Not counted from version 0, which is gone once a later window
-    started: the workers keep each window's first version, and with one iteration per window the
-    second window's is version 1 (lambdas/collectives.py forget_old_version)."""
+    state (for a stateful optimizer) and running statistics (where the model has them) are stored
+    (core/versions.py). Not counted from version 0, which is gone once a later window started: the
+    workers keep each window's first version, and with one iteration per window the second
+    window's is version 1 (lambdas/collectives.py forget_old_version)."""
     params, optim, buffers = (_objects_per_version(c, bucket, job, kind) for kind in ("params", "optim", "buffers"))
     if not params:
         raise DeployError(f"job {job} has no stored parameters (s3://{bucket}/jobs/{job}/params/): was it cleaned up?")
-    whole, statistics = max(params.values()), max(buffers.values(), default=0)
-    stateful = bool(optim)
-    complete = [
-        v for v, n in params.items() if n == whole and (v == 0 or not stateful or optim.get(v) == whole) and buffers.get(v, 0) == statistics
-    ]
-    return max(complete)
+    spec = JobSpec.model_validate_json(c.s3.get_object(Bucket=bucket, Key=keys.job_spec(job))["Body"].read())
+    stateful = spec.optimizer_state
+    return versions.complete_versions(params, optim, buffers, stateful)[-1]
 
 
 @dataclass(frozen=True)

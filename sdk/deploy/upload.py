@@ -14,7 +14,7 @@ import cloudpickle
 import torch
 from safetensors.torch import save as st_save
 
-from stagecoach.core import keys
+from stagecoach.core import keys, versions
 from stagecoach.core.records import DatasetRef, EvalSpec, JobSpec
 from stagecoach.core.samples import LocalSamples
 from stagecoach.core.stagebuild import stage_buffers
@@ -153,6 +153,7 @@ def upload_job(
         clip_grad_norm=float(job.clip_grad_norm) if job.clip_grad_norm is not None else None,
         init_from=job.init_from is not None,
         checkpoint_every=job.checkpoint_every,
+        optimizer_state=versions.optimizer_keeps_state(job.optimizer),
         warm_state=job.warm_state,
         stop_on_nonfinite_loss=job.stop_on_nonfinite_loss,
     )

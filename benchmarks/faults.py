@@ -1,0 +1,136 @@
+"""Fault benchmark: the demo under killed, throttled, hung tasks and lost objects, against fault-free.
+
+Runs examples/digits.py's job (3 stages x 2 replicas x 2 micro-batches, Adam, dropout; its test-set
+evaluation left out) for ``--iterations`` iterations on the embedded local stack, once fault-free and
+once per fault mix, each on a stack of its own with the local runtime's seeded fault injection
+(stagecoach/local/faults.py): 10/20/30/40% of training tasks killed (at a random point of the task,
+mid-upload included), and 20% kills with 5% throttles, 2% hangs and 2% lost activations.
+
+For each run it prints the job execution's time (Step Functions' start to stop date, the job alone:
+deploy and upload are the same with and without faults) and the time from launch (deploy, upload,
+run, as `make demo` waits) to the end, each with its ratio to the fault-free run's, the
+window attempts (window executions), the tasks' failures by error, and whether every trained
+parameter is bit-identical to the fault-free run's (``torch.equal``). Nothing is estimated: every
+number is measured in this run; this machine's two cores are shared by every worker, so absolute
+times are the machine's, the ratios are what to compare.
+
+Run: python benchmarks/faults.py [--iterations 20] [--seed 1] [--only 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import runpy
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stagecoach import Job
+from stagecoach.local.backend import LocalBackend
+from stagecoach.run import Run
+
+DEMO = Path(__file__).resolve().parent.parent / "examples" / "digits.py"
+HANG_TIMEOUT_S = 20  # a hung task is waited out this long (the Task's TimeoutSeconds)
+
+
+def demo_job(iterations: int) -> tuple[Job, dict[str, Any]]:
+    ns = runpy.run_path(str(DEMO))
+    job: Job = ns["job"]
+    return dataclasses.replace(job, iterations=iterations, test=None, metrics={}), dict(ns["defaults"])
+
+
+def mixes(seed: int) -> list[tuple[str, dict[str, Any] | None]]:
+    kills = [(f"{int(p * 100)}% killed", {"seed": seed, "kill": p}) for p in (0.1, 0.2, 0.3, 0.4)]
+    mixed = {"seed": seed, "kill": 0.2, "throttle": 0.05, "hang": 0.02, "delete": 0.02}
+    return [("fault-free", None), *kills, ("20% killed + 5% throttled, 2% hung, 2% lost", mixed)]
+
+
+@dataclasses.dataclass
+class Outcome:
+    label: str
+    status: str
+    seconds: float
+    launched: float  # deploy, upload and run, as `make demo` waits for them
+    windows: int
+    errors: collections.Counter[str]
+    params: dict[str, torch.Tensor] | None
+
+
+def task_errors(r: Run) -> collections.Counter[str]:
+    out: collections.Counter[str] = collections.Counter()
+    for arn in r.window_executions():
+        for ev in r.history(execution_arn=arn):
+            det = ev.get("taskFailedEventDetails") or ev.get("taskTimedOutEventDetails")
+            if det and det.get("error"):
+                out[det["error"]] += 1
+    return out
+
+
+def execution_seconds(r: Run) -> float:
+    """From the first job execution's start to the last one's stop (the job follows its chain)."""
+    first = r._c.sfn.describe_execution(executionArn=r.executions()[0])
+    last = r.describe()
+    return float((last["stopDate"] - first["startDate"]).total_seconds())
+
+
+def run_one(label: str, faults: dict[str, Any] | None, iterations: int) -> Outcome:
+    job, plan = demo_job(iterations)
+    job = dataclasses.replace(job, name="faults")
+    backend = LocalBackend(faults=faults)
+    try:
+        t0 = time.time()
+        r = job.run(backend=backend, timeout_s=HANG_TIMEOUT_S, **plan)
+        try:
+            status = r.wait(progress=False, poll_s=1.0, timeout_s=3600)
+        except Exception as e:  # noqa: BLE001 - a failed run is a row of the table
+            status = f"FAILED ({type(e).__name__})"
+        launched = time.time() - t0
+        seconds = execution_seconds(r) if r.status() != "RUNNING" else launched
+        params = dict(r.trained_model().state_dict()) if status == "SUCCEEDED" else None
+        return Outcome(label, status, seconds, launched, len(r.window_executions()), task_errors(r), params)
+    finally:
+        backend.stack.close()
+
+
+def identical(a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor] | None) -> str:
+    if a is None or b is None:
+        return "-"
+    return "yes" if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) else "NO"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--only", type=int, nargs="*", help="kill percentages to run besides fault-free (and 'mixed' if -1)")
+    args = ap.parse_args()
+    rows = mixes(args.seed)
+    if args.only is not None:
+        wanted = {f"{p}% killed" for p in args.only if p >= 0}
+        rows = [r for r in rows if r[0] == "fault-free" or r[0] in wanted or (-1 in args.only and r[0].startswith("20% killed +"))]
+    outcomes: list[Outcome] = []
+    for label, faults in rows:
+        o = run_one(label, faults, args.iterations)
+        outcomes.append(o)
+        print(f"  ran {label}: {o.status} in {o.seconds:.1f} s", flush=True)
+    base = outcomes[0]
+    print(f"\nThe demo's job ({args.iterations} iterations, 3 stages x 2 replicas x 2 micro-batches), fault seed {args.seed}")
+    print(
+        f"{'faults':<46} {'status':<18} {'job s':>7} {'x fault-free':>12} {'launch+job s':>12} {'x':>6} {'windows':>8} "
+        f"{'bit-identical':>13}  task failures"
+    )
+    for o in outcomes:
+        ratio, whole = o.seconds / base.seconds, o.launched / base.launched
+        errs = ", ".join(f"{k} {v}" for k, v in o.errors.most_common())
+        print(
+            f"{o.label:<46} {o.status:<18} {o.seconds:>7.1f} {ratio:>12.2f} {o.launched:>12.1f} {whole:>6.2f} {o.windows:>8} "
+            f"{identical(o.params, base.params):>13}  {errs}"
+        )
+
+
+if __name__ == "__main__":
+    main()
