@@ -122,7 +122,8 @@ def test_a_stage_planned_with_too_little_memory_is_raised_a_tier_and_completes(b
 
 def test_a_worker_killed_for_memory_before_its_watchdog_wrote_anything_is_recognised_by_its_report():
     """Issue 24 item 10: AWS's untyped shape (Lambda.Unknown) on every kill, and a stage whose
-    workers are killed as they start (256 MB), before their watchdog can write its record: the
+    workers are killed as they start (128 MB: a worker's process is past that before its task
+    begins), before their watchdog can write its record: the
     invocation's REPORT in the stack's log group (Max Memory Used at the memory size, as Lambda
     writes it) is the evidence, so the stage goes one tier up and the job completes."""
     from stagecoach import Plan
@@ -137,7 +138,7 @@ def test_a_worker_killed_for_memory_before_its_watchdog_wrote_anything_is_recogn
             replicas=2,
             micro_batches=2,
             global_batch=16,
-            memory_mb=(1024, 256),
+            memory_mb=(1024, 128),
             timeouts_s=[{"forward": TIMEOUT_S, "backward": TIMEOUT_S, "sync": TIMEOUT_S}] * 2,
         )
         r = recovery_job("oom-unknown").run(plan=plan, backend=faulty)
@@ -145,14 +146,14 @@ def test_a_worker_killed_for_memory_before_its_watchdog_wrote_anything_is_recogn
         c = faulty.clients
         records = c.s3.list_objects_v2(Bucket=r.bucket, Prefix=f"jobs/{r.job_id}/remediations/")["Contents"]
         record = Remediation.model_validate_json(c.s3.get_object(Bucket=r.bucket, Key=records[0]["Key"])["Body"].read())
-        assert record.error == "Lambda.Unknown" and record.kind == "out_of_memory" and (record.from_mb, record.to_mb) == (256, 512)
+        assert record.error == "Lambda.Unknown" and record.kind == "out_of_memory" and (record.from_mb, record.to_mb) == (128, 512)
         # the evidence is the REPORT's: Max Memory Used at the memory size (the watchdog never wrote)
-        assert record.evidence is not None and (record.evidence.rss_mb, record.evidence.memory_mb) == (256, 256)
+        assert record.evidence is not None and (record.evidence.rss_mb, record.evidence.memory_mb) == (128, 128)
         logs = faulty.stack.client("logs")
         rid = request_id(record.cause)
         events = logs.filter_log_events(logGroupName=STACK_LOG_GROUP, filterPattern=f'"{rid}"')["events"]
         reports = [parse_report(e["message"]) for e in events]
-        assert [(x.memory_size_mb, x.max_memory_used_mb, x.status) for x in reports if x] == [(256, 256, "error")]
+        assert [(x.memory_size_mb, x.max_memory_used_mb, x.status) for x in reports if x] == [(128, 128, "error")]
         assert max_diff(r.trained_model(), train_reference(r.job, replicas=2, micro_batches=2)) < 1e-5
     finally:
         faulty.stack.close()
