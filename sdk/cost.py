@@ -221,9 +221,16 @@ def state_phase(name: str) -> str:
         return "backward"
     if name.startswith("Sync"):
         return "sync"
-    if name in ("Evaluate", "EvaluateTask", "EvaluateKilled", "EvaluateFailed"):  # the Due/Choice states are bookkeeping
+    if name in (
+        "Evaluate",
+        "EvaluateTask",
+        "EvaluateAgain?",
+        "EvaluateAgain",
+        "EvaluateKilled",
+        "EvaluateFailed",
+    ):  # Due/Choice: bookkeeping
         return "evaluate"
-    if name in ("Checkpoint", "CheckpointTask", "CheckpointKilled", "CheckpointFailed"):
+    if name in ("Checkpoint", "CheckpointTask", "CheckpointAgain?", "CheckpointAgain", "CheckpointKilled", "CheckpointFailed"):
         return "checkpoint"
     return "orchestration"
 

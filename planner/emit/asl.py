@@ -62,12 +62,11 @@ WORKER_RETRY = {
 KILLED_ERRORS = ["Runtime.OutOfMemory", "Runtime.ExitError", "Lambda.Unknown"]
 # ...except the two ambiguous names, retried first: a crash is usually transient (the task is
 # idempotent), while an out-of-memory kill reported under them fails each retry at the same point
-# and is caught after the last (the price of AWS not naming it; docs/reliability.md). Five
-# retries: a task killed at random with probability p fails for good with p^6 (30%: 0.07%, where
-# p^4 was 0.8%, a window restart in every ~8 iterations of the demo); a retry costs ~1 s, a
-# restart the iteration it struck plus the job state machine's ~4 s round (benchmarks/faults.py).
+# and is caught after the last (the price of AWS not naming it; docs/reliability.md). The gate
+# retries them with backoff; a training task runs again at once (``KILL_RETRIES``, below).
+AMBIGUOUS_KILLS = ["Runtime.ExitError", "Lambda.Unknown"]
 KILLED_RETRY = {
-    "ErrorEquals": ["Runtime.ExitError", "Lambda.Unknown"],
+    "ErrorEquals": AMBIGUOUS_KILLS,
     "IntervalSeconds": 1,
     "MaxAttempts": 5,
     "BackoffRate": 2.0,
@@ -76,6 +75,13 @@ KILLED_RETRY = {
 }
 
 KILLED_ERROR = "Stagecoach.WorkerKilled"
+# A killed training task runs again at once, up to this many times: its Catch loops back through a
+# Choice and a Pass that counts (``_map``), where a Retry would first wait (IntervalSeconds is at
+# least 1 s; with FULL jitter 0.5 s on average, then 1 s, 2 s...). A kill is no sign of load to
+# back off from (throttling and service errors keep their backoff), and the new invocation's cold
+# start is the wait. Five: a task killed at random with probability p fails for good with p^6
+# (30%: 0.07%, where 3 retries left 0.8%: a window restart every ~8 iterations of the demo).
+KILL_RETRIES = 5
 
 # A failed phase's Catch: write the abort marker, then fail the window with the phase's own error.
 ABORT_CATCH = {"ErrorEquals": ["States.ALL"], "ResultPath": "$.caught", "Next": "Abort"}
@@ -173,24 +179,27 @@ def _task(phase: str, function: str | None, timeout: int, index_field: str) -> d
         "Resource": "arn:aws:states:::lambda:invoke",
         "Parameters": params,
         "TimeoutSeconds": timeout,
-        "Retry": [dict(LAMBDA_RETRY), dict(WORKER_RETRY), dict(KILLED_RETRY)],
+        "Retry": [dict(LAMBDA_RETRY), dict(WORKER_RETRY)],
         "ResultPath": None,
         "End": True,
     }
 
 
 def _map(name: str, items_path: str, selector: dict[str, Any], task: dict[str, Any], nxt: str | None) -> dict[str, Any]:
+    item = {
+        "job.$": "$.job",
+        "bucket.$": "$.bucket",
+        "t.$": "$.t",
+        "window_start.$": "$.window_start",
+        "attempt.$": "$.attempt",
+        **selector,
+    }
+    # what the kill loop's Pass carries of an item's state (a Pass's Parameters replace it all)
+    carried = {(k if k.endswith(".$") else k + ".$"): "$." + k.removesuffix(".$") for k in item}
     state: dict[str, Any] = {
         "Type": "Map",
         "ItemsPath": items_path,
-        "ItemSelector": {
-            "job.$": "$.job",
-            "bucket.$": "$.bucket",
-            "t.$": "$.t",
-            "window_start.$": "$.window_start",
-            "attempt.$": "$.attempt",
-            **selector,
-        },
+        "ItemSelector": {**item, "kills": 0},
         "MaxConcurrency": 0,  # every worker of a phase runs at once (they wait on each other)
         "ItemProcessor": {
             "ProcessorConfig": {"Mode": "INLINE"},
@@ -198,8 +207,22 @@ def _map(name: str, items_path: str, selector: dict[str, Any], task: dict[str, A
             "States": {
                 f"{name}Task": {
                     **task,
-                    "Catch": [{"ErrorEquals": list(KILLED_ERRORS), "ResultPath": "$.caught", "Next": f"{name}Killed"}],
+                    "Catch": [
+                        {"ErrorEquals": list(AMBIGUOUS_KILLS), "ResultPath": "$.caught", "Next": f"{name}Again?"},
+                        {
+                            "ErrorEquals": [e for e in KILLED_ERRORS if e not in AMBIGUOUS_KILLS],
+                            "ResultPath": "$.caught",
+                            "Next": f"{name}Killed",
+                        },
+                    ],
                 },
+                # a killed task runs again at once (KILL_RETRIES), then counts as killed
+                f"{name}Again?": {
+                    "Type": "Choice",
+                    "Choices": [{"Variable": "$.kills", "NumericLessThan": KILL_RETRIES, "Next": f"{name}Again"}],
+                    "Default": f"{name}Killed",
+                },
+                f"{name}Again": {"Type": "Pass", "Parameters": {**carried, "kills.$": "States.MathAdd($.kills, 1)"}, "Next": f"{name}Task"},
                 # name the stage in the failure, so the job state machine's remediation knows whose
                 # memory to raise if the kill was for memory
                 f"{name}Killed": {
