@@ -39,6 +39,7 @@ from torch import nn
 
 from stagecoach.core import keys
 from stagecoach.core.optim_state import apply_update, chunk_segments
+from stagecoach.core.versions import optimizer_keeps_state
 from stagecoach.lambdas.channel import Channel, results
 from stagecoach.lambdas.clipping import Clip
 
@@ -75,11 +76,7 @@ class SyncSpec:
 
 @functools.lru_cache(maxsize=8)
 def _stateful(make_optimizer: MakeOptimizer) -> bool:
-    p = nn.Parameter(torch.zeros(1))
-    opt = make_optimizer([p])
-    p.grad = torch.ones(1)
-    opt.step()
-    return bool(opt.state_dict()["state"])
+    return optimizer_keeps_state(make_optimizer)
 
 
 def stateful(make_optimizer: MakeOptimizer) -> bool:
