@@ -23,6 +23,8 @@ class _Task(BaseModel):
     stage: int = Field(ge=0)
     window_start: int = Field(ge=0, default=0)
     attempt: str = Field(default="", pattern=r"^[A-Za-z0-9_-]{0,80}$")  # the window execution's name
+    # the Task's TimeoutSeconds when the gate learnt it (lambdas/timeouts.py); None: the plan's
+    timeout: int | None = Field(default=None, ge=1, le=900)
 
 
 class ForwardEvent(_Task):

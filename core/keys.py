@@ -187,6 +187,11 @@ def stopped(job: str) -> str:
     return f"jobs/{job}/stop/stopped.json"
 
 
+def learnt_timeouts(job: str) -> str:
+    """The iteration gate's record of how long the job's tasks take (records.LearntTimeouts)."""
+    return f"jobs/{job}/timeouts.json"
+
+
 def cost_tally(job: str) -> str:
     """The engine's running cost count of a job with a cost cap (records.CostTally)."""
     return f"jobs/{job}/cost/tally.json"

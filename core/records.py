@@ -147,6 +147,12 @@ class TaskMetrics(_Record):
     lr: list[float] | None = None  # ... and, under a scheduler, each parameter group's learning rate
     eval_metrics: dict[str, float] | None = None  # an evaluate task of the last stage: its slice's metric means
     grad_norm: float | None = None  # an updating task, under clipping: the global gradient norm before clipping
+    # the window attempt (execution name) that ran the task: a consumer that finds its producer's
+    # metrics of its own attempt but not the object knows the object is lost (lambdas/channel.py)
+    attempt: str = ""
+    # a cold task: seconds from its process's start to its handler's (the Init the worker sees; the
+    # gate's learnt timeouts allow for one, lambdas/timeouts.py)
+    init_s: float | None = None
 
 
 # why a job stopped: on request (Run.stop, `stagecoach stop`), at its cost cap, or on a loss that
@@ -187,6 +193,18 @@ class CostTally(_Record):
     last_gate: str
     usage: dict[str, float]  # core/cost.py Usage fields
     usd: float
+
+
+class LearntTimeouts(_Record):
+    """``jobs/{job}/timeouts.json``: how long the job's tasks take, as the iteration gate has seen
+    them (lambdas/timeouts.py), so every window attempt's gate sets the same learnt timeouts.
+    ``samples``: per phase key ("f", "b{stage}", "s{stage}"), the slowest task of each sampled
+    iteration, the latest last; ``init_s``: the longest Init a cold task has seen; ``through``: the
+    last iteration sampled."""
+
+    samples: dict[str, list[float]]
+    init_s: float | None = None
+    through: int = -1
 
 
 class MemoryPressure(_Record):

@@ -18,6 +18,9 @@ of the parameters, optimizer state and running statistics is complete, and nothi
 has started. The gate records ``jobs/{job}/stop/stopped.json`` (version t) for a later resume,
 and the window ends in its ``Stopped`` state.
 
+Timeouts: the gate also returns the TimeoutSeconds the iteration's Tasks run under, learnt from
+the job's task metrics (lambdas/timeouts.py), so a hung task is noticed in seconds.
+
 Metering (only for a job with a cap): the gate adds iteration t-1's task metrics (their keys are
 known from the plan: no LIST) and the iteration's state transitions (by the emitter's count) to a
 running tally (``jobs/{job}/cost/tally.json``), with its own invocation, and the window's and the
@@ -39,6 +42,7 @@ from stagecoach.core.cost import Prices, Usage, gb_seconds, task_usage
 from stagecoach.core.events import GateEvent
 from stagecoach.core.records import CostTally, JobSpec, StopRecord, StopRequest, TaskMetrics
 from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.timeouts import learn, task_keys
 from stagecoach.planner.emit import asl
 from stagecoach.planner.plan import Plan
 
@@ -54,14 +58,6 @@ def _spec(ch: Channel, job: str) -> JobSpec:
         _SPECS.clear()
         _SPECS[key] = JobSpec.model_validate_json(body)
     return _SPECS[key]
-
-
-def task_keys(job: str, plan: Plan, t: int) -> list[str]:
-    """The metrics objects every task of iteration t writes (handler.py), from the plan alone."""
-    out = [keys.metrics(job, t, "forward", s, r) for s in range(plan.stages - 1) for r in range(plan.replicas)]
-    out += [keys.metrics(job, t, "backward", s, r) for s in range(plan.stages) for r in range(plan.replicas)]
-    out += [keys.metrics(job, t, "sync", s, k) for s in range(plan.stages) for k in range(plan.sync_tasks(s))]
-    return out
 
 
 def iteration_usage(ch: Channel, job: str, plan: Plan, t: int) -> Usage:
@@ -169,4 +165,6 @@ def gate(ev: GateEvent, ch: Channel, started: float, memory_mb: int) -> dict[str
         record = StopRecord(version=ev.t, reason=request.reason, time=time.time(), detail=request.detail, attempt=ev.attempt)
         ch.put_bytes(keys.stopped(ev.job), record.model_dump_json().encode())
         out["stop"] = True
+    # after the meter: the tally leaves out these few requests, the client's measured cost does not
+    out["timeouts"] = learn(ch, ev.job, spec.to_plan(), ev.t)
     return out

@@ -61,6 +61,7 @@ def _load_sdk_models() -> None:
 
 
 _load_sdk_models()
+_LOADED = time.time()  # the end of this module's import: of the container's Init, as the worker sees it
 
 _container: tuple[int, str, float] | None = None  # (pid, id, started): set on the first invocation
 _invocations = 0
@@ -75,6 +76,27 @@ def _container_id() -> tuple[str, float]:
     if _container is None or _container[0] != os.getpid():
         _container = (os.getpid(), uuid.uuid4().hex[:12], time.time())
     return _container[1], _container[2]
+
+
+def _init_s() -> float:
+    """How long this container's Init took: its process's start to the end of this module's import.
+    Not to its first invocation, which may come long after (Lambda may initialise an environment
+    ahead of demand; a container may serve gates first). A process forked from a local zygote
+    that had imported the module already took none."""
+    return max(0.0, _LOADED - _process_started())
+
+
+def _process_started() -> float:
+    """When this process started (epoch s), from /proc (Lambda runs on Linux): with the handler's
+    start, how long the container's Init took as far as the worker can see."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command name
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
 
 
 class BadEvent(StagecoachError):
@@ -131,6 +153,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     ctx = job_context(ch, ev.job, ev.t)
     ch.poll_cap = poll_cap_s(ctx.plan.peak_invocations())
     ch.abort_key = keys.window_abort(ev.job, ev.attempt) if ev.attempt else None
+    ch.attempt = ev.attempt
     task_timeout = _task_timeout(ctx, ev)
     deadline = t0 + min(context.get_remaining_time_in_millis() / 1000.0 - 0.5, task_timeout - 1.0)
     try:
@@ -169,8 +192,11 @@ def _gate(event: dict[str, Any], context: Any) -> dict[str, Any]:
 
 def _task_timeout(ctx: JobContext, ev: AnyTaskEvent) -> float:
     """The Task's own timeout: the worker gives up waiting for another worker's object just before
-    it, so a lost object is reported as ObjectWaitTimeout (the window restarts) rather than retried
-    as a timeout. An evaluate or checkpoint task's is its function's (planner/emit/asl.py)."""
+    it, so a wait in vain is reported as ObjectWaitTimeout (retried once more: lambdas/timeouts.py)
+    rather than as a timeout. A training task's is the gate's learnt one when its event carries it;
+    an evaluate or checkpoint task's is its function's (planner/emit/asl.py)."""
+    if ev.timeout is not None:
+        return float(ev.timeout)
     if ev.phase in ("evaluate", "checkpoint"):
         return ctx.plan.function_timeout_s(ev.stage)
     return ctx.plan.timeouts_s[ev.stage][ev.phase]
@@ -203,6 +229,8 @@ def _task_metrics(
         container_started=container[1],
         invocation=_invocations,
         cold=_invocations == 1,
+        init_s=_init_s() if _invocations == 1 else None,
+        attempt=ev.attempt,
         memory_mb=memory_mb,
         max_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         model_bytes=ctx.held_bytes(),

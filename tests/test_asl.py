@@ -40,7 +40,7 @@ def test_structural_check_catches_broken_graphs():
     d = asl.window_definition(PLANS[3], ["a", "b", "c"], abort_key_format=keys.WINDOW_ABORT)
     d["States"]["Go?"]["Default"] = "Nowhere"
     d["States"]["Orphan"] = {"Type": "Pass", "End": True}
-    del d["States"]["BackwardSync"]["Branches"][0]["States"]["Backward0"]["ItemProcessor"]["States"]["Backward0Task"]["TimeoutSeconds"]
+    del d["States"]["BackwardSync"]["Branches"][0]["States"]["Backward0"]["ItemProcessor"]["States"]["Backward0Task"]["TimeoutSecondsPath"]
     problems = "\n".join(check_definition(d))
     assert "'Nowhere' does not exist" in problems
     assert "Orphan: unreachable" in problems
@@ -98,7 +98,9 @@ def test_every_task_retries_lambda_service_errors_and_has_a_timeout():
     assert gate["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.caught", "Next": "Failed"}]
     assert len(tasks) == 1 + 3 * 2  # forward, and backward + sync per stage
     for t in tasks:
-        assert t["TimeoutSeconds"] == 300
+        # the gate's learnt timeout (lambdas/timeouts.py; the plan's 300 s its ceiling), handed on
+        assert t["TimeoutSecondsPath"] == "$.timeout" and t["Parameters"]["Payload"]["timeout.$"] == "$.timeout"
+        assert "ObjectWaitTimeout" in t["Retry"][2]["ErrorEquals"]
         # the retrier AWS's Step Functions guide recommends ("Handle Lambda service exceptions")
         assert {"Lambda.TooManyRequestsException", "Lambda.ClientExecutionTimeoutException"} <= set(t["Retry"][0]["ErrorEquals"])
         assert t["Retry"][0]["JitterStrategy"] == "FULL"

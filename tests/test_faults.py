@@ -52,16 +52,24 @@ def test_killed_tasks_mid_exchange_of_the_fused_pipelined_sync_are_retried_bit_i
         faulty.stack.close()
 
 
-def test_a_hung_task_is_timed_out_and_retried(clean):
-    """Without warm state (every version through S3) the retry recovers the hung task in another
-    container. With it, that container would not hold the shard's state: a window restart
-    (tests/test_warm_state.py)."""
+def test_a_hung_task_is_timed_out_after_the_learnt_timeout_and_retried(clean):
+    """The plan gives each Task 60 s; after iteration 0 the gate has learnt how long the tasks take
+    (lambdas/timeouts.py), so the task hung in iteration 1 is timed out within seconds. Without warm
+    state (every version through S3) the retry recovers it in another container. With it, that
+    container would not hold the shard's state: a window restart (tests/test_warm_state.py)."""
     faulty = LocalBackend(faults={"once": [{"kind": "hang", "phase": "sync", "t": 1, "stage": 1, "shard": 0}]})
     try:
-        r = run(faulty, "hung", warm=False)
-        errors = task_errors(r)
-        assert "States.Timeout" in errors, errors
+        r = recovery_job("hung", warm=False).run(stages=2, replicas=2, micro_batches=2, timeout_s=60, backend=faulty)
+        r.wait(progress=False, poll_s=1.0, timeout_s=900)
+        assert "States.Timeout" in task_errors(r)
         assert len(r.window_executions()) == 1, "the task retry, not a window restart, recovered it"
+        events = r.history(execution_arn=r.window_executions()[0])
+        scheduled = [e["taskScheduledEventDetails"] for e in events if e["type"] == "TaskScheduled"]
+        training = [d["timeoutInSeconds"] for d in scheduled if json.loads(d["parameters"])["Payload"].get("phase") == "sync"]
+        assert training[0] == 60 and max(training[4:]) < 12, str(training)  # iteration 0 under the plan's, then learnt
+        timed_out = next(e for e in events if e["type"] == "TaskTimedOut")
+        started = max(e["timestamp"] for e in events if e["type"] == "TaskStarted" and e["id"] < timed_out["id"])
+        assert (timed_out["timestamp"] - started).total_seconds() < 12
         assert same_parameters(r.trained_model(), clean.trained_model())
     finally:
         faulty.stack.close()

@@ -14,6 +14,7 @@ from stagecoach.core.netem import Network
 from stagecoach.core.records import DatasetRef, JobSpec, StopRequest, TaskMetrics
 from stagecoach.lambdas.channel import Channel, Pools
 from stagecoach.lambdas.gate import gate
+from stagecoach.lambdas.timeouts import planned
 from stagecoach.planner.plan import Plan
 
 JOB = "gt-0123abcd"
@@ -30,8 +31,10 @@ def fresh_container(monkeypatch):
     """Each test is a new container: the gate caches the job's spec per container. Its clock
     stands still, so every gate lasts exactly 10.4 ms (billed 11 ms)."""
     from stagecoach.lambdas import gate as gate_module
+    from stagecoach.lambdas import timeouts as timeouts_module
 
     gate_module._SPECS.clear()
+    timeouts_module._CACHE.clear()
     monkeypatch.setattr(gate_module, "time", types.SimpleNamespace(time=lambda: 1000.0))
 
 
@@ -95,7 +98,7 @@ def run_gate(s3, e):
 def test_without_a_request_the_job_goes_on_and_nothing_is_metered():
     s3 = MemoryS3()
     s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=spec().model_dump_json().encode())
-    assert run_gate(s3, ev(0)) == {"stop": False}
+    assert run_gate(s3, ev(0)) == {"stop": False, "timeouts": planned(PLAN)}  # nothing learnt yet: the plan's
     assert keys.cost_tally(JOB) not in s3.objects and keys.stopped(JOB) not in s3.objects
 
 
@@ -155,8 +158,10 @@ def test_a_restarted_window_is_metered_again_and_the_last_iteration_never_stops(
     # past the cap at the job's end: no stop request (nothing is left to stop)
     s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=spec(max_cost=1e-9, iterations=3).model_dump_json().encode())
     from stagecoach.lambdas import gate as gate_module
+    from stagecoach.lambdas import timeouts as timeouts_module
 
-    gate_module._SPECS.clear()  # a new container reads the new spec
+    gate_module._SPECS.clear()
+    timeouts_module._CACHE.clear()  # a new container reads the new spec
     for t in (1, 2):
         put_iteration(s3, t)
     assert run_gate(s3, ev(3, end=3, attempt="w0-retry"))["stop"] is False
@@ -213,12 +218,14 @@ def test_a_nonfinite_loss_stops_the_job_at_the_next_boundary_when_asked():
     nan = float("nan")
     s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=spec().model_dump_json().encode())
     put_losses(s3, 0, [1.0, nan])
-    assert run_gate(s3, ev(1)) == {"stop": False}  # not asked: the job trains on
+    assert run_gate(s3, ev(1))["stop"] is False  # not asked: the job trains on
     assert keys.stop_request(JOB) not in s3.objects
 
     from stagecoach.lambdas import gate as gate_module
+    from stagecoach.lambdas import timeouts as timeouts_module
 
-    gate_module._SPECS.clear()  # a new job (container) that asks for the stop
+    gate_module._SPECS.clear()
+    timeouts_module._CACHE.clear()  # a new job (container) that asks for the stop
     asked = spec().model_copy(update={"stop_on_nonfinite_loss": True})
     s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=asked.model_dump_json().encode())
     put_losses(s3, 0, [1.0, 1.2])

@@ -55,6 +55,17 @@ WORKER_RETRY = {
     "JitterStrategy": "FULL",
 }
 
+# A consumer that waited in vain until just before its Task's (learnt) timeout: usually its producer
+# hung and is being run again, so waiting once more is what helps; a lost object is told apart
+# (ObjectLost, lambdas/channel.py) and fails the window at once.
+WAIT_RETRY = {
+    "ErrorEquals": ["ObjectWaitTimeout"],
+    "IntervalSeconds": 1,
+    "MaxAttempts": 2,
+    "BackoffRate": 2.0,
+    "JitterStrategy": "FULL",
+}
+
 # Errors under which AWS reports a worker killed for memory, and also other deaths: an
 # out-of-memory kill has reached Step Functions as Runtime.OutOfMemory, as Runtime.ExitError
 # ("signal: killed") and as Lambda.Unknown (which also covers timeouts). Only the remediation step
@@ -158,7 +169,10 @@ def window_length(plan: Plan, limit: int = HISTORY_LIMIT, evals: Sequence[int] =
     return n
 
 
-def _task(phase: str, function: str | None, timeout: int, index_field: str) -> dict[str, Any]:
+def _task(phase: str, function: str | None, timeout: int | None, index_field: str) -> dict[str, Any]:
+    """A worker's Task. ``timeout`` None: the iteration gate's learnt timeout, which the Map item
+    carries (``timeout``, lambdas/timeouts.py) and the payload hands on so the worker's waits end
+    just before it."""
     payload: dict[str, Any] = {
         "phase": phase,
         "job.$": "$.job",
@@ -174,12 +188,18 @@ def _task(phase: str, function: str | None, timeout: int, index_field: str) -> d
         params["FunctionName.$"] = "$.fn"
     else:
         params["FunctionName"] = function
+    limit: dict[str, Any] = {"TimeoutSeconds": timeout}
+    retry = [dict(LAMBDA_RETRY), dict(WORKER_RETRY)]
+    if timeout is None:
+        payload["timeout.$"] = "$.timeout"
+        limit = {"TimeoutSecondsPath": "$.timeout"}
+        retry.append(dict(WAIT_RETRY))
     return {
         "Type": "Task",
         "Resource": "arn:aws:states:::lambda:invoke",
         "Parameters": params,
-        "TimeoutSeconds": timeout,
-        "Retry": [dict(LAMBDA_RETRY), dict(WORKER_RETRY)],
+        **limit,
+        "Retry": retry,
         "ResultPath": None,
         "End": True,
     }
@@ -317,7 +337,7 @@ def _gate_states(plan: Plan, gate_function: str) -> dict[str, Any]:
             },
             "TimeoutSeconds": GATE_TIMEOUT_S,
             "Retry": [dict(LAMBDA_RETRY), dict(WORKER_RETRY), dict(KILLED_RETRY)],
-            "ResultSelector": {"stop.$": "$.Payload.stop"},
+            "ResultSelector": {"stop.$": "$.Payload.stop", "timeouts.$": "$.Payload.timeouts"},
             "ResultPath": "$.gate",
             # no task of the window is running: fail without the abort marker
             "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.caught", "Next": "Failed"}],
@@ -342,8 +362,7 @@ def _gate_states(plan: Plan, gate_function: str) -> dict[str, Any]:
 
 def _forward_state(plan: Plan) -> dict[str, Any]:
     """Forward: one Map over every worker of every stage but the last (whose forward runs in its
-    backward task), each item naming its function; under the slowest stage's forward timeout."""
-    fw_timeout = max(plan.timeouts_s[s]["forward"] for s in range(plan.stages - 1))
+    backward task), each item naming its function; under the gate's learnt timeout for it."""
     state = _map(
         "Forward",
         "$.fw",
@@ -351,8 +370,9 @@ def _forward_state(plan: Plan) -> dict[str, Any]:
             "stage.$": "$$.Map.Item.Value.stage",
             "replica.$": "$$.Map.Item.Value.replica",
             "fn.$": "$$.Map.Item.Value.fn",
+            "timeout.$": "$.gate.timeouts.f",
         },
-        _task("forward", None, fw_timeout, "replica"),
+        _task("forward", None, None, "replica"),
         "BackwardSync",
     )
     state["Catch"] = [dict(ABORT_CATCH)]
@@ -371,11 +391,13 @@ def _stage_branch(plan: Plan, s: int, function: str, per_worker: bool) -> dict[s
         bw_items, bw_sel = "$.ranks", {"stage": s, "replica.$": "$$.Map.Item.Value"}
         sy_sel = {"stage": s, "shard.$": "$$.Map.Item.Value"}
     stage_fn = None if per_worker else function
+    # the gate's learnt timeouts (lambdas/timeouts.py), one per Map
+    bw_sel["timeout.$"], sy_sel["timeout.$"] = f"$.gate.timeouts.b{s}", f"$.gate.timeouts.s{s}"
     stage_states[f"Backward{s}"] = _map(
         f"Backward{s}",
         bw_items,
         bw_sel,
-        _task("backward", stage_fn, plan.timeouts_s[s]["backward"], "replica"),
+        _task("backward", stage_fn, None, "replica"),
         f"Sync{s}" if has_sync else None,
     )
     if has_sync:
@@ -383,7 +405,7 @@ def _stage_branch(plan: Plan, s: int, function: str, per_worker: bool) -> dict[s
             f"Sync{s}",
             f"$.shards.s{s}",
             sy_sel,
-            _task("sync", stage_fn, plan.timeouts_s[s]["sync"], "shard"),
+            _task("sync", stage_fn, None, "shard"),
             None,
         )
     return {"StartAt": f"Backward{s}", "States": stage_states}

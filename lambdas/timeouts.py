@@ -1,0 +1,132 @@
+"""Task timeouts learnt during the run: a hung task costs a few of its iterations' task times, not
+the planner's worst case.
+
+Step Functions has no heartbeat for a ``lambda:invoke`` Task (``HeartbeatSeconds`` applies only to
+activities and ``.waitForTaskToken`` callbacks: "Task workflow state", AWS Step Functions Developer
+Guide), so a worker that never answers is noticed only when its Task's timeout fires. The planner's
+timeouts must hold a phase's predicted time with room to spare (``plan.timeouts_from``: twice the
+prediction plus 10 s, at least 60 s); a hang then costs a minute. Once the job has run an
+iteration, the gate (lambdas/gate.py) knows better: each task's metrics say how long it took.
+
+Before each iteration the gate returns, per phase key (``"f"`` the Forward Map, ``"b{s}"`` stage
+s's backward Map, ``"s{s}"`` its sync Map), the TimeoutSeconds the window's Tasks then take
+(``TimeoutSecondsPath``, planner/emit/asl.py)::
+
+    timeout = min(planned, max(MIN_S, ceil(FACTOR * median_low(slowest) + init + SLACK_S)))
+
+``slowest``: the slowest task of that key in each of the last ``SAMPLES`` sampled iterations (the
+median keeps an iteration a fault slowed down, such as a consumer that waited for a re-run
+producer, from raising the timeout); ``init``: the longest Init a cold task has seen (its process's
+start to its handler's, ``TaskMetrics.init_s``), or ``COLD_DEFAULT_S`` before any, since a task
+re-run after a timeout or a kill usually starts cold; ``SLACK_S`` what the worker cannot see of a
+cold start (the sandbox, the code). The planned timeout stays the ceiling. A task that times out
+only because the learnt timeout was short is retried (Task Retry), never lost: tasks are
+idempotent (docs/reliability.md).
+
+The gate samples iteration t-1's metrics (their keys are known from the plan: no LIST) at its first
+``SAMPLES`` gates with one to sample and then every ``RESAMPLE_EVERY`` iterations, and keeps the
+record in ``jobs/{job}/timeouts.json`` (records.LearntTimeouts) so a later window's gate, on any
+container, starts from it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+
+from stagecoach.core import keys
+from stagecoach.core.records import LearntTimeouts, TaskMetrics
+from stagecoach.lambdas.channel import Channel
+from stagecoach.planner.plan import Plan
+
+FACTOR = 3.0
+SLACK_S = 1.0
+COLD_DEFAULT_S = 10.0  # plan.timeouts_from's margin: a Lambda cold start with torch takes seconds
+MIN_S = 2
+SAMPLES = 5
+RESAMPLE_EVERY = 5
+
+_CACHE: dict[tuple[str, str], LearntTimeouts] = {}
+
+
+def phase_key(phase: str, stage: int) -> str:
+    """Which Map's timeout a task of ``phase`` on ``stage`` runs under."""
+    return "f" if phase == "forward" else f"{phase[0]}{stage}"
+
+
+def planned(plan: Plan) -> dict[str, int]:
+    """The plan's own timeouts per phase key: the Forward Map runs under its slowest stage's."""
+    out = {f"b{s}": plan.timeouts_s[s]["backward"] for s in range(plan.stages)}
+    out.update({f"s{s}": plan.timeouts_s[s]["sync"] for s in range(plan.stages) if plan.sync_tasks(s) > 0})
+    if plan.stages > 1:
+        out["f"] = max(plan.timeouts_s[s]["forward"] for s in range(plan.stages - 1))
+    return out
+
+
+def timeouts(plan: Plan, learnt: LearntTimeouts | None) -> dict[str, int]:
+    """The TimeoutSeconds per phase key for the next iteration (the formula above)."""
+    out = planned(plan)
+    if learnt is None:
+        return out
+    init = COLD_DEFAULT_S if learnt.init_s is None else learnt.init_s
+    for k, ceiling in out.items():
+        xs = learnt.samples.get(k)
+        if xs:
+            out[k] = min(ceiling, max(MIN_S, math.ceil(FACTOR * statistics.median_low(xs) + init + SLACK_S)))
+    return out
+
+
+def task_keys(job: str, plan: Plan, t: int) -> list[str]:
+    """The metrics objects every task of iteration t writes (handler.py), from the plan alone."""
+    out = [keys.metrics(job, t, "forward", s, r) for s in range(plan.stages - 1) for r in range(plan.replicas)]
+    out += [keys.metrics(job, t, "backward", s, r) for s in range(plan.stages) for r in range(plan.replicas)]
+    out += [keys.metrics(job, t, "sync", s, k) for s in range(plan.stages) for k in range(plan.sync_tasks(s))]
+    return out
+
+
+def sample(ch: Channel, job: str, plan: Plan, t: int, learnt: LearntTimeouts) -> LearntTimeouts:
+    """``learnt`` with iteration t's tasks added (those whose metrics exist)."""
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        bodies = [b for b in pool.map(ch.get_bytes, task_keys(job, plan, t)) if b is not None]
+    slowest: dict[str, float] = {}
+    init = learnt.init_s
+    for body in bodies:
+        m = TaskMetrics.model_validate_json(body)
+        k = phase_key(m.phase, m.stage)
+        slowest[k] = max(slowest.get(k, 0.0), m.duration_s)
+        if m.init_s is not None:
+            init = m.init_s if init is None else max(init, m.init_s)
+    samples = {k: list(v) for k, v in learnt.samples.items()}
+    for k, v in slowest.items():
+        samples[k] = (samples.get(k, []) + [v])[-SAMPLES:]
+    return LearntTimeouts(samples=samples, init_s=init, through=t if bodies else learnt.through)
+
+
+def _due(learnt: LearntTimeouts, u: int) -> bool:
+    """Whether the gate samples iteration u (not sampled yet, and early or a resample's turn)."""
+    if u < 0 or u <= learnt.through:
+        return False
+    taken = max((len(v) for v in learnt.samples.values()), default=0)
+    return taken < SAMPLES or u - learnt.through >= RESAMPLE_EVERY
+
+
+def _load(ch: Channel, job: str) -> LearntTimeouts:
+    cached = _CACHE.get((ch.bucket, job))
+    if cached is not None:
+        return cached
+    body = ch.get_bytes(keys.learnt_timeouts(job))
+    return LearntTimeouts.model_validate_json(body) if body is not None else LearntTimeouts(samples={})
+
+
+def learn(ch: Channel, job: str, plan: Plan, t: int) -> dict[str, int]:
+    """Before iteration t: sample iteration t-1 if due, keep the record, return the timeouts."""
+    learnt = _load(ch, job)
+    if _due(learnt, t - 1):
+        fresh = sample(ch, job, plan, t - 1, learnt)
+        if fresh != learnt:
+            ch.put_bytes(keys.learnt_timeouts(job), fresh.model_dump_json().encode())
+        learnt = fresh
+    _CACHE.clear()  # one job per container (its stage-0 function)
+    _CACHE[(ch.bucket, job)] = learnt
+    return timeouts(plan, learnt if learnt.samples else None)
