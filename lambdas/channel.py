@@ -32,10 +32,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from stagecoach.core.netem import Network, network
+from stagecoach.core.records import TaskMetrics
 from stagecoach.errors import StagecoachError
 from stagecoach.planner.limits import JOB_POLL_BUDGET_PER_S, UPLOADS_IN_FLIGHT
 
@@ -108,6 +110,17 @@ def load_tensors(body: bytes) -> dict[str, torch.Tensor]:
 
 class ObjectWaitTimeout(StagecoachError):
     """An object another worker should have written did not appear in time."""
+
+
+class ObjectLost(StagecoachError):
+    """A hand-off object is missing although the task that writes it finished in this window attempt.
+
+    A task writes its metrics only after every upload of it has landed (lambdas/handler.py), and
+    S3 is strongly consistent: its metrics of this attempt without the object mean the object was
+    written and is gone (deleted, expired), and will not come back. The waiter stops at once rather
+    than at its Task's timeout, and the window restarts from its resume point. Not retried by the
+    Task's Retry (planner/emit/asl.py): running the consumer again would not bring the object back.
+    """
 
 
 class WindowAborted(StagecoachError):
@@ -203,6 +216,7 @@ class Channel:
     pools: Pools = field(default_factory=process_pools)
     poll_cap: float = WAIT_MAX_S  # poll_cap_s(the plan's peak invocations): set by the handler
     abort_key: str | None = None  # keys.window_abort of the task's window attempt: set by the handler
+    attempt: str = ""  # the task's window attempt (execution name): set by the handler
     _pending: list[Future[Any]] = field(default_factory=list, repr=False)
     _aborted: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -252,30 +266,68 @@ class Channel:
         self.stats.count(gets=1)
         return bool(resp.get("KeyCount", 0))
 
-    def wait_bytes(self, key: str, deadline: float) -> bytes:
+    def wait_bytes(self, key: str, deadline: float, producer: str | None = None) -> bytes:
         """GET until the object exists; back off exponentially up to ``poll_cap`` with jitter (so
-        a job's waiters together stay within its GET budget); give up at ``deadline`` (epoch s)."""
+        a job's waiters together stay within its GET budget); give up at ``deadline`` (epoch s).
+
+        Every ``ABORT_CHECK_S`` of waiting (not every poll: a GET costs money), and once more at
+        the deadline, it also looks for the window's abort marker and, given ``producer`` (the
+        metrics key of the task that writes ``key``), for a lost object (``_look_around``)."""
         delay = WAIT_FIRST_S
-        next_abort_check = time.time() + ABORT_CHECK_S
+        next_check = time.time() + ABORT_CHECK_S
         while True:
             body = self.get_bytes(key)
             if body is not None:
                 return body
             if self._aborted.is_set():
                 raise ObjectWaitTimeout(f"s3://{self.bucket}/{key}: the task failed elsewhere, stopped waiting")
-            if self.abort_key is not None and time.time() >= next_abort_check:
-                next_abort_check = time.time() + ABORT_CHECK_S
-                if self.get_bytes(self.abort_key) is not None:
-                    raise WindowAborted(f"stopped waiting for s3://{self.bucket}/{key}: another task of this window failed")
+            if time.time() >= next_check:
+                next_check = time.time() + ABORT_CHECK_S
+                body = self._look_around(key, producer)
+                if body is not None:
+                    return body
             pause = delay * random.uniform(0.75, 1.25)
             if time.time() + pause > deadline:
+                # a last look first: a deadline shorter than a check's period (a learnt timeout,
+                # lambdas/timeouts.py) still tells a lost object from a late one
+                body = self._look_around(key, producer)
+                if body is not None:
+                    return body
                 raise ObjectWaitTimeout(f"s3://{self.bucket}/{key} did not appear before the task's deadline")
             with self.stats.activity("wait"):
                 time.sleep(pause)
             delay = min(max(WAIT_MAX_S, self.poll_cap), delay * 1.6)
 
-    def wait_tensors(self, key: str, deadline: float) -> dict[str, torch.Tensor]:
-        return load_tensors(self.wait_bytes(key, deadline))
+    def _look_around(self, key: str, producer: str | None) -> bytes | None:
+        """While waiting for ``key``: WindowAborted if another task of the window attempt failed
+        (its abort marker exists); ObjectLost if ``producer``'s metrics say it finished in this
+        attempt and the object is still missing; the object if it landed meanwhile."""
+        if self.abort_key is not None and self.get_bytes(self.abort_key) is not None:
+            raise WindowAborted(f"stopped waiting for s3://{self.bucket}/{key}: another task of this window failed")
+        if producer is None or not self.attempt or not self._finished_here(producer):
+            return None
+        # GET once more after the metrics: the object may have landed just before them
+        body = self.get_bytes(key)
+        if body is None:
+            raise ObjectLost(
+                f"s3://{self.bucket}/{key} is lost: the task that writes it finished in this window attempt "
+                f"({self.attempt}; its metrics: s3://{self.bucket}/{producer}) and the object is gone"
+            )
+        return body
+
+    def _finished_here(self, producer: str) -> bool:
+        """Whether the task whose metrics are at ``producer`` finished in this window attempt (an
+        earlier attempt's record, or one that does not parse, says nothing about this one's objects)."""
+        body = self.get_bytes(producer)
+        if body is None:
+            return False
+        try:
+            return TaskMetrics.model_validate_json(body).attempt == self.attempt
+        except ValidationError:
+            return False
+
+    def wait_tensors(self, key: str, deadline: float, producer: str | None = None) -> dict[str, torch.Tensor]:
+        return load_tensors(self.wait_bytes(key, deadline, producer))
 
     def get_tensors(self, key: str) -> dict[str, torch.Tensor] | None:
         body = self.get_bytes(key)
@@ -310,9 +362,9 @@ class Channel:
     def submit_put_bytes(self, key: str, body: bytes) -> Future[None]:
         return self._submit("up", self.put_bytes, key, body)
 
-    def submit_wait(self, key: str, deadline: float) -> Future[dict[str, torch.Tensor]]:
+    def submit_wait(self, key: str, deadline: float, producer: str | None = None) -> Future[dict[str, torch.Tensor]]:
         """Wait for and download an object in the background; requests start in submission order."""
-        return self._submit("down", self.wait_tensors, key, deadline)
+        return self._submit("down", self.wait_tensors, key, deadline, producer)
 
     def submit_get_bytes(self, key: str, byte_range: tuple[int, int] | None = None) -> Future[bytes | None]:
         return self._submit("down", self.get_bytes, key, byte_range)

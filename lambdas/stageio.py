@@ -48,6 +48,18 @@ class StageIO(ABC):
     def __init__(self, job: str, stage: int, last: bool, space: str = ""):
         self.job, self.stage, self.last, self.space = job, stage, last, space  # space: keys.act
 
+    def act_producer(self, t: int, stage: int, r: int) -> str | None:
+        """The metrics key of the task that writes stage ``stage``'s activations of iteration t
+        for replica r: its forward task (lambdas/phases.py forward; the last stage sends none). A
+        consumer that finds them of its own window attempt but not the object knows the object is
+        lost (lambdas/channel.py ObjectLost). None for the evaluation's hand-offs ("eval/")."""
+        return keys.metrics(self.job, t, "forward", stage, r) if not self.space else None
+
+    def grad_producer(self, t: int, stage: int, r: int) -> str:
+        """The metrics key of the task that writes stage ``stage``'s input gradients of iteration t
+        for replica r: its backward task (lambdas/phases.py _backward_passes)."""
+        return keys.metrics(self.job, t, "backward", stage, r)
+
     def receive(self, ch: Channel, t: int, r: int, mb: int, deadline: float) -> Any:
         """The stage's input for micro-batch ``mb`` (stage > 0), as the earlier stages sent it."""
         return self.receive_later(ch, t, r, mb, deadline)()
@@ -86,7 +98,8 @@ class ChainIO(StageIO):
     """Block i's output is block i+1's whole input: stage s reads stage s-1's output."""
 
     def receive_later(self, ch: Channel, t: int, r: int, mb: int, deadline: float) -> Callable[[], Any]:
-        pending = ch.submit_wait(keys.act(self.job, t, self.stage - 1, r, mb, space=self.space), deadline)
+        key = keys.act(self.job, t, self.stage - 1, r, mb, space=self.space)
+        pending = ch.submit_wait(key, deadline, self.act_producer(t, self.stage - 1, r))
         return lambda: boundary.unpack(pending.result())
 
     def run(self, layers: Iterable[nn.Module], first: int, x: Any, seed: int, t: int, r: int, mb: int) -> Any:
@@ -97,7 +110,9 @@ class ChainIO(StageIO):
 
     def output_grads(self, ch: Channel, t: int, r: int, mb: int, y: Any, deadline: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         # an output without floating leaves gets no gradient from the next stage (it sends none)
-        g = ch.wait_tensors(keys.grad(self.job, t, self.stage + 1, r, mb), deadline) if boundary.floating(y) else {}
+        if not boundary.floating(y):
+            return boundary.backward_pairs(y, {})
+        g = ch.wait_tensors(keys.grad(self.job, t, self.stage + 1, r, mb), deadline, self.grad_producer(t, self.stage + 1, r))
         return boundary.backward_pairs(y, g)
 
     def send_input_grads(self, ch: Channel, t: int, r: int, mb: int, x: Any) -> None:
@@ -115,7 +130,10 @@ class KeyedIO(StageIO):
         self.route = route
 
     def receive_later(self, ch: Channel, t: int, r: int, mb: int, deadline: float) -> Callable[[], dict[str, torch.Tensor]]:
-        pending = [ch.submit_wait(keys.act(self.job, t, tr.producer, r, mb, tr.name, self.space), deadline) for tr in self.route.inputs]
+        pending = [
+            ch.submit_wait(keys.act(self.job, t, tr.producer, r, mb, tr.name, self.space), deadline, self.act_producer(t, tr.producer, r))
+            for tr in self.route.inputs
+        ]
 
         def values() -> dict[str, torch.Tensor]:
             out: dict[str, torch.Tensor] = {}
@@ -146,7 +164,7 @@ class KeyedIO(StageIO):
         self, ch: Channel, t: int, r: int, mb: int, y: dict[str, torch.Tensor], deadline: float
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         senders = self.route.grad_senders()
-        pending = [ch.submit_wait(keys.grad(self.job, t, c, r, mb, to=self.stage), deadline) for c in senders]
+        pending = [ch.submit_wait(keys.grad(self.job, t, c, r, mb, to=self.stage), deadline, self.grad_producer(t, c, r)) for c in senders]
         total: dict[str, torch.Tensor] = {}
         for fut in pending:  # summed in the readers' stage order, so every retry adds alike
             for k, g in fut.result().items():
