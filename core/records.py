@@ -150,8 +150,8 @@ class TaskMetrics(_Record):
     # the window attempt (execution name) that ran the task: a consumer that finds its producer's
     # metrics of its own attempt but not the object knows the object is lost (lambdas/channel.py)
     attempt: str = ""
-    # a cold task: seconds from its process's start to its handler's (the Init the worker sees; the
-    # gate's learnt timeouts allow for one, lambdas/timeouts.py)
+    # a cold task: its container's Init as the worker sees it (its process's start to the end of the
+    # handler module's import); the gate's learnt timeouts allow for a cold task (lambdas/timeouts.py)
     init_s: float | None = None
 
 
@@ -199,11 +199,12 @@ class LearntTimeouts(_Record):
     """``jobs/{job}/timeouts.json``: how long the job's tasks take, as the iteration gate has seen
     them (lambdas/timeouts.py), so every window attempt's gate sets the same learnt timeouts.
     ``samples``: per phase key ("f", "b{stage}", "s{stage}"), the slowest task of each sampled
-    iteration, the latest last; ``init_s``: the longest Init a cold task has seen; ``through``: the
+    iteration, the latest last; ``cold_s``: the longest a cold task has taken, its Init included;
+    ``through``: the
     last iteration sampled."""
 
     samples: dict[str, list[float]]
-    init_s: float | None = None
+    cold_s: float | None = None
     through: int = -1
 
 

@@ -1,27 +1,35 @@
 """Task timeouts learnt during the run: a hung task costs a few of its iterations' task times, not
 the planner's worst case.
 
-Step Functions has no heartbeat for a ``lambda:invoke`` Task (``HeartbeatSeconds`` applies only to
-activities and ``.waitForTaskToken`` callbacks: "Task workflow state", AWS Step Functions Developer
-Guide), so a worker that never answers is noticed only when its Task's timeout fires. The planner's
+Step Functions has no heartbeat for a ``lambda:invoke`` Task (``SendTaskHeartbeat`` is for
+activity workers and the callback and job-run patterns: Step Functions API Reference,
+SendTaskHeartbeat), so a worker that never answers is noticed only when its Task's timeout fires.
+``TimeoutSecondsPath`` takes the timeout from the state's input, which must hold a positive integer
+there (Amazon States Language, Task state; the CDK's ``Timeout.at`` says the same). The planner's
 timeouts must hold a phase's predicted time with room to spare (``plan.timeouts_from``: twice the
 prediction plus 10 s, at least 60 s); a hang then costs a minute. Once the job has run an
 iteration, the gate (lambdas/gate.py) knows better: each task's metrics say how long it took.
 
 Before each iteration the gate returns, per phase key (``"f"`` the Forward Map, ``"b{s}"`` stage
 s's backward Map, ``"s{s}"`` its sync Map), the TimeoutSeconds the window's Tasks then take
-(``TimeoutSecondsPath``, planner/emit/asl.py)::
+(``TimeoutSecondsPath``, planner/emit/asl.py), and ``"cold"``, what a re-run adds to it::
 
-    timeout = min(planned, max(MIN_S, ceil(FACTOR * median_low(slowest) + init + SLACK_S)))
+    timeout = min(planned, max(MIN_S, ceil(FACTOR * median_low(slowest) + SLACK_S)))
+    cold    = ceil(longest cold task)
 
 ``slowest``: the slowest task of that key in each of the last ``SAMPLES`` sampled iterations (the
 median keeps an iteration a fault slowed down, such as a consumer that waited for a re-run
-producer, from raising the timeout); ``init``: the longest Init a cold task has seen (its process's
-start to its handler's, ``TaskMetrics.init_s``), or ``COLD_DEFAULT_S`` before any, since a task
-re-run after a timeout or a kill usually starts cold; ``SLACK_S`` what the worker cannot see of a
-cold start (the sandbox, the code). The planned timeout stays the ceiling. A task that times out
-only because the learnt timeout was short is retried (Task Retry), never lost: tasks are
-idempotent (docs/reliability.md).
+producer, from raising the timeout); ``SLACK_S`` what the worker cannot see of an invocation (the
+call, the sandbox). A task's first run finds its container warm (the window's tasks run on the
+same functions every iteration); a task run again after a kill or a timeout usually starts a new
+container, so the Map's re-run loop adds ``cold`` to its timeout each time (asl ``{name}Again``):
+the longest a cold task has worked, its Init included and its waits for other workers' objects
+left out (``init_s + duration_s - wait_s`` of its metrics: a cold task also loads its job, model
+and data; the waits are in ``slowest``, and a re-run consumer that waited for a hung producer must
+not raise it), or ``COLD_DEFAULT_S`` before any cold task was seen. Before anything is learnt the
+plan's timeouts hold, with ``cold`` 0. The planned timeout stays the ceiling of a first run. A task
+that times out only because its timeout was short runs again, never lost: tasks are idempotent
+(docs/reliability.md).
 
 The gate samples iteration t-1's metrics (their keys are known from the plan: no LIST) at its first
 ``SAMPLES`` gates with one to sample and then every ``RESAMPLE_EVERY`` iterations, and keeps the
@@ -65,16 +73,15 @@ def planned(plan: Plan) -> dict[str, int]:
 
 
 def timeouts(plan: Plan, learnt: LearntTimeouts | None) -> dict[str, int]:
-    """The TimeoutSeconds per phase key for the next iteration (the formula above)."""
+    """The TimeoutSeconds per phase key for the next iteration, and ``cold`` (the formulas above)."""
     out = planned(plan)
     if learnt is None:
-        return out
-    init = COLD_DEFAULT_S if learnt.init_s is None else learnt.init_s
+        return {**out, "cold": 0}
     for k, ceiling in out.items():
         xs = learnt.samples.get(k)
         if xs:
-            out[k] = min(ceiling, max(MIN_S, math.ceil(FACTOR * statistics.median_low(xs) + init + SLACK_S)))
-    return out
+            out[k] = min(ceiling, max(MIN_S, math.ceil(FACTOR * statistics.median_low(xs) + SLACK_S)))
+    return {**out, "cold": math.ceil(COLD_DEFAULT_S if learnt.cold_s is None else learnt.cold_s)}
 
 
 def task_keys(job: str, plan: Plan, t: int) -> list[str]:
@@ -90,17 +97,17 @@ def sample(ch: Channel, job: str, plan: Plan, t: int, learnt: LearntTimeouts) ->
     with ThreadPoolExecutor(max_workers=16) as pool:
         bodies = [b for b in pool.map(ch.get_bytes, task_keys(job, plan, t)) if b is not None]
     slowest: dict[str, float] = {}
-    init = learnt.init_s
+    cold = learnt.cold_s
     for body in bodies:
         m = TaskMetrics.model_validate_json(body)
         k = phase_key(m.phase, m.stage)
         slowest[k] = max(slowest.get(k, 0.0), m.duration_s)
-        if m.init_s is not None:
-            init = m.init_s if init is None else max(init, m.init_s)
+        if m.init_s is not None:  # a cold task
+            cold = max(cold or 0.0, m.init_s + m.duration_s - m.wait_s)
     samples = {k: list(v) for k, v in learnt.samples.items()}
     for k, v in slowest.items():
         samples[k] = (samples.get(k, []) + [v])[-SAMPLES:]
-    return LearntTimeouts(samples=samples, init_s=init, through=t if bodies else learnt.through)
+    return LearntTimeouts(samples=samples, cold_s=cold, through=t if bodies else learnt.through)
 
 
 def _due(learnt: LearntTimeouts, u: int) -> bool:

@@ -100,13 +100,14 @@ def test_every_task_retries_lambda_service_errors_and_has_a_timeout():
     for t in tasks:
         # the gate's learnt timeout (lambdas/timeouts.py; the plan's 300 s its ceiling), handed on
         assert t["TimeoutSecondsPath"] == "$.timeout" and t["Parameters"]["Payload"]["timeout.$"] == "$.timeout"
-        assert "ObjectWaitTimeout" in t["Retry"][2]["ErrorEquals"]
+        assert t["Retry"][1] == asl.WAIT_RETRY and all("States.Timeout" not in r["ErrorEquals"] for r in t["Retry"])
         # the retrier AWS's Step Functions guide recommends ("Handle Lambda service exceptions")
         assert {"Lambda.TooManyRequestsException", "Lambda.ClientExecutionTimeoutException"} <= set(t["Retry"][0]["ErrorEquals"])
         assert t["Retry"][0]["JitterStrategy"] == "FULL"
-        # every name AWS reports a killed worker under is caught for the remediation step
+        # every name AWS reports a killed worker under is caught for the remediation step, and a
+        # timeout, like an ambiguous kill, first runs the task again at once
         caught = {e for c in t.get("Catch", []) for e in c["ErrorEquals"]}
-        assert caught == {"Runtime.OutOfMemory", "Runtime.ExitError", "Lambda.Unknown"}
+        assert caught == {"Runtime.OutOfMemory", "Runtime.ExitError", "Lambda.Unknown", "States.Timeout", "Sandbox.Timedout"}
 
 
 @pytest.mark.parametrize("fused", ["pipelined_scatter_reduce", "lambdaml_scatter_reduce"])

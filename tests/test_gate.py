@@ -98,7 +98,7 @@ def run_gate(s3, e):
 def test_without_a_request_the_job_goes_on_and_nothing_is_metered():
     s3 = MemoryS3()
     s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=spec().model_dump_json().encode())
-    assert run_gate(s3, ev(0)) == {"stop": False, "timeouts": planned(PLAN)}  # nothing learnt yet: the plan's
+    assert run_gate(s3, ev(0)) == {"stop": False, "timeouts": {**planned(PLAN), "cold": 0}}  # nothing learnt yet: the plan's
     assert keys.cost_tally(JOB) not in s3.objects and keys.stopped(JOB) not in s3.objects
 
 

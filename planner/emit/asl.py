@@ -93,6 +93,9 @@ KILLED_ERROR = "Stagecoach.WorkerKilled"
 # start is the wait. Five: a task killed at random with probability p fails for good with p^6
 # (30%: 0.07%, where 3 retries left 0.8%: a window restart every ~8 iterations of the demo).
 KILL_RETRIES = 5
+# ...and so does a training task that timed out: a hung invocation is no load to back off from
+# either, and a Retry's least wait (0.5 s on average) would add to every hang's timeout
+RERUN_AT_ONCE = [*AMBIGUOUS_KILLS, "States.Timeout", "Sandbox.Timedout"]
 
 # A failed phase's Catch: write the abort marker, then fail the window with the phase's own error.
 ABORT_CATCH = {"ErrorEquals": ["States.ALL"], "ResultPath": "$.caught", "Next": "Abort"}
@@ -189,7 +192,7 @@ def _task(phase: str, function: str | None, timeout: int | None, index_field: st
     else:
         params["FunctionName"] = function
     limit: dict[str, Any] = {"TimeoutSeconds": timeout}
-    retry = [dict(LAMBDA_RETRY), dict(WORKER_RETRY)]
+    retry = [dict(LAMBDA_RETRY)]  # a kill or a timeout: run again at once (``_map``'s loop)
     if timeout is None:
         payload["timeout.$"] = "$.timeout"
         limit = {"TimeoutSecondsPath": "$.timeout"}
@@ -216,6 +219,9 @@ def _map(name: str, items_path: str, selector: dict[str, Any], task: dict[str, A
     }
     # what the kill loop's Pass carries of an item's state (a Pass's Parameters replace it all)
     carried = {(k if k.endswith(".$") else k + ".$"): "$." + k.removesuffix(".$") for k in item}
+    if "timeout.$" in item:  # the gate's learnt timeout: a re-run, likely cold, gets ``cold`` more
+        item["cold.$"] = "$.gate.timeouts.cold"
+        carried.update({"cold.$": "$.cold", "timeout.$": "States.MathAdd($.timeout, $.cold)"})
     state: dict[str, Any] = {
         "Type": "Map",
         "ItemsPath": items_path,
@@ -228,7 +234,7 @@ def _map(name: str, items_path: str, selector: dict[str, Any], task: dict[str, A
                 f"{name}Task": {
                     **task,
                     "Catch": [
-                        {"ErrorEquals": list(AMBIGUOUS_KILLS), "ResultPath": "$.caught", "Next": f"{name}Again?"},
+                        {"ErrorEquals": list(RERUN_AT_ONCE), "ResultPath": "$.caught", "Next": f"{name}Again?"},
                         {
                             "ErrorEquals": [e for e in KILLED_ERRORS if e not in AMBIGUOUS_KILLS],
                             "ResultPath": "$.caught",
@@ -236,7 +242,8 @@ def _map(name: str, items_path: str, selector: dict[str, Any], task: dict[str, A
                         },
                     ],
                 },
-                # a killed task runs again at once (KILL_RETRIES), then counts as killed
+                # a killed or timed-out task runs again at once (KILL_RETRIES), then counts as
+                # killed (the remediation tells a timeout from a kill for memory by its name)
                 f"{name}Again?": {
                     "Type": "Choice",
                     "Choices": [{"Variable": "$.kills", "NumericLessThan": KILL_RETRIES, "Next": f"{name}Again"}],
