@@ -166,5 +166,19 @@ def gate(ev: GateEvent, ch: Channel, started: float, memory_mb: int) -> dict[str
         ch.put_bytes(keys.stopped(ev.job), record.model_dump_json().encode())
         out["stop"] = True
     # after the meter: the tally leaves out these few requests, the client's measured cost does not
-    out["timeouts"] = learn(ch, ev.job, spec.to_plan(), ev.t)
+    out["timeouts"] = learn(ch, ev.job, spec.to_plan(), ev.t, _warm_attempt(ch, spec, ev))
     return out
+
+
+_WARM: dict[str, bool] = {}
+
+
+def _warm_attempt(ch: Channel, spec: JobSpec, ev: GateEvent) -> bool:
+    """Whether this window attempt keeps state warm, as its tasks decide it (JobContext.warm_attempt:
+    no earlier attempt at the window failed); one LIST per container and attempt."""
+    if not (spec.warm_state and spec.window_length is not None):
+        return False
+    if ev.attempt not in _WARM:
+        _WARM.clear()
+        _WARM[ev.attempt] = not ch.any_under(keys.window_aborts(ev.job, ev.window_start))
+    return _WARM[ev.attempt]

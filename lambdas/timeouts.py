@@ -17,6 +17,8 @@ s's backward Map, ``"s{s}"`` its sync Map), the TimeoutSeconds the window's Task
     timeout = min(planned, max(MIN_S, ceil(FACTOR * median_low(slowest) + SLACK_S)))
     cold    = ceil(longest cold task)
 
+(``FACTOR_WARM`` instead of ``FACTOR`` while the window attempt keeps state warm: below.)
+
 ``slowest``: the slowest task of that key in each of the last ``SAMPLES`` sampled iterations (the
 median keeps an iteration a fault slowed down, such as a consumer that waited for a re-run
 producer, from raising the timeout); ``SLACK_S`` what the worker cannot see of an invocation (the
@@ -49,6 +51,11 @@ from stagecoach.lambdas.channel import Channel
 from stagecoach.planner.plan import Plan
 
 FACTOR = 3.0
+# a window attempt that keeps state warm (docs/runtime.md "State that stays warm"): a task of a
+# worker that owns warm state and timed out only because it was slow runs again in another
+# container, which does not hold that state, and the whole window restarts (WarmStateLost); so
+# such an attempt's timeouts leave S3's and Lambda's tails far more room
+FACTOR_WARM = 10.0
 SLACK_S = 1.0
 COLD_DEFAULT_S = 10.0  # plan.timeouts_from's margin: a Lambda cold start with torch takes seconds
 MIN_S = 2
@@ -72,15 +79,17 @@ def planned(plan: Plan) -> dict[str, int]:
     return out
 
 
-def timeouts(plan: Plan, learnt: LearntTimeouts | None) -> dict[str, int]:
-    """The TimeoutSeconds per phase key for the next iteration, and ``cold`` (the formulas above)."""
+def timeouts(plan: Plan, learnt: LearntTimeouts | None, warm: bool = False) -> dict[str, int]:
+    """The TimeoutSeconds per phase key for the next iteration, and ``cold`` (the formulas above;
+    ``warm``: the window attempt keeps state warm, ``FACTOR_WARM``)."""
     out = planned(plan)
     if learnt is None:
         return {**out, "cold": 0}
+    factor = FACTOR_WARM if warm else FACTOR
     for k, ceiling in out.items():
         xs = learnt.samples.get(k)
         if xs:
-            out[k] = min(ceiling, max(MIN_S, math.ceil(FACTOR * statistics.median_low(xs) + SLACK_S)))
+            out[k] = min(ceiling, max(MIN_S, math.ceil(factor * statistics.median_low(xs) + SLACK_S)))
     return {**out, "cold": math.ceil(COLD_DEFAULT_S if learnt.cold_s is None else learnt.cold_s)}
 
 
@@ -126,8 +135,9 @@ def _load(ch: Channel, job: str) -> LearntTimeouts:
     return LearntTimeouts.model_validate_json(body) if body is not None else LearntTimeouts(samples={})
 
 
-def learn(ch: Channel, job: str, plan: Plan, t: int) -> dict[str, int]:
-    """Before iteration t: sample iteration t-1 if due, keep the record, return the timeouts."""
+def learn(ch: Channel, job: str, plan: Plan, t: int, warm: bool = False) -> dict[str, int]:
+    """Before iteration t: sample iteration t-1 if due, keep the record, return the timeouts
+    (``warm``: for a window attempt that keeps state warm)."""
     learnt = _load(ch, job)
     if _due(learnt, t - 1):
         fresh = sample(ch, job, plan, t - 1, learnt)
@@ -136,4 +146,4 @@ def learn(ch: Channel, job: str, plan: Plan, t: int) -> dict[str, int]:
         learnt = fresh
     _CACHE.clear()  # one job per container (its stage-0 function)
     _CACHE[(ch.bucket, job)] = learnt
-    return timeouts(plan, learnt if learnt.samples else None)
+    return timeouts(plan, learnt if learnt.samples else None, warm)

@@ -46,6 +46,10 @@ class MemoryS3:
                 self.objects.pop(o["Key"], None)
         return {}
 
+    def list_objects_v2(self, Bucket: str, Prefix: str = "", MaxKeys: int = 1000, **_: object) -> dict:
+        found = self.keys(Prefix)[:MaxKeys]
+        return {"KeyCount": len(found), "Contents": [{"Key": k} for k in found]}
+
     def keys(self, prefix: str = "") -> list[str]:
         with self.lock:
             return sorted(k for k in self.objects if k.startswith(prefix))

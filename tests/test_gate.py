@@ -34,6 +34,7 @@ def fresh_container(monkeypatch):
     from stagecoach.lambdas import timeouts as timeouts_module
 
     gate_module._SPECS.clear()
+    gate_module._WARM.clear()
     timeouts_module._CACHE.clear()
     monkeypatch.setattr(gate_module, "time", types.SimpleNamespace(time=lambda: 1000.0))
 
@@ -161,6 +162,7 @@ def test_a_restarted_window_is_metered_again_and_the_last_iteration_never_stops(
     from stagecoach.lambdas import timeouts as timeouts_module
 
     gate_module._SPECS.clear()
+    gate_module._WARM.clear()
     timeouts_module._CACHE.clear()  # a new container reads the new spec
     for t in (1, 2):
         put_iteration(s3, t)
@@ -225,6 +227,7 @@ def test_a_nonfinite_loss_stops_the_job_at_the_next_boundary_when_asked():
     from stagecoach.lambdas import timeouts as timeouts_module
 
     gate_module._SPECS.clear()
+    gate_module._WARM.clear()
     timeouts_module._CACHE.clear()  # a new job (container) that asks for the stop
     asked = spec().model_copy(update={"stop_on_nonfinite_loss": True})
     s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=asked.model_dump_json().encode())
@@ -255,3 +258,25 @@ def test_a_nonfinite_loss_in_a_windows_last_iteration_stops_the_next_window():
     put_losses(s3, 9, [float("nan"), float("nan")])
     assert run_gate(s3, ev(10, end=10, window_start=5, attempt="r1-a"))["stop"] is False
     assert keys.stop_request(JOB) not in s3.objects
+
+
+def test_a_window_attempt_that_keeps_state_warm_gets_roomier_timeouts_than_a_restarted_one():
+    """Iteration 0's tasks took 0.1005 s: a warm attempt's Maps get ceil(10 x 0.1005 + 1) = 3 s (a
+    slow task timed out there would restart the window: its state is in no other container), an
+    attempt after a failed one (its abort marker exists; every version is stored) 2 s."""
+    from stagecoach.lambdas import gate as gate_module
+
+    s3 = MemoryS3()
+    s3.put_object(
+        Bucket="bucket",
+        Key=keys.job_spec(JOB),
+        Body=spec().model_copy(update={"warm_state": True, "window_length": 10}).model_dump_json().encode(),
+    )
+    put_iteration(s3, 0)
+    assert set(run_gate(s3, ev(1, attempt="w0-first"))["timeouts"].values()) == {
+        3,
+        10,
+    }  # every Map 3 s; a re-run 10 s more (no cold task seen)
+    s3.put_object(Bucket="bucket", Key=keys.window_abort(JOB, "w0-first"), Body=b"{}")
+    gate_module._SPECS.clear()
+    assert set(run_gate(s3, ev(1, attempt="w0-second"))["timeouts"].values()) == {2, 10}

@@ -63,6 +63,14 @@ def test_after_an_iteration_each_map_gets_three_times_its_slowest_task_and_a_sec
     assert stored.through == 0 and stored.cold_s == pytest.approx(1.8) and stored.samples["b0"] == [2.0]
 
 
+def test_a_window_attempt_that_keeps_state_warm_leaves_ten_times_its_slowest_task():
+    """A slow task timed out there runs again where its warm state is not: the window restarts."""
+    learnt = LearntTimeouts(samples={"b0": [2.0], "s0": [0.2]}, cold_s=1.8)
+    # b0: 10*2+1 = 21; s0: 10*0.2+1 = 3; the rest the plan's
+    assert timeouts.timeouts(PLAN, learnt, warm=True) == {"f": 40, "b0": 21, "b1": 50, "s0": 3, "s1": 30, "cold": 2}
+    assert timeouts.timeouts(PLAN, learnt)["b0"] == 7
+
+
 def test_without_a_cold_task_seen_a_rerun_is_allowed_ten_seconds_more_and_the_plan_stays_the_ceiling():
     s3 = MemoryS3()
     put_iteration(s3, 4, {**SECONDS, "b1": 30.0})
