@@ -9,7 +9,7 @@ mid-upload included), and 20% kills with 5% throttles, 2% hangs and 2% lost acti
 For each run it prints the job execution's time (Step Functions' start to stop date, the job alone:
 deploy and upload are the same with and without faults) and the time from launch (deploy, upload,
 run, as `make demo` waits) to the end, each with its ratio to the fault-free run's, the
-window attempts (window executions), the tasks' failures by error, and whether every trained
+window attempts (window executions), the faults injected and the tasks' failures by error, and whether every trained
 parameter is bit-identical to the fault-free run's (``torch.equal``). Nothing is estimated: every
 number is measured in this run; this machine's two cores are shared by every worker, so absolute
 times are the machine's, the ratios are what to compare.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import re
 import runpy
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ from stagecoach.local.backend import LocalBackend
 from stagecoach.run import Run
 
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "digits.py"
-HANG_TIMEOUT_S = 20  # a hung task is waited out this long (the Task's TimeoutSeconds)
+HANG_TIMEOUT_S = 20  # the plan's Task timeouts: iteration 0's, and the ceiling of those the gate learns
 
 
 def demo_job(iterations: int) -> tuple[Job, dict[str, Any]]:
@@ -56,6 +57,7 @@ class Outcome:
     seconds: float
     launched: float  # deploy, upload and run, as `make demo` waits for them
     windows: int
+    injected: collections.Counter[str]  # the faults the local runtime injected (its log)
     errors: collections.Counter[str]
     params: dict[str, torch.Tensor] | None
 
@@ -91,7 +93,8 @@ def run_one(label: str, faults: dict[str, Any] | None, iterations: int) -> Outco
         launched = time.time() - t0
         seconds = execution_seconds(r) if r.status() != "RUNNING" else launched
         params = dict(r.trained_model().state_dict()) if status == "SUCCEEDED" else None
-        return Outcome(label, status, seconds, launched, len(r.window_executions()), task_errors(r), params)
+        injected = collections.Counter(re.findall(r"injected (\w+)", Path(backend.stack.log_path).read_text()))
+        return Outcome(label, status, seconds, launched, len(r.window_executions()), injected, task_errors(r), params)
     finally:
         backend.stack.close()
 
@@ -121,11 +124,11 @@ def main() -> None:
     print(f"\nThe demo's job ({args.iterations} iterations, 3 stages x 2 replicas x 2 micro-batches), fault seed {args.seed}")
     print(
         f"{'faults':<46} {'status':<18} {'job s':>7} {'x fault-free':>12} {'launch+job s':>12} {'x':>6} {'windows':>8} "
-        f"{'bit-identical':>13}  task failures"
+        f"{'bit-identical':>13}  injected; task failures"
     )
     for o in outcomes:
         ratio, whole = o.seconds / base.seconds, o.launched / base.launched
-        errs = ", ".join(f"{k} {v}" for k, v in o.errors.most_common())
+        errs = ", ".join(f"{k} {v}" for k, v in o.injected.most_common()) + "; " + ", ".join(f"{k} {v}" for k, v in o.errors.most_common())
         print(
             f"{o.label:<46} {o.status:<18} {o.seconds:>7.1f} {ratio:>12.2f} {o.launched:>12.1f} {whole:>6.2f} {o.windows:>8} "
             f"{identical(o.params, base.params):>13}  {errs}"

@@ -15,6 +15,9 @@ object of probabilities per training-task invocation, e.g.
 - fail:     the task fails at once with an error no Retry matches (``Stagecoach.InjectedFailure``):
             its phase, and the window, fail while the phase's other tasks are still running.
 
+Every injected fault is noted in the stack's workers.log (``[runtime] <function>: injected <kind>
+{phase, t, stage, ...}``), so a run can be told what it survived (benchmarks/faults.py counts them).
+
 ``once`` scripts faults for tests: a list of {"kind", and event fields to match such as "phase",
 "t", "stage", "replica", "shard"}; each fires on the first invocation that matches it.
 """

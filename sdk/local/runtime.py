@@ -379,6 +379,9 @@ class LocalLambdaRuntime:
     # -- invocation --------------------------------------------------------------------------------
     def invoke(self, spec: FunctionSpec, event: Any) -> tuple[str, bool, str]:
         fault = self.faults.draw(event) if self.faults else None
+        if fault is not None:  # in the log beside the workers' output: what was injected where
+            where = {k: event.get(k) for k in ("phase", "t", "stage", "replica", "shard", "attempt") if k in event}
+            self._note(f"{spec.name}: injected {fault.kind} {where}")
         if fault is not None and fault.kind == "throttle":
             raise Throttled()
         if fault is not None and fault.kind == "fail":
