@@ -199,9 +199,8 @@ class LearntTimeouts(_Record):
     """``jobs/{job}/timeouts.json``: how long the job's tasks take, as the iteration gate has seen
     them (lambdas/timeouts.py), so every window attempt's gate sets the same learnt timeouts.
     ``samples``: per phase key ("f", "b{stage}", "s{stage}"), the slowest task of each sampled
-    iteration, the latest last; ``cold_s``: the longest a cold task has taken, its Init included;
-    ``through``: the
-    last iteration sampled."""
+    iteration, the latest last; ``cold_s``: the longest a cold task has worked (its Init and
+    duration, less its waits for other workers); ``through``: the last iteration sampled."""
 
     samples: dict[str, list[float]]
     cold_s: float | None = None
