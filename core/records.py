@@ -98,6 +98,10 @@ class JobSpec(_Record):
     # parameters and optimizer state stay in the worker's memory between iterations and go to S3
     # only as window checkpoints (Job.warm_state; docs/runtime.md "State that stays warm")
     warm_state: bool = False
+    # per stage, whether its warm state is also stored at every version (planner/plan.py
+    # ``writes_through``: small shards): a recycled container then reloads it, the window goes on.
+    # None: written before it was recorded (only window checkpoints)
+    write_through: list[bool] | None = None
     # the cost cap (``--max-cost``): the iteration gate stops the job at the next iteration
     # boundary once the metered cost passes it (lambdas/gate.py); None: no cap
     max_cost_usd: float | None = None

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from stagecoach.core import boundary
-from stagecoach.planner.plan import chunk_count
+from stagecoach.planner.plan import chunk_count, writes_through
 
 # The dtypes a job may train in, by the names its spec carries.
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -246,3 +246,9 @@ def stage_layout(numel: int, itemsize: int, shards: int, replicas: int) -> list[
         n = chunk_count(b - a, itemsize, replicas)
         out.append([(a + x, a + y) for x, y in shard_bounds(b - a, n)])
     return out
+
+
+def stage_writes_through(numel: int, itemsize: int, shards: int, replicas: int) -> bool:
+    """Whether a warm stage of ``numel`` stored parameters is written through at every version:
+    its largest shard is small (planner/plan.py ``writes_through``)."""
+    return all(writes_through(sum(b - a for a, b in chunks) * itemsize) for chunks in stage_layout(numel, itemsize, shards, replicas))

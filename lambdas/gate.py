@@ -174,9 +174,10 @@ _WARM: dict[str, bool] = {}
 
 
 def _warm_attempt(ch: Channel, spec: JobSpec, ev: GateEvent) -> bool:
-    """Whether this window attempt keeps state warm, as its tasks decide it (JobContext.warm_attempt:
-    no earlier attempt at the window failed); one LIST per container and attempt."""
-    if not (spec.warm_state and spec.window_length is not None):
+    """Whether this window attempt keeps state warm that only its containers hold, as its tasks
+    decide it (JobContext.warm_attempt: no earlier attempt at the window failed; a stage that writes
+    through has every version in S3 too, JobContext.writes_through); one LIST per container and attempt."""
+    if not (spec.warm_state and spec.window_length is not None) or (spec.write_through and all(spec.write_through)):
         return False
     if ev.attempt not in _WARM:
         _WARM.clear()

@@ -262,13 +262,20 @@ class JobContext:
             self.retried_window[attempt] = channel.any_under(keys.window_aborts(self.job, window_start))
         return not self.retried_window[attempt]
 
-    def checkpoint(self, version: int, window_start: int) -> bool:
-        """Whether ``version`` is stored in S3: the job's start, the window's first iteration
-        (the checkpoint a restart starts from) and the version after its last (the next one's)."""
-        if not self.spec.window_length:
+    def checkpoint(self, version: int, window_start: int, stage: int) -> bool:
+        """Whether ``version`` of ``stage``'s warm state is stored in S3: every version if the
+        stage writes through (JobSpec.write_through); else the job's start, the window's first
+        iteration (the checkpoint a restart starts from) and the version after its last (the next one's)."""
+        if not self.spec.window_length or self.writes_through(stage):
             return True
         end = min(window_start + self.spec.window_length, self.spec.iterations)
         return version in (0, window_start, end)
+
+    def writes_through(self, stage: int) -> bool:
+        """Whether ``stage``'s warm state also goes to S3 at every version (planner/plan.py
+        ``writes_through``): its container keeps it and skips the download, and one recycled
+        reloads it, so a lost container costs its task's re-run, not a window restart."""
+        return bool(self.spec.write_through and self.spec.write_through[stage])
 
     def publishes_params(self, stage: int) -> bool:
         """Whether later stages read ``stage``'s parameters (tied weights): then every version is stored."""
@@ -277,7 +284,7 @@ class JobContext:
     def require_warm(self, stage: int, version: int, window_start: int, held: int | None) -> None:
         """The version check: a warm stage's ``version`` not in this container (recycled, never
         warm, or behind) and not a checkpoint cannot be found anywhere: the window restarts."""
-        if held != version and not self.checkpoint(version, window_start):
+        if held != version and not self.checkpoint(version, window_start, stage):
             raise WarmStateLost(
                 f"stage {stage}: this container holds version {held} of the stage's state, the task needs "
                 f"{version}, and only versions {window_start} (the window's checkpoint) and its end are in S3: "

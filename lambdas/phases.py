@@ -272,7 +272,9 @@ class _Exchanged(_Update):
     ) -> None:
         r, t = ev.replica, ev.t
         own = (
-            collectives.Warm(_optimizer_state(ctx, ch, spec, ev.window_start, r), ctx.checkpoint(t + 1, ev.window_start)) if warm else None
+            collectives.Warm(_optimizer_state(ctx, ch, spec, ev.window_start, r), ctx.checkpoint(t + 1, ev.window_start, ev.stage))
+            if warm
+            else None
         )
         self.exchange = collectives.EXCHANGES[ctx.plan.sync[ev.stage]](ch, spec, r, own)
         self.stream = self.exchange.stream(params)
@@ -326,7 +328,7 @@ class _AloneWarm(_Alone):
     def apply(self, ctx: JobContext, ch: Channel, ev: BackwardEvent, spec: collectives.SyncSpec) -> None:
         s, t = ev.stage, ev.t
         flat = self._flat(ch, spec)
-        store = ctx.checkpoint(t + 1, ev.window_start)
+        store = ctx.checkpoint(t + 1, ev.window_start, s)
         new, states = collectives.update_warm(
             ch, spec, ctx.master_params(s), flat, self.state, store_params=store or ctx.publishes_params(s), store_state=store
         )
@@ -398,7 +400,7 @@ def sync(ctx: JobContext, ch: Channel, ev: SyncEvent, deadline: float) -> dict[s
         collectives.reduce_shard(ch, spec, k, cached=ctx.cached_params(s, t))
         return {"grad_norm": spec.norms[-1]} if spec.norms else out
     # the sync task's own function: shard k's state and parameters stay here (docs/runtime.md)
-    warm = collectives.Warm(_optimizer_state(ctx, ch, spec, ev.window_start, k), ctx.checkpoint(t + 1, ev.window_start))
+    warm = collectives.Warm(_optimizer_state(ctx, ch, spec, ev.window_start, k), ctx.checkpoint(t + 1, ev.window_start, s))
     mine = ctx.shard_held.get((s, k))
     held = mine[1] if mine is not None and mine[0] == t else None
     new = collectives.reduce_shard(ch, spec, k, cached=None if held is not None else ctx.cached_params(s, t), held=held, warm=warm)

@@ -376,6 +376,20 @@ def chunk_count(shard_numel: float, itemsize: int, replicas: int) -> int:
     return int(max(1, min(want, most)))
 
 
+# Warm state written through (docs/runtime.md "State that stays warm"): a warm shard whose stored
+# parameters are at most this many bytes also goes to S3 at every version, while its container
+# keeps it (and skips the download). Its write (Adam: three times these bytes, about 35 ms at
+# Lambda's ~90 MB/s, overlapped with the update) costs less than one window restart, which a
+# container recycled with state only in memory costs (its window's iterations since the last
+# checkpoint, and seconds of restart): a recycled container then costs its task's re-run.
+WRITE_THROUGH_BYTES = 1 << 20
+
+
+def writes_through(shard_bytes: float) -> bool:
+    """Whether a warm shard of ``shard_bytes`` stored parameter bytes is written every version."""
+    return shard_bytes <= WRITE_THROUGH_BYTES
+
+
 # A worker keeps the whole training set in memory when it is at most this share of its function's
 # memory (one GET per shard, once per container); else it reads each micro-batch's samples by
 # ranged GETs (lambdas/datafetch.py). The performance model charges the second case per micro-batch.

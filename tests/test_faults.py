@@ -194,16 +194,18 @@ def test_when_a_window_fails_its_waiting_tasks_stop_within_seconds():
 
 def test_a_window_that_fails_again_restarts_from_its_last_complete_iteration_not_its_first(clean):
     """Issue 24 item 11: the window (all 5 iterations) fails at t = 1 in its first, warm attempt,
-    which stores only its first version: the second attempt starts at 0 and stores every version;
-    it fails at t = 3, and the third starts at 3 (the job state machine's ResumePoint,
-    lambdas/resumepoint.py), not at 0. The result is bit-identical to the fault-free run."""
+    whose small state is written through (every version stored: planner/plan.py
+    ``writes_through``): the second attempt starts at 1 and stores every version; it fails at
+    t = 3, and the third starts at 3 (the job state machine's ResumePoint, lambdas/resumepoint.py),
+    not at 0. The result is bit-identical to the fault-free run. (A warm attempt that keeps its
+    state only in memory restarts at its first version: tests/test_warm_state.py.)"""
     once = [{"kind": "fail", "phase": "backward", "t": t, "stage": 0, "replica": 0} for t in (1, 3)]
     faulty = LocalBackend(faults={"once": once})
     try:
         r = run(faulty, "resumed")
         c = faulty.clients
         windows = sorted((c.sfn.describe_execution(executionArn=a) for a in r.window_executions()), key=lambda d: d["startDate"])
-        assert [json.loads(d["input"])["first"] for d in windows] == [0, 0, 3]
+        assert [json.loads(d["input"])["first"] for d in windows] == [0, 1, 3]
         assert [d["status"] for d in windows] == ["FAILED", "FAILED", "SUCCEEDED"]
         # the third attempt ran iterations 3 and 4 only
         gates = [

@@ -280,3 +280,23 @@ def test_a_window_attempt_that_keeps_state_warm_gets_roomier_timeouts_than_a_res
     s3.put_object(Bucket="bucket", Key=keys.window_abort(JOB, "w0-first"), Body=b"{}")
     gate_module._SPECS.clear()
     assert set(run_gate(s3, ev(1, attempt="w0-second"))["timeouts"].values()) == {2, 10}
+
+
+def test_a_warm_attempt_whose_every_stage_writes_through_gets_a_restarted_ones_timeouts():
+    """Every stage's state is small and stored at every version (JobSpec.write_through): a slow
+    task timed out there reloads it in its new container, the window goes on, so the warm attempt
+    needs no roomier timeouts: ceil(3 x 0.1005 + 1) = 2 s, as after a failed attempt. One stage
+    that keeps its state only in memory brings the warm factor back (3 s)."""
+    s3 = MemoryS3()
+    warm = spec().model_copy(update={"warm_state": True, "window_length": 10, "write_through": [True, True]})
+    s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=warm.model_dump_json().encode())
+    put_iteration(s3, 0)
+    assert set(run_gate(s3, ev(1, attempt="w0-first"))["timeouts"].values()) == {2, 10}
+
+    from stagecoach.lambdas import gate as gate_module
+
+    gate_module._SPECS.clear()
+    gate_module._WARM.clear()
+    mixed = warm.model_copy(update={"write_through": [True, False]})
+    s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=mixed.model_dump_json().encode())
+    assert set(run_gate(s3, ev(1, attempt="w0-first"))["timeouts"].values()) == {3, 10}

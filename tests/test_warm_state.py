@@ -1,6 +1,7 @@
 """State that stays warm (docs/runtime.md): with one replica a stage's parameters and Adam state stay
 in its worker's memory, reach S3 only as window checkpoints, and a recycled container mid-window
-restarts the window from its checkpoint, bit-identically."""
+restarts the window from its checkpoint, bit-identically. The state here is small enough to be
+written through (tests/test_write_through.py); the threshold is set to 0 so it is not."""
 
 import re
 
@@ -8,6 +9,7 @@ import pytest
 from helpers import recovery_job, same_parameters, task_errors, window_statuses
 
 from stagecoach.local.backend import LocalBackend
+from stagecoach.planner import plan as plan_module
 from stagecoach.planner.emit import asl
 from stagecoach.planner.model.platforms import aws_platform
 
@@ -19,6 +21,7 @@ WINDOW = 2  # windows [0, 2), [2, 4), [4, 5): checkpoints 0, 2, 4, 5
 def short_windows():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(asl, "window_length", lambda plan, limit=asl.HISTORY_LIMIT, **kw: WINDOW)
+        mp.setattr(plan_module, "WRITE_THROUGH_BYTES", 0)  # state only at window checkpoints
         yield
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from stagecoach.planner.limits import UPLOADS_IN_FLIGHT
 from stagecoach.planner.plan import SYNC_ALGORITHMS as RUNTIME_SYNC
-from stagecoach.planner.plan import chunk_count
+from stagecoach.planner.plan import chunk_count, writes_through
 
 if TYPE_CHECKING:  # pragma: no cover
     from stagecoach.planner.model.platforms import Platform
@@ -112,13 +112,16 @@ def _stateful(plat: Platform) -> int:
     return 1 if plat.optimizer_state_ratio > 0 else 0
 
 
-def _state_share(plat: Platform) -> float:
+def _state_share(plat: Platform, shard_bytes: float) -> float:
     """The share of iterations whose optimizer state crosses S3 (docs/runtime.md "State that stays
     warm"): with warm state (``plat.warm_checkpoint_every`` = N > 0) the worker that owns a shard
     holds its state between iterations and loads and stores it once per window checkpoint, 1/N;
-    without, every iteration."""
+    without, every iteration; and every iteration for a shard of at most
+    ``WRITE_THROUGH_BYTES`` stored parameter bytes (planner/plan.py ``writes_through``): the
+    runtime stores it at every version, and the model charges it as a stored shard, its download
+    included, which a container that keeps the state skips (an overcharge of one GET per shard)."""
     n = plat.warm_checkpoint_every
-    return 1.0 / n if n > 0 else 1.0
+    return 1.0 / n if n > 0 and not writes_through(shard_bytes) else 1.0
 
 
 class NoSync(SyncAlgorithm):
@@ -131,7 +134,8 @@ class NoSync(SyncAlgorithm):
     With warm state (``plat.warm_checkpoint_every`` = N > 0; ``collectives.update_warm``) the state
     is in memory too and both go to S3 once per N iterations (the window's checkpoint): per
     iteration opt + (t_lat + (1+rho) P/w) / N, and (2 + sf) / N requests (the restart's reload of
-    the checkpoint is a fault's cost, not an iteration's).
+    the checkpoint is a fault's cost, not an iteration's). A stage of at most ``WRITE_THROUGH_BYTES``
+    stored parameter bytes is written every iteration (``_state_share``): charged as without.
     """
 
     name = "none"
@@ -152,7 +156,7 @@ class NoSync(SyncAlgorithm):
         sf = _stateful(plat)
         store = lat + (1 + rho) * pm / w
         n = plat.warm_checkpoint_every
-        if n > 0:
+        if n > 0 and not writes_through(pm):
             return StageSync.in_backward(
                 self.name,
                 1,
@@ -207,8 +211,8 @@ class ScatterReduce(SyncAlgorithm):
         pm = master_ratio * p_bytes
         c = chunks_per_shard(d, k, pm)
         chunk = p_bytes / (k * c)  # a gradient chunk; a parameter chunk is master_ratio times it
-        sf = _stateful(plat) * _state_share(plat)
-        rho_io = rho * _state_share(plat)  # the state's bytes that cross S3 per iteration
+        sf = _stateful(plat) * _state_share(plat, pm / k)
+        rho_io = rho * _state_share(plat, pm / k)  # the state's bytes that cross S3 per iteration
         tail = lat + max(chunk / w, p_bytes / w - last_backward_s)
         task = 2 * lat + (d * p_bytes + rho_io * pm) / (k * w) + opt_s / (k * c) + min(2, c) * (1 + rho_io) * pm / (k * c * w)
         return StageSync(
@@ -276,7 +280,7 @@ class PipelinedScatterReduce(SyncAlgorithm):
         pm = master_ratio * p_bytes
         c = chunks_per_shard(d, d, pm)
         chunk = p_bytes / (d * c) / w  # seconds of one gradient chunk on a link
-        share = _state_share(plat)  # warm: the state crosses S3 once per checkpoint
+        share = _state_share(plat, pm / d)  # warm: the state crosses S3 once per checkpoint
         sf = _stateful(plat) * share
         rho_io = rho * share
         e = (d - 1) * p_bytes / (d * w)  # the gradient exchange, each way
@@ -343,7 +347,7 @@ class LambdaMLScatterReduce(SyncAlgorithm):
         w, lat, rho, q = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio, plat.poll_delay_s
         pm = master_ratio * p_bytes
         c = chunks_per_shard(d, d, pm)
-        share = _state_share(plat)  # warm: the state crosses S3 once per checkpoint
+        share = _state_share(plat, pm / d)  # warm: the state crosses S3 once per checkpoint
         sf = _stateful(plat) * share
         e = (d - 1) * p_bytes / (d * w)  # gradients
         pf = share * max(0.0, lat + rho * pm / (d * w) - backward_compute_s) if sf else 0.0

@@ -18,7 +18,7 @@ from stagecoach.core import keys, versions
 from stagecoach.core.records import DatasetRef, EvalSpec, JobSpec
 from stagecoach.core.samples import LocalSamples
 from stagecoach.core.stagebuild import stage_buffers
-from stagecoach.core.training import DTYPE_NAMES, flat_params, master_dtype, ownership, running_stats, stage_layout
+from stagecoach.core.training import DTYPE_NAMES, flat_params, master_dtype, ownership, running_stats, stage_layout, stage_writes_through
 from stagecoach.deploy.dataset import upload_samples
 from stagecoach.deploy.resources import Clients, StackResources
 from stagecoach.deploy.roles import grant_datasets
@@ -130,6 +130,11 @@ def upload_job(
     # code, parameters and functions, so IAM propagates the grant meanwhile
     grant_datasets(res, c, job_id, [ds_id] + ([evaluation.dataset.id] if evaluation else []))
     groups = job.facts.optimizer_groups  # the workers apply each parameter group's own hyperparameters
+    model = job.build_model()
+    master = job.build_model(master_dtype(job.dtype)) if master_dtype(job.dtype) != job.dtype else model  # fp32 under bf16
+    own = ownership(list(master), [plan.stage_layers(s) for s in range(plan.stages)])
+    # the stored (master) parameters each stage owns: a parameter shared with an earlier stage is that stage's
+    flats = [flat_params(own.owned[s]) for s in range(plan.stages)]
     spec = JobSpec(
         job=job_id,
         name=job.name,
@@ -155,16 +160,13 @@ def upload_job(
         checkpoint_every=job.checkpoint_every,
         optimizer_state=versions.optimizer_keeps_state(job.optimizer),
         warm_state=job.warm_state,
+        write_through=[stage_writes_through(f.numel(), f.element_size(), plan.grad_shards(s), plan.replicas) for s, f in enumerate(flats)],
         stop_on_nonfinite_loss=job.stop_on_nonfinite_loss,
     )
     c.s3.put_object(Bucket=res.bucket, Key=keys.job_code(job_id), Body=code)
     c.s3.put_object(Bucket=res.bucket, Key=keys.plan(job_id), Body=plan.to_json().encode())
-    model = job.build_model()
-    master = job.build_model(master_dtype(job.dtype)) if master_dtype(job.dtype) != job.dtype else model  # fp32 under bf16
-    own = ownership(list(master), [plan.stage_layers(s) for s in range(plan.stages)])
     for s in range(plan.stages):
-        # the stored (master) parameters the stage owns: a parameter shared with an earlier stage is that stage's
-        flat = flat_params(own.owned[s])
+        flat = flats[s]
         for k, chunks in enumerate(stage_layout(flat.numel(), flat.element_size(), plan.grad_shards(s), plan.replicas)):
             for ci, (a, b) in enumerate(chunks):
                 c.s3.put_object(Bucket=res.bucket, Key=keys.params(job_id, 0, s, k, ci), Body=_safetensors({"p": flat[a:b]}))
