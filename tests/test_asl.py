@@ -120,10 +120,28 @@ def test_a_stage_whose_backward_tasks_reduce_among_themselves_has_no_sync_map(fu
 
 
 def test_window_length_keeps_history_under_the_limit():
+    """Its iterations and its redos (each an iteration's events, Redo? and Redo) fit the budget."""
     for p in PLANS:
-        n = asl.window_length(p)
-        assert asl.EV_WINDOW_FIXED + n * asl.events_per_iteration(p) <= asl.HISTORY_LIMIT * asl.HISTORY_BUDGET
-        assert asl.EV_WINDOW_FIXED + (n + 1) * asl.events_per_iteration(p) > asl.HISTORY_LIMIT * asl.HISTORY_BUDGET
+        n, per, redos = asl.window_length(p), asl.events_per_iteration(p), asl.redo_limit(p)
+        used = asl.EV_WINDOW_FIXED + n * per + redos * (per + 2 * asl.EV_PASS)
+        assert used <= asl.HISTORY_LIMIT * asl.HISTORY_BUDGET < used + per
+        assert 0 <= redos <= asl.REDO_LIMIT and redos * asl.REDO_SHARE <= n + redos
+
+
+def test_a_lost_object_runs_the_iteration_again_up_to_the_windows_redos_then_aborts():
+    """Forward's and BackwardSync's Catch send ObjectLost to Redo? (before the abort): Redo keeps
+    t and the gate's timeouts, renames the attempt and counts; past the limit, Abort. A window too
+    short to afford a redo has none (a 100-event history holds no twentieth of an iteration)."""
+    d = asl.window_definition(PLANS[3], ["a", "b", "c"], abort_key_format=keys.WINDOW_ABORT)
+    st = d["States"]
+    for phase in ("Forward", "BackwardSync"):
+        assert st[phase]["Catch"][0] == {"ErrorEquals": ["ObjectLost"], "ResultPath": "$.caught", "Next": "Redo?"}
+        assert st[phase]["Catch"][-1]["Next"] == "Abort"
+    assert st["Redo?"]["Choices"][0]["NumericLessThan"] == asl.redo_limit(PLANS[3]) and st["Redo?"]["Default"] == "Abort"
+    redo = st["Redo"]["Parameters"]
+    assert redo["t.$"] == "$.t" and redo["gate.$"] == "$.gate" and st["Redo"]["Next"] == "Forward"
+    assert redo["attempt.$"] == "States.Format('{}-r{}', $$.Execution.Name, $.redo)"
+    assert asl.redo_limit(PLANS[3], limit=100) == 0
 
 
 def _chain(iterations: int, length: int, per_execution: int) -> list[list[tuple[int, int]]]:

@@ -100,6 +100,20 @@ RERUN_AT_ONCE = [*AMBIGUOUS_KILLS, "States.Timeout", "Sandbox.Timedout"]
 # A failed phase's Catch: write the abort marker, then fail the window with the phase's own error.
 ABORT_CATCH = {"ErrorEquals": ["States.ALL"], "ResultPath": "$.caught", "Next": "Abort"}
 
+# A lost activation or input gradient (ObjectLost, lambdas/channel.py: its producer finished in
+# this attempt, the object is not in S3) is recovered inside the window: Redo? and Redo run the
+# iteration's phases again (Forward, BackwardSync; the Gate's learnt timeouts kept), and its
+# producer writes the object again, with the same bytes. The redo is a new attempt name
+# (``{execution}-r{n}``), so its consumers do not take the first run's metrics for their
+# producers' (and the first run's abort marker, never written, would stop none of them). Every
+# version t is still in S3 when iteration t runs again: a stage that stores every version
+# (JobSpec.write_through, or without warm state) reloads it; a warm stage whose container moved
+# on to t+1 fails with WarmStateLost, and the window restarts as before. At most REDO_LIMIT per
+# window execution, and only where they cost at most a twentieth of its history (``redo_limit``).
+REDO_ERRORS = ["ObjectLost"]
+REDO_LIMIT = 3
+REDO_SHARE = 20  # a window of n iterations redoes at most n // REDO_SHARE of them
+
 # Events one state adds to the history (the same on AWS and moto's interpreter).
 EV_TASK = 5  # TaskStateEntered, TaskScheduled, TaskStarted, TaskSucceeded, TaskStateExited
 EV_MAP_ITEM = 2  # MapIterationStarted, MapIterationSucceeded
@@ -160,14 +174,25 @@ def events_per_iteration(plan: Plan, evals: Sequence[int] = (), saves: Sequence[
     return n
 
 
+def _usable_events(limit: int) -> int:
+    return int(limit * HISTORY_BUDGET) - EV_WINDOW_FIXED
+
+
+def redo_limit(plan: Plan, limit: int = HISTORY_LIMIT, evals: Sequence[int] = (), saves: Sequence[int] = ()) -> int:
+    """How many iterations a window execution may run again after a lost object (``REDO_LIMIT``,
+    at most one per ``REDO_SHARE`` iterations the window could hold without them)."""
+    return min(REDO_LIMIT, _usable_events(limit) // events_per_iteration(plan, evals, saves) // REDO_SHARE)
+
+
 def window_length(plan: Plan, limit: int = HISTORY_LIMIT, evals: Sequence[int] = (), saves: Sequence[int] = ()) -> int:
-    """Iterations per window execution so its history stays well under ``limit`` events."""
-    usable = int(limit * HISTORY_BUDGET) - EV_WINDOW_FIXED
-    n = usable // events_per_iteration(plan, evals, saves)
+    """Iterations per window execution so its history stays well under ``limit`` events, its
+    redos (``redo_limit``: an iteration's events and Redo? and Redo each) included."""
+    per = events_per_iteration(plan, evals, saves)
+    usable = _usable_events(limit) - redo_limit(plan, limit, evals, saves) * (per + 2 * EV_PASS)
+    n = usable // per
     if n < 1:
         raise ValueError(
-            f"one iteration of this plan needs {events_per_iteration(plan, evals, saves)} history events, more than a "
-            f"window can hold ({usable}): use fewer stages or replicas"
+            f"one iteration of this plan needs {per} history events, more than a window can hold ({usable}): use fewer stages or replicas"
         )
     return n
 
@@ -302,6 +327,7 @@ def _init_state(plan: Plan, fn: FunctionOf, per_worker: bool, evals: Sequence[in
             "first.$": "$.first",
             # this attempt's execution name: the key of its abort marker (restarts get their own)
             "attempt.$": "$$.Execution.Name",
+            "redo": 0,  # iterations run again after a lost object (Redo)
             "ranks": ranks,
             "shards": {
                 f"s{st}": [{"shard": k, "fn": fn(st, "k", k)} for k in range(plan.sync_tasks(st))]
@@ -367,7 +393,7 @@ def _gate_states(plan: Plan, gate_function: str) -> dict[str, Any]:
     }
 
 
-def _forward_state(plan: Plan) -> dict[str, Any]:
+def _forward_state(plan: Plan, redos: int) -> dict[str, Any]:
     """Forward: one Map over every worker of every stage but the last (whose forward runs in its
     backward task), each item naming its function; under the gate's learnt timeout for it."""
     state = _map(
@@ -382,8 +408,38 @@ def _forward_state(plan: Plan) -> dict[str, Any]:
         _task("forward", None, None, "replica"),
         "BackwardSync",
     )
-    state["Catch"] = [dict(ABORT_CATCH)]
+    state["Catch"] = _phase_catch(redos)
     return state
+
+
+def _phase_catch(redos: int) -> list[dict[str, Any]]:
+    """Forward's and BackwardSync's Catch: a lost object to Redo? (if the window may redo), all else to Abort."""
+    lost = [{"ErrorEquals": list(REDO_ERRORS), "ResultPath": "$.caught", "Next": "Redo?"}] if redos else []
+    return [*lost, dict(ABORT_CATCH)]
+
+
+def _redo_states(plan: Plan, carry: dict[str, Any], redos: int) -> dict[str, Any]:
+    """Redo? and Redo: iteration t's phases again, under a new attempt name (``REDO_ERRORS``)."""
+    if not redos:
+        return {}
+    return {
+        "Redo?": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.redo", "NumericLessThan": redos, "Next": "Redo"}],
+            "Default": "Abort",
+        },
+        "Redo": {
+            "Type": "Pass",
+            "Parameters": {
+                **carry,
+                "t.$": "$.t",
+                "gate.$": "$.gate",
+                "attempt.$": "States.Format('{}-r{}', $$.Execution.Name, $.redo)",
+                "redo.$": "States.MathAdd($.redo, 1)",
+            },
+            "Next": "Forward" if plan.stages > 1 else "BackwardSync",
+        },
+    }
 
 
 def _stage_branch(plan: Plan, s: int, function: str, per_worker: bool) -> dict[str, Any]:
@@ -448,6 +504,7 @@ def _carry(per_worker: bool, evals: Sequence[int], saves: Sequence[int]) -> dict
         "window_start.$": "$.window_start",
         "first.$": "$.first",
         "attempt.$": "$.attempt",
+        "redo.$": "$.redo",
         "ranks.$": "$.ranks",
         "shards.$": "$.shards",
         "fw.$": "$.fw",
@@ -530,15 +587,17 @@ def window_definition(
     if len(functions) != plan.stages:
         raise ValueError(f"need one function per stage ({plan.stages}), got {len(functions)}")
     s_count, d = plan.stages, plan.replicas
+    redos = redo_limit(plan, evals=evals, saves=saves)
     states: dict[str, Any] = {
         "Init": _init_state(plan, _function_of(functions, per_worker), per_worker, evals, saves),
         **_gate_states(plan, functions[0]),
     }
     if s_count > 1:
-        states["Forward"] = _forward_state(plan)
+        states["Forward"] = _forward_state(plan, redos)
     branches = [_stage_branch(plan, s, functions[s], per_worker) for s in range(s_count)]
-    states["BackwardSync"] = {"Type": "Parallel", "Branches": branches, "ResultPath": None, "Catch": [dict(ABORT_CATCH)], "Next": "Advance"}
+    states["BackwardSync"] = {"Type": "Parallel", "Branches": branches, "ResultPath": None, "Catch": _phase_catch(redos), "Next": "Advance"}
     states.update(_abort_states(abort_key_format))
+    states.update(_redo_states(plan, _carry(per_worker, evals, saves), redos))
     states.update(_after_iteration_states(plan, _carry(per_worker, evals, saves), evals, saves))
     states["Done"] = {"Type": "Succeed"}
     return {
