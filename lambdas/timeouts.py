@@ -17,17 +17,12 @@ s's backward Map, ``"s{s}"`` its sync Map), the TimeoutSeconds the window's Task
     timeout = min(planned, max(MIN_S, ceil(FACTOR * median_low(slowest) + SLACK_S)))
     cold    = ceil(longest cold task)
 
-(``FACTOR_WARM`` and ``SLACK_WARM_S`` while the window attempt keeps state only in its containers'
-memory: below.) A hung task costs its timeout: Step Functions takes whole seconds
-(``TimeoutSeconds``, at least 1), so on tasks of a few tenths of a second (the demo's) the
-timeout is mostly its rounding, and twice the slowest plus a quarter second (1-2 s there, where
-three times plus a second gave 2-3 s) halves what a hang costs. A task that only was slow and timed
-out runs again at once, with ``cold`` more: a re-run, not a failure.
+(``FACTOR_WARM`` instead of ``FACTOR`` while the window attempt keeps state warm: below.)
 
 ``slowest``: the slowest task of that key in each of the last ``SAMPLES`` sampled iterations (the
 median keeps an iteration a fault slowed down, such as a consumer that waited for a re-run
 producer, from raising the timeout); ``SLACK_S`` what the worker cannot see of an invocation (the
-call, the sandbox: a few tens of milliseconds on the local stack's histories). A task's first run finds its container warm (the window's tasks run on the
+call, the sandbox). A task's first run finds its container warm (the window's tasks run on the
 same functions every iteration); a task run again after a kill or a timeout usually starts a new
 container, so the Map's re-run loop adds ``cold`` to its timeout each time (asl ``{name}Again``):
 the longest a cold task has worked, its Init included and its waits for other workers' objects
@@ -55,17 +50,15 @@ from stagecoach.core.records import LearntTimeouts, TaskMetrics
 from stagecoach.lambdas.channel import Channel
 from stagecoach.planner.plan import Plan
 
-FACTOR = 2.0
-SLACK_S = 0.25
-# a window attempt that keeps state only in memory (docs/runtime.md "State that stays warm"; not
-# one whose every stage writes through): a task of a worker that owns warm state and timed out
-# only because it was slow runs again in another container, which does not hold that state, and
-# the whole window restarts (WarmStateLost); so such an attempt's timeouts leave S3's and
-# Lambda's tails far more room
+FACTOR = 3.0
+# a window attempt that keeps state warm (docs/runtime.md "State that stays warm"): a task of a
+# worker that owns warm state and timed out only because it was slow runs again in another
+# container, which does not hold that state, and the whole window restarts (WarmStateLost); so
+# such an attempt's timeouts leave S3's and Lambda's tails far more room
 FACTOR_WARM = 10.0
-SLACK_WARM_S = 1.0
+SLACK_S = 1.0
 COLD_DEFAULT_S = 10.0  # plan.timeouts_from's margin: a Lambda cold start with torch takes seconds
-MIN_S = 1
+MIN_S = 2
 SAMPLES = 5
 RESAMPLE_EVERY = 5
 
@@ -92,11 +85,11 @@ def timeouts(plan: Plan, learnt: LearntTimeouts | None, warm: bool = False) -> d
     out = planned(plan)
     if learnt is None:
         return {**out, "cold": 0}
-    factor, slack = (FACTOR_WARM, SLACK_WARM_S) if warm else (FACTOR, SLACK_S)
+    factor = FACTOR_WARM if warm else FACTOR
     for k, ceiling in out.items():
         xs = learnt.samples.get(k)
         if xs:
-            out[k] = min(ceiling, max(MIN_S, math.ceil(factor * statistics.median_low(xs) + slack)))
+            out[k] = min(ceiling, max(MIN_S, math.ceil(factor * statistics.median_low(xs) + SLACK_S)))
     return {**out, "cold": math.ceil(COLD_DEFAULT_S if learnt.cold_s is None else learnt.cold_s)}
 
 

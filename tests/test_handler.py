@@ -75,14 +75,3 @@ def test_malformed_profile_events_are_refused(change, field):
     ev = {"phase": "profile", "job": "j-1", "bucket": "stagecoach-local", **change}
     with pytest.raises(BadEvent, match=field):
         handler(ev, Ctx())
-
-
-def test_a_task_stops_waiting_for_objects_before_its_learnt_timeout_fires_even_at_one_second():
-    """A second before the Task's timeout, or a quarter of it when the gate learnt less than 4 s
-    (lambdas/timeouts.py MIN_S = 1: waiting until 0 s would fail every wait at once), and never past
-    the function's own time."""
-    assert handler_module.wait_budget(900.0, 20.0) == 19.0
-    assert handler_module.wait_budget(900.0, 4.0) == 3.0
-    assert handler_module.wait_budget(900.0, 2.0) == 1.5
-    assert handler_module.wait_budget(900.0, 1.0) == 0.75
-    assert handler_module.wait_budget(5.0, 60.0) == 4.5
