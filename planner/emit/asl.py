@@ -110,6 +110,10 @@ ABORT_CATCH = {"ErrorEquals": ["States.ALL"], "ResultPath": "$.caught", "Next": 
 # (JobSpec.write_through, or without warm state) reloads it; a warm stage whose container moved
 # on to t+1 fails with WarmStateLost, and the window restarts as before. At most REDO_LIMIT per
 # window execution, and only where they cost at most a twentieth of its history (``redo_limit``).
+# The Catch sees the task's own error name: a failed Map iteration fails its Map, and a failed
+# branch fails its Parallel, with that error, which the state's Catch matches (Step Functions
+# Developer Guide, "Parallel workflow state" and "Map state", error handling); the Abort path's
+# Failed state already reads the same name from $.caught.Error.
 REDO_ERRORS = ["ObjectLost"]
 REDO_LIMIT = 3
 REDO_SHARE = 20  # a window of n iterations redoes at most n // REDO_SHARE of them
