@@ -8,6 +8,7 @@ import pytest
 
 from stagecoach.core import keys
 from stagecoach.planner.emit import asl
+from stagecoach.planner.emit.tasks import WAIT_RETRY
 from stagecoach.planner.emit.asl_check import check_definition
 from stagecoach.planner.plan import Plan
 
@@ -100,7 +101,7 @@ def test_every_task_retries_lambda_service_errors_and_has_a_timeout():
     for t in tasks:
         # the gate's learnt timeout (lambdas/timeouts.py; the plan's 300 s its ceiling), handed on
         assert t["TimeoutSecondsPath"] == "$.timeout" and t["Parameters"]["Payload"]["timeout.$"] == "$.timeout"
-        assert t["Retry"][1] == asl.WAIT_RETRY and all("States.Timeout" not in r["ErrorEquals"] for r in t["Retry"])
+        assert t["Retry"][1] == WAIT_RETRY and all("States.Timeout" not in r["ErrorEquals"] for r in t["Retry"])
         # the retrier AWS's Step Functions guide recommends ("Handle Lambda service exceptions")
         assert {"Lambda.TooManyRequestsException", "Lambda.ClientExecutionTimeoutException"} <= set(t["Retry"][0]["ErrorEquals"])
         assert t["Retry"][0]["JitterStrategy"] == "FULL"

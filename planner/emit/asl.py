@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from stagecoach.planner.emit.tasks import KILLED_ERROR, KILLED_RETRY, LAMBDA_RETRY, WORKER_RETRY, worker_map, worker_task
 from stagecoach.planner.limits import HISTORY_MAX_EVENTS
 from stagecoach.planner.plan import Plan, worker_function
 
@@ -28,74 +29,6 @@ HISTORY_LIMIT = HISTORY_MAX_EVENTS
 # Share of the history a window may plan to use; the rest absorbs retries (each retry of a Task
 # adds TaskScheduled, TaskStarted and TaskFailed) and the window's fixed events.
 HISTORY_BUDGET = 0.8
-
-LAMBDA_RETRY = {
-    "ErrorEquals": [
-        "Lambda.ServiceException",
-        "Lambda.AWSLambdaException",
-        "Lambda.SdkClientException",
-        "Lambda.TooManyRequestsException",
-        "Lambda.ClientExecutionTimeoutException",
-    ],
-    "IntervalSeconds": 1,
-    "MaxAttempts": 4,
-    "BackoffRate": 2.0,
-    "MaxDelaySeconds": 30,
-    "JitterStrategy": "FULL",
-}
-
-# A worker that hung: the task is idempotent (same input, same bytes, same keys), so running it
-# again is safe.
-WORKER_RETRY = {
-    "ErrorEquals": ["Sandbox.Timedout", "States.Timeout"],
-    "IntervalSeconds": 1,
-    "MaxAttempts": 3,
-    "BackoffRate": 2.0,
-    "MaxDelaySeconds": 10,
-    "JitterStrategy": "FULL",
-}
-
-# A consumer that waited in vain until just before its Task's (learnt) timeout: usually its producer
-# hung and is being run again, so waiting once more is what helps; a lost object is told apart
-# (ObjectLost, lambdas/channel.py) and fails the window at once.
-WAIT_RETRY = {
-    "ErrorEquals": ["ObjectWaitTimeout"],
-    "IntervalSeconds": 1,
-    "MaxAttempts": 2,
-    "BackoffRate": 2.0,
-    "JitterStrategy": "FULL",
-}
-
-# Errors under which AWS reports a worker killed for memory, and also other deaths: an
-# out-of-memory kill has reached Step Functions as Runtime.OutOfMemory, as Runtime.ExitError
-# ("signal: killed") and as Lambda.Unknown (which also covers timeouts). Only the remediation step
-# can tell them apart (lambdas/remediate.py classify), so they are caught, not retried blindly...
-KILLED_ERRORS = ["Runtime.OutOfMemory", "Runtime.ExitError", "Lambda.Unknown"]
-# ...except the two ambiguous names, retried first: a crash is usually transient (the task is
-# idempotent), while an out-of-memory kill reported under them fails each retry at the same point
-# and is caught after the last (the price of AWS not naming it; docs/reliability.md). The gate
-# retries them with backoff; a training task runs again at once (``KILL_RETRIES``, below).
-AMBIGUOUS_KILLS = ["Runtime.ExitError", "Lambda.Unknown"]
-KILLED_RETRY = {
-    "ErrorEquals": AMBIGUOUS_KILLS,
-    "IntervalSeconds": 1,
-    "MaxAttempts": 5,
-    "BackoffRate": 2.0,
-    "MaxDelaySeconds": 8,
-    "JitterStrategy": "FULL",
-}
-
-KILLED_ERROR = "Stagecoach.WorkerKilled"
-# A killed training task runs again at once, up to this many times: its Catch loops back through a
-# Choice and a Pass that counts (``_map``), where a Retry would first wait (IntervalSeconds is at
-# least 1 s; with FULL jitter 0.5 s on average, then 1 s, 2 s...). A kill is no sign of load to
-# back off from (throttling and service errors keep their backoff), and the new invocation's cold
-# start is the wait. Five: a task killed at random with probability p fails for good with p^6
-# (30%: 0.07%, where 3 retries left 0.8%: a window restart every ~8 iterations of the demo).
-KILL_RETRIES = 5
-# ...and so does a training task that timed out: a hung invocation is no load to back off from
-# either, and a Retry's least wait (0.5 s on average) would add to every hang's timeout
-RERUN_AT_ONCE = [*AMBIGUOUS_KILLS, "States.Timeout", "Sandbox.Timedout"]
 
 # A failed phase's Catch: write the abort marker, then fail the window with the phase's own error.
 ABORT_CATCH = {"ErrorEquals": ["States.ALL"], "ResultPath": "$.caught", "Next": "Abort"}
@@ -201,103 +134,6 @@ def window_length(plan: Plan, limit: int = HISTORY_LIMIT, evals: Sequence[int] =
     return n
 
 
-def _task(phase: str, function: str | None, timeout: int | None, index_field: str) -> dict[str, Any]:
-    """A worker's Task. ``timeout`` None: the iteration gate's learnt timeout, which the Map item
-    carries (``timeout``, lambdas/timeouts.py) and the payload hands on so the worker's waits end
-    just before it."""
-    payload: dict[str, Any] = {
-        "phase": phase,
-        "job.$": "$.job",
-        "bucket.$": "$.bucket",
-        "t.$": "$.t",
-        "window_start.$": "$.window_start",
-        "attempt.$": "$.attempt",
-        "stage.$": "$.stage",
-        f"{index_field}.$": f"$.{index_field}",
-    }
-    params: dict[str, Any] = {"Payload": payload}
-    if function is None:
-        params["FunctionName.$"] = "$.fn"
-    else:
-        params["FunctionName"] = function
-    limit: dict[str, Any] = {"TimeoutSeconds": timeout}
-    retry = [dict(LAMBDA_RETRY)]  # a kill or a timeout: run again at once (``_map``'s loop)
-    if timeout is None:
-        payload["timeout.$"] = "$.timeout"
-        limit = {"TimeoutSecondsPath": "$.timeout"}
-        retry.append(dict(WAIT_RETRY))
-    return {
-        "Type": "Task",
-        "Resource": "arn:aws:states:::lambda:invoke",
-        "Parameters": params,
-        **limit,
-        "Retry": retry,
-        "ResultPath": None,
-        "End": True,
-    }
-
-
-def _map(name: str, items_path: str, selector: dict[str, Any], task: dict[str, Any], nxt: str | None) -> dict[str, Any]:
-    item = {
-        "job.$": "$.job",
-        "bucket.$": "$.bucket",
-        "t.$": "$.t",
-        "window_start.$": "$.window_start",
-        "attempt.$": "$.attempt",
-        **selector,
-    }
-    # what the kill loop's Pass carries of an item's state (a Pass's Parameters replace it all)
-    carried = {(k if k.endswith(".$") else k + ".$"): "$." + k.removesuffix(".$") for k in item}
-    if "timeout.$" in item:  # the gate's learnt timeout: a re-run, likely cold, gets ``cold`` more
-        item["cold.$"] = "$.gate.timeouts.cold"
-        carried.update({"cold.$": "$.cold", "timeout.$": "States.MathAdd($.timeout, $.cold)"})
-    state: dict[str, Any] = {
-        "Type": "Map",
-        "ItemsPath": items_path,
-        "ItemSelector": {**item, "kills": 0},
-        "MaxConcurrency": 0,  # every worker of a phase runs at once (they wait on each other)
-        "ItemProcessor": {
-            "ProcessorConfig": {"Mode": "INLINE"},
-            "StartAt": f"{name}Task",
-            "States": {
-                f"{name}Task": {
-                    **task,
-                    "Catch": [
-                        {"ErrorEquals": list(RERUN_AT_ONCE), "ResultPath": "$.caught", "Next": f"{name}Again?"},
-                        {
-                            "ErrorEquals": [e for e in KILLED_ERRORS if e not in AMBIGUOUS_KILLS],
-                            "ResultPath": "$.caught",
-                            "Next": f"{name}Killed",
-                        },
-                    ],
-                },
-                # a killed or timed-out task runs again at once (KILL_RETRIES), then counts as
-                # killed (the remediation tells a timeout from a kill for memory by its name)
-                f"{name}Again?": {
-                    "Type": "Choice",
-                    "Choices": [{"Variable": "$.kills", "NumericLessThan": KILL_RETRIES, "Next": f"{name}Again"}],
-                    "Default": f"{name}Killed",
-                },
-                f"{name}Again": {"Type": "Pass", "Parameters": {**carried, "kills.$": "States.MathAdd($.kills, 1)"}, "Next": f"{name}Task"},
-                # name the stage in the failure, so the job state machine's remediation knows whose
-                # memory to raise if the kill was for memory
-                f"{name}Killed": {
-                    "Type": "Pass",
-                    "Parameters": {"stage.$": "$.stage", "error.$": "$.caught.Error", "cause.$": "$.caught.Cause"},
-                    "Next": f"{name}Failed",
-                },
-                f"{name}Failed": {"Type": "Fail", "Error": KILLED_ERROR, "CausePath": "States.JsonToString($)"},
-            },
-        },
-        "ResultPath": None,
-    }
-    if nxt is None:
-        state["End"] = True
-    else:
-        state["Next"] = nxt
-    return state
-
-
 # A worker's function by (stage, kind, index): kind "r" a replica, "k" a sync shard (plan.worker_function).
 FunctionOf = Callable[[int, str, int], str]
 
@@ -400,7 +236,7 @@ def _gate_states(plan: Plan, gate_function: str) -> dict[str, Any]:
 def _forward_state(plan: Plan, redos: int) -> dict[str, Any]:
     """Forward: one Map over every worker of every stage but the last (whose forward runs in its
     backward task), each item naming its function; under the gate's learnt timeout for it."""
-    state = _map(
+    state = worker_map(
         "Forward",
         "$.fw",
         {
@@ -409,7 +245,7 @@ def _forward_state(plan: Plan, redos: int) -> dict[str, Any]:
             "fn.$": "$$.Map.Item.Value.fn",
             "timeout.$": "$.gate.timeouts.f",
         },
-        _task("forward", None, None, "replica"),
+        worker_task("forward", None, None, "replica"),
         "BackwardSync",
     )
     state["Catch"] = _phase_catch(redos)
@@ -460,19 +296,19 @@ def _stage_branch(plan: Plan, s: int, function: str, per_worker: bool) -> dict[s
     stage_fn = None if per_worker else function
     # the gate's learnt timeouts (lambdas/timeouts.py), one per Map
     bw_sel["timeout.$"], sy_sel["timeout.$"] = f"$.gate.timeouts.b{s}", f"$.gate.timeouts.s{s}"
-    stage_states[f"Backward{s}"] = _map(
+    stage_states[f"Backward{s}"] = worker_map(
         f"Backward{s}",
         bw_items,
         bw_sel,
-        _task("backward", stage_fn, None, "replica"),
+        worker_task("backward", stage_fn, None, "replica"),
         f"Sync{s}" if has_sync else None,
     )
     if has_sync:
-        stage_states[f"Sync{s}"] = _map(
+        stage_states[f"Sync{s}"] = worker_map(
             f"Sync{s}",
             f"$.shards.s{s}",
             sy_sel,
-            _task("sync", stage_fn, None, "shard"),
+            worker_task("sync", stage_fn, None, "shard"),
             None,
         )
     return {"StartAt": f"Backward{s}", "States": stage_states}
@@ -541,11 +377,11 @@ def _after_iteration_states(plan: Plan, carry: dict[str, Any], evals: Sequence[i
     for i, (name, phase, versions, items, _) in enumerate(chain):
         nxt = f"{chain[i + 1][0]}Due" if i + 1 < len(chain) else "Gate"
         states.update(_due_states(name, versions, carry, nxt))
-        states[name] = _map(
+        states[name] = worker_map(
             name,
             items,
             {"stage.$": "$$.Map.Item.Value.stage", "replica.$": "$$.Map.Item.Value.replica", "fn.$": "$$.Map.Item.Value.fn"},
-            _task(phase, None, long_timeout, "replica"),
+            worker_task(phase, None, long_timeout, "replica"),
             nxt,
         )
         states[name]["Catch"] = [dict(ABORT_CATCH)]
