@@ -15,9 +15,15 @@ LAMBDA_MAX_TIMEOUT_S = 900
 # Lambda's default concurrent executions per Region; new accounts may have less
 # (https://docs.aws.amazon.com/lambda/latest/dg/lambda-concurrency.html)
 LAMBDA_ACCOUNT_CONCURRENCY = 1_000
-# Step Functions: an inline Map runs at most 40 iterations at once, which bounds the workers of one
-# phase (https://docs.aws.amazon.com/step-functions/latest/dg/state-map-inline.html)
+# Step Functions: an inline Map runs at most 40 iterations at once
+# (https://docs.aws.amazon.com/step-functions/latest/dg/state-map-inline.html)
 INLINE_MAP_MAX_CONCURRENCY = 40
+# So a Map of a phase with more tasks runs them in groups of at most GROUP_SIZE, each group a child
+# execution (states:startExecution.sync:2) of the job's group state machine, started by an inline
+# Map of its own: AWS's sample for thousands of parallel tasks does the same
+# (aws-samples/app-decompose-for-parallelism). One Map thus runs at most MAP_MAX_TASKS tasks at once.
+GROUP_SIZE = INLINE_MAP_MAX_CONCURRENCY
+MAP_MAX_TASKS = INLINE_MAP_MAX_CONCURRENCY * GROUP_SIZE
 # Step Functions quotas (https://docs.aws.amazon.com/step-functions/latest/dg/service-quotas.html):
 # events in one execution's history, and the bytes of an execution's input (StartExecution)
 HISTORY_MAX_EVENTS = 25_000
@@ -29,6 +35,32 @@ S3_PUT_PER_PREFIX_PER_S = 3_500
 # The GETs per second one job's waiting workers may make between them, whatever its size: well under
 # the per-prefix rate (a new bucket's keys of one job may share a partition until S3 splits it).
 JOB_POLL_BUDGET_PER_S = 1_000
+
+
+def map_groups(tasks: int) -> int:
+    """The child executions a Map of ``tasks`` runs them in: none (the tasks run in the window's
+    own inline Map) up to GROUP_SIZE, else groups of at most GROUP_SIZE."""
+    return 0 if tasks <= GROUP_SIZE else -(-tasks // GROUP_SIZE)
+
+
+# A group's child execution enters three states besides its tasks: Items (Pass), Kind? (Choice)
+# and its Map (planner/emit/groups.py group_definition).
+GROUP_TRANSITIONS = 3
+
+
+def map_transitions(tasks: int) -> int:
+    """State transitions (Standard's billing unit) of a phase Map of ``tasks``, fault-free: the
+    Map and a Task per task; in groups also a Task per group (startExecution.sync:2) and each
+    child's own states."""
+    g = map_groups(tasks)
+    return 1 + tasks + g * (1 + GROUP_TRANSITIONS)
+
+
+def concurrency_needed(peak: int) -> int:
+    """The concurrent executions a plan whose phases run ``peak`` invocations at once needs: every
+    worker of a phase runs at once (they wait for each other), a restarted window's new tasks start
+    while the failed one's wind down (twice the peak), and the remediation step runs beside them."""
+    return 2 * peak + 1
 
 
 def fits_lambda_timeout(seconds: float, safety: float) -> bool:

@@ -17,10 +17,12 @@ from typing import Any
 
 from stagecoach.errors import StagecoachError
 from stagecoach.planner.limits import (
+    GROUP_SIZE,
     INLINE_MAP_MAX_CONCURRENCY,
     LAMBDA_MAX_MB,
     LAMBDA_MAX_TIMEOUT_S,
     LAMBDA_MIN_MB,
+    MAP_MAX_TASKS,
     fits_lambda_timeout,
     timeout_refusal,
 )
@@ -185,9 +187,9 @@ class Plan:
         The checks run in this order, so a plan with several faults names the first of them."""
         self._check_balance(layers)
         self._check_batch()
-        self._check_concurrency()
         self._check_per_stage_lengths()
         self._check_sync()
+        self._check_concurrency()  # after the per-stage settings sync_tasks reads
         self._check_memory()
         self._check_prediction()
         self._check_timeouts()
@@ -219,12 +221,18 @@ class Plan:
             )
 
     def _check_concurrency(self) -> None:
-        """Every worker of a phase runs at once, within one inline Map state's concurrency."""
-        if (self.stages - 1) * self.replicas > INLINE_MAP_MAX_CONCURRENCY or self.replicas > INLINE_MAP_MAX_CONCURRENCY:
+        """Every worker of a phase runs at once: one stage's Map, of its replicas or its sync shards,
+        runs at most MAP_MAX_TASKS tasks at once (groups of child executions, planner/limits.py);
+        the account's concurrency is checked before launch (deploy/start.py check_concurrency)."""
+        if self.stages > INLINE_MAP_MAX_CONCURRENCY:  # the Checkpoint Map runs a task per stage
             raise PlanError(
-                f"{self.stages} stages x {self.replicas} replicas need more than "
-                f"{INLINE_MAP_MAX_CONCURRENCY} concurrent tasks in one inline Map state, and every worker "
-                "of a phase must run at once: use fewer stages or replicas"
+                f"{self.stages} stages exceed the {INLINE_MAP_MAX_CONCURRENCY} tasks one inline Map runs at once: use fewer stages"
+            )
+        widest = max([self.replicas, *(self.sync_tasks(s) for s in range(self.stages))])
+        if widest > MAP_MAX_TASKS:
+            raise PlanError(
+                f"{widest} workers in one stage's phase exceed the {MAP_MAX_TASKS} tasks a Map runs at once "
+                f"({INLINE_MAP_MAX_CONCURRENCY} child executions of {GROUP_SIZE}): use fewer replicas"
             )
 
     def _check_per_stage_lengths(self) -> None:

@@ -132,19 +132,6 @@ def _task_counts(plan: Plan) -> list[tuple[str, int]]:
     return out
 
 
-def phase_transitions(plan: Plan) -> dict[str, int]:
-    """Per phase, the state transitions of one fault-free iteration (asl.transitions_per_iteration)."""
-    s, d = plan.stages, plan.replicas
-    out = {
-        "forward": (1 + (s - 1) * d) if s > 1 else 0,
-        "backward": 1 + s * (1 + d),
-        "sync": sum(1 + plan.sync_tasks(st) for st in range(s) if plan.sync_tasks(st)),
-        "orchestration": asl.TRANSITIONS_ITERATION_BOOKKEEPING,
-    }
-    assert sum(out.values()) == asl.transitions_per_iteration(plan)
-    return out
-
-
 def pass_usage(plan: Plan, p: PassEstimate, passes: int = 1) -> Usage:
     """``passes`` evaluate or checkpoint passes (planner/model/passes.py) as billed: their tasks'
     seconds at their stage's memory, an invocation and a metrics PUT per task, their Maps' transitions."""
@@ -182,7 +169,7 @@ def predict(
         "sync": sum(plan.sync_tasks(s) * estimate.stage_sync_s[s] * per_s[s] for s in range(S)),
     }
     inv = {"forward": (S - 1) * d, "backward": S * d, "sync": sum(plan.sync_tasks(s) for s in range(S))}
-    tr = phase_transitions(plan)
+    tr = asl.phase_transitions(plan)
     n = iterations
     # each task also PUTs its metrics object (lambdas/handler.py), which the model's requests leave out
     phases = {
@@ -215,35 +202,39 @@ def predict(
 # -- measured --------------------------------------------------------------------------------------
 def state_phase(name: str) -> str:
     """The phase a state of the window state machine belongs to (planner/emit/asl.py names)."""
-    if name.startswith("Forward"):
-        return "forward"
-    if name.startswith("Backward"):  # BackwardSync, Backward{s}, Backward{s}Task, ...
-        return "backward"
-    if name.startswith("Sync"):
-        return "sync"
-    if name in (
-        "Evaluate",
-        "EvaluateTask",
-        "EvaluateAgain?",
-        "EvaluateAgain",
-        "EvaluateKilled",
-        "EvaluateFailed",
-    ):  # Due/Choice: bookkeeping
-        return "evaluate"
-    if name in ("Checkpoint", "CheckpointTask", "CheckpointAgain?", "CheckpointAgain", "CheckpointKilled", "CheckpointFailed"):
-        return "checkpoint"
+    for prefix, phase in (("Forward", "forward"), ("Backward", "backward"), ("Sync", "sync")):
+        if name.startswith(prefix):  # BackwardSync, Backward{s}, Backward{s}Task, Forward{s}Group, ...
+            return phase
+    for prefix, phase in (("Evaluate", "evaluate"), ("Checkpoint", "checkpoint")):
+        if name.startswith(prefix) and name not in (f"{prefix}Due", f"{prefix}Choice"):  # Due/Choice: bookkeeping
+            return phase
     return "orchestration"
 
 
+def _group_phase(event: Mapping[str, Any]) -> str | None:
+    """The phase a group's child execution runs (planner/emit/groups.py: its input names it), from
+    its ExecutionStarted event; None for any other execution."""
+    try:
+        given = json.loads(event.get("executionStartedEventDetails", {}).get("input") or "{}")
+    except ValueError:
+        return None
+    phase = given.get("phase") if isinstance(given, dict) and "first" in given and "last" in given else None
+    return phase if phase in PHASES else None
+
+
 def history_usage(events: Iterable[Mapping[str, Any]]) -> dict[str, Usage]:
-    """From one execution's history: state transitions per phase (one per state entered, one per
-    retry of a Task), and the iteration gates' own invocations and work (their output)."""
+    """From execution histories (one after the other, each from its ExecutionStarted): state
+    transitions per phase (one per state entered, one per retry of a Task; all of a group's child
+    execution count to the phase it runs), and the iteration gates' own invocations and work."""
     out: dict[str, Usage] = {}
     entered_tasks = scheduled = 0
+    group: str | None = None
     for ev in events:
         kind = ev.get("type", "")
-        if kind.endswith("StateEntered"):
-            phase = state_phase(ev.get("stateEnteredEventDetails", {}).get("name", ""))
+        if kind == "ExecutionStarted":
+            group = _group_phase(ev)
+        elif kind.endswith("StateEntered"):
+            phase = group or state_phase(ev.get("stateEnteredEventDetails", {}).get("name", ""))
             out[phase] = out.get(phase, Usage()) + Usage(transitions=1)
             entered_tasks += kind == "TaskStateEntered"
         elif kind == "TaskScheduled":

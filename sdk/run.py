@@ -202,20 +202,29 @@ class Run:
 
     # -- history ---------------------------------------------------------------------------------
     def window_executions(self) -> list[str]:
-        arns: list[str] = []
         window = self.spec().window_state_machine
-        if window is None:  # a profiling job: no windows
-            return arns
-        paginator = self._c.sfn.get_paginator("list_executions")
-        for page in paginator.paginate(stateMachineArn=window):
-            arns += [e["executionArn"] for e in page["executions"]]
+        return [] if window is None else self._executions_of(window)  # a profiling job: no windows
+
+    def group_executions(self) -> list[str]:
+        """The child executions of the groups of a phase past 40 workers (planner/emit/groups.py)."""
+        window = self.spec().window_state_machine
+        return [] if window is None else self._executions_of(window.removesuffix("-window") + "-group")
+
+    def _executions_of(self, state_machine: str) -> list[str]:
+        arns: list[str] = []
+        try:
+            for page in self._c.sfn.get_paginator("list_executions").paginate(stateMachineArn=state_machine):
+                arns += [e["executionArn"] for e in page["executions"]]
+        except self._c.sfn.exceptions.StateMachineDoesNotExist:  # a plan without groups has no group machine
+            pass
         return arns
 
     def history(self, windows: bool = False, execution_arn: str | None = None) -> list[dict[str, Any]]:
-        """Events of the job execution (paged); with ``windows``, of every window execution too."""
+        """Events of the job execution (paged); with ``windows``, of every window execution and
+        group execution too."""
         arns = [execution_arn] if execution_arn else self.executions()
         if windows and not execution_arn:
-            arns += self.window_executions()
+            arns += self.window_executions() + self.group_executions()
         events: list[dict[str, Any]] = []
         for arn in arns:
             paginator = self._c.sfn.get_paginator("get_execution_history")

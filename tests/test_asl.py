@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from stagecoach.core import keys
-from stagecoach.planner.emit import asl
+from stagecoach.planner.emit import asl, groups
 from stagecoach.planner.emit.tasks import WAIT_RETRY
 from stagecoach.planner.emit.asl_check import check_definition
 from stagecoach.planner.plan import Plan
@@ -29,6 +29,14 @@ def definitions():
         out[f"window-{p.stages}x{p.replicas}"] = asl.window_definition(
             p, [f"fn-s{s}" for s in range(p.stages)], abort_key_format=keys.WINDOW_ABORT
         )
+    # past 40 workers a phase runs in groups of child executions (planner/emit/groups.py)
+    wide = Plan(balance=[1, 1], replicas=100, micro_batches=1, global_batch=100)
+    group_arn = "arn:aws:states:us-east-1:123456789012:stateMachine:sc-j-0123abcd-group"
+    for per_worker in (False, True):
+        out[f"window-2x100-{per_worker}"] = asl.window_definition(
+            wide, ["fn-s0", "fn-s1"], per_worker, evals=[2], saves=[3], abort_key_format=keys.WINDOW_ABORT, group_arn=group_arn
+        )
+        out[f"group-{per_worker}"] = groups.group_definition(per_worker)
     return out
 
 
@@ -97,7 +105,7 @@ def test_every_task_retries_lambda_service_errors_and_has_a_timeout():
     tasks.remove(gate)  # the iteration gate: no task of the window runs while it does
     assert gate["TimeoutSeconds"] == asl.GATE_TIMEOUT_S and gate["Retry"][0] == asl.LAMBDA_RETRY
     assert gate["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.caught", "Next": "Failed"}]
-    assert len(tasks) == 1 + 3 * 2  # forward, and backward + sync per stage
+    assert len(tasks) == 2 + 3 * 2  # forward per stage but the last, and backward + sync per stage
     for t in tasks:
         # the gate's learnt timeout (lambdas/timeouts.py; the plan's 300 s its ceiling), handed on
         assert t["TimeoutSecondsPath"] == "$.timeout" and t["Parameters"]["Payload"]["timeout.$"] == "$.timeout"

@@ -22,8 +22,8 @@ GB_S, REQUEST, TRANSITION, PUT, GET = 0.0000166667, 0.20 / 1e6, 0.025 / 1000, 0.
 PRICES = {"gb_s": GB_S, "request": REQUEST, "transition": TRANSITION, "put": PUT, "get": GET, "as_of": "test"}
 # 2 stages x 2 replicas, scatter-reduce: 2 forward, 4 backward, 4 sync tasks per iteration
 PLAN = Plan(balance=[1, 1], replicas=2, micro_batches=1, global_batch=4, memory_mb=[1024, 2048])
-# Gate, Go?, Advance; Forward Map + 2 items; Parallel; 2 x (Backward Map + 2); 2 x (Sync Map + 2)
-TRANSITIONS_PER_ITERATION = 3 + 3 + 1 + 6 + 6
+# Gate, Go?, Advance; Forward Parallel + stage 0's Map + 2 items; Parallel; 2 x (Backward Map + 2); 2 x (Sync Map + 2)
+TRANSITIONS_PER_ITERATION = 3 + 4 + 1 + 6 + 6
 
 
 @pytest.fixture(autouse=True)

@@ -121,12 +121,12 @@ def test_every_training_map_takes_its_timeout_from_the_gate_and_evaluate_and_che
     d = asl.window_definition(plan, ["a", "b", "c"], abort_key_format=keys.WINDOW_ABORT, evals=[1], saves=[1])
     st = d["States"]
     assert st["Gate"]["ResultSelector"]["timeouts.$"] == "$.Payload.timeouts"
-    maps = {"Forward": st["Forward"]}
-    for b in st["BackwardSync"]["Branches"]:
+    maps = {}
+    for b in [*st["Forward"]["Branches"], *st["BackwardSync"]["Branches"]]:
         maps.update({k: v for k, v in b["States"].items() if v["Type"] == "Map"})
-    assert sorted(maps) == ["Backward0", "Backward1", "Backward2", "Forward", "Sync0", "Sync1", "Sync2"]
+    assert sorted(maps) == ["Backward0", "Backward1", "Backward2", "Forward0", "Forward1", "Sync0", "Sync1", "Sync2"]
     for name, m in maps.items():
-        key = "f" if name == "Forward" else name[0].lower() + name[-1]
+        key = "f" if name.startswith("Forward") else name[0].lower() + name[-1]
         assert m["ItemSelector"]["timeout.$"] == f"$.gate.timeouts.{key}"
         assert m["ItemProcessor"]["States"][f"{name}Task"]["TimeoutSecondsPath"] == "$.timeout"
         # a re-run (after a kill or a timeout) gets the gate's ``cold`` seconds more each time
@@ -134,8 +134,9 @@ def test_every_training_map_takes_its_timeout_from_the_gate_and_evaluate_and_che
         again = m["ItemProcessor"]["States"][f"{name}Again"]["Parameters"]
         assert again["timeout.$"] == "States.MathAdd($.timeout, $.cold)" and again["cold.$"] == "$.cold"
     assert set(timeouts.planned(plan)) == {"f", "b0", "b1", "b2", "s0", "s1", "s2"}
-    for name in ("Evaluate", "Checkpoint"):
-        task = st[name]["ItemProcessor"]["States"][f"{name}Task"]
+    evaluate = [b["States"][f"Evaluate{s}"] for s, b in enumerate(st["Evaluate"]["Branches"])]
+    for name, m in [("Checkpoint", st["Checkpoint"]), *((f"Evaluate{s}", e) for s, e in enumerate(evaluate))]:
+        task = m["ItemProcessor"]["States"][f"{name}Task"]
         assert (
             task["TimeoutSeconds"] == max(plan.function_timeout_s(s) for s in range(3)) and "timeout.$" not in task["Parameters"]["Payload"]
         )

@@ -237,7 +237,7 @@ def test_a_lost_activation_is_recognised_within_seconds_and_its_iteration_runs_a
         assert window_statuses(r) == ["SUCCEEDED"]
         history = r.history(execution_arn=r.window_executions()[0])
         redo = [e for e in history if e["type"] == "PassStateEntered" and e["stateEnteredEventDetails"]["name"] == "Redo"]
-        forwards = [e for e in history if e["type"] == "MapStateEntered" and e["stateEnteredEventDetails"]["name"] == "Forward"]
+        forwards = [e for e in history if e["type"] == "ParallelStateEntered" and e["stateEnteredEventDetails"]["name"] == "Forward"]
         assert len(redo) == 1 and len(forwards) == 3 + 1, "iterations 0, 1, 2 and iteration 0 again"
         lost = next(e for e in history if (e.get("taskFailedEventDetails") or {}).get("error") == "ObjectLost")
         started = next(e for e in history if e["type"] == "MapStateEntered")

@@ -22,7 +22,9 @@ def test_round_trip_and_derived_fields():
         (dict(balance=[2, "x"]), "integer"),
         (dict(balance=[2], replicas=0), "replicas"),
         (dict(balance=[2], replicas=2, micro_batches=3, global_batch=16), "not divisible"),
-        (dict(balance=[1] * 6, replicas=9, global_batch=9), "concurrent tasks"),
+        # a stage's Map runs at most 40 groups of 40 tasks at once (planner/emit/groups.py)
+        (dict(balance=[1] * 2, replicas=1601, global_batch=1601), "1601 workers in one stage's phase exceed the 1600 tasks"),
+        (dict(balance=[1] * 41, replicas=1, global_batch=1), "41 stages exceed the 40 tasks one inline Map"),
         (dict(balance=[2], memory_mb=[20000]), "128-10240 MB"),
         (dict(balance=[2, 2], memory_mb=[1024]), "one per stage"),
         (dict(balance=[2], sync="magic"), "unknown"),

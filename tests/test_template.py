@@ -393,9 +393,25 @@ def test_roles_grant_what_the_state_machines_call(template):
             assert needs[r] <= granted, (role, r, needs[r] - granted)
 
 
-def test_window_role_invokes_only_stack_functions_and_writes_only_abort_markers(template):
+def test_window_role_invokes_only_stack_functions_writes_only_abort_markers_and_starts_only_groups(template):
     got = allowed(role_statements(template, "WindowStatesRole"))
-    assert {a for a, _ in got} == {"lambda:InvokeFunction", "s3:PutObject"}
+    sync = {
+        "states:StartExecution",
+        "states:DescribeExecution",
+        "states:StopExecution",
+        "events:PutTargets",
+        "events:PutRule",
+        "events:DescribeRule",
+    }
+    assert {a for a, _ in got} == {"lambda:InvokeFunction", "s3:PutObject"} | sync
+    # a phase past 40 workers runs its groups as child executions of the job's group machine
+    # (planner/emit/groups.py), and of nothing else: not the windows, not the job machine
+    states = "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}"
+    assert {r for a, r in got if a == "states:StartExecution"} == {f"{states}:stateMachine:${{AWS::StackName}}-*-group"}
+    for a in ("states:DescribeExecution", "states:StopExecution"):
+        assert {r for a2, r in got if a2 == a} == {f"{states}:execution:${{AWS::StackName}}-*-group:*"}
+    rule = "arn:${AWS::Partition}:events:${AWS::Region}:${AWS::AccountId}:rule/StepFunctionsGetEventsForStepFunctionsExecutionRule"
+    assert {r for a, r in got if a.startswith("events:")} == {rule}
     assert {r for a, r in got if a == "lambda:InvokeFunction"} == {
         "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*",
         "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-*-s*:*",

@@ -19,10 +19,12 @@ limit; the emitter sizes the windows for that (``window_length``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from stagecoach.planner.emit.groups import group_bounds, grouped_map
 from stagecoach.planner.emit.tasks import KILLED_ERROR, KILLED_RETRY, LAMBDA_RETRY, WORKER_RETRY, worker_map, worker_task
-from stagecoach.planner.limits import HISTORY_MAX_EVENTS
+from stagecoach.planner.limits import GROUP_SIZE, HISTORY_MAX_EVENTS, map_groups, map_transitions
 from stagecoach.planner.plan import Plan, worker_function
 
 HISTORY_LIMIT = HISTORY_MAX_EVENTS
@@ -77,34 +79,48 @@ TRANSITIONS_JOB_FIXED = 2
 TRANSITIONS_DUE_CHECK = 2
 
 
+# a group's start Task (states:startExecution.sync:2): TaskStateEntered, TaskScheduled, TaskStarted,
+# TaskSubmitted, TaskSucceeded, TaskStateExited (../shared/facts.md; the child's events are its own)
+EV_GROUP_TASK = 6
+
+
 def _map_events(items: int) -> int:
-    return EV_MAP + items * (EV_MAP_ITEM + EV_TASK)
+    """A phase Map's events in the window's history: per task, or per group (its child's tasks
+    add their events to the child's own history)."""
+    g = map_groups(items)
+    return EV_MAP + (g * (EV_MAP_ITEM + EV_GROUP_TASK) if g else items * (EV_MAP_ITEM + EV_TASK))
+
+
+def phase_transitions(plan: Plan) -> dict[str, int]:
+    """Per phase, the state transitions of one fault-free iteration: Forward (a Parallel of a Map
+    per stage but the last), BackwardSync (the Parallel and each stage's backward Map), the sync
+    Maps, and the bookkeeping (Gate, Go?, Advance); each Map's as limits.map_transitions."""
+    s, d = plan.stages, plan.replicas
+    return {
+        "forward": (1 + (s - 1) * map_transitions(d)) if s > 1 else 0,
+        "backward": 1 + s * map_transitions(d),
+        "sync": sum(map_transitions(plan.sync_tasks(st)) for st in range(s) if plan.sync_tasks(st)),
+        "orchestration": TRANSITIONS_ITERATION_BOOKKEEPING,
+    }
 
 
 def transitions_per_iteration(plan: Plan) -> int:
-    """State transitions of one fault-free iteration: the bookkeeping, the forward Map and its
-    tasks, the Parallel, every backward and sync Map and their tasks (the states
+    """State transitions of one fault-free iteration (``phase_transitions``, the states
     ``events_per_iteration`` counts the events of)."""
-    s, d = plan.stages, plan.replicas
-    n = TRANSITIONS_ITERATION_BOOKKEEPING + 1  # + the Parallel
-    if s > 1:
-        n += 1 + (s - 1) * d
-    n += s * (1 + d)
-    n += sum(1 + plan.sync_tasks(st) for st in range(s) if plan.sync_tasks(st))
-    return n
+    return sum(phase_transitions(plan).values())
 
 
 def events_per_iteration(plan: Plan, evals: Sequence[int] = (), saves: Sequence[int] = ()) -> int:
     """History events one fault-free iteration adds to a window execution (with ``evals`` and
-    ``saves``: the checks, and an Evaluate and a Checkpoint Map in every iteration, as a bound)."""
+    ``saves``: the checks, and an Evaluate and a Checkpoint in every iteration, as a bound)."""
     s, d = plan.stages, plan.replicas
     n = EV_TASK + EV_PASS  # Gate (Task), Go? (Choice)
     if evals:
-        n += 2 * EV_PASS + _map_events(s * d)  # EvaluateDue (Pass), EvaluateChoice, Evaluate
+        n += 2 * EV_PASS + EV_PARALLEL + s * _map_events(d)  # EvaluateDue (Pass), EvaluateChoice, Evaluate
     if saves:
         n += 2 * EV_PASS + _map_events(s)  # CheckpointDue, CheckpointChoice, Checkpoint
     if s > 1:
-        n += _map_events((s - 1) * d)  # Forward
+        n += EV_PARALLEL + (s - 1) * _map_events(d)  # Forward
     n += EV_PARALLEL + s * _map_events(d)  # backward Maps
     n += sum(_map_events(plan.sync_tasks(st)) for st in range(s) if plan.sync_tasks(st))  # sync Maps
     n += EV_PASS  # Next
@@ -148,12 +164,36 @@ def _function_of(functions: Sequence[str], per_worker: bool) -> FunctionOf:
     return fn
 
 
+def _item_lists(plan: Plan, fn: FunctionOf, per_worker: bool) -> dict[str, Any]:
+    """The Maps' items, computed once in Init so the iterations' states only point at them: the
+    replicas (``ranks``; with ``per_worker`` per stage, each naming its function, ``bw``) and each
+    stage's sync shards, for a Map of at most GROUP_SIZE tasks; for a larger one only its groups'
+    bounds (``groups``: ``r`` the replicas, ``k{s}`` stage s's shards; planner/emit/groups.py)."""
+    s_count, d = plan.stages, plan.replicas
+    lists: dict[str, Any] = {}
+    groups: dict[str, Any] = {}
+    if map_groups(d):
+        groups["r"] = group_bounds(d)
+    else:
+        lists["ranks"] = list(range(d))
+        if per_worker:
+            lists["bw"] = {f"s{st}": [{"replica": r, "fn": fn(st, "r", r)} for r in range(d)] for st in range(s_count)}
+    shards: dict[str, Any] = {}
+    for st in range(s_count):
+        k = plan.sync_tasks(st)
+        if map_groups(k):
+            groups[f"k{st}"] = group_bounds(k)
+        else:
+            shards[f"s{st}"] = [{"shard": i, "fn": fn(st, "k", i)} for i in range(k)] if per_worker else list(range(k))
+    lists["shards"] = shards
+    if groups:
+        lists["groups"] = groups
+    return lists
+
+
 def _init_state(plan: Plan, fn: FunctionOf, per_worker: bool, evals: Sequence[int], saves: Sequence[int]) -> dict[str, Any]:
-    """Init: the window's position, and every Map's items, computed once here so the iterations'
-    states only point at them (with ``per_worker``, each item names its function)."""
-    s_count, ranks = plan.stages, list(range(plan.replicas))
-    fw_items = [{"stage": s, "replica": r, "fn": fn(s, "r", r)} for s in range(s_count - 1) for r in ranks]
-    ev_items = [{"stage": s, "replica": r, "fn": fn(s, "r", r)} for s in range(s_count) for r in ranks]
+    """Init: the window's position, and every Map's items (``_item_lists``)."""
+    s_count = plan.stages
     return {
         "Type": "Pass",
         "Parameters": {
@@ -168,21 +208,13 @@ def _init_state(plan: Plan, fn: FunctionOf, per_worker: bool, evals: Sequence[in
             # this attempt's execution name: the key of its abort marker (restarts get their own)
             "attempt.$": "$$.Execution.Name",
             "redo": 0,  # iterations run again after a lost object (Redo)
-            "ranks": ranks,
-            "shards": {
-                f"s{st}": [{"shard": k, "fn": fn(st, "k", k)} for k in range(plan.sync_tasks(st))]
-                if per_worker
-                else list(range(plan.sync_tasks(st)))
-                for st in range(s_count)
-            },
-            "fw": fw_items,
-            **({"evals": sorted(set(evals)), "ev": ev_items} if evals else {}),
+            **_item_lists(plan, fn, per_worker),
+            **({"evals": sorted(set(evals))} if evals else {}),
             **(
                 {"saves": sorted(set(saves)), "sv": [{"stage": st, "replica": 0, "fn": fn(st, "r", 0)} for st in range(s_count)]}
                 if saves
                 else {}
             ),
-            **({"bw": {f"s{st}": [{"replica": r, "fn": fn(st, "r", r)} for r in ranks] for st in range(s_count)}} if per_worker else {}),
         },
         "Next": "Gate",
     }
@@ -233,22 +265,67 @@ def _gate_states(plan: Plan, gate_function: str) -> dict[str, Any]:
     }
 
 
-def _forward_state(plan: Plan, redos: int) -> dict[str, Any]:
-    """Forward: one Map over every worker of every stage but the last (whose forward runs in its
-    backward task), each item naming its function; under the gate's learnt timeout for it."""
-    state = worker_map(
-        "Forward",
-        "$.fw",
-        {
-            "stage.$": "$$.Map.Item.Value.stage",
-            "replica.$": "$$.Map.Item.Value.replica",
-            "fn.$": "$$.Map.Item.Value.fn",
-            "timeout.$": "$.gate.timeouts.f",
-        },
-        worker_task("forward", None, None, "replica"),
-        "BackwardSync",
-    )
-    state["Catch"] = _phase_catch(redos)
+@dataclass(frozen=True)
+class _Maps:
+    """Builds a stage's phase Maps: inline up to GROUP_SIZE tasks, else over groups of child
+    executions of ``group_arn`` (planner/emit/groups.py)."""
+
+    plan: Plan
+    functions: Sequence[str]
+    per_worker: bool
+    group_arn: str | None
+
+    def _arn(self) -> str:
+        if self.group_arn is None:
+            raise ValueError(f"a phase of more than {GROUP_SIZE} tasks runs in groups: pass the group state machine's ARN")
+        return self.group_arn
+
+    def replicas(self, name: str, s: int, phase: str, timeout: str | int, nxt: str | None) -> dict[str, Any]:
+        """Stage ``s``'s replicas running ``phase``; ``timeout``: the gate's learnt one (a path) or fixed."""
+        if map_groups(self.plan.replicas):
+            return grouped_map(name, s, phase, self.functions[s], "$.groups.r", timeout, nxt, self._arn())
+        fn: str | None = None
+        if self.per_worker:  # each item names its function
+            items, sel = f"$.bw.s{s}", {"stage": s, "replica.$": "$$.Map.Item.Value.replica", "fn.$": "$$.Map.Item.Value.fn"}
+        else:
+            items, sel, fn = "$.ranks", {"stage": s, "replica.$": "$$.Map.Item.Value"}, self.functions[s]
+        return worker_map(name, items, _timed(sel, timeout), worker_task(phase, fn, _fixed(timeout), "replica"), nxt)
+
+    def shards(self, name: str, s: int, nxt: str | None) -> dict[str, Any]:
+        """Stage ``s``'s sync tasks, under the gate's learnt timeout for them."""
+        timeout = f"$.gate.timeouts.s{s}"
+        if map_groups(self.plan.sync_tasks(s)):
+            return grouped_map(name, s, "sync", self.functions[s], f"$.groups.k{s}", timeout, nxt, self._arn())
+        fn: str | None = None
+        if self.per_worker:
+            sel = {"stage": s, "shard.$": "$$.Map.Item.Value.shard", "fn.$": "$$.Map.Item.Value.fn"}
+        else:
+            sel, fn = {"stage": s, "shard.$": "$$.Map.Item.Value"}, self.functions[s]
+        return worker_map(name, f"$.shards.s{s}", _timed(sel, timeout), worker_task("sync", fn, None, "shard"), nxt)
+
+    def per_stage(self, name: str, stages: int, phase: str, timeout: str | int) -> dict[str, Any]:
+        """A Parallel of one replicas Map per stage of the first ``stages`` (each stage's workers
+        in a Map of their own, so a phase reaches past one inline Map's 40 at once)."""
+        branches = [
+            {"StartAt": f"{name}{s}", "States": {f"{name}{s}": self.replicas(f"{name}{s}", s, phase, timeout, None)}} for s in range(stages)
+        ]
+        return {"Type": "Parallel", "Branches": branches, "ResultPath": None}
+
+
+def _timed(selector: dict[str, Any], timeout: str | int) -> dict[str, Any]:
+    """A Map item with the gate's learnt timeout (a path), which its Task takes through TimeoutSecondsPath."""
+    return {**selector, "timeout.$": timeout} if isinstance(timeout, str) else selector
+
+
+def _fixed(timeout: str | int) -> int | None:
+    return timeout if isinstance(timeout, int) else None
+
+
+def _forward_state(maps: _Maps, redos: int) -> dict[str, Any]:
+    """Forward: a Parallel of one Map per stage but the last (whose forward runs in its backward
+    task), under the gate's learnt timeout for the forward phase."""
+    state = maps.per_stage("Forward", maps.plan.stages - 1, "forward", "$.gate.timeouts.f")
+    state.update({"Catch": _phase_catch(redos), "Next": "BackwardSync"})
     return state
 
 
@@ -282,36 +359,15 @@ def _redo_states(plan: Plan, carry: dict[str, Any], redos: int) -> dict[str, Any
     }
 
 
-def _stage_branch(plan: Plan, s: int, function: str, per_worker: bool) -> dict[str, Any]:
+def _stage_branch(maps: _Maps, s: int) -> dict[str, Any]:
     """Stage ``s``'s branch of BackwardSync: its backward Map, then its sync Map if it has one, so
     a stage syncs as soon as its own backward pass is done, whatever the other stages do."""
-    has_sync = plan.sync_tasks(s) > 0  # d = 1 and the fused syncs (pipelined, LambdaML's) have no sync Map
-    stage_states: dict[str, Any] = {}
-    if per_worker:  # each item names its function
-        bw_items, bw_sel = f"$.bw.s{s}", {"stage": s, "replica.$": "$$.Map.Item.Value.replica", "fn.$": "$$.Map.Item.Value.fn"}
-        sy_sel = {"stage": s, "shard.$": "$$.Map.Item.Value.shard", "fn.$": "$$.Map.Item.Value.fn"}
-    else:
-        bw_items, bw_sel = "$.ranks", {"stage": s, "replica.$": "$$.Map.Item.Value"}
-        sy_sel = {"stage": s, "shard.$": "$$.Map.Item.Value"}
-    stage_fn = None if per_worker else function
+    has_sync = maps.plan.sync_tasks(s) > 0  # d = 1 and the fused syncs (pipelined, LambdaML's) have no sync Map
     # the gate's learnt timeouts (lambdas/timeouts.py), one per Map
-    bw_sel["timeout.$"], sy_sel["timeout.$"] = f"$.gate.timeouts.b{s}", f"$.gate.timeouts.s{s}"
-    stage_states[f"Backward{s}"] = worker_map(
-        f"Backward{s}",
-        bw_items,
-        bw_sel,
-        worker_task("backward", stage_fn, None, "replica"),
-        f"Sync{s}" if has_sync else None,
-    )
+    states = {f"Backward{s}": maps.replicas(f"Backward{s}", s, "backward", f"$.gate.timeouts.b{s}", f"Sync{s}" if has_sync else None)}
     if has_sync:
-        stage_states[f"Sync{s}"] = worker_map(
-            f"Sync{s}",
-            f"$.shards.s{s}",
-            sy_sel,
-            worker_task("sync", stage_fn, None, "shard"),
-            None,
-        )
-    return {"StartAt": f"Backward{s}", "States": stage_states}
+        states[f"Sync{s}"] = maps.shards(f"Sync{s}", s, None)
+    return {"StartAt": f"Backward{s}", "States": states}
 
 
 def _abort_states(abort_key_format: str) -> dict[str, Any]:
@@ -334,9 +390,10 @@ def _abort_states(abort_key_format: str) -> dict[str, Any]:
     }
 
 
-def _carry(per_worker: bool, evals: Sequence[int], saves: Sequence[int]) -> dict[str, Any]:
+def _carry(lists: Sequence[str], evals: Sequence[int], saves: Sequence[int]) -> dict[str, Any]:
     """What a Pass between iterations keeps of the state: everything Init set but ``t``, which
-    the Pass sets itself (a Pass's Parameters replace the whole state)."""
+    the Pass sets itself (a Pass's Parameters replace the whole state); ``lists``: the item
+    lists' names (``_item_lists``)."""
     carry = {
         "job.$": "$.job",
         "bucket.$": "$.bucket",
@@ -345,45 +402,37 @@ def _carry(per_worker: bool, evals: Sequence[int], saves: Sequence[int]) -> dict
         "first.$": "$.first",
         "attempt.$": "$.attempt",
         "redo.$": "$.redo",
-        "ranks.$": "$.ranks",
-        "shards.$": "$.shards",
-        "fw.$": "$.fw",
-        **({"bw.$": "$.bw"} if per_worker else {}),
+        **{f"{k}.$": f"$.{k}" for k in lists},
     }
     if evals:
-        carry.update({"evals.$": "$.evals", "ev.$": "$.ev"})
+        carry.update({"evals.$": "$.evals"})
     if saves:
         carry.update({"saves.$": "$.saves", "sv.$": "$.sv"})
     return carry
 
 
-def _after_iteration_states(plan: Plan, carry: dict[str, Any], evals: Sequence[int], saves: Sequence[int]) -> dict[str, Any]:
-    """Advance (t + 1), then, after the iteration that reaches a listed version, keep a checkpoint,
-    then evaluate; then back to the Gate."""
-    after = [
-        ("Checkpoint", "checkpoint", "$.saves", "$.sv", saves),
-        ("Evaluate", "evaluate", "$.evals", "$.ev", evals),
-    ]
-    chain = [a for a in after if a[4]]
+def _after_iteration_states(maps: _Maps, carry: dict[str, Any], evals: Sequence[int], saves: Sequence[int]) -> dict[str, Any]:
+    """Advance (t + 1), then, after the iteration that reaches a listed version, keep a checkpoint
+    (a Map of replica 0 of every stage), then evaluate (every worker: a Map per stage); then back
+    to the Gate. Both run under the functions' own timeout (a task walks its whole share)."""
+    plan = maps.plan
+    long_timeout = max(plan.function_timeout_s(s) for s in range(plan.stages))
+    chain = [name for name, versions in (("Checkpoint", saves), ("Evaluate", evals)) if versions]
     states: dict[str, Any] = {
         "Advance": {
             "Type": "Pass",
             "Parameters": {**carry, "t.$": "States.MathAdd($.t, 1)"},
-            "Next": f"{chain[0][0]}Due" if chain else "Gate",
+            "Next": f"{chain[0]}Due" if chain else "Gate",
         }
     }
-    # a checkpoint or evaluate task runs under its function's timeout (it walks its whole share)
-    long_timeout = max(plan.function_timeout_s(s) for s in range(plan.stages))
-    for i, (name, phase, versions, items, _) in enumerate(chain):
-        nxt = f"{chain[i + 1][0]}Due" if i + 1 < len(chain) else "Gate"
-        states.update(_due_states(name, versions, carry, nxt))
-        states[name] = worker_map(
-            name,
-            items,
-            {"stage.$": "$$.Map.Item.Value.stage", "replica.$": "$$.Map.Item.Value.replica", "fn.$": "$$.Map.Item.Value.fn"},
-            worker_task(phase, None, long_timeout, "replica"),
-            nxt,
-        )
+    for i, name in enumerate(chain):
+        nxt = f"{chain[i + 1]}Due" if i + 1 < len(chain) else "Gate"
+        states.update(_due_states(name, "$.saves" if name == "Checkpoint" else "$.evals", carry, nxt))
+        if name == "Checkpoint":
+            sel = {"stage.$": "$$.Map.Item.Value.stage", "replica.$": "$$.Map.Item.Value.replica", "fn.$": "$$.Map.Item.Value.fn"}
+            states[name] = worker_map(name, "$.sv", sel, worker_task("checkpoint", None, long_timeout, "replica"), nxt)
+        else:
+            states[name] = {**maps.per_stage(name, plan.stages, "evaluate", long_timeout), "Next": nxt}
         states[name]["Catch"] = [dict(ABORT_CATCH)]
     return states
 
@@ -413,6 +462,7 @@ def window_definition(
     saves: Sequence[int] = (),
     *,
     abort_key_format: str,
+    group_arn: str | None = None,
 ) -> dict[str, Any]:
     """The window state machine of ``plan``; ``functions[s]`` is stage s's Lambda function name or
     ARN. ``per_worker`` (plan.per_worker_functions): every replica and sync task of a stage runs on
@@ -423,22 +473,24 @@ def window_definition(
     ``saves``: likewise, the versions of which a Checkpoint Map (replica 0 of every stage) keeps
     a loadable state_dict (lambdas/checkpoint.py). ``abort_key_format``: the abort marker's key as
     a States.Format template of (job, attempt), core/keys.py ``WINDOW_ABORT``, which the workers read
-    (the planner imports nothing above it, so the caller hands the rule in)."""
+    (the planner imports nothing above it, so the caller hands the rule in). ``group_arn``: the
+    job's group state machine (``groups.group_definition``), which a phase of more than GROUP_SIZE
+    tasks runs its groups on."""
     if len(functions) != plan.stages:
         raise ValueError(f"need one function per stage ({plan.stages}), got {len(functions)}")
     s_count, d = plan.stages, plan.replicas
     redos = redo_limit(plan, evals=evals, saves=saves)
-    states: dict[str, Any] = {
-        "Init": _init_state(plan, _function_of(functions, per_worker), per_worker, evals, saves),
-        **_gate_states(plan, functions[0]),
-    }
+    maps = _Maps(plan, functions, per_worker, group_arn)
+    fn = _function_of(functions, per_worker)
+    carry = _carry(list(_item_lists(plan, fn, per_worker)), evals, saves)
+    states: dict[str, Any] = {"Init": _init_state(plan, fn, per_worker, evals, saves), **_gate_states(plan, functions[0])}
     if s_count > 1:
-        states["Forward"] = _forward_state(plan, redos)
-    branches = [_stage_branch(plan, s, functions[s], per_worker) for s in range(s_count)]
+        states["Forward"] = _forward_state(maps, redos)
+    branches = [_stage_branch(maps, s) for s in range(s_count)]
     states["BackwardSync"] = {"Type": "Parallel", "Branches": branches, "ResultPath": None, "Catch": _phase_catch(redos), "Next": "Advance"}
     states.update(_abort_states(abort_key_format))
-    states.update(_redo_states(plan, _carry(per_worker, evals, saves), redos))
-    states.update(_after_iteration_states(plan, _carry(per_worker, evals, saves), evals, saves))
+    states.update(_redo_states(plan, carry, redos))
+    states.update(_after_iteration_states(maps, carry, evals, saves))
     states["Done"] = {"Type": "Succeed"}
     return {
         "Comment": f"Stagecoach window: {s_count} stages x {d} replicas, {plan.micro_batches} micro-batches, "

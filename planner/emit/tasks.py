@@ -74,7 +74,10 @@ KILL_RETRIES = 5
 # either, and a Retry's least wait (0.5 s on average) would add to every hang's timeout
 RERUN_AT_ONCE = [*AMBIGUOUS_KILLS, "States.Timeout", "Sandbox.Timedout"]
 
-def worker_task(phase: str | None, function: str | None, timeout: int | None, index_field: str, function_path: str = "$.fn") -> dict[str, Any]:
+
+def worker_task(
+    phase: str | None, function: str | None, timeout: int | None, index_field: str, function_path: str = "$.fn"
+) -> dict[str, Any]:
     """A worker's Task. ``timeout`` None: the iteration gate's learnt timeout, which the Map item
     carries (``timeout``, lambdas/timeouts.py) and the payload hands on so the worker's waits end
     just before it. ``phase`` None: the item names it (a group's child execution runs any phase).
@@ -135,39 +138,7 @@ def worker_map(
         "ItemsPath": items_path,
         "ItemSelector": {**item, "kills": 0},
         "MaxConcurrency": 0,  # every worker of a phase runs at once (they wait on each other)
-        "ItemProcessor": {
-            "ProcessorConfig": {"Mode": "INLINE"},
-            "StartAt": f"{name}Task",
-            "States": {
-                f"{name}Task": {
-                    **task,
-                    "Catch": [
-                        {"ErrorEquals": list(RERUN_AT_ONCE), "ResultPath": "$.caught", "Next": f"{name}Again?"},
-                        {
-                            "ErrorEquals": [e for e in KILLED_ERRORS if e not in AMBIGUOUS_KILLS],
-                            "ResultPath": "$.caught",
-                            "Next": f"{name}Killed",
-                        },
-                    ],
-                },
-                # a killed or timed-out task runs again at once (KILL_RETRIES), then counts as
-                # killed (the remediation tells a timeout from a kill for memory by its name)
-                f"{name}Again?": {
-                    "Type": "Choice",
-                    "Choices": [{"Variable": "$.kills", "NumericLessThan": KILL_RETRIES, "Next": f"{name}Again"}],
-                    "Default": f"{name}Killed",
-                },
-                f"{name}Again": {"Type": "Pass", "Parameters": {**carried, "kills.$": "States.MathAdd($.kills, 1)"}, "Next": f"{name}Task"},
-                # name the stage in the failure, so the job state machine's remediation knows whose
-                # memory to raise if the kill was for memory
-                f"{name}Killed": {
-                    "Type": "Pass",
-                    "Parameters": {"stage.$": "$.stage", "error.$": "$.caught.Error", "cause.$": "$.caught.Cause"},
-                    "Next": f"{name}Failed",
-                },
-                f"{name}Failed": {"Type": "Fail", "Error": KILLED_ERROR, "CausePath": "States.JsonToString($)"},
-            },
-        },
+        "ItemProcessor": {"ProcessorConfig": {"Mode": "INLINE"}, "StartAt": f"{name}Task", "States": _kill_loop(name, task, carried)},
         "ResultPath": None,
     }
     if nxt is None:
@@ -177,3 +148,30 @@ def worker_map(
     return state
 
 
+def _kill_loop(name: str, task: dict[str, Any], carried: dict[str, Any]) -> dict[str, Any]:
+    """A Map item's states: the task, and its kill loop (``carried``: what the loop's Pass keeps)."""
+    return {
+        f"{name}Task": {
+            **task,
+            "Catch": [
+                {"ErrorEquals": list(RERUN_AT_ONCE), "ResultPath": "$.caught", "Next": f"{name}Again?"},
+                {"ErrorEquals": [e for e in KILLED_ERRORS if e not in AMBIGUOUS_KILLS], "ResultPath": "$.caught", "Next": f"{name}Killed"},
+            ],
+        },
+        # a killed or timed-out task runs again at once (KILL_RETRIES), then counts as killed (the
+        # remediation tells a timeout from a kill for memory by its name)
+        f"{name}Again?": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.kills", "NumericLessThan": KILL_RETRIES, "Next": f"{name}Again"}],
+            "Default": f"{name}Killed",
+        },
+        f"{name}Again": {"Type": "Pass", "Parameters": {**carried, "kills.$": "States.MathAdd($.kills, 1)"}, "Next": f"{name}Task"},
+        # name the stage in the failure, so the job state machine's remediation knows whose memory
+        # to raise if the kill was for memory
+        f"{name}Killed": {
+            "Type": "Pass",
+            "Parameters": {"stage.$": "$.stage", "error.$": "$.caught.Error", "cause.$": "$.caught.Cause"},
+            "Next": f"{name}Failed",
+        },
+        f"{name}Failed": {"Type": "Fail", "Error": KILLED_ERROR, "CausePath": "States.JsonToString($)"},
+    }

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stagecoach.planner.limits import map_transitions
 from stagecoach.planner.model.perfmodel import Config, config_terms
 from stagecoach.planner.profile.layers import ModelProfile
 
@@ -32,6 +33,8 @@ class PassEstimate:
     tasks: tuple[int, ...]
     puts: float
     gets: float
+    # evaluation runs a Map per stage in a Parallel (so a stage reaches past 40 tasks), checkpoint one Map
+    per_stage_maps: bool = False
 
     @property
     def invocations(self) -> int:
@@ -39,7 +42,10 @@ class PassEstimate:
 
     @property
     def transitions(self) -> int:
-        """The Map state and one per task (asl.window_definition: ``Evaluate``/``Checkpoint``)."""
+        """asl.window_definition's ``Evaluate`` (a Parallel of a Map per stage) or ``Checkpoint``
+        (one Map of a task per stage): the Parallel or Map state, and each Map's (limits.map_transitions)."""
+        if self.per_stage_maps:
+            return 1 + sum(map_transitions(n) for n in self.tasks)
         return 1 + sum(self.tasks)
 
 
@@ -84,7 +90,7 @@ def evaluate_pass(profile: ModelProfile, cfg: Config, plat: Platform, samples: i
     hand_offs = (S - 1) * sum(ms)
     polls = sum(plat.polls_while_waiting(terms[s - 1].fwd_hop_s) for s in range(1, S)) * sum(ms)
     shard_gets = sum(0 if t.sync.params_cached else t.sync.shards for t in terms)
-    return PassEstimate(tuple(task_s), (d,) * S, float(hand_offs + d), hand_offs + polls + d * shard_gets)
+    return PassEstimate(tuple(task_s), (d,) * S, float(hand_offs + d), hand_offs + polls + d * shard_gets, per_stage_maps=True)
 
 
 def checkpoint_pass(profile: ModelProfile, cfg: Config, plat: Platform) -> PassEstimate:

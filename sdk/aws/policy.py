@@ -183,9 +183,9 @@ def _iam_statements(path: str, stack: str, bound: str) -> list[Statement]:
 
 
 def _states_statements(states: str, stack: str) -> list[Statement]:
-    """The per-job window machines ("<stack>-<job>-window"), the job machine ("<stack>-job") and
+    """The per-job window and group machines ("<stack>-<job>-window", "-group"), the job machine ("<stack>-job") and
     their executions (``states``: the Step Functions ARN prefix of the stack's region and account).
-    Only windows are created, changed and deleted: the job machine is the stack's."""
+    Only windows and groups are created, changed and deleted: the job machine is the stack's."""
     return [
         {
             "Sid": "WindowStateMachines",
@@ -196,7 +196,7 @@ def _states_statements(states: str, stack: str) -> list[Statement]:
                 "states:DeleteStateMachine",
                 "states:TagResource",
             ],
-            "Resource": f"{states}:stateMachine:{stack}-*-window",
+            "Resource": [f"{states}:stateMachine:{stack}-*-window", f"{states}:stateMachine:{stack}-*-group"],
         },
         # start and resume a job (the job machine), read a window's definition, list executions
         {

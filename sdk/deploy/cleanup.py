@@ -20,8 +20,10 @@ from stagecoach.deploy.resources import (
     DeployError,
     StackResources,
     function_name,
+    group_state_machine_name,
     job_id_from,
     read_json,
+    state_machine_arn,
     window_state_machine_name,
 )
 from stagecoach.deploy.roles import delete_job_role
@@ -129,10 +131,13 @@ def cleanup_job(
     removed = Removed()
     spec = _spec(res, c, job_id)
     sm_arn = _window_state_machine(res, job_id, spec)
+    # a plan with a phase of more than 40 workers also has a group machine (planner/emit/groups.py)
+    group_arn = state_machine_arn(res, group_state_machine_name(res, job_id))
     _stop_job_execution(res, c, job_id, stop_running, removed, log)
     _stop_windows(c, sm_arn, removed)
+    _stop_windows(c, group_arn, removed)
     removed.functions = delete_functions(c, _functions(res, c, job_id, spec), log)
-    removed.state_machines = delete_state_machines(c, [sm_arn], log)
+    removed.state_machines = delete_state_machines(c, [sm_arn, group_arn], log)
     if delete_job_role(res, c, job_id):
         removed.roles.append(job_id)
         log(f"deleted the job's role {job_id}")
@@ -153,8 +158,7 @@ def _window_state_machine(res: StackResources, job_id: str, spec: JobSpec | None
     """The window state machine's ARN: the spec's, else the one its name rule gives."""
     if spec is not None and spec.window_state_machine:
         return spec.window_state_machine
-    job_sm_name = res.job_state_machine_arn.split(":")[-1]
-    return res.job_state_machine_arn.replace(job_sm_name, window_state_machine_name(res, job_id))
+    return state_machine_arn(res, window_state_machine_name(res, job_id))
 
 
 def _stop_job_execution(res: StackResources, c: Clients, job_id: str, stop_running: bool, removed: Removed, log: Log) -> None:
@@ -175,7 +179,7 @@ def _stop_job_execution(res: StackResources, c: Clients, job_id: str, stop_runni
 
 
 def _stop_windows(c: Clients, sm_arn: str, removed: Removed) -> None:
-    """A window execution outlives its stopped parent for a moment: stop it before its functions go."""
+    """A window (or group) execution outlives its stopped parent for a moment: stop it before its functions go."""
     try:
         for page in c.sfn.get_paginator("list_executions").paginate(stateMachineArn=sm_arn, statusFilter="RUNNING"):
             for e in page["executions"]:

@@ -68,6 +68,17 @@ def window_state_machine_name(res: StackResources, job: str) -> str:
     return f"{res.prefix}-{job}-window"
 
 
+def group_state_machine_name(res: StackResources, job: str) -> str:
+    """The job's group state machine (planner/emit/groups.py): only a plan with a phase Map of
+    more than GROUP_SIZE tasks has one."""
+    return f"{res.prefix}-{job}-group"
+
+
+def state_machine_arn(res: StackResources, name: str) -> str:
+    """The ARN of the state machine ``name`` in the stack's region and account (as the job machine's)."""
+    return res.job_state_machine_arn.rsplit(":", 1)[0] + ":" + name
+
+
 def new_job_id(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
 

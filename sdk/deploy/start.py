@@ -8,18 +8,29 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stagecoach.core import keys
 from stagecoach.core.cost import Prices
 from stagecoach.deploy.cleanup import rollback
 from stagecoach.deploy.requests import RequestCounter
-from stagecoach.deploy.resources import HANDLER, Clients, DeployError, StackResources, function_name, new_job_id, window_state_machine_name
+from stagecoach.deploy.resources import (
+    HANDLER,
+    Clients,
+    DeployError,
+    StackResources,
+    function_name,
+    group_state_machine_name,
+    new_job_id,
+    state_machine_arn,
+    window_state_machine_name,
+)
 from stagecoach.deploy.roles import JOB_TAG, STACK_TAG, create_function_when_role_ready, create_job_role
 from stagecoach.deploy.upload import upload_job
-from stagecoach.planner.emit import asl
+from stagecoach.planner.emit import asl, groups
 from stagecoach.planner.emit.asl_check import check_definition
 from stagecoach.planner.emit.job_input import JobInput
+from stagecoach.planner.limits import concurrency_needed, map_groups
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.plan import Plan, per_worker_functions, stage_functions
 
@@ -45,7 +56,7 @@ def check_concurrency(plan: Plan, available: int | None, where: str) -> None:
     if available is None:
         return
     peak = plan.peak_invocations()
-    need = 2 * peak + 1
+    need = concurrency_needed(peak)
     if need > available:
         raise DeployError(
             f"this plan runs up to {peak} Lambda invocations at once, and a restarted window briefly doubles that "
@@ -117,22 +128,44 @@ def reserved_concurrency(plan: Plan, stage: int, per_worker: bool = False) -> in
     return 2 * (1 if per_worker else max(plan.replicas, plan.sync_tasks(stage)))
 
 
-def _window_definition_json(job: Job, plan: Plan, functions: list[str], per_worker: bool) -> str:
-    """The job's window state machine, as the JSON to create it from, once its graph passes the
-    structural check (planner/emit/asl_check.py): a broken definition is refused here, before
-    anything is created, rather than by Step Functions half-way through the launch."""
-    definition = asl.window_definition(
+def _window_definition(job: Job, plan: Plan, functions: list[str], per_worker: bool, group_arn: str | None) -> dict[str, Any]:
+    """The job's window state machine."""
+    return asl.window_definition(
         plan,
         functions,
         per_worker,
         evals=job.eval_versions(),
         saves=job.checkpoint_versions(),
         abort_key_format=keys.WINDOW_ABORT,
+        group_arn=group_arn,
     )
+
+
+def _checked(what: str, definition: dict[str, Any]) -> dict[str, Any]:
+    """``definition`` once its graph passes the structural check (planner/emit/asl_check.py): a
+    broken definition is refused before anything is created, rather than by Step Functions
+    half-way through the launch."""
     problems = check_definition(definition)
     if problems:
-        raise DeployError("the emitted window state machine is malformed (a bug in planner/emit/asl.py): " + "; ".join(problems))
-    return json.dumps(definition)
+        raise DeployError(f"the emitted {what} state machine is malformed (a bug in planner/emit/): " + "; ".join(problems))
+    return definition
+
+
+def needs_groups(plan: Plan) -> bool:
+    """Whether a phase Map of the plan runs its tasks in groups of child executions (limits.map_groups)."""
+    return any(map_groups(n) for n in (plan.replicas, *(plan.sync_tasks(s) for s in range(plan.stages))))
+
+
+def _create_state_machine(res: StackResources, c: Clients, job_id: str, name: str, definition: dict[str, Any]) -> str:
+    """Create one of the job's state machines (its window, its group), tagged with the stack and the job."""
+    arn: str = c.sfn.create_state_machine(
+        name=name,
+        definition=json.dumps(definition),
+        roleArn=res.states_role_arn,
+        type="STANDARD",
+        tags=[{"key": STACK_TAG, "value": res.prefix}, {"key": JOB_TAG, "value": job_id}],
+    )["stateMachineArn"]
+    return arn
 
 
 def deploy_and_start(
@@ -144,20 +177,19 @@ def deploy_and_start(
     job_id = new_job_id(job.name)
     per_worker = per_worker_functions(plan, job.warm_state)  # warm state with d > 1: one per worker
     functions = [function_name(res, job_id, s) for s in range(plan.stages)]
-    definition = _window_definition_json(job, plan, functions, per_worker)
+    group = _checked("group", groups.group_definition(per_worker)) if needs_groups(plan) else None
+    # the window's definition names the group machine's ARN, which its name gives before it exists
+    group_arn = state_machine_arn(res, group_state_machine_name(res, job_id)) if group else None
+    definition = _checked("window", _window_definition(job, plan, functions, per_worker, group_arn))
     created_functions: list[str] = []
     created_sm: list[str] = []
     try:
         role = create_job_role(res, c, job_id)  # the job's own: its objects only (deploy/roles.py)
-        # The window state machine and the job's objects first, the functions last: IAM propagates
-        # the new role meanwhile (Lambda refuses a role it cannot assume yet, deploy/roles.py).
-        window = c.sfn.create_state_machine(
-            name=window_state_machine_name(res, job_id),
-            definition=definition,
-            roleArn=res.states_role_arn,
-            type="STANDARD",
-            tags=[{"key": STACK_TAG, "value": res.prefix}, {"key": JOB_TAG, "value": job_id}],
-        )["stateMachineArn"]
+        # The state machines and the job's objects first, the functions last: IAM propagates the
+        # new role meanwhile (Lambda refuses a role it cannot assume yet, deploy/roles.py).
+        if group is not None:
+            created_sm.append(_create_state_machine(res, c, job_id, group_state_machine_name(res, job_id), group))
+        window = _create_state_machine(res, c, job_id, window_state_machine_name(res, job_id), definition)
         created_sm.append(window)
         length = asl.window_length(plan, evals=job.eval_versions(), saves=job.checkpoint_versions())
         with RequestCounter(c.s3) as launched:

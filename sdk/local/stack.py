@@ -22,6 +22,7 @@ import os
 import socket
 import sys
 import threading
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from stagecoach.local.access import AccessControl, moto_lookups
@@ -131,7 +132,7 @@ def install_sfn_integration_fix() -> None:
     moto 5.2.1 passes the ASL field names (StateMachineArn, Input, Name) to boto3 unchanged, which
     expects stateMachineArn, input, name, and reads the submission's ``ExecutionArn`` from a boto3
     response that says ``executionArn``. Step Functions on AWS does this translation itself; here we
-    add it. Guarded by tests/test_moto_hook.py.
+    add it, and the generated name of an unnamed execution. Guarded by tests/test_moto_hook.py.
     """
     # moto: the `local` extra, heavy and optional; imported on use, in the stack process only
     from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_sfn import (
@@ -146,6 +147,12 @@ def install_sfn_integration_fix() -> None:
         for key in list(parameters):
             if key[:1].isupper():
                 parameters[key[0].lower() + key[1:]] = parameters.pop(key)
+        # "If you don't provide a name for the execution, Step Functions automatically generates a
+        # universally unique identifier (UUID) as the execution name" (API reference,
+        # StartExecution); moto names every such child "None", and the second one fails with
+        # ExecutionAlreadyExists (the group executions of planner/emit/groups.py are unnamed)
+        if parameters.get("name") is None and "stateMachineArn" in parameters:
+            parameters["name"] = str(uuid.uuid4())
 
     def _eval_service_task(self: StateTaskServiceSfn, env: Environment, *args: Any, **kwargs: Any) -> None:
         evaluate(self, env, *args, **kwargs)

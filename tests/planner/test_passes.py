@@ -27,13 +27,13 @@ def test_one_stage_evaluation_grows_by_one_forward_per_micro_batch():
     small, large = evaluate_pass(PROF, cfg, PLAT, 40), evaluate_pass(PROF, cfg, PLAT, 80)
     assert large.task_s[0] - small.task_s[0] == pytest.approx(10 * f, rel=1e-9)
     # alone, the stage reads its samples locally and PUTs only its record: no hand-offs
-    assert small.puts == 1 and small.tasks == (1,) and small.transitions == 2
+    assert small.puts == 1 and small.tasks == (1,) and small.transitions == 3  # the Parallel, its Map, the task
 
 
 def test_a_later_stage_ends_after_the_stage_that_feeds_it_and_replicas_split_the_set():
     two = Config((L // 2, L - L // 2), (4096, 4096), 2, 4, 2, (SR2, SR2))
     p = evaluate_pass(PROF, two, PLAT, 100)
-    assert p.task_s[1] > p.task_s[0] > 0 and p.tasks == (2, 2) and p.invocations == 4 and p.transitions == 5
+    assert p.task_s[1] > p.task_s[0] > 0 and p.tasks == (2, 2) and p.invocations == 4 and p.transitions == 1 + 2 * (1 + 2)
     # 50 samples a replica in micro-batches of 4: 13 hand-offs each, and each last-stage record
     assert p.puts == 2 * 13 + 2
     one = evaluate_pass(PROF, Config(two.balance, two.tiers_mb, 1, 4, 2, (NONE, NONE)), PLAT, 100)
