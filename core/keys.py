@@ -105,8 +105,51 @@ def tied_grad(job: str, t: int, owner: int, user: int, replica: int) -> str:
     return f"jobs/{job}/iter/{t}/tied/s{owner}/from{user}/r{replica}"
 
 
+# The sync's per-replica objects are spread over SPREAD stable prefixes, ``jobs/{job}/sync{nn}/``,
+# ahead of the iteration (docs/runtime.md "Request rates"): S3 serves 3,500 PUT and 5,500 GET per
+# second per partitioned prefix and partitions a busy prefix over time
+# (https://docs.aws.amazon.com/AmazonS3/latest/userguide/optimizing-performance.html), so a
+# partition that helps must outlive an iteration; under ``iter/{t}/`` every iteration is a new range.
+SPREAD = 64
+
+
+def _spread(job: str, n: int) -> str:
+    return f"jobs/{job}/sync{n % SPREAD:02d}/"
+
+
 def gshard(job: str, t: int, stage: int, replica: int, shard: int, chunk: int) -> str:
-    return f"jobs/{job}/iter/{t}/gshard/s{stage}/r{replica}/k{shard}/c{chunk}"
+    """Chunk ``chunk`` of shard ``shard`` of replica ``replica``'s gradient, for the shard's reducer."""
+    return f"{_spread(job, replica)}iter/{t}/gshard/s{stage}/r{replica}/k{shard}/c{chunk}"
+
+
+def partial(job: str, t: int, stage: int, block: int, shard: int, chunk: int) -> str:
+    """A level-1 aggregator's sum of chunk ``chunk`` of shard ``shard`` over block ``block``'s
+    replicas (the hierarchical sync, lambdas/collectives.py ``reduce_block``), for the shard's root."""
+    return f"{_spread(job, block)}iter/{t}/partial/s{stage}/b{block}/k{shard}/c{chunk}"
+
+
+# A stage's updated parameters are read by every replica's next task (d GETs per object): from
+# this many replicas on, whoever updates a shard in a sync Map also stores each chunk as a read copy
+# under a spread prefix, and replicas read the copy (collectives.gather), so the d x K x C GETs per
+# stage spread over SPREAD prefixes instead of landing on ``jobs/{job}/params/`` together.
+READ_COPIES_MIN_REPLICAS = 64
+
+
+def params_copy(job: str, version: int, stage: int, shard: int, chunk: int) -> str:
+    """The read copy of ``params(job, version, stage, shard, chunk)`` (READ_COPIES_MIN_REPLICAS):
+    transient, like an iteration's objects; the stored version stays ``params``."""
+    return f"{_spread(job, stage * 49 + shard * 31 + chunk)}iter/{version}/params/s{stage}/k{shard}/c{chunk}"
+
+
+def rate_prefix(key: str) -> str:
+    """The prefix S3's request rates apply to, as docs/runtime.md "Request rates" defines it: the
+    key up to its first component that names an iteration or a version (``iter``, ``v{n}``,
+    ``it{n}``), the part that stays the same from one iteration to the next."""
+    parts = key.split("/")
+    for i, part in enumerate(parts[:-1]):
+        if part == "iter" or (part[:1] == "v" and part[1:].isdigit()) or (part[:2] == "it" and part[2:].isdigit()):
+            return "/".join(parts[:i]) + "/"
+    return key.rsplit("/", 1)[0] + "/"
 
 
 def metrics_prefix(job: str) -> str:

@@ -2,13 +2,18 @@
 
 A stage's flat parameter vector is cut into K shards, each shard into chunks (training.stage_layout);
 shard k's chunks are reduced and updated by one owner, ZeRO-1 style (its optimizer state lives
-only there). Every algorithm sums the replicas' gradients in the same fixed order, g_0 + g_1 + ...
-+ g_{d-1}, and updates chunk by chunk with an elementwise optimizer, so they all produce the same
-bits (tests/test_collectives.py).
+only there). Every algorithm sums the replicas' gradients in the same fixed order — the left fold
+of the left folds of blocks of fan_in consecutive replicas (``fold``; with d <= fan_in the one left
+fold g_0 + g_1 + ... + g_{d-1}) — and updates chunk by chunk with an elementwise optimizer, so they
+all produce the same bits (tests/test_collectives.py, tests/test_hierarchical.py).
 
 - ``scatter_reduce`` (LambdaML), ``k_reduce`` (FasDL, 1 <= K <= d), ``all_reduce`` (K = 1): the
   backward task writes its gradient as K shards (``write_gradient``); a sync Map of K tasks
   reduces one shard each (``reduce_shard``); the next phase gathers the K updated shards.
+- ``hierarchical`` (DiSDeL's aggregation tree): the same K shards; the sync Map adds, per block of
+  f = fan_in consecutive replicas and shard, a level-1 aggregator (``reduce_block``) that sums the
+  block's chunks into a partial, and each shard's root (``reduce_shard`` over ``partial_inputs``)
+  sums the B partials and updates the shard. ``sync_role`` says which a sync task is.
 - ``pipelined_scatter_reduce`` (FuncPipe), fused into the backward task (``PipelinedExchange``):
   replica r owns shard r. It uploads the d-1 shards the others own while it downloads its own
   shard from them, in the paper's staggered order (in round c, replica r sends chunk c of shard
@@ -42,6 +47,7 @@ from stagecoach.core.optim_state import apply_update, chunk_segments
 from stagecoach.core.versions import optimizer_keeps_state
 from stagecoach.lambdas.channel import Channel, results
 from stagecoach.lambdas.clipping import Clip
+from stagecoach.planner.plan import reduction_blocks
 
 Layout = Sequence[Sequence[tuple[int, int]]]  # per shard, its chunks' [start, end) in the flat vector
 MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -65,10 +71,21 @@ class SyncSpec:
     group_hparams: tuple[dict[str, Any], ...] = ()
     clip: Clip | None = None  # clip the global gradient norm before updating (lambdas/clipping.py)
     norms: list[float] = field(default_factory=list)  # the global norm this task computed (metrics)
+    fan_in: int = 0  # the reduction's block (plan.fan_in[stage]); 0: one block, the plain left fold
 
     @property
     def shards(self) -> int:
         return len(self.layout)
+
+    @property
+    def blocks(self) -> int:
+        """B: the blocks of fan_in replicas the reduction sums (1 without blocking)."""
+        return reduction_blocks(self.replicas, self.fan_in) if self.fan_in > 0 else 1
+
+    def block_replicas(self, block: int) -> range:
+        """The consecutive replicas of ``block`` (the last block may be shorter)."""
+        f = self.fan_in if self.blocks > 1 else self.replicas
+        return range(block * f, min(self.replicas, (block + 1) * f))
 
     def chunks(self, shard: int) -> range:
         return range(len(self.layout[shard]))
@@ -87,13 +104,24 @@ def stateful(make_optimizer: MakeOptimizer) -> bool:
         return _stateful.__wrapped__(make_optimizer)
 
 
-def fold(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """g_0 + g_1 + ... in this order: the one reduction order every algorithm uses. bfloat16
-    gradients (mixed precision) are summed in float32, the master weights' dtype."""
+def left_fold(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """g_0 + g_1 + ... in this order. bfloat16 gradients (mixed precision) are summed in float32,
+    the master weights' dtype."""
     total = parts[0].float() if parts[0].dtype == torch.bfloat16 else parts[0].clone()
     for g in parts[1:]:
         total += g
     return total
+
+
+def fold(parts: Sequence[torch.Tensor], fan_in: int = 0) -> torch.Tensor:
+    """The one reduction order every algorithm uses: the left fold of the left folds of blocks of
+    ``fan_in`` consecutive parts, ((g_0 + ... + g_{f-1}) + (g_f + ... + g_{2f-1})) + ...; with
+    len(parts) <= fan_in (or fan_in 0) the plain left fold. The hierarchical sync's level-1
+    aggregators compute the inner folds (``reduce_block``) and its roots the outer one, so a tree
+    gives the bits of one task summing everything."""
+    if 0 < fan_in < len(parts):
+        return left_fold([left_fold(parts[i : i + fan_in]) for i in range(0, len(parts), fan_in)])
+    return left_fold(parts)
 
 
 # -- the optimizer update of one chunk --------------------------------------------------------------
@@ -141,10 +169,12 @@ def update_chunk(
     state: Mapping[int, Future[bytes | None]] | Sequence[Future[bytes | None]] | None,
     uploads: list[Future[None]] | None = None,
     warm: Warm | None = None,
+    copy: bool = False,
 ) -> torch.Tensor:
     """Apply the optimizer to one chunk, upload the new parameters and state (their futures are
     added to ``uploads`` if given, for a caller that waits on them); returns the parameters.
-    ``warm``: the state comes from it instead of ``state``, and is stored only if it says so."""
+    ``warm``: the state comes from it instead of ``state``, and is stored only if it says so.
+    ``copy``: also store the parameters' read copy (``reads_copies``)."""
     source = warm.state if warm is not None else state
     body = None
     if source is not None:
@@ -153,7 +183,7 @@ def update_chunk(
         if body is None:
             raise FileNotFoundError(f"optimizer state {keys.optim(spec.job, spec.t, spec.stage, shard, c)} is missing")
     new_p, new_state = step_chunk(spec, shard, c, param, grad, body)
-    sent = store_chunk(ch, spec, shard, c, new_p, new_state, params=True, optim=warm is None or warm.store)
+    sent = store_chunk(ch, spec, shard, c, new_p, new_state, params=True, optim=warm is None or warm.store, copy=copy)
     if warm is not None:
         warm.kept[c] = new_state
     if uploads is not None:
@@ -170,32 +200,56 @@ def step_chunk(
 
 
 def store_chunk(
-    ch: Channel, spec: SyncSpec, shard: int, c: int, p: torch.Tensor, state: bytes, *, params: bool, optim: bool
+    ch: Channel, spec: SyncSpec, shard: int, c: int, p: torch.Tensor, state: bytes, *, params: bool, optim: bool, copy: bool = False
 ) -> list[Future[None]]:
-    """Upload version t+1 of a chunk's parameters (if ``params``) and optimizer state (if ``optim``)."""
+    """Upload version t+1 of a chunk's parameters (if ``params``; with ``copy`` its read copy too)
+    and optimizer state (if ``optim``)."""
     out = []
     if params:
         out.append(ch.submit_put(keys.params(spec.job, spec.t + 1, spec.stage, shard, c), {"p": p}))
+    if params and copy:
+        out.append(ch.submit_put(keys.params_copy(spec.job, spec.t + 1, spec.stage, shard, c), {"p": p}))
     if optim and stateful(spec.make_optimizer):
         out.append(ch.submit_put_bytes(keys.optim(spec.job, spec.t + 1, spec.stage, shard, c), state))
     return out
 
 
 def forget_old_version(ch: Channel, spec: SyncSpec, shard: int) -> None:
-    """Version t-1 of a shard is no longer read by anyone, unless it is the window's checkpoint."""
+    """Version t-1 of a shard is no longer read by anyone, unless it is the window's checkpoint
+    (whose read copies go all the same: a restart reads the stored version)."""
     v = spec.t - 1
-    if v < 0 or v == spec.window_start:
+    if v < 0:
         return
-    ks = [keys.params(spec.job, v, spec.stage, shard, c) for c in spec.chunks(shard)]
-    ks += [keys.optim(spec.job, v, spec.stage, shard, c) for c in spec.chunks(shard)]
-    ch.submit_delete(ks)
+    ks = [keys.params_copy(spec.job, v, spec.stage, shard, c) for c in spec.chunks(shard)] if reads_copies(spec) else []
+    if v != spec.window_start:
+        ks += [keys.params(spec.job, v, spec.stage, shard, c) for c in spec.chunks(shard)]
+        ks += [keys.optim(spec.job, v, spec.stage, shard, c) for c in spec.chunks(shard)]
+    if ks:
+        ch.submit_delete(ks)
+
+
+def reads_copies(spec: SyncSpec) -> bool:
+    """Whether the stage's parameters are read through spread read copies (core/keys.py
+    ``READ_COPIES_MIN_REPLICAS``; docs/runtime.md "Request rates")."""
+    return spec.replicas >= keys.READ_COPIES_MIN_REPLICAS
+
+
+def _copy_or_stored(ch: Channel, spec: SyncSpec, version: int, k: int, c: int) -> dict[str, torch.Tensor]:
+    """A chunk's parameters at ``version`` from its read copy, or, where there is none (version 0,
+    a restart's checkpoint, a shard updated in the backward tasks), from the stored version."""
+    got = ch.get_tensors(keys.params_copy(spec.job, version, spec.stage, k, c))
+    return got if got is not None else ch.wait_tensors(keys.params(spec.job, version, spec.stage, k, c), spec.deadline)
 
 
 def gather(ch: Channel, spec: SyncSpec, version: int, have: dict[tuple[int, int], torch.Tensor] | None = None) -> torch.Tensor:
-    """The stage's flat parameters at ``version``: every chunk not in ``have``, downloaded in order."""
+    """The stage's flat parameters at ``version``: every chunk not in ``have``, downloaded in order
+    (from the read copies at d >= READ_COPIES_MIN_REPLICAS)."""
     have = have or {}
+    copies = reads_copies(spec) and version > 0
     futures = {
-        (k, c): ch.submit_wait(keys.params(spec.job, version, spec.stage, k, c), spec.deadline)
+        (k, c): ch._submit("down", _copy_or_stored, ch, spec, version, k, c)
+        if copies
+        else ch.submit_wait(keys.params(spec.job, version, spec.stage, k, c), spec.deadline)
         for k in range(spec.shards)
         for c in spec.chunks(k)
         if (k, c) not in have
@@ -326,6 +380,34 @@ def gradient_writer(ch: Channel, spec: SyncSpec, replica: int) -> Callable[[int,
 WINDOW_EXTRA = 1
 
 
+@dataclass(frozen=True)
+class ShardInputs:
+    """What a reducing task sums for each chunk of its shard, and in which order: ``keys(c)`` the
+    objects (each ``{"g": tensor}``), ``total`` their sum in the reduction order."""
+
+    keys: Callable[[int], list[str]]
+    total: Callable[[Sequence[torch.Tensor]], torch.Tensor]
+    count: int  # objects per chunk
+
+
+def replica_inputs(spec: SyncSpec, shard: int) -> ShardInputs:
+    """The d replicas' chunks of ``shard``, summed in the blocked order (``fold``)."""
+    return ShardInputs(
+        lambda c: [keys.gshard(spec.job, spec.t, spec.stage, r, shard, c) for r in range(spec.replicas)],
+        lambda parts: fold(parts, spec.fan_in),
+        spec.replicas,
+    )
+
+
+def partial_inputs(spec: SyncSpec, shard: int) -> ShardInputs:
+    """The B level-1 aggregators' partial sums of ``shard``, summed left to right: the outer fold."""
+    return ShardInputs(
+        lambda c: [keys.partial(spec.job, spec.t, spec.stage, b, shard, c) for b in range(spec.blocks)],
+        left_fold,
+        spec.blocks,
+    )
+
+
 def reduce_shard(
     ch: Channel,
     spec: SyncSpec,
@@ -333,10 +415,13 @@ def reduce_shard(
     cached: torch.Tensor | None = None,
     held: Sequence[torch.Tensor] | None = None,
     warm: Warm | None = None,
+    inputs: ShardInputs | None = None,
 ) -> list[torch.Tensor]:
-    """Sync task: sum shard ``shard`` over the d replicas chunk by chunk, update it, write version t+1.
+    """Sync task (the shard's owner): sum shard ``shard`` chunk by chunk, update it, write version t+1.
 
-    Chunk c+1 downloads while chunk c is reduced, updated and uploaded. The requests go out in
+    ``inputs``: what it sums — the d replicas' gradients (default), or a hierarchical root's B
+    partials (``partial_inputs``). Chunk c+1 downloads while chunk c is reduced, updated and
+    uploaded. The requests go out in
     chunk order with only a chunk's worth (plus one) in flight (``Channel.submit_window``):
     parallel transfers share the link, so requesting everything at once would have every chunk
     (and the optimizer state) arrive together near the end and leave the upload link idle. ``cached``: the stage's flat parameters at version t if this
@@ -345,14 +430,17 @@ def reduce_shard(
     shard's optimizer state is held in this container (none is downloaded). Returns the shard's
     chunks at version t+1.
     """
+    inputs = inputs or replica_inputs(spec, shard)
+    n = inputs.count
     stateful_opt = spec.t > 0 and stateful(spec.make_optimizer) and warm is None
     params, base = _params_at_t(spec, shard, cached, held)
-    per_chunk = spec.replicas + int(stateful_opt) + int(params is None)
-    futures = ch.submit_window(_shard_requests(ch, spec, shard, stateful_opt, params is None), window=per_chunk + WINDOW_EXTRA)
+    per_chunk = n + int(stateful_opt) + int(params is None)
+    calls = _shard_requests(ch, spec, shard, inputs, stateful_opt, params is None)
+    futures = ch.submit_window(calls, window=per_chunk + WINDOW_EXTRA)
     per = [futures[c * per_chunk : (c + 1) * per_chunk] for c in spec.chunks(shard)]
 
     def total(c: int) -> torch.Tensor:
-        return fold([f.result()["g"] for f in per[c][: spec.replicas]])
+        return inputs.total([f.result()["g"] for f in per[c][:n]])
 
     # clipping needs the whole shard reduced before any chunk updates; else each updates as it comes
     totals = clipped(ch, spec, shard, [total(c) for c in spec.chunks(shard)]) if spec.clip else None
@@ -360,9 +448,9 @@ def reduce_shard(
     for c, (a, b) in enumerate(spec.layout[shard]):
         got = per[c]
         g = totals[c] if totals is not None else total(c)
-        state = {c: got[spec.replicas]} if stateful_opt else None
+        state = {c: got[n]} if stateful_opt else None
         p = params[a - base : b - base] if params is not None else got[-1].result()["p"]
-        out.append(update_chunk(ch, spec, shard, c, p, g, state, warm=warm))
+        out.append(update_chunk(ch, spec, shard, c, p, g, state, warm=warm, copy=reads_copies(spec)))
     forget_old_version(ch, spec, shard)
     return out
 
@@ -379,20 +467,73 @@ def _params_at_t(
     return joined, (spec.layout[shard][0][0] if spec.layout[shard] else 0)
 
 
-def _shard_requests(ch: Channel, spec: SyncSpec, shard: int, stateful_opt: bool, download_params: bool) -> list[Callable[[], Future[Any]]]:
-    """A sync task's downloads in chunk order, per chunk: the d replicas' gradients, then the
-    optimizer state (if one is read from S3), then the parameters (if not in this container)."""
+def _shard_requests(
+    ch: Channel, spec: SyncSpec, shard: int, inputs: ShardInputs, stateful_opt: bool, download_params: bool
+) -> list[Callable[[], Future[Any]]]:
+    """A sync task's downloads in chunk order, per chunk: its inputs (the d replicas' gradients or
+    the B partials), then the optimizer state (if one is read from S3), then the parameters (if
+    not in this container)."""
     calls: list[Callable[[], Future[Any]]] = []
     for c in spec.chunks(shard):
-        calls += [
-            functools.partial(ch.submit_wait, keys.gshard(spec.job, spec.t, spec.stage, r, shard, c), spec.deadline)
-            for r in range(spec.replicas)
-        ]
+        calls += [functools.partial(ch.submit_wait, key, spec.deadline) for key in inputs.keys(c)]
         if stateful_opt:
             calls.append(functools.partial(ch.submit_get_bytes, keys.optim(spec.job, spec.t, spec.stage, shard, c)))
         if download_params:
             calls.append(functools.partial(ch.submit_wait, keys.params(spec.job, spec.t, spec.stage, shard, c), spec.deadline))
     return calls
+
+
+# -- hierarchical: level-1 aggregators under the shards' roots, all in one sync Map ----------------------
+def reduce_block(ch: Channel, spec: SyncSpec, block: int, shard: int) -> None:
+    """Level-1 aggregator (block ``block``, shard ``shard``): sum the block's f replicas' chunks of
+    the shard, left to right (the inner fold of ``fold``), and store each sum as a partial for the
+    shard's root, chunk by chunk as the chunks arrive (the root reduces chunk c while this task
+    still downloads chunk c+1). Deletes its partials of iteration t-2 first: nobody reads them now."""
+    ranks = spec.block_replicas(block)
+    if spec.t >= 2:
+        ch.submit_delete([keys.partial(spec.job, spec.t - 2, spec.stage, block, shard, c) for c in spec.chunks(shard)])
+    calls = [
+        functools.partial(ch.submit_wait, keys.gshard(spec.job, spec.t, spec.stage, r, shard, c), spec.deadline)
+        for c in spec.chunks(shard)
+        for r in ranks
+    ]
+    futures = ch.submit_window(calls, window=len(ranks) + WINDOW_EXTRA)
+    for c in spec.chunks(shard):
+        parts = [f.result()["g"] for f in futures[c * len(ranks) : (c + 1) * len(ranks)]]
+        ch.submit_put(keys.partial(spec.job, spec.t, spec.stage, block, shard, c), {"g": left_fold(parts)})
+
+
+@dataclass(frozen=True)
+class ShardOwner:
+    """A sync task that reduces shard ``shard`` from ``inputs`` and updates it (``reduce_shard``):
+    every sync task of scatter_reduce, k_reduce and all_reduce, and a hierarchical shard's root."""
+
+    shard: int
+    inputs: ShardInputs
+
+
+@dataclass(frozen=True)
+class BlockSum:
+    """A hierarchical level-1 aggregator: sums ``block``'s replicas' chunks of ``shard`` (``reduce_block``)."""
+
+    block: int
+    shard: int
+
+
+def sync_role(algo: str, spec: SyncSpec, index: int) -> ShardOwner | BlockSum:
+    """What sync task ``index`` of a stage's sync Map does (planner/plan.py ``sync_tasks`` counts
+    them). Hierarchical with B > 1 blocks: tasks 0..K-1 are the shards' roots (so a root's index is
+    its shard, as every owner's is: its warm function, its clipping norm), then the level-1
+    aggregators, block by block: task K + b K + k sums block b of shard k. Else task k owns shard k."""
+    k = spec.shards
+    if algo != "hierarchical" or spec.blocks == 1:
+        return ShardOwner(index, replica_inputs(spec, index))
+    if index < k:
+        return ShardOwner(index, partial_inputs(spec, index))
+    block, shard = divmod(index - k, k)
+    if block >= spec.blocks:
+        raise ValueError(f"sync task {index} does not exist: {k} roots and {k} x {spec.blocks} level-1 aggregators")
+    return BlockSum(block, shard)
 
 
 # -- pipelined_scatter_reduce: fused into backward --------------------------------------------------------
@@ -473,7 +614,7 @@ class PipelinedExchange:
         mine = {}
 
         def total(c: int) -> torch.Tensor:
-            return fold([self.own[c] if src == r else self.incoming[c, src].result()["g"] for src in range(d)])
+            return fold([self.own[c] if src == r else self.incoming[c, src].result()["g"] for src in range(d)], spec.fan_in)
 
         totals = clipped(ch, spec, r, [total(c) for c in spec.chunks(r)]) if spec.clip else None
         for c, (a, b) in enumerate(spec.layout[r]):

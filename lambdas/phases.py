@@ -8,11 +8,13 @@ input-gradients back, accumulate parameter gradients scaled so they average over
 The gradient then leaves by the stage's sync algorithm (lambdas/collectives.py), one ``_Update``
 class per case: written as K shards for a sync Map, exchanged among the backward tasks themselves
 (pipelined or LambdaML's scatter-reduce), or, with d = 1, applied by the task directly.
-Sync (s, shard k): sum shard k over replicas in a fixed order, apply the optimizer to shard k.
+Sync (s, task k): sum shard k over replicas in a fixed order, apply the optimizer to shard k; or,
+hierarchical, a level-1 aggregator summing a block of replicas for the shard's root.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
@@ -342,8 +344,8 @@ def _update_for(ctx: JobContext, ch: Channel, ev: BackwardEvent, spec: collectiv
     params = ctx.stage_params(ev.stage)
     if ctx.plan.replicas == 1:
         return _AloneWarm(ctx, ch, ev, spec, params) if warm else _AloneFromS3(ch, spec, params)
-    if ctx.plan.sync[ev.stage] in FUSED_SYNC:
-        return _Exchanged(ctx, ch, ev, spec, params, warm)
+    if ctx.plan.sync[ev.stage] in FUSED_SYNC:  # the exchange reduces: in the plan's blocked order
+        return _Exchanged(ctx, ch, ev, dataclasses.replace(spec, fan_in=ctx.plan.fan_in[ev.stage]), params, warm)
     return _ToSyncMap(ch, ev, spec, params)
 
 
@@ -386,24 +388,42 @@ def _send_tied_grads(ctx: JobContext, ch: Channel, s: int, t: int, r: int) -> No
 
 
 def sync(ctx: JobContext, ch: Channel, ev: SyncEvent, deadline: float) -> dict[str, Any]:
-    """Reduce shard k of stage s over the replicas and update it (scatter_reduce, k_reduce, all_reduce)."""
+    """Sync task ``ev.shard`` of stage s: its role (``collectives.sync_role``) — a shard's owner,
+    which reduces and updates it (scatter_reduce, k_reduce, all_reduce, a hierarchical root), or a
+    hierarchical level-1 aggregator, which sums its block into a partial."""
     plan = ctx.plan
     if plan.sync_tasks(ev.stage) == 0 or ev.shard >= plan.sync_tasks(ev.stage):
         raise ValueError(
             f"stage {ev.stage} has {plan.sync_tasks(ev.stage)} sync tasks ({plan.sync[ev.stage]}, "
             f"{plan.replicas} replicas): there is no sync task for shard {ev.shard}"
         )
-    spec = ctx.sync_spec(ev.stage, ev.t, ev.window_start, deadline)
-    s, k, t = ev.stage, ev.shard, ev.t
+    spec = _sync_spec(ctx, ev.stage, ev.t, ev.window_start, deadline)
+    role = collectives.sync_role(plan.sync[ev.stage], spec, ev.shard)
+    if isinstance(role, collectives.BlockSum):
+        collectives.reduce_block(ch, spec, role.block, role.shard)
+        return {}
+    return _own_shard(ctx, ch, ev, spec, role)
+
+
+def _sync_spec(ctx: JobContext, s: int, t: int, window_start: int, deadline: float) -> collectives.SyncSpec:
+    """The stage's SyncSpec with the plan's reduction block (fan-in), which every reduction sums by."""
+    return dataclasses.replace(ctx.sync_spec(s, t, window_start, deadline), fan_in=ctx.plan.fan_in[s])
+
+
+def _own_shard(ctx: JobContext, ch: Channel, ev: SyncEvent, spec: collectives.SyncSpec, role: collectives.ShardOwner) -> dict[str, Any]:
+    """Reduce the shard the task owns from the role's inputs and update it: from S3, or, in a warm
+    window attempt, with the shard's state and parameters kept in this task's own function."""
+    s, k, t = ev.stage, role.shard, ev.t
     out: dict[str, Any] = {}
     if not ctx.warm_attempt(ch, s, ev.window_start, ev.attempt):
-        collectives.reduce_shard(ch, spec, k, cached=ctx.cached_params(s, t))
+        collectives.reduce_shard(ch, spec, k, cached=ctx.cached_params(s, t), inputs=role.inputs)
         return {"grad_norm": spec.norms[-1]} if spec.norms else out
     # the sync task's own function: shard k's state and parameters stay here (docs/runtime.md)
     warm = collectives.Warm(_optimizer_state(ctx, ch, spec, ev.window_start, k), ctx.checkpoint(t + 1, ev.window_start, s))
     mine = ctx.shard_held.get((s, k))
     held = mine[1] if mine is not None and mine[0] == t else None
-    new = collectives.reduce_shard(ch, spec, k, cached=None if held is not None else ctx.cached_params(s, t), held=held, warm=warm)
+    cached = None if held is not None else ctx.cached_params(s, t)
+    new = collectives.reduce_shard(ch, spec, k, cached=cached, held=held, warm=warm, inputs=role.inputs)
     ctx.optim_held[s, k] = (t + 1, [warm.kept[c] for c in spec.chunks(k)])
     ctx.shard_held[s, k] = (t + 1, new)
     return {"grad_norm": spec.norms[-1]} if spec.norms else out

@@ -35,13 +35,32 @@ from stagecoach.planner.limits import (
 #                             and downloading at once in a staggered order; the stage has no sync Map
 #   lambdaml_scatter_reduce   LambdaML's own: the d backward tasks reduce their own shards among themselves
 #                             after the backward pass, in phases one after another; no sync Map
-SYNC_ALGORITHMS = ("scatter_reduce", "k_reduce", "all_reduce", "pipelined_scatter_reduce", "lambdaml_scatter_reduce")
+#   hierarchical              DiSDeL's aggregation tree: backward writes K shards; in the sync Map a level-1
+#                             aggregator per (block of fan_in replicas, shard) sums its block into a partial,
+#                             and a root per shard sums the partials and updates the shard (K roots alone
+#                             when d <= fan_in: then it is k_reduce)
+SYNC_ALGORITHMS = ("scatter_reduce", "k_reduce", "all_reduce", "pipelined_scatter_reduce", "lambdaml_scatter_reduce", "hierarchical")
 FUSED_SYNC = ("pipelined_scatter_reduce", "lambdaml_scatter_reduce")  # no sync Map: K = d, in the backward tasks
+CHOSEN_K = ("k_reduce", "hierarchical")  # the algorithms whose K the plan chooses (1 <= K <= d)
 PHASES = ("forward", "backward", "sync")
 # The memory ladder an out-of-memory stage climbs, one step per failure (FuncPipe's tiers, MB).
 MEMORY_TIERS_MB = (512, 1024, 2048, 3072, 4096, 6144, 8192, 10240)
 # A task's TimeoutSeconds is its predicted (or observed) duration times this factor, plus slack.
 TIMEOUT_SAFETY = 2.0
+# The reduction's block (docs/runtime.md "Same bits everywhere"): every algorithm sums the d replicas'
+# gradients as the left fold of the left folds of blocks of fan_in consecutive replicas, and the
+# hierarchical sync runs one level-1 aggregator per block. 40 = the most replicas a plan could have
+# before phases ran in groups (one inline Map): every such plan keeps its one left fold, bit for bit.
+DEFAULT_FAN_IN = 40
+# The most inputs one aggregator of the tree reads per chunk (level-1: f gradients, root: B partials):
+# its downloads in flight and its memory grow with it; 1,600 replicas (MAP_MAX_TASKS) fit 40 x 40.
+MAX_FAN_IN = 64
+
+
+def reduction_blocks(replicas: int, fan_in: int) -> int:
+    """B: the blocks of ``fan_in`` consecutive replicas the gradients are summed in (the last may be
+    shorter); 1 when d <= fan_in, the one left fold g_0 + g_1 + ... + g_{d-1}."""
+    return max(1, -(-replicas // max(1, fan_in)))
 
 
 class PlanError(StagecoachError, ValueError):
@@ -94,6 +113,9 @@ class Plan:
     memory_mb:      Lambda memory per stage.
     timeouts_s:     per stage, per phase, the Task's TimeoutSeconds.
     prediction:     what the planner predicted for it (None for a plan written by hand).
+    fan_in:         per stage, f >= 2: the replicas' gradients are summed in blocks of f consecutive
+                    replicas (every algorithm, so all give the same bits), and a hierarchical stage
+                    runs a level-1 aggregator per block (DEFAULT_FAN_IN: d <= 40 is one block).
     """
 
     balance: tuple[int, ...]
@@ -105,6 +127,7 @@ class Plan:
     memory_mb: tuple[int, ...] = ()
     timeouts_s: tuple[Mapping[str, int], ...] = ()
     prediction: Prediction | None = None
+    fan_in: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "balance", _int_tuple("balance", self.balance))
@@ -115,8 +138,15 @@ class Plan:
             object.__setattr__(self, "sync", (self.sync,) * n)
         else:
             object.__setattr__(self, "sync", tuple(self.sync))
+        if not self.fan_in:
+            object.__setattr__(self, "fan_in", (DEFAULT_FAN_IN,) * n)
+        elif isinstance(self.fan_in, int):
+            object.__setattr__(self, "fan_in", (self.fan_in,) * n)
+        else:
+            object.__setattr__(self, "fan_in", _int_tuple("fan_in", self.fan_in))
         if not self.aggregators:
-            object.__setattr__(self, "aggregators", tuple(_default_k(a, self.replicas) for a in self.sync))
+            fans = self.fan_in if len(self.fan_in) == len(self.sync) else (DEFAULT_FAN_IN,) * len(self.sync)
+            object.__setattr__(self, "aggregators", tuple(_default_k(a, self.replicas, f) for a, f in zip(self.sync, fans)))
         elif isinstance(self.aggregators, int):
             object.__setattr__(self, "aggregators", (self.aggregators,) * n)
         else:
@@ -164,10 +194,18 @@ class Plan:
         return 1 if self.replicas == 1 else self.aggregators[stage]
 
     def sync_tasks(self, stage: int) -> int:
-        """Tasks in stage ``stage``'s sync Map: 0 without one (d = 1, or a sync fused into backward)."""
+        """Tasks in stage ``stage``'s sync Map: 0 without one (d = 1, or a sync fused into backward);
+        hierarchical with B > 1 blocks: K roots and K x B level-1 aggregators (lambdas/collectives.py
+        ``sync_role`` numbers them), else K."""
         if self.replicas == 1 or self.sync[stage] in FUSED_SYNC:
             return 0
-        return self.aggregators[stage]
+        k = self.aggregators[stage]
+        blocks = self.blocks(stage)
+        return k * (blocks + 1) if self.sync[stage] == "hierarchical" and blocks > 1 else k
+
+    def blocks(self, stage: int) -> int:
+        """B: the blocks of ``fan_in[stage]`` replicas stage ``stage``'s gradients are summed in."""
+        return reduction_blocks(self.replicas, self.fan_in[stage])
 
     def peak_invocations(self) -> int:
         """The most Lambda invocations one iteration runs at once: the forward Map, or BackwardSync,
@@ -241,6 +279,7 @@ class Plan:
         for what, seq in (
             ("sync", self.sync),
             ("aggregators", self.aggregators),
+            ("fan_in", self.fan_in),
             ("memory_mb", self.memory_mb),
             ("timeouts_s", self.timeouts_s),
         ):
@@ -255,10 +294,33 @@ class Plan:
             k, d = self.aggregators[s], self.replicas
             if not 1 <= k <= d:
                 raise PlanError(f"plan.aggregators[{s}]={k}: K must be between 1 and the {d} replicas")
-            want = _default_k(algo, d)
-            if algo != "k_reduce" and k != want:
+            want = _default_k(algo, d, self.fan_in[s])
+            if algo not in CHOSEN_K and k != want:
                 raise PlanError(
-                    f"plan.aggregators[{s}]={k} does not fit sync {algo!r}, which uses K={want}: use sync 'k_reduce' to choose K yourself"
+                    f"plan.aggregators[{s}]={k} does not fit sync {algo!r}, which uses K={want}: use sync 'k_reduce' "
+                    "or 'hierarchical' to choose K yourself"
+                )
+        self._check_fan_in()
+
+    def _check_fan_in(self) -> None:
+        """Each stage's fan-in is an aggregator's count of inputs: at least 2 (the block of the
+        reduction order; a hierarchical stage's level-1 aggregators each read f gradients and its
+        roots B = ceil(d / f) partials, so neither side may exceed MAX_FAN_IN)."""
+        for s, f in enumerate(self.fan_in):
+            if f < 2:
+                raise PlanError(
+                    f"plan.fan_in[{s}]={f}: an aggregator sums at least 2 gradients; give 2..{MAX_FAN_IN} "
+                    f"(the default {DEFAULT_FAN_IN} keeps up to {DEFAULT_FAN_IN} replicas in one block)"
+                )
+            if self.sync[s] != "hierarchical":
+                continue
+            blocks = self.blocks(s)
+            if f > MAX_FAN_IN or blocks > MAX_FAN_IN:
+                lo = -(-self.replicas // MAX_FAN_IN)
+                raise PlanError(
+                    f"plan.fan_in[{s}]={f} with {self.replicas} replicas gives level-1 aggregators of {min(f, self.replicas)} "
+                    f"gradients and roots of {blocks} partials; each reads at most {MAX_FAN_IN}: choose fan_in "
+                    f"between {max(2, lo)} and {MAX_FAN_IN} (about sqrt(d) = {max(2, math.isqrt(self.replicas))} balances the levels)"
                 )
 
     def _check_memory(self) -> None:
@@ -299,6 +361,7 @@ class Plan:
         d["aggregators"] = list(self.aggregators)
         d["memory_mb"] = list(self.memory_mb)
         d["timeouts_s"] = [dict(t) for t in self.timeouts_s]
+        d["fan_in"] = list(self.fan_in)
         d["prediction"] = None if self.prediction is None else self.prediction.to_dict()
         return d
 
@@ -310,7 +373,18 @@ class Plan:
         if not isinstance(data, Mapping):
             raise PlanError(f"a plan must be a JSON object, got {type(data).__name__}")
         data = _upgrade(data)
-        known = {"balance", "replicas", "micro_batches", "global_batch", "sync", "aggregators", "memory_mb", "timeouts_s", "prediction"}
+        known = {
+            "balance",
+            "replicas",
+            "micro_batches",
+            "global_batch",
+            "sync",
+            "aggregators",
+            "memory_mb",
+            "timeouts_s",
+            "prediction",
+            "fan_in",
+        }
         unknown = sorted(set(data) - known)
         if unknown:
             raise PlanError(f"plan has unknown fields {unknown}: known fields are {sorted(known)}")
@@ -408,8 +482,12 @@ def data_resident(data_bytes: float, memory_mb: int) -> bool:
     return data_bytes <= DATA_RESIDENT_SHARE * memory_mb * 2**20
 
 
-def _default_k(algo: str, replicas: int) -> int:
-    """K implied by an algorithm: 1 for all-reduce, d otherwise (K-reduce defaults to d too)."""
+def _default_k(algo: str, replicas: int, fan_in: int = DEFAULT_FAN_IN) -> int:
+    """K implied by an algorithm: 1 for all-reduce, d otherwise (K-reduce defaults to d too);
+    hierarchical's default is min(d, fan_in): a level-1 aggregator then downloads f/K = about one
+    stage's gradient, as a replica uploads, and the roots are few (docs/performance-model.md §5)."""
+    if algo == "hierarchical":
+        return min(replicas, fan_in)
     return 1 if algo == "all_reduce" else replicas
 
 

@@ -43,14 +43,14 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(plan, "MIN_CHUNK_BYTES", 16)
 
 
-def stage() -> nn.Sequential:
+def stage(dtype: torch.dtype = torch.float32) -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+    return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).to(dtype)
 
 
-def data(r: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+def data(r: int, j: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(100 * r + j)
-    return torch.randn(4, 5, generator=g), torch.randn(4, 3, generator=g)
+    return torch.randn(4, 5, generator=g).to(dtype), torch.randn(4, 3, generator=g).to(dtype)
 
 
 def channel(s3: MemoryS3) -> Channel:
@@ -60,7 +60,7 @@ def channel(s3: MemoryS3) -> Channel:
 def backward(model: nn.Sequential, r: int, d: int, stream: GradStream | None) -> None:
     """Micro-batches in reverse; the stream is armed for the last backward pass, as in phases.py."""
     for j in reversed(range(MICRO_BATCHES)):
-        x, y = data(r, j)
+        x, y = data(r, j, next(model.parameters()).dtype)
         loss = nn.functional.mse_loss(model(x), y) / (MICRO_BATCHES * d)
         if j == 0 and stream is not None:
             stream.arm()
@@ -69,18 +69,19 @@ def backward(model: nn.Sequential, r: int, d: int, stream: GradStream | None) ->
         stream.finish()
 
 
-def reference(d: int, make_opt, iterations: int) -> list[torch.Tensor]:
-    """One optimizer on the whole flat vector, gradients summed in replica order."""
-    flat = flat_params(stage().parameters())
+def reference(d: int, make_opt, iterations: int, fan_in: int = 0, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """One optimizer on the whole flat vector, gradients summed in replica order (in blocks of
+    ``fan_in`` replicas: the left fold of the blocks' left folds)."""
+    flat = flat_params(stage(dtype).parameters())
     state, out = None, []
     for _ in range(iterations):
         grads = []
         for r in range(d):
-            model = stage()
+            model = stage(dtype)
             assign_flat(list(model.parameters()), flat)
             backward(model, r, d, None)
             grads.append(training.flat_grads(list(model.parameters())))
-        flat, state = apply_update(make_opt, flat, collectives.fold(grads), state)
+        flat, state = apply_update(make_opt, flat, collectives.fold(grads, fan_in), state)
         out.append(flat)
     return out
 
@@ -105,21 +106,40 @@ def run_in_threads(fns: list) -> list:
     return results
 
 
-def distributed(algo: str, d: int, k: int, make_opt, iterations: int) -> tuple[list[torch.Tensor], MemoryS3]:
-    """Run the algorithm for ``iterations``; returns the gathered parameters after each."""
+def sync_map(s3: MemoryS3, algo: str, spec: SyncSpec, k: int, fan_in: int) -> None:
+    """The stage's sync Map: every task the plan counts, at once, each in the role ``sync_role`` gives it."""
+    tasks = plan.Plan(balance=(1,), replicas=spec.replicas, global_batch=spec.replicas, sync=algo, aggregators=k, fan_in=fan_in or 40)
+
+    def task(i: int) -> None:
+        ch = channel(s3)
+        role = collectives.sync_role(algo, spec, i)
+        if isinstance(role, collectives.BlockSum):
+            collectives.reduce_block(ch, spec, role.block, role.shard)
+        else:
+            collectives.reduce_shard(ch, spec, role.shard, inputs=role.inputs)
+        ch.settle()
+
+    run_in_threads([lambda i=i: task(i) for i in range(tasks.sync_tasks(0))])
+
+
+def distributed(
+    algo: str, d: int, k: int, make_opt, iterations: int, fan_in: int = 0, dtype: torch.dtype = torch.float32
+) -> tuple[list[torch.Tensor], MemoryS3]:
+    """Run the algorithm for ``iterations`` (summing in blocks of ``fan_in`` replicas); returns the
+    gathered parameters after each."""
     s3 = MemoryS3()
-    p0 = flat_params(stage().parameters())
+    p0 = flat_params(stage(dtype).parameters())
     layout = stage_layout(p0.numel(), p0.element_size(), k, d)
     for kk, chunks in enumerate(layout):
         for c, (a, b) in enumerate(chunks):
             channel(s3).put_tensors(keys.params(JOB, 0, 0, kk, c), {"p": p0[a:b]})
     flat, out = p0, []
     for t in range(iterations):
-        spec = SyncSpec(JOB, 0, t, d, layout, make_opt, window_start=0, deadline=time.time() + 30)
+        spec = SyncSpec(JOB, 0, t, d, layout, make_opt, window_start=0, deadline=time.time() + 30, fan_in=fan_in)
 
         def replica(r: int, flat=flat, spec=spec):
             ch = channel(s3)
-            model = stage()
+            model = stage(dtype)
             params = list(model.parameters())
             assign_flat(params, flat)
             if d == 1:
@@ -140,13 +160,7 @@ def distributed(algo: str, d: int, k: int, make_opt, iterations: int) -> tuple[l
 
         held = run_in_threads([lambda r=r: replica(r) for r in range(d)])
         if d > 1 and algo not in FUSED_SYNC:
-
-            def sync_task(kk: int, spec=spec):
-                ch = channel(s3)
-                collectives.reduce_shard(ch, spec, kk)
-                ch.settle()
-
-            run_in_threads([lambda kk=kk: sync_task(kk) for kk in range(k)])
+            sync_map(s3, algo, spec, k, fan_in)
         flat = collectives.gather(channel(s3), spec, t + 1)
         for h in held:  # what a replica holds after a fused sync is what everyone else reads
             if h is not None:
@@ -258,7 +272,7 @@ def test_lambdamls_exchange_starts_after_the_backward_pass_and_the_pipelined_one
     assert isinstance(ex, LambdaMLExchange) == (algo == "lambdaml_scatter_reduce")
     model = stage()
     backward(model, 0, d, ex.stream(list(model.parameters())))
-    prefix = f"jobs/{JOB}/iter/0/gshard/"
+    prefix = keys.gshard(JOB, 0, 0, 0, 0, 0).split("/s0/")[0] + "/"  # replica 0's gradient shards
     if algo == "lambdaml_scatter_reduce":
         assert not ch._pending and not s3.keys(prefix), "no request may start before the backward pass has ended"
     else:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stagecoach.planner.limits import UPLOADS_IN_FLIGHT
+from stagecoach.planner.plan import DEFAULT_FAN_IN, chunk_count, reduction_blocks, writes_through
 from stagecoach.planner.plan import SYNC_ALGORITHMS as RUNTIME_SYNC
-from stagecoach.planner.plan import chunk_count, writes_through
 
 if TYPE_CHECKING:  # pragma: no cover
     from stagecoach.planner.model.platforms import Platform
@@ -101,6 +101,15 @@ class SyncAlgorithm:
         computed byte (2 under bfloat16): ``p_bytes`` is what the gradients move, the parameters
         and the optimizer state are stored, moved and held as fp32 master copies (``pm`` below)."""
         raise NotImplementedError
+
+
+# core/keys.py READ_COPIES_MIN_REPLICAS (the planner imports nothing of the core; a test checks they agree)
+READ_COPIES_MIN_REPLICAS = 64
+
+
+def read_copies(d: int) -> int:
+    """1 when an updated chunk is also stored as a read copy for the d replicas to read (d >= 64)."""
+    return 1 if d >= READ_COPIES_MIN_REPLICAS else 0
 
 
 def chunks_per_shard(d: int, k: int, stored_bytes: float) -> int:
@@ -190,7 +199,8 @@ class ScatterReduce(SyncAlgorithm):
     link, so the last two chunks arrive almost together (the state object of chunk C-2, twice a
     gradient chunk's size under Adam, still shares the link with chunk C-1's).
     Its container holds version t (it ran a backward task), so it does not load the parameters;
-    the next phase's tasks do: t_lat + P/w. Memory: incoming chunks (up to d P/K), state and new
+    the next phase's tasks do: t_lat + P/w. From d = READ_COPIES_MIN_REPLICAS on, each updated
+    chunk is also stored as a read copy (core/keys.py ``params_copy``): one more PUT and chunk up. Memory: incoming chunks (up to d P/K), state and new
     parameters and state: (d + 1 + 2 rho) P/K.
     """
 
@@ -214,7 +224,8 @@ class ScatterReduce(SyncAlgorithm):
         sf = _stateful(plat) * _state_share(plat, pm / k)
         rho_io = rho * _state_share(plat, pm / k)  # the state's bytes that cross S3 per iteration
         tail = lat + max(chunk / w, p_bytes / w - last_backward_s)
-        task = 2 * lat + (d * p_bytes + rho_io * pm) / (k * w) + opt_s / (k * c) + min(2, c) * (1 + rho_io) * pm / (k * c * w)
+        up = 1 + rho_io + read_copies(d)  # per updated chunk: its parameters, state, read copy
+        task = 2 * lat + (d * p_bytes + rho_io * pm) / (k * w) + opt_s / (k * c) + min(2, c) * up * pm / (k * c * w)
         return StageSync(
             self.name,
             k,
@@ -224,7 +235,7 @@ class ScatterReduce(SyncAlgorithm):
             shards=k * c,
             tail_puts=k * c,
             tail_gets=0,
-            task_puts=c * (1 + sf),
+            task_puts=c * (1 + sf + read_copies(d)),
             task_gets=c * (d + sf),
             task_bytes=(d * p_bytes + (1 + 2 * rho) * pm) / k,
         )
@@ -240,6 +251,66 @@ class AllReduce(ScatterReduce):
     """K = 1: one aggregator reduces and updates the whole stage (parameter-server style)."""
 
     name = "all_reduce"
+
+
+class Hierarchical(ScatterReduce):
+    """DiSDeL's aggregation tree in one sync Map (``collectives.reduce_block``, ``reduce_shard``
+    over ``partial_inputs``): K shards, B = ceil(d/f) blocks of f = fan-in replicas.
+
+    With B = 1 it is k_reduce (K roots read the d replicas). Else, per shard k, B level-1
+    aggregators each GET their block's f gradient chunks and PUT the sum (a master-dtype partial):
+        L1   = 2 t_lat + f P/(K w) + min(2, C) chunk_m/w
+    and the root GETs the B partials and its state, reduces, updates and PUTs, but its last
+    partial lands only after the level-1 aggregators' last PUT and a latency:
+        root = max(2 t_lat + (B + rho) P_m/(K w), L1 + t_lat + chunk_m/w) + opt/(KC) + min(2, C)(1+rho) chunk_m/w
+    (chunk_m = P_m/(KC), P_m the master bytes). The Map runs K (B+1) tasks; each is charged the
+    root's duration (``task_s``: an upper bound for the level-1 tasks, which end at L1). Requests
+    (``levels``): replicas PUT d K C, level-1 GET d K C and PUT B K C, roots GET B K C (+ state)
+    and PUT K C (+ state, + read copies); the next phase GETs the K C updated chunks per replica,
+    as k_reduce's.
+    Memory: a level-1 task holds f incoming chunks and its partial, (f P + P_m)/K; a root B
+    partials, its state and the new parameters and state, (B + 1 + 2 rho) P_m/K.
+    """
+
+    name = "hierarchical"
+
+    def __init__(self, fan_in: int = DEFAULT_FAN_IN) -> None:
+        self.fan_in = fan_in
+
+    def stage(
+        self,
+        d: int,
+        k: int,
+        p_bytes: float,
+        opt_s: float,
+        backward_compute_s: float,
+        plat: Platform,
+        last_backward_s: float = 0.0,
+        master_ratio: float = 1.0,
+    ) -> StageSync:
+        flat = super().stage(d, k, p_bytes, opt_s, backward_compute_s, plat, last_backward_s, master_ratio)
+        blocks = reduction_blocks(d, self.fan_in)
+        if blocks == 1:
+            return flat
+        w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
+        pm = master_ratio * p_bytes
+        c = flat.shards // k
+        chunk_m = pm / (k * c)
+        f = min(self.fan_in, d)
+        share = _state_share(plat, pm / k)
+        sf, rho_io = _stateful(plat) * share, rho * share
+        level1 = 2 * lat + f * p_bytes / (k * w) + min(2, c) * chunk_m / w
+        root = max(2 * lat + (blocks + rho_io) * pm / (k * w), level1 + lat + chunk_m / w)
+        root += opt_s / (k * c) + min(2, c) * (1 + rho_io + read_copies(d)) * chunk_m / w
+        tasks = k * (blocks + 1)
+        return dataclasses.replace(
+            flat,
+            task_s=root,
+            tasks=tasks,
+            task_puts=(blocks * k * c + k * c * (1 + sf + read_copies(d))) / tasks,
+            task_gets=(d * k * c + blocks * k * c + k * c * sf) / tasks,
+            task_bytes=max((f * p_bytes + pm) / k, (blocks + 1 + 2 * rho) * pm / k),
+        )
 
 
 class PipelinedScatterReduce(SyncAlgorithm):
@@ -485,7 +556,8 @@ MODEL_ONLY_SYNC: dict[str, SyncAlgorithm] = {
 
 
 SYNC_ALGORITHMS: dict[str, SyncAlgorithm] = {
-    a.name: a for a in (NoSync(), ScatterReduce(), PipelinedScatterReduce(), KReduce(), AllReduce(), LambdaMLScatterReduce())
+    a.name: a
+    for a in (NoSync(), ScatterReduce(), PipelinedScatterReduce(), KReduce(), AllReduce(), LambdaMLScatterReduce(), Hierarchical())
 }
 # The names come from the runtime contract (planner/plan.py); this model prices exactly those, plus
 # "none" (d = 1). Listed in the search's order, which breaks ties between equal-cost plans.
@@ -502,7 +574,7 @@ class SyncChoice:
     k: int
 
     def label(self) -> str:
-        return f"k_reduce(K={self.k})" if self.algo == "k_reduce" else self.algo
+        return f"{self.algo}(K={self.k})" if self.algo in ("k_reduce", "hierarchical") else self.algo
 
     @property
     def algorithm(self) -> SyncAlgorithm:
@@ -535,6 +607,72 @@ def sync_choices(d: int, algos: Sequence[str] | None = None) -> list[SyncChoice]
             while k < d:
                 out.append(SyncChoice(a, k))
                 k *= 2
+        elif a == "hierarchical":
+            out += _tree_choices(d)
         else:
             raise ValueError(f"unknown sync algorithm {a!r}: choose from {ALL_SYNC}")
     return out
+
+
+def _tree_choices(d: int) -> list[SyncChoice]:
+    """The hierarchical sync's candidates at the plan's default fan-in (the one the Plan the
+    solver writes gets): none while d fits one block (then it is k_reduce, already a candidate),
+    else K = f/4, f/2 and f (the plan's default), so a level-1 aggregator moves about 4, 2 or 1
+    stage's worth of gradient."""
+    f = DEFAULT_FAN_IN
+    if reduction_blocks(d, f) == 1:
+        return []
+    return [SyncChoice("hierarchical", k) for k in sorted({max(1, f // 4), max(1, f // 2), f}) if k <= d]
+
+
+# -- S3 requests per iteration, by level (benchmarks/sync_requests.py; docs/performance-model.md §5) ----
+@dataclass(frozen=True)
+class Requests:
+    puts: float
+    gets: float
+
+
+@dataclass(frozen=True)
+class SyncRequests:
+    """One stage's S3 requests of one iteration's sync, by who makes them, and their price.
+
+    levels: "replicas" (the backward tasks' gradient shards), "sync tasks" (a flat sync Map),
+    "level-1" and "roots" (the hierarchical tree), "gather" (the next phase's tasks GET the updated
+    chunks), "fused" (an exchange among the backward tasks). Polls (GETs of an object not yet there)
+    are not counted: the job's waiting workers make at most JOB_POLL_BUDGET_PER_S together."""
+
+    algo: str
+    d: int
+    k: int
+    chunks: int
+    levels: dict[str, Requests]
+    usd: float
+
+    @property
+    def puts(self) -> float:
+        return sum(r.puts for r in self.levels.values())
+
+    @property
+    def gets(self) -> float:
+        return sum(r.gets for r in self.levels.values())
+
+
+def sync_requests(choice: SyncChoice, d: int, p_bytes: float, plat: Platform, master_ratio: float = 1.0) -> SyncRequests:
+    """S3 requests per iteration of one stage of ``p_bytes`` synchronised by ``choice`` at d
+    replicas, from the same ``StageSync`` counts the performance model charges, split by level."""
+    algo = choice.algorithm
+    sy = algo.stage(d, choice.k, p_bytes, 0.0, 0.0, plat, master_ratio=master_ratio)
+    c = sy.shards // max(1, sy.k)
+    replicas = Requests(d * sy.tail_puts, d * sy.tail_gets)
+    if sy.tasks == 0:
+        levels = {"fused": replicas}
+    elif isinstance(algo, Hierarchical) and reduction_blocks(d, algo.fan_in) > 1:
+        b, k = reduction_blocks(d, algo.fan_in), sy.k
+        level1 = Requests(b * k * c, d * k * c)
+        roots = Requests(sy.tasks * sy.task_puts - level1.puts, sy.tasks * sy.task_gets - level1.gets)
+        levels = {"replicas": replicas, "level-1": level1, "roots": roots, "gather": Requests(0, d * sy.shards)}
+    else:
+        tasks = Requests(sy.tasks * sy.task_puts, sy.tasks * sy.task_gets)
+        levels = {"replicas": replicas, "sync tasks": tasks, "gather": Requests(0, d * sy.shards)}
+    usd = sum(r.puts * plat.price_put + r.gets * plat.price_get for r in levels.values())
+    return SyncRequests(algo.name, d, sy.k, c, levels, usd)
