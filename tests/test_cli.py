@@ -101,7 +101,7 @@ def test_bad_sync_options_are_refused_with_the_fix(tmp_path):
     r = stagecoach("train", "tiny.py", "--replicas", "2", "--sync", "k_reduce", "--aggregators", "3", cwd=tmp_path)
     assert r.returncode != 0 and "K must be between 1 and the 2 replicas" in r.stderr, r.stderr
     r = stagecoach("train", "tiny.py", "--replicas", "2", "--sync", "scatter_reduce", "--aggregators", "1", cwd=tmp_path)
-    assert r.returncode != 0 and "--aggregators only applies to --sync k_reduce" in r.stderr, r.stderr
+    assert r.returncode != 0 and "--aggregators only applies to --sync k_reduce or hierarchical" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
 

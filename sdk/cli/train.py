@@ -29,7 +29,7 @@ from stagecoach.run import Run, RunFailed
 @click.option(
     "--sync", type=click.Choice(list(SYNC_ALGORITHMS)), help="gradient sync algorithm for every stage (docs/runtime.md, 'Sync algorithms')"
 )
-@click.option("--aggregators", type=int, help="K for --sync k_reduce: shards and sync tasks per stage (1..d)")
+@click.option("--aggregators", type=int, help="K for --sync k_reduce or hierarchical: shards per stage (1..d)")
 @click.option("--iterations", type=int, help="override the job's iterations")
 @click.option("--recommended", is_flag=True, help="use the planner's recommended plan even if FILE defines manual `defaults`")
 @click.option("--backend", type=click.Choice(["local", "aws"]), default=None, help="local (default) or aws (default when --stack is given)")
@@ -186,9 +186,11 @@ def _backend(backend: str | None, stack: str | None, region: str | None, emulate
 def _with_sync(plan: Plan, sync: str | None, aggregators: int | None) -> Plan:
     """The plan with every stage's sync algorithm (and K) replaced; Plan validates the pair."""
     algo = sync or "k_reduce"  # called only when --sync or --aggregators was given
-    if algo != "k_reduce" and aggregators:
-        raise click.BadParameter(f"--aggregators only applies to --sync k_reduce, not {algo}", param_hint="--aggregators")
-    k = aggregators or (1 if algo == "all_reduce" else plan.replicas)
+    if algo not in ("k_reduce", "hierarchical") and aggregators:
+        raise click.BadParameter(f"--aggregators only applies to --sync k_reduce or hierarchical, not {algo}", param_hint="--aggregators")
+    # hierarchical: K shards, each summed by a tree of fan-in aggregators (K <= the fan-in by default)
+    default = {"all_reduce": 1, "hierarchical": min(plan.replicas, min(plan.fan_in))}.get(algo, plan.replicas)
+    k = aggregators or default
     return dataclasses.replace(plan, sync=(algo,) * plan.stages, aggregators=(k,) * plan.stages)
 
 
