@@ -153,3 +153,8 @@ def test_a_stage_short_of_memory_in_a_group_is_remediated(backend, inline, small
     record = Remediation.model_validate_json(c.s3.get_object(Bucket=r.bucket, Key=records[0]["Key"])["Body"].read())
     assert record.kind == "out_of_memory" and record.stage == 1 and (record.from_mb, record.to_mb) == (256, 512)
     assert same_parameters(r.trained_model(), inline.trained_model())
+    # inspect finds the killed worker in its group's own history
+    from stagecoach.inspect.report import inspect_execution
+
+    failed = inspect_execution(backend, r.execution_arn).failed_tasks
+    assert any(f.execution_arn.split(":")[-2].endswith("-group") and f.stage == 1 for f in failed), failed

@@ -143,7 +143,7 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
     d = run.describe()  # the chain's latest execution: the job's status
     execs = _window_executions(backend, spec.window_state_machine)
     window = _window(backend, execs, length)
-    failures = _failures(run, execs, max_failures)
+    failures = _failures(run, execs + _failed_groups(backend, spec.window_state_machine), max_failures)
     r = backend.resources
     status = run.status()  # STOPPED where Step Functions says FAILED with the stop error
     return Inspection(
@@ -187,6 +187,23 @@ def _window_executions(backend: Backend, window_state_machine: str | None) -> li
     return sorted(execs, key=lambda e: e["startDate"])
 
 
+def _failed_groups(backend: Backend, window_state_machine: str | None) -> list[dict[str, Any]]:
+    """The group executions (a phase past 40 workers: planner/emit/groups.py) that failed, oldest
+    first: their failed tasks are in their own histories, not the window's. A group whose tasks
+    failed and ran again successfully is not read (a run has one per phase and iteration)."""
+    if window_state_machine is None:
+        return []
+    sfn, execs = backend.clients.sfn, []
+    group = window_state_machine.removesuffix("-window") + "-group"
+    try:
+        for status in ("FAILED", "TIMED_OUT", "ABORTED"):
+            for page in sfn.get_paginator("list_executions").paginate(stateMachineArn=group, statusFilter=status):
+                execs += page["executions"]
+    except sfn.exceptions.StateMachineDoesNotExist:  # a plan without groups
+        return []
+    return sorted(execs, key=lambda e: e["startDate"])
+
+
 def _window(backend: Backend, execs: list[dict[str, Any]], length: int) -> dict[str, Any] | None:
     """Where the run is: the latest window execution's iterations, status and attempt."""
     if not execs:
@@ -206,10 +223,12 @@ def _window(backend: Backend, execs: list[dict[str, Any]], length: int) -> dict[
 
 
 def _failures(run: Run, execs: list[dict[str, Any]], max_failures: int) -> list[FailedTask]:
-    """Failed tasks from the windows that did not succeed and the latest one (its retried tasks)."""
+    """Failed tasks from the windows (and groups) that did not succeed and the latest window (its
+    retried tasks); ``execs``: the windows, oldest first, then the failed groups."""
     to_read = [e for e in execs if e["status"] in ("FAILED", "TIMED_OUT", "ABORTED")]
-    if execs and execs[-1] not in to_read:
-        to_read.append(execs[-1])
+    windows = [e for e in execs if not e.get("stateMachineArn", "").endswith("-group")]
+    if windows and windows[-1] not in to_read:
+        to_read.append(windows[-1])
     failures: list[FailedTask] = []
     for e in to_read:
         failures += failed_tasks(run.history(execution_arn=e["executionArn"]), e["executionArn"])
