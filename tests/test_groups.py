@@ -135,26 +135,44 @@ def test_a_phase_in_groups_trains_bit_identically_and_is_billed_as_predicted(bac
         assert (m.invocations, m.transitions) == (p.invocations, p.transitions), (phase, m, p)
 
 
-def test_a_stage_short_of_memory_in_a_group_is_remediated(backend, inline, small_groups):
+def _short_of_memory(backend, name: str):
+    """A run whose stage 1 is planned at 256 MB (killed for memory, remediated to 512 MB), in
+    groups; returns it with its one remediation record."""
     from stagecoach import Plan
 
-    plan = Plan(
-        balance=[2, 2],
-        replicas=4,
-        micro_batches=2,
-        global_batch=16,
-        memory_mb=(1024, 256),
-        timeouts_s=[{"forward": TIMEOUT_S, "backward": TIMEOUT_S, "sync": TIMEOUT_S}] * 2,
-    )
-    r = _job("grouped-oom").run(plan=plan, backend=backend)
+    timeouts = [{"forward": TIMEOUT_S, "backward": TIMEOUT_S, "sync": TIMEOUT_S}] * 2
+    plan = Plan(balance=[2, 2], replicas=4, micro_batches=2, global_batch=16, memory_mb=(1024, 256), timeouts_s=timeouts)
+    r = _job(name).run(plan=plan, backend=backend)
     assert r.wait(progress=False, poll_s=1.0, timeout_s=900) == "SUCCEEDED"
-    c = backend.clients
-    records = c.s3.list_objects_v2(Bucket=r.bucket, Prefix=f"jobs/{r.job_id}/remediations/")["Contents"]
-    record = Remediation.model_validate_json(c.s3.get_object(Bucket=r.bucket, Key=records[0]["Key"])["Body"].read())
-    assert record.kind == "out_of_memory" and record.stage == 1 and (record.from_mb, record.to_mb) == (256, 512)
+    s3 = backend.clients.s3
+    records = s3.list_objects_v2(Bucket=r.bucket, Prefix=f"jobs/{r.job_id}/remediations/")["Contents"]
+    record = Remediation.model_validate_json(s3.get_object(Bucket=r.bucket, Key=records[0]["Key"])["Body"].read())
+    assert record.kind == "out_of_memory" and (record.stage, record.from_mb, record.to_mb) == (1, 256, 512)
+    return r, record
+
+
+def test_a_stage_short_of_memory_in_a_group_is_remediated(backend, inline, small_groups):
+    r, _ = _short_of_memory(backend, "grouped-oom")
     assert same_parameters(r.trained_model(), inline.trained_model())
     # inspect finds the killed worker in its group's own history
     from stagecoach.inspect.report import inspect_execution
 
     failed = inspect_execution(backend, r.execution_arn).failed_tasks
     assert any(f.execution_arn.split(":")[-2].endswith("-group") and f.stage == 1 for f in failed), failed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", ["Runtime.OutOfMemory", "Runtime.ExitError", "Lambda.Unknown"])
+def test_each_of_awss_out_of_memory_shapes_is_remediated_through_a_group(inline, small_groups, shape):
+    """Every kill arrives in one of AWS's three shapes (docs/local-stack.md): each crosses the
+    group's child execution with its own name and cause, and the remediation raises stage 1."""
+    from stagecoach.local.backend import LocalBackend
+    from stagecoach.local.fidelity import Fidelity
+
+    faulty = LocalBackend(fidelity=Fidelity(error_shapes=shape))
+    try:
+        r, record = _short_of_memory(faulty, f"grouped-{shape.split('.')[-1].lower()}")
+        assert record.error == shape
+        assert same_parameters(r.trained_model(), inline.trained_model())
+    finally:
+        faulty.stack.close()
