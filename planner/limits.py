@@ -7,6 +7,8 @@ enforces it (sdk/local/fidelity.py imports the Step Functions ones from here).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 # Lambda function memory, MB (https://docs.aws.amazon.com/lambda/latest/dg/configuration-memory.html)
 LAMBDA_MIN_MB = 128
 LAMBDA_MAX_MB = 10_240
@@ -61,6 +63,74 @@ def concurrency_needed(peak: int) -> int:
     worker of a phase runs at once (they wait for each other), a restarted window's new tasks start
     while the failed one's wind down (twice the peak), and the remediation step runs beside them."""
     return 2 * peak + 1
+
+
+def max_peak_invocations(concurrency: int) -> int:
+    """The most invocations a plan's phases may run at once on an account of ``concurrency``
+    concurrent executions: the largest peak with concurrency_needed(peak) <= concurrency."""
+    return max(0, (concurrency - 1) // 2)
+
+
+def max_stages_at(replicas: int, concurrency: int, inline_only: bool = False) -> int:
+    """The most stages a plan of ``replicas`` replicas may have (0: none), the one rule the planner,
+    its performance model and the baselines apply. A stage's Map (forward, backward) runs its d
+    workers at once and its sync Map K <= d; BackwardSync runs every stage's branch in parallel, so
+    a plan of S stages peaks at S d invocations (Plan.peak_invocations), which must leave
+    concurrency_needed's restart headroom: S d <= max_peak_invocations(concurrency); and one Map
+    runs at most MAP_MAX_TASKS tasks. ``inline_only``: the rule before groups of child executions
+    (issue 25), every phase's workers in one inline Map: d <= 40 and (S - 1) d <= 40."""
+    if inline_only:
+        return 0 if replicas > INLINE_MAP_MAX_CONCURRENCY else 1 + INLINE_MAP_MAX_CONCURRENCY // replicas
+    if replicas > MAP_MAX_TASKS:
+        return 0
+    return max_peak_invocations(concurrency) // replicas
+
+
+def peak_invocations(stages: int, replicas: int, sync_tasks: Sequence[int] = ()) -> int:
+    """The most invocations an iteration runs at once: Forward (S - 1 stages' d workers) or
+    BackwardSync, whose stages run in parallel branches, each at most max(d, its sync tasks) at a
+    time (a stage's sync Map starts after its backward Map). ``sync_tasks``: per stage (default:
+    none wider than d)."""
+    backward = sum(max(replicas, k) for k in sync_tasks) if sync_tasks else stages * replicas
+    return max((stages - 1) * replicas, backward)
+
+
+def concurrency_refusal(
+    stages: int, replicas: int, concurrency: int, inline_only: bool = False, sync_tasks: Sequence[int] = ()
+) -> str | None:
+    """Why a plan of ``stages`` x ``replicas`` (and per stage ``sync_tasks``) cannot run on an
+    account of ``concurrency`` concurrent executions (None: it can); max_stages_at's rule."""
+    if inline_only:
+        if stages <= max_stages_at(replicas, concurrency, inline_only) and max(sync_tasks, default=0) <= INLINE_MAP_MAX_CONCURRENCY:
+            return None
+        return f"{stages} stages x {replicas} replicas exceed the inline Map's {INLINE_MAP_MAX_CONCURRENCY} concurrent tasks"
+    widest = max([replicas, *sync_tasks])
+    if widest > MAP_MAX_TASKS:
+        return (
+            f"{widest} tasks in one Map exceed the {MAP_MAX_TASKS} a Map runs at once ({INLINE_MAP_MAX_CONCURRENCY} groups of {GROUP_SIZE})"
+        )
+    peak = peak_invocations(stages, replicas, sync_tasks)
+    if concurrency_needed(peak) <= concurrency:
+        return None
+    return (
+        f"{stages} stages x {replicas} replicas run {peak} Lambda invocations at once, and a restarted window's "
+        f"{concurrency_needed(peak)} exceed the account's concurrency of {concurrency}: use fewer stages or "
+        "replicas, or raise the account's concurrency (Service Quotas) and plan with it"
+    )
+
+
+# Lambda scales each function by at most 1,000 execution environments every 10 seconds, refilled
+# continuously as a best attempt; requests beyond it are throttled (429)
+# (https://docs.aws.amazon.com/lambda/latest/dg/scaling-behavior.html, "Concurrency scaling rate").
+LAMBDA_SCALING_ENVIRONMENTS = 1_000
+LAMBDA_SCALING_WINDOW_S = 10.0
+
+
+def scaling_ramp_s(environments: int) -> float:
+    """Seconds one function needs, beyond its first burst, to reach ``environments`` execution
+    environments from none at Lambda's concurrency scaling rate (0 up to 1,000)."""
+    extra = max(0, environments - LAMBDA_SCALING_ENVIRONMENTS)
+    return extra * LAMBDA_SCALING_WINDOW_S / LAMBDA_SCALING_ENVIRONMENTS
 
 
 def fits_lambda_timeout(seconds: float, safety: float) -> bool:

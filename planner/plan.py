@@ -24,6 +24,7 @@ from stagecoach.planner.limits import (
     LAMBDA_MIN_MB,
     MAP_MAX_TASKS,
     fits_lambda_timeout,
+    peak_invocations,
     timeout_refusal,
 )
 
@@ -208,12 +209,9 @@ class Plan:
         return reduction_blocks(self.replicas, self.fan_in[stage])
 
     def peak_invocations(self) -> int:
-        """The most Lambda invocations one iteration runs at once: the forward Map, or BackwardSync,
-        whose stages run in parallel branches, each at most max(d, K) tasks at a time (a stage's
-        sync Map starts after its backward Map)."""
-        forward = (self.stages - 1) * self.replicas
-        backward_sync = sum(max(self.replicas, self.sync_tasks(s)) for s in range(self.stages))
-        return max(forward, backward_sync)
+        """The most Lambda invocations one iteration runs at once (limits.peak_invocations: the
+        forward phase, or BackwardSync, whose stages' branches run in parallel)."""
+        return peak_invocations(self.stages, self.replicas, [self.sync_tasks(s) for s in range(self.stages)])
 
     def function_timeout_s(self, stage: int) -> int:
         """The Lambda function's own timeout: the longest phase it runs, within Lambda's limit."""

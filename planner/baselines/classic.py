@@ -167,7 +167,7 @@ def tpdmp(
         if G % (d * micro_batch):
             continue
         m = G // (d * micro_batch)
-        for S in range(1, max_stages_for(d, L, max_stages) + 1):
+        for S in range(1, max_stages_for(d, L, max_stages, plat) + 1):
             bal = _balanced(profile, plat, S, micro_batch)
             for t in plat.tiers_mb:
                 out.append(evaluate(profile, Config(bal, (t,) * S, d, micro_batch, m, (_sync(d, FUNCPIPE_RUNTIME_SYNC),) * S), plat))
@@ -203,7 +203,7 @@ def bayes(
             edges = [0, *cuts, L]
             balance = tuple(edges[i + 1] - edges[i] for i in range(len(edges) - 1))
             tiers = tuple(trial.suggest_categorical(f"tier{i}", list(plat.tiers_mb)) for i in range(len(balance)))
-            if G % (d * micro_batch) or len(balance) > max_stages_for(d, L, max_stages):
+            if G % (d * micro_batch) or len(balance) > max_stages_for(d, L, max_stages, plat):
                 return float("inf")
             e = evaluate(
                 profile,

@@ -1,9 +1,10 @@
 """Performance and cost model of Stagecoach's own runtime (docs/runtime.md "States"; formulas in docs/performance-model.md).
 
-One iteration = Forward phase (a Map over every worker of stages 0..S-2; the last stage's forward
-runs inside its backward) followed by Backward+Sync (a Parallel with one branch per stage: a Map
-of backward tasks over the d replicas, then, for the sync algorithms that have one, a Map of K
-sync tasks). Workers exchange micro-batch tensors through S3, so the stages of a phase form a flow
+One iteration = Forward phase (a Parallel with one branch per stage 0..S-2, each a Map of its d
+forward tasks; the last stage's forward runs inside its backward) followed by Backward+Sync (a
+Parallel with one branch per stage: a Map of backward tasks over the d replicas, then, for the
+sync algorithms that have one, a Map of K sync tasks). A Map of more than GROUP_SIZE tasks runs
+them in groups of child executions (planner/limits.py map_groups; §3.5). Workers exchange micro-batch tensors through S3, so the stages of a phase form a flow
 shop: a stage starts micro-batch j when its predecessor wrote j and it finished j-1. The
 derivation of every formula is in docs/performance-model.md; the section names below match it.
 
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stagecoach.planner.limits import INLINE_MAP_MAX_CONCURRENCY, LAMBDA_MAX_TIMEOUT_S
+from stagecoach.planner.limits import GROUP_SIZE, LAMBDA_MAX_TIMEOUT_S, concurrency_refusal, map_groups, map_transitions, scaling_ramp_s
 from stagecoach.planner.model.calibration import optimizer_seconds
 from stagecoach.planner.model.syncmodel import ALL_SYNC, SYNC_ALGORITHMS, StageSync, SyncAlgorithm, SyncChoice, sync_choices  # noqa: F401 (re-exported)
 from stagecoach.planner.plan import data_resident, timeouts_from
@@ -42,6 +43,7 @@ TRANSITIONS_PER_ITERATION = 3  # the window's per-iteration bookkeeping states (
 TRANSITIONS_PER_MAP = 1
 TRANSITIONS_PER_PARALLEL = 1
 TRANSITIONS_PER_TASK = 1
+# A Map's own: its state, a Task per task, and in groups each group's (limits.map_transitions).
 
 
 # -- configurations ------------------------------------------------------------------------------
@@ -88,6 +90,7 @@ class Estimate:
     s3_gets: float
     feasible: bool
     violations: list[str] = field(default_factory=list)
+    cold_ramp_s: float = 0.0  # §3.5: what a cold iteration adds while Lambda scales the functions
 
     @property
     def orchestration_share(self) -> float:
@@ -276,9 +279,8 @@ def _stage_requests(
         gets += samples * (((0 if last else 1) + 1 if first else 0) + (1 if last else 0))
     puts += sy.tasks * sy.task_puts
     inv = (0 if last else d) + d + sy.tasks
-    tr = (0 if last else TRANSITIONS_PER_TASK * d) + TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * d
-    if sy.tasks:
-        tr += TRANSITIONS_PER_MAP + TRANSITIONS_PER_TASK * sy.tasks
+    # the stage's forward Map (a branch of Forward's Parallel), its backward Map, its sync Map
+    tr = (0 if last else map_transitions(d)) + map_transitions(d) + (map_transitions(sy.tasks) if sy.tasks else 0)
     return gets, puts, inv, tr
 
 
@@ -340,8 +342,8 @@ def stage_terms(
 
 
 def global_transitions(stages: int) -> int:
-    """Transitions not owned by a stage: bookkeeping, the Parallel, the forward Map (S > 1)."""
-    return TRANSITIONS_PER_ITERATION + TRANSITIONS_PER_PARALLEL + (TRANSITIONS_PER_MAP if stages > 1 else 0)
+    """Transitions not owned by a stage: bookkeeping, BackwardSync's Parallel, Forward's (S > 1)."""
+    return TRANSITIONS_PER_ITERATION + TRANSITIONS_PER_PARALLEL + (TRANSITIONS_PER_PARALLEL if stages > 1 else 0)
 
 
 def layer_terms(
@@ -432,10 +434,26 @@ def config_terms(profile: ModelProfile, cfg: Config, plat: Platform, micro_batch
     return terms
 
 
-def phase_overhead(plat: Platform, d: int) -> float:
-    """o: a phase's start on the critical path — the state transitions into its Map and a warm
-    invocation — plus the Map starting its d-th item ``dispatch_s`` after its first."""
-    return plat.invoke_overhead_s + plat.dispatch_s * (d - 1)
+def phase_overhead(plat: Platform, tasks: int) -> float:
+    """o: a Map of ``tasks`` on the phase's critical path — the state transitions into it and a
+    warm invocation, plus its last task starting ``dispatch_s`` per task after its first. A Map of
+    more than GROUP_SIZE tasks (§3.5) starts its groups one by one, each group's child execution
+    its own tasks one by one, and adds the child execution's start and its completion reaching
+    the parent (group_start_s, group_finish_s)."""
+    groups = map_groups(tasks)
+    if not groups:
+        return plat.invoke_overhead_s + plat.dispatch_s * (tasks - 1)
+    last = tasks - GROUP_SIZE * (groups - 1)  # the last group's tasks
+    latest = max(groups - 2 + GROUP_SIZE - 1, groups - 1 + last - 1)  # the latest task start, in dispatches
+    return plat.invoke_overhead_s + plat.group_start_s + plat.dispatch_s * latest + plat.group_finish_s
+
+
+def cold_ramp_s(plat: Platform, d: int) -> float:
+    """§3.5: what a cold iteration (a job's first, a restarted window's) adds while Lambda scales
+    each function to the execution environments it runs at once (limits.scaling_ramp_s): one per
+    function with warm state and d > 1 (a function per worker), else a stage's d replicas."""
+    per_function = 1 if (plat.warm_checkpoint_every > 0 and d > 1) else d
+    return scaling_ramp_s(per_function)
 
 
 def _forward_finish(terms: Sequence[StageTerms], o: float, m: int) -> list[float]:
@@ -479,10 +497,13 @@ def _request_counts(terms: Sequence[StageTerms], clip: bool, updaters: Sequence[
     return invocations, transitions, puts, gets
 
 
-def _violations(cfg: Config, mem: Sequence[float], task_s: Sequence[Sequence[float]], plat: Platform) -> list[str]:
+def _violations(
+    cfg: Config, mem: Sequence[float], task_s: Sequence[Sequence[float]], plat: Platform, sync_tasks: Sequence[int]
+) -> list[str]:
     """Why a Config cannot run: a stage over its tier's usable memory, a task over Lambda's
-    timeout (``task_s``: forward, backward and sync task seconds per stage), more concurrent
-    tasks than an inline Map runs."""
+    timeout (``task_s``: forward, backward and sync task seconds per stage), more invocations at
+    once than the account's concurrency leaves room for, or more tasks in one Map than it runs
+    (limits.concurrency_refusal; ``sync_tasks``: each stage's sync Map)."""
     S, d = cfg.stages, cfg.replicas
     viol = []
     cap_top = plat.max_predicted_task_s
@@ -495,8 +516,9 @@ def _violations(cfg: Config, mem: Sequence[float], task_s: Sequence[Sequence[flo
                 viol.append(
                     f"stage {s} {what} task takes {secs:.0f} s > {cap_top:.0f} s (Lambda's {LAMBDA_MAX_TIMEOUT_S} s over the timeout safety factor)"
                 )
-    if (S - 1) * d > INLINE_MAP_MAX_CONCURRENCY or d > INLINE_MAP_MAX_CONCURRENCY:
-        viol.append(f"{S} stages x {d} replicas exceed the inline Map's {INLINE_MAP_MAX_CONCURRENCY} concurrent tasks")
+    refusal = concurrency_refusal(S, d, plat.concurrency, plat.inline_map_only, sync_tasks)
+    if refusal:
+        viol.append(refusal)
     return viol
 
 
@@ -508,7 +530,9 @@ def compose(cfg: Config, terms: Sequence[StageTerms], plat: Platform, clip: bool
     F = _forward_finish(terms, o, cfg.micro_batches)
     t_fwd = F[S - 2] if S > 1 else 0.0
     BT = _backward_finish(terms, o, cfg.micro_batches)
-    t_bs = max(BT[s] + ((o + terms[s].sync.task_s) if terms[s].sync.tasks else 0.0) for s in range(S))
+    t_bs = max(
+        BT[s] + ((phase_overhead(plat, terms[s].sync.tasks) + terms[s].sync.task_s) if terms[s].sync.tasks else 0.0) for s in range(S)
+    )
     # §3.3 clipping: every updating task PUTs its shard's squared norm and GETs the others' before
     # updating: a PUT and a GET round (and a poll) on the iteration's end, spent waiting by each
     updaters = [t.sync.tasks if t.sync.tasks else d for t in terms]
@@ -527,7 +551,7 @@ def compose(cfg: Config, terms: Sequence[StageTerms], plat: Platform, clip: bool
     c_tr = plat.price_transition * transitions
     c_s3 = plat.price_put * puts + plat.price_get * gets
     mem = [t.memory_bytes for t in terms]
-    viol = _violations(cfg, mem, (fwd_task, bwd_task, sync_task), plat)
+    viol = _violations(cfg, mem, (fwd_task, bwd_task, sync_task), plat, [t.sync.tasks for t in terms])
     return Estimate(
         config=cfg,
         time_s=t_fwd + t_bs + plat.iteration_overhead_s,
@@ -548,6 +572,7 @@ def compose(cfg: Config, terms: Sequence[StageTerms], plat: Platform, clip: bool
         s3_gets=gets,
         feasible=not viol,
         violations=viol,
+        cold_ramp_s=cold_ramp_s(plat, d),
     )
 
 

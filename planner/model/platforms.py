@@ -12,6 +12,7 @@ parameter passes) and documented (the local runtime's emulated bandwidth, its CP
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import statistics
 import time
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from stagecoach.planner.limits import LAMBDA_MAX_TIMEOUT_S
+from stagecoach.planner.limits import LAMBDA_ACCOUNT_CONCURRENCY, LAMBDA_MAX_TIMEOUT_S
 from stagecoach.planner.model.calibration import optimizer_passes
 from stagecoach.planner.plan import TIMEOUT_SAFETY
 
@@ -79,11 +80,27 @@ class Platform:
     invoke_overhead_s: float = 0.08
     # Between the starts of consecutive tasks of one Map state (its iterations start one by one).
     dispatch_s: float = 0.005
+    # A Map of more than GROUP_SIZE tasks runs them in groups, each a child execution of the job's
+    # group state machine started by states:startExecution.sync:2 (planner/limits.py): on the
+    # phase's critical path, StartExecution and the child's Map state before its first task, and
+    # the child's completion reaching the parent (.sync:2 learns of it through the Step
+    # Functions-managed EventBridge rule, docs/aws.md). Neither AWS nor the seed papers publish a
+    # number: both are estimates until measured on AWS (docs/performance-model.md §3.5).
+    group_start_s: float = 0.3
+    group_finish_s: float = 0.7
     # Per iteration, the window's bookkeeping states (the Gate task, Go? Choice, Advance Pass) on the critical path.
     iteration_overhead_s: float = 0.05
     # A worker waiting for another's object notices it this long after it lands, on average: half
     # a poll cycle (lambdas/channel.py: the longest back-off, 20 ms, plus a 404's round trip).
     poll_delay_s: float = 0.025
+    # -- the account -----------------------------------------------------------------------------
+    # Lambda's concurrent executions the plan may use (planner/limits.py: the default quota; plan
+    # with yours, e.g. ``stagecoach plan --concurrency``): S d invocations at once, with a
+    # restarted window's headroom (limits.max_stages_at).
+    concurrency: int = LAMBDA_ACCOUNT_CONCURRENCY
+    # True: the rule before groups of child executions, every phase's workers in one inline Map
+    # (d <= 40, (S - 1) d <= 40): kept to compare with (benchmarks/planner.py (c)).
+    inline_map_only: bool = False
     # -- the runtime ---------------------------------------------------------------------------
     # Our runtime recomputes a stage's forward in its backward task (GPipe rematerialisation,
     # docs/runtime.md). False describes runtimes whose long-lived workers keep the activations
@@ -144,11 +161,15 @@ class Platform:
         if wait_s <= 0:
             return 0.0
         n, t, delay = 1, 0.0, self.poll_first_s  # the first GET misses, then one per pause that ends too soon
-        while t + delay < wait_s:
+        while delay != self.poll_max_s:  # the back-off's ramp (min() lands on poll_max_s exactly): a few pauses
+            if t + delay >= wait_s:
+                return float(n)
             t += delay
             n += 1
             delay = min(self.poll_max_s, delay * 1.6)
-        return float(n)
+        # then pauses of poll_max_s: one GET per pause that ends before wait_s (closed form: the
+        # planner asks this for every candidate stage, with waits of up to minutes)
+        return float(n + max(0, math.ceil((wait_s - t) / self.poll_max_s) - 1))
 
     def usable_bytes(self, memory_mb: float) -> float:
         """Bytes a stage may plan to use at this tier, after headroom and the runtime's base."""

@@ -31,7 +31,7 @@ def all_plans(
     """Every configuration of (d, b, m), evaluated (feasible or not)."""
     tiers = list(tiers or plat.tiers_mb)
     choices = sync_choices(replicas, sync_algos)
-    smax = max_stages_for(replicas, len(profile.layers), max_stages)
+    smax = max_stages_for(replicas, len(profile.layers), max_stages, plat)
     for bal in compositions(len(profile.layers), smax):
         n = len(bal)
         for ts in itertools.product(tiers, repeat=n):

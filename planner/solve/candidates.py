@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from stagecoach.planner.limits import concurrency_refusal
 from stagecoach.planner.model.perfmodel import (
     Config,
     Estimate,
@@ -194,6 +195,8 @@ class _Intervals:
         m, maxT, plat = self.m, self.maxT, self.plat
         if st.memory_bytes > t.cap or st.sync.task_s > maxT:
             return None
+        if concurrency_refusal(1, self.d, plat.concurrency, plat.inline_map_only, [st.sync.tasks]):
+            return None  # a sync Map wider than a Map runs, or than the account has room for
         if not last and st.load_s + m * st.fwd_step_s + st.fwd_hop_own_s > maxT:
             return None
         if m * st.bwd_step_s + st.bwd_hop_own_s + (st.load_s if last else 0.0) + st.sync.tail_s > maxT:
@@ -205,7 +208,7 @@ class _Intervals:
             + plat.price_put * st.puts
             + plat.price_get * st.gets
         )
-        extra = st.sync.tail_s + ((self.o + st.sync.task_s) if st.sync.tasks else 0.0)
+        extra = st.sync.tail_s + ((phase_overhead(self.plat, st.sync.tasks) + st.sync.task_s) if st.sync.tasks else 0.0)
         return SyncOption(a, ch, own, extra, st.sync.tail_s, st.load_s, st)
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import pulp
 
+from stagecoach.planner.limits import max_peak_invocations
 from stagecoach.planner.model.perfmodel import (
     Config,
     global_transitions,
@@ -161,6 +162,13 @@ class _PathMilp:
             rhs = 1 if n == 0 else (-1 if n == L else 0)
             self.prob += _lin([(v, 1.0) for q in start[n] for v in x[q]] + [(v, -1.0) for q in end[n] for v in x[q]]) == rhs, f"path_{n}"
         self.prob += _lin([(v, 1.0) for xs in x for v in xs]) <= smax, "stages"
+        # a stage whose sync Map is wider than d (hierarchical: K roots and their level-1
+        # aggregators) adds its width to BackwardSync's peak: sum over stages of max(d, tasks)
+        # within the account (limits.peak_invocations; smax covers S d when no option is wider)
+        width = [[max(self.d, op.terms.sync.tasks) for op in g.options] for g in self.groups]
+        if any(w > self.d for ws in width for w in ws):
+            peak = max_peak_invocations(self.plat.concurrency)
+            self.prob += _lin([(v, float(w)) for xs, ws in zip(x, width) for v, w in zip(xs, ws)]) <= peak, "peak"
         return _lin([(v, 1.0) for q in start[0] if self.groups[q].j == L for v in x[q]])
 
     # -- forward (§3.1) ---------------------------------------------------------------------------

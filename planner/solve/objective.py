@@ -5,9 +5,12 @@ baselines (docs/planner.md).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stagecoach.planner.limits import INLINE_MAP_MAX_CONCURRENCY
+from stagecoach.planner.limits import LAMBDA_ACCOUNT_CONCURRENCY, max_stages_at
+
+if TYPE_CHECKING:  # pragma: no cover
+    from stagecoach.planner.model.platforms import Platform
 
 COST_UNIT = 1e-9  # objective: a1 * cost / COST_UNIT + a2 * seconds (nano-dollars; see docs/planner.md)
 # relative tolerance of the cutoff and of the bound test: keep anything within 1e-7 of the incumbent
@@ -36,7 +39,11 @@ def objective_value(cost: float, time_s: float, a1: float, a2: float) -> float:
     return float(weighted_objective(cost, time_s, wc, wt))
 
 
-def max_stages_for(d: int, layers: int, max_stages: int) -> int:
-    """Stage slots: at most one stage per layer, and (S-1)*d forward workers in one inline Map
-    (INLINE_MAP_MAX_CONCURRENCY concurrent iterations, planner/limits.py)."""
-    return max(1, min(layers, max_stages, 1 + INLINE_MAP_MAX_CONCURRENCY // d))
+def max_stages_for(d: int, layers: int, max_stages: int, plat: Platform | None = None) -> int:
+    """Stage slots: at most one stage per layer, and the stages x d workers the account's
+    concurrency leaves room for (planner/limits.py max_stages_at, ``plat.concurrency``; the
+    default quota without a platform). At least 1: a d no stage count fits is refused by the
+    performance model (perfmodel._violations), and the sweep does not try it (sweep.replica_candidates)."""
+    concurrency = plat.concurrency if plat is not None else LAMBDA_ACCOUNT_CONCURRENCY
+    inline_only = plat.inline_map_only if plat is not None else False
+    return max(1, min(layers, max_stages, max_stages_at(d, concurrency, inline_only)))

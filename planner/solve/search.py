@@ -565,7 +565,7 @@ def solve_fixed(
     with warnings.catch_warnings():  # pulp 3.x announces its 4.0 API on every variable
         warnings.simplefilter("ignore", DeprecationWarning)
         t0 = time.perf_counter()
-        smax = max_stages_for(replicas, len(profile.layers), max_stages)
+        smax = max_stages_for(replicas, len(profile.layers), max_stages, plat)
         candidates = _candidates_for(profile, plat, replicas, micro_batch, micro_batches, tiers, sync_algos, fix, candidates)
         if fix is not None or relax:
             # one MILP: over fix's stages only (it evaluates them), or the relaxation over all

@@ -1,7 +1,7 @@
 """The planner's entry point: ``plan_model(profile, global_batch) -> PlanningResult``.
 
 FuncPipe's sweep: for every Pareto weight (a1, a2), the plan minimising a1*cost + a2*time over
-the whole search space (every data-parallel degree d and micro-batch size b that divide the global
+the whole search space (every power-of-two data-parallel degree d the account fits and micro-batch size b that divide the global
 batch, and within each, partition, tier and sync algorithm per stage), proven optimal: one exact
 solve per (d, b) (milp.solve_fixed; fixing d keeps the MILP linear), each only asked to beat the
 best plan found so far, which its lower bounds usually refute at once. The candidate stages of a
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stagecoach.planner.limits import max_stages_at
 from stagecoach.planner.model.fits import check_fits
 from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate, timeouts
 from stagecoach.planner.model.platforms import Platform, aws_platform
@@ -27,7 +28,23 @@ from stagecoach.planner.solve.objective import max_stages_for, objective_value
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
 from stagecoach.planner.solve.search import heuristic_incumbent, solve_fixed
 
+# Before issue 25, d in (1, 2, 4, 8, 16, 32) (40 workers per inline Map); kept for callers that name it
 DEFAULT_REPLICAS = (1, 2, 4, 8, 16, 32)
+
+
+def replica_candidates(global_batch: int, micro_batch_sizes: Sequence[int], plat: Platform) -> tuple[int, ...]:
+    """The data-parallel degrees searched by default: the powers of two d that some micro-batch
+    size splits the global batch for (d b divides G) and that fit at least one stage on the
+    account (limits.max_stages_at: S d invocations with a restart's headroom within
+    ``plat.concurrency``, d <= MAP_MAX_TASKS). Powers of two keep the count logarithmic in the
+    concurrency (at most 9 at the default 1,000: d <= 256) while every other d between two of them
+    is left out: the search is exact over these (docs/planner.md "What is searched")."""
+    out, d = [], 1
+    while max_stages_at(d, plat.concurrency, plat.inline_map_only) >= 1:
+        if any(global_batch % (d * b) == 0 for b in micro_batch_sizes):
+            out.append(d)
+        d *= 2
+    return tuple(out)
 
 
 @dataclass
@@ -163,7 +180,9 @@ class _Sweep:
         for d, b, m in self.subproblems:
             if (d, b) not in self.groups:
                 self.groups[(d, b)] = candidate_groups(self.prof, self.plat, d, b, m, sync_algos=self.sync_algos)
-            heur[(d, b)] = heuristic_incumbent(self.prof, self.plat, self.groups[(d, b)], a1, a2, max_stages_for(d, L, self.max_stages))
+            heur[(d, b)] = heuristic_incumbent(
+                self.prof, self.plat, self.groups[(d, b)], a1, a2, max_stages_for(d, L, self.max_stages, self.plat)
+            )
             hcfg, obj = heur[(d, b)]
             if hcfg is not None and (best is None or obj < best[0]):
                 best = (obj, hcfg)
@@ -199,18 +218,28 @@ class _Sweep:
         return best, proven
 
 
+def _on_account(plat: Platform, concurrency: int | None) -> Platform:
+    """The platform with the account's Lambda concurrency (None: the platform's own)."""
+    if concurrency is None:
+        return plat
+    if concurrency < 3:
+        raise ValueError(f"concurrency={concurrency}: one worker and its restart need at least 3 concurrent executions")
+    return plat.replace(concurrency=concurrency)
+
+
 def plan_model(
     profile: ModelProfile,
     global_batch: int,
     platform: Platform | None = None,
     weights: Sequence[tuple[float, float]] = FUNCPIPE_WEIGHTS,
-    replicas: Sequence[int] = DEFAULT_REPLICAS,
+    replicas: Sequence[int] | None = None,
     micro_batch_sizes: Sequence[int] = (1, 2, 4, 8),
     max_stages: int = 8,
     max_layers: int = 12,
     sync_algos: Sequence[str] | None = ALL_SYNC,
     time_limit: float = 60.0,
     use_milp: bool = True,
+    concurrency: int | None = None,
 ) -> PlanningResult:
     """Plan a model: each weight's optimum over every (d, micro-batch size) and plan shape, the
     Pareto set of those, and FuncPipe's recommendation.
@@ -221,10 +250,16 @@ def plan_model(
     four the runtime runs). ``micro_batch_sizes``: those dividing G / d are tried (FuncPipe fixes
     4; the runtime runs any). ``time_limit``: seconds per (d, b, weights) solve; a solve that hits
     it keeps its best plan, labelled "milp(time_limit)". ``use_milp=False``: heuristic plans only.
+    ``replicas``: the data-parallel degrees to try (default: ``replica_candidates``, the powers of
+    two the account's concurrency fits). ``concurrency``: the Lambda concurrent executions of the
+    account the job runs on (default: the platform's, AWS's default quota of 1,000): a plan of S
+    stages and d replicas runs S d invocations at once and needs 2 S d + 1 (planner/limits.py).
     """
     t0 = time.perf_counter()
-    plat = platform or aws_platform()
+    plat = _on_account(platform or aws_platform(), concurrency)
     _check_arguments(global_batch, weights, sync_algos)
+    if replicas is None:
+        replicas = replica_candidates(global_batch, micro_batch_sizes, plat)
     check_fits(profile, plat, micro_batch=1)
     prof = profile.merged(max_layers, plat, micro_batch=max(micro_batch_sizes))
     subproblems = [(d, b, global_batch // (d * b)) for d in replicas for b in micro_batch_sizes if global_batch % (d * b) == 0]
@@ -243,8 +278,8 @@ def plan_model(
         raise ValueError(
             f"no feasible plan for {profile.name!r} at global batch {global_batch}: every combination of "
             f"replicas {list(replicas)} and micro-batch sizes {list(micro_batch_sizes)} either does not divide the "
-            "batch, exceeds Lambda memory or the 900 s task limit; try more stages (max_stages), smaller micro-batches "
-            "or another global batch"
+            f"batch, exceeds Lambda memory, the 900 s task limit or the account's concurrency ({plat.concurrency}); try "
+            "more stages (max_stages), smaller micro-batches or another global batch"
         )
     notes: list[str] = []
     if use_milp and any(c.method != "milp" for c in cands):

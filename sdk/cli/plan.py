@@ -17,12 +17,13 @@ from stagecoach.core.boundary import map_leaves
 from stagecoach.core.profiling import measure_model
 from stagecoach.exactness import split_batch_refusal
 from stagecoach.job import JobError
+from stagecoach.planner.limits import LAMBDA_ACCOUNT_CONCURRENCY
 from stagecoach.planner.model.platforms import aws_platform, local_platform
 from stagecoach.planner.plan import SYNC_ALGORITHMS
 from stagecoach.planner.profile.layers import ModelProfile
 from stagecoach.planner.profile.meta import profile_meta
 from stagecoach.planner.profile.zoo import zoo_profile
-from stagecoach.planner.solve.sweep import DEFAULT_REPLICAS, plan_model
+from stagecoach.planner.solve.sweep import plan_model
 
 
 def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile, int | None, str | None]:
@@ -66,6 +67,13 @@ def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile
 @click.option(
     "--time-limit", type=float, default=60.0, show_default=True, help="seconds per exact solve (one per d, micro-batch size, weight)"
 )
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=3),
+    default=LAMBDA_ACCOUNT_CONCURRENCY,
+    show_default=True,
+    help="your account's Lambda concurrent executions: plans run stages x replicas invocations at once, twice that while a window restarts",
+)
 @click.option("--meta", is_flag=True, help="size the job's model on the meta device (FLOP-based times) instead of running it")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Pareto PNG (default: plan-<name>.png)")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="write the recommended Plan as JSON")
@@ -79,6 +87,7 @@ def plan_command(
     micro_batch_sizes: str,
     sync_algos: tuple[str, ...],
     time_limit: float,
+    concurrency: int,
     meta: bool,
     plot: str | None,
     json_out: str | None,
@@ -96,7 +105,7 @@ def plan_command(
         )
     prof, file_batch, whole = _load(target, meta, sizes)
     G = global_batch or file_batch or 64
-    replicas: tuple[int, ...] = DEFAULT_REPLICAS
+    replicas: tuple[int, ...] | None = None  # the powers of two the account's concurrency fits
     if whole:  # only plans that keep the global batch together train this job exactly
         click.echo(f"planning one replica and one micro-batch of {G}: {whole}")
         sizes, replicas = (G,), (1,)
@@ -112,12 +121,13 @@ def plan_command(
             time_limit=time_limit,
             sync_algos=sync_algos or None,
             replicas=replicas,
+            concurrency=concurrency,
         )
     except ValueError as e:  # too large a layer, no plan fits: the message says what to change
         raise click.ClickException(str(e)) from None
     click.echo(
         f"{prof.name}: {prof.original_layers} layers, {prof.param_bytes / 2**20:.0f} MiB of parameters, global batch {G}, "
-        f"platform {plat.name} (prices as of {plat.prices_as_of}); planned in {res.solve_s:.1f} s"
+        f"platform {plat.name} (prices as of {plat.prices_as_of}), account concurrency {concurrency}; planned in {res.solve_s:.1f} s"
         + ("" if res.proven else " (some solves hit the time limit: not proven optimal)")
     )
     click.echo(result_table(res, samples_per_epoch))

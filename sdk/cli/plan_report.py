@@ -42,6 +42,7 @@ def plan_row(c: PlannedConfig, samples_per_epoch: int | None = None, mark: str =
         "layers/stage": "/".join(map(str, c.original_balance())),
         "tier MB/stage": "/".join(map(str, cfg.tiers_mb)),
         "d": cfg.replicas,
+        "workers": cfg.stages * cfg.replicas,
         "micro-batches": f"{cfg.micro_batches}x{cfg.micro_batch}",
         "sync/stage": "/".join(sync_short(s) for s in cfg.sync),
         "s/iter": f"{e.time_s:.2f}",
