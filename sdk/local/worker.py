@@ -5,6 +5,15 @@ fork of it — a new process with empty module-level caches, like a new Lambda e
 without paying the import again. A worker then serves invocations one at a time over its socket,
 so module-level state survives between invocations exactly as in a warm Lambda container.
 
+Workers stay light by sharing the zygote's pages copy-on-write (docs/local-stack.md "How workers
+stay light"): the zygote freezes everything it holds before each fork (gc.freeze, whose
+documentation recommends it for fork without exec: docs.python.org/3/library/gc.html#gc.freeze),
+so a worker's collections never write to the objects it inherited. Before that, a worker's first
+full collection copied ~88 MB of the zygote's pages into the worker (measured with smaps_rollup).
+The zygote imports with the collector on, as Lambda's Init does: turning it off there (the rest
+of that recipe) left the imports' garbage resident, 7 MB more RSS per worker than on Lambda, and
+no less unique memory.
+
 Protocol (length-prefixed JSON): zygote control socket receives {"env": {...}} plus the worker's
 socket as an SCM_RIGHTS fd and answers {"pid": n}; a worker receives {"event", "request_id",
 "deadline"} and answers {"payload": str, "errored": bool}.
@@ -12,6 +21,7 @@ socket as an SCM_RIGHTS fd and answers {"pid": n}; a worker receives {"event", "
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -102,6 +112,7 @@ def zygote(control_fd: int) -> None:
         while len(data) < 4 + n:
             data += recv_exact(control, 4 + n - len(data))
         msg = json.loads(data[4 : 4 + n])
+        gc.freeze()  # everything the zygote holds: a collection in a worker never touches (dirties) it
         pid = os.fork()
         if pid == 0:  # the new execution environment
             control.close()
