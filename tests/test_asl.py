@@ -8,8 +8,8 @@ import pytest
 
 from stagecoach.core import keys
 from stagecoach.planner.emit import asl, groups
-from stagecoach.planner.emit.tasks import WAIT_RETRY
 from stagecoach.planner.emit.asl_check import check_definition
+from stagecoach.planner.emit.tasks import WAIT_RETRY
 from stagecoach.planner.plan import Plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
