@@ -20,7 +20,7 @@ from stagecoach.core import keys
 from stagecoach.core.records import EvalResult, JobSpec, StopRecord, StopRequest, TaskMetrics
 from stagecoach.core.training import assign_flat, load_running_stats, master_dtype, ownership, running_stats, stage_layout
 from stagecoach.deploy.chain import follow
-from stagecoach.deploy.resources import BotoClient, Clients
+from stagecoach.deploy.resources import BotoClient, Clients, group_state_machine_of
 from stagecoach.deploy.resume import last_checkpoint
 from stagecoach.errors import StagecoachError
 from stagecoach.evaluation import Evaluation, combine
@@ -208,7 +208,7 @@ class Run:
     def group_executions(self) -> list[str]:
         """The child executions of the groups of a phase past 40 workers (planner/emit/groups.py)."""
         window = self.spec().window_state_machine
-        return [] if window is None else self._executions_of(window.removesuffix("-window") + "-group")
+        return [] if window is None else self._executions_of(group_state_machine_of(window))
 
     def _executions_of(self, state_machine: str) -> list[str]:
         arns: list[str] = []

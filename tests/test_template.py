@@ -348,6 +348,18 @@ def test_role_patterns_match_exactly_the_names_the_sdk_gives(template):
         assert not grants(job_role, "states:StartExecution", sm(other))
 
 
+# startExecution.sync:2: start the child, watch it, and the EventBridge rule it is watched through
+# (Step Functions' IAM policies for nested executions)
+SYNC_ACTIONS = {
+    "states:StartExecution",
+    "states:DescribeExecution",
+    "states:StopExecution",
+    "events:PutTargets",
+    "events:PutRule",
+    "events:DescribeRule",
+}
+
+
 def test_roles_grant_what_the_state_machines_call(template):
     """Each Task resource of the job and window definitions needs IAM actions (Step Functions'
     policies for its service integrations); the machine's role must grant them."""
@@ -360,15 +372,7 @@ def test_roles_grant_what_the_state_machines_call(template):
         "arn:aws:states:::states:startExecution": {"states:StartExecution"},
         # a window's abort marker (aws-sdk integration: the S3 action itself)
         "arn:aws:states:::aws-sdk:s3:putObject": {"s3:PutObject"},
-        # startExecution.sync:2: start the child, watch it, and the EventBridge rule it is watched through
-        "arn:aws:states:::states:startExecution.sync:2": {
-            "states:StartExecution",
-            "states:DescribeExecution",
-            "states:StopExecution",
-            "events:PutTargets",
-            "events:PutRule",
-            "events:DescribeRule",
-        },
+        "arn:aws:states:::states:startExecution.sync:2": SYNC_ACTIONS,
     }
 
     def resources(d):
@@ -395,15 +399,7 @@ def test_roles_grant_what_the_state_machines_call(template):
 
 def test_window_role_invokes_only_stack_functions_writes_only_abort_markers_and_starts_only_groups(template):
     got = allowed(role_statements(template, "WindowStatesRole"))
-    sync = {
-        "states:StartExecution",
-        "states:DescribeExecution",
-        "states:StopExecution",
-        "events:PutTargets",
-        "events:PutRule",
-        "events:DescribeRule",
-    }
-    assert {a for a, _ in got} == {"lambda:InvokeFunction", "s3:PutObject"} | sync
+    assert {a for a, _ in got} == {"lambda:InvokeFunction", "s3:PutObject"} | SYNC_ACTIONS
     # a phase past 40 workers runs its groups as child executions of the job's group machine
     # (planner/emit/groups.py), and of nothing else: not the windows, not the job machine
     states = "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}"

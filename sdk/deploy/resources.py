@@ -74,6 +74,12 @@ def group_state_machine_name(res: StackResources, job: str) -> str:
     return f"{res.prefix}-{job}-group"
 
 
+def group_state_machine_of(window_arn: str) -> str:
+    """The group state machine's ARN beside a job's window machine (the same name rule:
+    ``window_state_machine_name``, ``group_state_machine_name``)."""
+    return window_arn.removesuffix("-window") + "-group"
+
+
 def state_machine_arn(res: StackResources, name: str) -> str:
     """The ARN of the state machine ``name`` in the stack's region and account (as the job machine's)."""
     return res.job_state_machine_arn.rsplit(":", 1)[0] + ":" + name

@@ -18,6 +18,7 @@ from stagecoach.backend import Backend
 from stagecoach.core import keys
 from stagecoach.core.records import CostTally, JobSpec, Remediation, StopRecord, TaskMetrics
 from stagecoach.cost import CostReport
+from stagecoach.deploy.resources import group_state_machine_of
 from stagecoach.errors import StagecoachError
 from stagecoach.evaluation import Evaluation
 from stagecoach.inspect.events import FailedTask, failed_tasks
@@ -194,7 +195,7 @@ def _failed_groups(backend: Backend, window_state_machine: str | None) -> list[d
     if window_state_machine is None:
         return []
     sfn, execs = backend.clients.sfn, []
-    group = window_state_machine.removesuffix("-window") + "-group"
+    group = group_state_machine_of(window_state_machine)
     try:
         for status in ("FAILED", "TIMED_OUT", "ABORTED"):
             for page in sfn.get_paginator("list_executions").paginate(stateMachineArn=group, statusFilter=status):
