@@ -39,7 +39,7 @@ from safetensors.torch import save as st_save
 from stagecoach.core.netem import Network, network
 from stagecoach.core.records import TaskMetrics
 from stagecoach.errors import StagecoachError
-from stagecoach.planner.limits import JOB_POLL_BUDGET_PER_S, UPLOADS_IN_FLIGHT
+from stagecoach.planner.limits import JOB_POLL_BUDGET_PER_S, POLL_BUDGET_ENV, UPLOADS_IN_FLIGHT
 
 # Iteration objects carry this tag; the bucket's lifecycle rule expires tagged objects as a safety net
 # (S3 lifecycle filters cannot match jobs/*/iter/ by prefix).
@@ -49,10 +49,14 @@ WAIT_MAX_S = 0.02
 
 
 def poll_cap_s(waiters: int) -> float:
-    """The longest pause between a waiting worker's GETs: 20 ms, or longer when so many workers may
-    wait at once that they would together poll faster than the job's budget (planner/limits.py
-    JOB_POLL_BUDGET_PER_S; each pause is jittered between 3/4 and 5/4 of it). At 1,000 waiters: 1 s."""
-    return max(WAIT_MAX_S, waiters / JOB_POLL_BUDGET_PER_S)
+    """The pause between one waiter's GETs at which ``waiters`` waiting workers together poll at the
+    job's budget (planner/limits.py JOB_POLL_BUDGET_PER_S, or the endpoint's own in
+    ``POLL_BUDGET_ENV``): 1 s at 1,000 waiters. A worker's pause backs off up to the larger of
+    20 ms and this times the number of objects it waits for at once (``Channel.wait_bytes``), so a
+    worker waiting for eight objects polls no faster than one waiting for one; each pause is
+    jittered between 3/4 and 5/4 of it."""
+    budget = float(os.environ.get(POLL_BUDGET_ENV) or JOB_POLL_BUDGET_PER_S)
+    return waiters / budget
 
 
 # Requests in flight per direction: enough to keep a ~78 MB/s link busy through S3's first-byte
@@ -214,11 +218,14 @@ class Channel:
     stats: ChannelStats = field(default_factory=ChannelStats)
     net: Network = field(default_factory=network)
     pools: Pools = field(default_factory=process_pools)
-    poll_cap: float = WAIT_MAX_S  # poll_cap_s(the plan's peak invocations): set by the handler
+    poll_cap: float = 0.0  # poll_cap_s(the plan's peak invocations): set by the handler
     abort_key: str | None = None  # keys.window_abort of the task's window attempt: set by the handler
     attempt: str = ""  # the task's window attempt (execution name): set by the handler
     _pending: list[Future[Any]] = field(default_factory=list, repr=False)
     _aborted: threading.Event = field(default_factory=threading.Event, repr=False)
+    # how many of this task's threads wait for an object now (``wait_bytes``)
+    _waiting: list[int] = field(default_factory=lambda: [0], repr=False)
+    _waiting_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # -- single requests -------------------------------------------------------------------------
     def put_bytes(self, key: str, body: bytes) -> None:
@@ -273,6 +280,15 @@ class Channel:
         Every ``ABORT_CHECK_S`` of waiting (not every poll: a GET costs money), and once more at
         the deadline, it also looks for the window's abort marker and, given ``producer`` (the
         metrics key of the task that writes ``key``), for a lost object (``_look_around``)."""
+        with self._waiting_lock:
+            self._waiting[0] += 1
+        try:
+            return self._wait_bytes(key, deadline, producer)
+        finally:
+            with self._waiting_lock:
+                self._waiting[0] -= 1
+
+    def _wait_bytes(self, key: str, deadline: float, producer: str | None) -> bytes:
         delay = WAIT_FIRST_S
         next_check = time.time() + ABORT_CHECK_S
         while True:
@@ -296,7 +312,8 @@ class Channel:
                 raise ObjectWaitTimeout(f"s3://{self.bucket}/{key} did not appear before the task's deadline")
             with self.stats.activity("wait"):
                 time.sleep(pause)
-            delay = min(max(WAIT_MAX_S, self.poll_cap), delay * 1.6)
+            # the task's waiters together poll no faster than one: the cap grows with their number
+            delay = min(max(WAIT_MAX_S, self.poll_cap * self._waiting[0]), delay * 1.6)
 
     def _look_around(self, key: str, producer: str | None) -> bytes | None:
         """While waiting for ``key``: WindowAborted if another task of the window attempt failed

@@ -37,6 +37,9 @@ S3_PUT_PER_PREFIX_PER_S = 3_500
 # The GETs per second one job's waiting workers may make between them, whatever its size: well under
 # the per-prefix rate (a new bucket's keys of one job may share a partition until S3 splits it).
 JOB_POLL_BUDGET_PER_S = 1_000
+# ...unless the workers' environment names their S3 endpoint's own: the local stack's S3 is one Python
+# process serving a few hundred requests a second (its runtime sets it: local/runtime.py)
+POLL_BUDGET_ENV = "STAGECOACH_POLL_BUDGET_PER_S"
 
 
 def map_groups(tasks: int) -> int:

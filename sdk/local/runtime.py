@@ -51,8 +51,13 @@ from stagecoach.local.access import credentials_for
 from stagecoach.local.faults import Fault, FaultInjector
 from stagecoach.local.fidelity import ErrorShapes, Fidelity
 from stagecoach.local.worker import recv_msg, send_msg
+from stagecoach.planner.limits import POLL_BUDGET_ENV
 
 POLL_S = 0.02
+# GETs per second the waiting workers of a job may make between them on this stack: its S3 (moto in
+# one Python process) serves ~340 GETs a second on one core (benchmarks/scale.py), and the transfers
+# the waiters wait for need the rest
+LOCAL_POLL_BUDGET_PER_S = 150
 # The stack's log group, where every function's REPORT goes (local/backend.py provisions the stack
 # as template.yaml does, WorkerLogGroup "/aws/lambda/${AWS::StackName}-workers", stack "stagecoach").
 STACK_LOG_GROUP = "/aws/lambda/stagecoach-workers"
@@ -257,6 +262,9 @@ class LocalLambdaRuntime:
                 "AWS_LAMBDA_FUNCTION_TIMEOUT": str(int(spec.timeout_s)),
                 "AWS_LAMBDA_LOG_GROUP_NAME": self.log_group,
                 "STAGECOACH_LOCAL_RUNTIME": "1",
+                # this stack's S3 serves a few hundred requests a second in all: waiting workers
+                # poll within a share of it, not within the job's budget on AWS (lambdas/channel.py)
+                POLL_BUDGET_ENV: env.get(POLL_BUDGET_ENV, str(LOCAL_POLL_BUDGET_PER_S)),
                 # one thread per worker: the workers of a phase share this machine's cores
                 "OMP_NUM_THREADS": env.get("STAGECOACH_WORKER_THREADS", "1"),
             }
