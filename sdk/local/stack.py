@@ -25,6 +25,9 @@ import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import boto3
+from botocore.config import Config
+
 from stagecoach.local.access import AccessControl, moto_lookups
 from stagecoach.local.faults import FaultInjector
 from stagecoach.local.fidelity import Fidelity
@@ -179,6 +182,66 @@ def install_jsonpath_cache() -> None:
             module.parse = functools.lru_cache(maxsize=4096)(module.parse)  # type: ignore[attr-defined]  # `parse` is jsonpath_ng's, re-bound in moto's module namespace, invisible to mypy
 
 
+def install_client_cache() -> None:
+    """One Lambda (and Step Functions) client per region for the interpreter's Tasks, not one per Task.
+
+    moto's interpreter builds a new boto3 client for every Task it runs (``boto_client_for``): at a
+    few hundred tasks a phase that took a sixth of the stack's one core (py-spy, a 2 x 64 job).
+    boto3 clients are thread-safe; this one has moto's settings and a connection pool as large as
+    the tasks that run at once.
+    """
+    # moto: the `local` extra, heavy and optional; imported on use, in the stack process only
+    import moto.stepfunctions.parser.asl.component.state.exec.state_task.lambda_eval_utils  # noqa: F401
+    from moto.stepfunctions.parser.asl.utils import boto_client
+
+    original = boto_client.boto_client_for
+    if getattr(original, "stagecoach_cached", False):  # installed already
+        return
+
+    @functools.lru_cache(maxsize=32)
+    def shared(region: str, service: str) -> Any:
+        return boto3.client(
+            service,
+            region_name=region,
+            endpoint_url=f"http://localhost:{os.environ['MOTO_PORT']}",
+            aws_access_key_id="ak",
+            aws_secret_access_key="sk",
+            config=Config(
+                parameter_validation=False,
+                retries={"max_attempts": 0, "total_max_attempts": 1},
+                connect_timeout=boto_client.TimeoutSeconds.DEFAULT_TIMEOUT_SECONDS,
+                read_timeout=boto_client.TimeoutSeconds.DEFAULT_TIMEOUT_SECONDS,
+                max_pool_connections=2_000,
+            ),
+        )
+
+    def cached(region: str, service: str, state_credentials: Any = None) -> Any:
+        return shared(region, service)  # moto's own ignores the credentials too (fixed "ak"/"sk")
+
+    cached.stagecoach_cached = True  # type: ignore[attr-defined]
+    for name, module in list(sys.modules.items()):
+        if name.startswith("moto.stepfunctions") and getattr(module, "boto_client_for", None) is original:
+            module.boto_client_for = cached  # type: ignore[attr-defined]
+
+
+def install_error_lookup_cache() -> None:
+    """Build moto's table of a service's error shapes once, not for every error it answers.
+
+    moto makes a new ``ErrorLookupFactory`` (and so a new table) per error response; waiting
+    workers' GETs of objects not yet written are mostly 404s, and building the table took a twentieth
+    of the stack's one core (py-spy, a 2 x 64 job). The tables are read-only once built.
+    """
+    # moto: the `local` extra, heavy and optional; imported on use, in the stack process only
+    from moto.core import errors
+
+    shared: dict[str, Any] = {}
+
+    def init(self: Any) -> None:
+        self._error_lut_cache = shared
+
+    errors.ErrorLookupFactory.__init__ = init  # type: ignore[method-assign]
+
+
 def _pascal(value: Any) -> Any:
     """DescribeExecution's fields in Step Functions' casing, recursively; the execution's own
     ``Input``/``Output`` documents are user data and keep theirs. Dates become epoch milliseconds,
@@ -311,6 +374,8 @@ def install_input_limit(limit: int) -> None:
 def install_moto_fixes(runtime: LocalLambdaRuntime, fidelity: Fidelity) -> None:
     install_lambda_hook(runtime)
     install_jsonpath_cache()
+    install_client_cache()
+    install_error_lookup_cache()
     install_execution_snapshot_fix()
     install_sfn_integration_fix()
     if fidelity.sync_casing:
