@@ -330,11 +330,23 @@ def test_losses_are_reported_per_iteration(runs):
 
 
 def test_window_history_matches_the_emitters_count(runs):
+    """Every fault-free run's window has exactly the emitter's count of events. A task that ran past
+    its learnt timeout (at least 2 s, lambdas/timeouts.py) on this loaded 2-core machine is run again,
+    correctly, with events the formula leaves out: such a run is checked for that cause alone, and
+    most runs must have none."""
+    exact = 0
     for (_, cfg), run in runs.items():
         windows = run.window_executions()
         assert len(windows) == 1
         events = run.history(execution_arn=windows[0])
-        assert len(events) == asl.EV_WINDOW_FIXED + ITERATIONS * asl.events_per_iteration(run.plan), cfg
+        expected = asl.EV_WINDOW_FIXED + ITERATIONS * asl.events_per_iteration(run.plan)
+        again = [e["type"] for e in events if e["type"] in ("TaskTimedOut", "TaskFailed")]
+        if not again:
+            assert len(events) == expected, cfg
+            exact += 1
+        else:
+            assert len(events) > expected and "TaskTimedOut" in again, (cfg, again)
+    assert exact >= 0.8 * len(runs), f"only {exact} of {len(runs)} runs had no task timed out"
 
 
 def test_warm_containers_are_reused_and_cold_starts_counted(runs):
