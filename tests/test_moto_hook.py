@@ -5,6 +5,7 @@ code (or break executions): re-check stagecoach/local/stack.py against the new m
 """
 
 import inspect
+import sys
 
 import moto
 
@@ -54,6 +55,40 @@ def test_jsonpath_parse_is_a_module_global_we_can_cache():
 
     assert "parse(path)" in inspect.getsource(json_path.extract_json)
     assert callable(result_path.parse)
+
+
+def test_the_interpreter_s_lambda_tasks_share_one_client_once_cached(monkeypatch):
+    """moto builds a client per Task in ``boto_client_for``, which ignores the Task's credentials;
+    after install_client_cache every module that calls it gets one shared client per service."""
+    import moto.stepfunctions.parser.asl.component.state.exec.state_task.lambda_eval_utils as lambda_utils
+    from moto.stepfunctions.parser.asl.utils import boto_client
+
+    from stagecoach.local.stack import install_client_cache
+
+    src = inspect.getsource(boto_client.boto_client_for)
+    assert "state_credentials" in src and src.count("state_credentials") == 1  # a parameter, never read
+    monkeypatch.setenv("MOTO_PORT", "5999")
+    for name, module in list(sys.modules.items()):  # put back after the test: it patches them all
+        if name.startswith("moto.stepfunctions") and hasattr(module, "boto_client_for"):
+            monkeypatch.setattr(module, "boto_client_for", module.boto_client_for)
+    install_client_cache()
+    first = lambda_utils.boto_client_for(region="us-east-1", service="lambda", state_credentials=None)
+    assert lambda_utils.boto_client_for(region="us-east-1", service="lambda", state_credentials=object()) is first
+    assert first.meta.endpoint_url == "http://localhost:5999"
+
+
+def test_moto_s_error_tables_are_built_once_per_service(monkeypatch):
+    from moto.core import errors
+
+    from stagecoach.local.stack import install_error_lookup_cache
+
+    monkeypatch.setattr(errors.ErrorLookupFactory, "__init__", errors.ErrorLookupFactory.__init__)
+    assert "ErrorLookupFactory().for_service" in inspect.getsource(errors.get_error_model)
+    install_error_lookup_cache()
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("s3")
+    assert errors.ErrorLookupFactory().for_service(model) is errors.ErrorLookupFactory().for_service(model)
 
 
 def test_the_stack_routes_invocations_into_the_local_runtime(backend):
