@@ -1,10 +1,12 @@
-"""S3 requests per iteration of one stage's sync: the flat scatter-reduce against the hierarchical tree.
+"""S3 requests per iteration of one stage's sync: the flat scatter-reduce against the hierarchical chain.
 
 The performance model's own counts (planner/model/syncmodel.py ``sync_requests``, the numbers it
 charges; docs/performance-model.md §5), by level, and their price at AWS's list prices, for a stage
 of ``--mb`` MB at d = 64, 256 and 1,000 replicas. The hierarchical sync runs with the plan's
 defaults: fan-in f = 40 (planner/plan.py DEFAULT_FAN_IN) and K = min(d, f) shards; scatter-reduce
-with K = d. Polls (GETs of an object not yet there) are not counted: a job's waiting workers make
+with K = d. Per shard the hierarchical sync's level-1 aggregators form a chain (each GETs its
+block's gradients and the previous one's prefix), and the root GETs the last prefix: one object
+per chunk. Polls (GETs of an object not yet there) are not counted: a job's waiting workers make
 at most ~1,000 a second together (lambdas/channel.py ``poll_cap_s``).
 
 Run: python benchmarks/sync_requests.py [--mb 100] [--replicas 64 256 1000]. Nothing is measured:

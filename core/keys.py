@@ -123,8 +123,9 @@ def gshard(job: str, t: int, stage: int, replica: int, shard: int, chunk: int) -
 
 
 def partial(job: str, t: int, stage: int, block: int, shard: int, chunk: int) -> str:
-    """A level-1 aggregator's sum of chunk ``chunk`` of shard ``shard`` over block ``block``'s
-    replicas (the hierarchical sync, lambdas/collectives.py ``reduce_block``), for the shard's root."""
+    """A level-1 aggregator's running prefix: chunk ``chunk`` of shard ``shard`` summed over every
+    replica through block ``block`` (the hierarchical chain, lambdas/collectives.py ``reduce_block``),
+    for the next aggregator, or, the last, the shard's root."""
     return f"{_spread(job, block)}iter/{t}/partial/s{stage}/b{block}/k{shard}/c{chunk}"
 
 

@@ -2,18 +2,25 @@
 
 A stage's flat parameter vector is cut into K shards, each shard into chunks (training.stage_layout);
 shard k's chunks are reduced and updated by one owner, ZeRO-1 style (its optimizer state lives
-only there). Every algorithm sums the replicas' gradients in the same fixed order — the left fold
-of the left folds of blocks of fan_in consecutive replicas (``fold``; with d <= fan_in the one left
-fold g_0 + g_1 + ... + g_{d-1}) — and updates chunk by chunk with an elementwise optimizer, so they
-all produce the same bits (tests/test_collectives.py, tests/test_hierarchical.py).
+only there). Every algorithm sums the replicas' gradients in plain PyTorch's order, the left fold
+g_0 + g_1 + ... + g_{d-1} (``left_fold``: what d ``loss.backward()`` calls accumulate into
+``.grad``), at every d and whatever the plan's fan-in, and updates chunk by chunk with an
+elementwise optimizer, so they all produce the bits of single-process PyTorch
+(tests/test_collectives.py, tests/test_hierarchical.py). Float addition is not associative: any
+other grouping (blocks summed apart, then their sums) would differ in the last bits.
 
 - ``scatter_reduce`` (LambdaML), ``k_reduce`` (FasDL, 1 <= K <= d), ``all_reduce`` (K = 1): the
   backward task writes its gradient as K shards (``write_gradient``); a sync Map of K tasks
   reduces one shard each (``reduce_shard``); the next phase gathers the K updated shards.
-- ``hierarchical`` (DiSDeL's aggregation tree): the same K shards; the sync Map adds, per block of
-  f = fan_in consecutive replicas and shard, a level-1 aggregator (``reduce_block``) that sums the
-  block's chunks into a partial, and each shard's root (``reduce_shard`` over ``partial_inputs``)
-  sums the B partials and updates the shard. ``sync_role`` says which a sync task is.
+- ``hierarchical`` (DiSDeL's aggregation service, as a chain): the same K shards; the sync Map
+  adds, per block b of f = fan_in consecutive replicas and shard, a level-1 aggregator
+  (``reduce_block``) that extends the running prefix P_b = P_{b-1} + g_{bf} + ... + g_{bf+f-1}
+  (left to right) chunk by chunk, and each shard's root (``reduce_shard`` over
+  ``partial_inputs``) reads the last prefix, the whole left fold, and updates the shard.
+  ``sync_role`` says which a sync task is. A left fold is sequential, so the blocks form a chain,
+  not a tree: each aggregator still reads at most f + 1 objects per chunk (DiSDeL's fan-in bound on
+  its memory and requests in flight), and the latency grows by one hop per block, pipelined over
+  chunks (link b folds chunk c while link b-1 folds chunk c+1).
 - ``pipelined_scatter_reduce`` (FuncPipe), fused into the backward task (``PipelinedExchange``):
   replica r owns shard r. It uploads the d-1 shards the others own while it downloads its own
   shard from them, in the paper's staggered order (in round c, replica r sends chunk c of shard
@@ -71,7 +78,7 @@ class SyncSpec:
     group_hparams: tuple[dict[str, Any], ...] = ()
     clip: Clip | None = None  # clip the global gradient norm before updating (lambdas/clipping.py)
     norms: list[float] = field(default_factory=list)  # the global norm this task computed (metrics)
-    fan_in: int = 0  # the reduction's block (plan.fan_in[stage]); 0: one block, the plain left fold
+    fan_in: int = 0  # a hierarchical stage's block (plan.fan_in[stage]); 0: one block. Changes no bits.
 
     @property
     def shards(self) -> int:
@@ -79,7 +86,7 @@ class SyncSpec:
 
     @property
     def blocks(self) -> int:
-        """B: the blocks of fan_in replicas the reduction sums (1 without blocking)."""
+        """B: the hierarchical chain's blocks of fan_in replicas (1: d <= fan_in, or fan_in 0)."""
         return reduction_blocks(self.replicas, self.fan_in) if self.fan_in > 0 else 1
 
     def block_replicas(self, block: int) -> range:
@@ -105,23 +112,15 @@ def stateful(make_optimizer: MakeOptimizer) -> bool:
 
 
 def left_fold(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """g_0 + g_1 + ... in this order. bfloat16 gradients (mixed precision) are summed in float32,
-    the master weights' dtype."""
+    """g_0 + g_1 + ... in this order: the one reduction order of every algorithm, at every d, as
+    plain PyTorch accumulates ``.grad`` over d ``loss.backward()`` calls. A left fold may be
+    continued but not regrouped: left_fold([left_fold(g[:i]), *g[i:]]) has its bits (the
+    hierarchical chain), (g_0 + g_1) + (g_2 + g_3) does not. bfloat16 gradients (mixed precision)
+    are summed in float32, the master weights' dtype."""
     total = parts[0].float() if parts[0].dtype == torch.bfloat16 else parts[0].clone()
     for g in parts[1:]:
         total += g
     return total
-
-
-def fold(parts: Sequence[torch.Tensor], fan_in: int = 0) -> torch.Tensor:
-    """The one reduction order every algorithm uses: the left fold of the left folds of blocks of
-    ``fan_in`` consecutive parts, ((g_0 + ... + g_{f-1}) + (g_f + ... + g_{2f-1})) + ...; with
-    len(parts) <= fan_in (or fan_in 0) the plain left fold. The hierarchical sync's level-1
-    aggregators compute the inner folds (``reduce_block``) and its roots the outer one, so a tree
-    gives the bits of one task summing everything."""
-    if 0 < fan_in < len(parts):
-        return left_fold([left_fold(parts[i : i + fan_in]) for i in range(0, len(parts), fan_in)])
-    return left_fold(parts)
 
 
 # -- the optimizer update of one chunk --------------------------------------------------------------
@@ -388,23 +387,27 @@ class ShardInputs:
     keys: Callable[[int], list[str]]
     total: Callable[[Sequence[torch.Tensor]], torch.Tensor]
     count: int  # objects per chunk
+    producer: str | None = None  # the metrics key of the one task that writes them (Channel.wait_bytes)
 
 
 def replica_inputs(spec: SyncSpec, shard: int) -> ShardInputs:
-    """The d replicas' chunks of ``shard``, summed in the blocked order (``fold``)."""
+    """The d replicas' chunks of ``shard``, summed left to right (``left_fold``)."""
     return ShardInputs(
         lambda c: [keys.gshard(spec.job, spec.t, spec.stage, r, shard, c) for r in range(spec.replicas)],
-        lambda parts: fold(parts, spec.fan_in),
+        left_fold,
         spec.replicas,
     )
 
 
 def partial_inputs(spec: SyncSpec, shard: int) -> ShardInputs:
-    """The B level-1 aggregators' partial sums of ``shard``, summed left to right: the outer fold."""
+    """A hierarchical root's one input per chunk: the chain's last prefix P_{B-1}, already the whole
+    left fold g_0 + ... + g_{d-1} of ``shard`` (``reduce_block``)."""
+    last = spec.blocks - 1
     return ShardInputs(
-        lambda c: [keys.partial(spec.job, spec.t, spec.stage, b, shard, c) for b in range(spec.blocks)],
+        lambda c: [keys.partial(spec.job, spec.t, spec.stage, last, shard, c)],
         left_fold,
-        spec.blocks,
+        1,
+        producer=keys.metrics(spec.job, spec.t, "sync", spec.stage, level1_task(spec, last, shard)),
     )
 
 
@@ -419,9 +422,9 @@ def reduce_shard(
 ) -> list[torch.Tensor]:
     """Sync task (the shard's owner): sum shard ``shard`` chunk by chunk, update it, write version t+1.
 
-    ``inputs``: what it sums — the d replicas' gradients (default), or a hierarchical root's B
-    partials (``partial_inputs``). Chunk c+1 downloads while chunk c is reduced, updated and
-    uploaded. The requests go out in
+    ``inputs``: what it sums — the d replicas' gradients (default), or a hierarchical root's one
+    prefix, the chain's last (``partial_inputs``). Chunk c+1 downloads while chunk c is reduced,
+    updated and uploaded. The requests go out in
     chunk order with only a chunk's worth (plus one) in flight (``Channel.submit_window``):
     parallel transfers share the link, so requesting everything at once would have every chunk
     (and the optimizer state) arrive together near the end and leave the upload link idle. ``cached``: the stage's flat parameters at version t if this
@@ -471,11 +474,11 @@ def _shard_requests(
     ch: Channel, spec: SyncSpec, shard: int, inputs: ShardInputs, stateful_opt: bool, download_params: bool
 ) -> list[Callable[[], Future[Any]]]:
     """A sync task's downloads in chunk order, per chunk: its inputs (the d replicas' gradients or
-    the B partials), then the optimizer state (if one is read from S3), then the parameters (if
-    not in this container)."""
+    the chain's last prefix), then the optimizer state (if one is read from S3), then the
+    parameters (if not in this container)."""
     calls: list[Callable[[], Future[Any]]] = []
     for c in spec.chunks(shard):
-        calls += [functools.partial(ch.submit_wait, key, spec.deadline) for key in inputs.keys(c)]
+        calls += [functools.partial(ch.submit_wait, key, spec.deadline, inputs.producer) for key in inputs.keys(c)]
         if stateful_opt:
             calls.append(functools.partial(ch.submit_get_bytes, keys.optim(spec.job, spec.t, spec.stage, shard, c)))
         if download_params:
@@ -483,12 +486,24 @@ def _shard_requests(
     return calls
 
 
-# -- hierarchical: level-1 aggregators under the shards' roots, all in one sync Map ----------------------
+# -- hierarchical: a chain of level-1 aggregators per shard, then its root, all in one sync Map ----------
+def level1_task(spec: SyncSpec, block: int, shard: int) -> int:
+    """The sync task index of the level-1 aggregator of (``block``, ``shard``): after the K roots,
+    block by block (``sync_role``)."""
+    return spec.shards * (1 + block) + shard
+
+
 def reduce_block(ch: Channel, spec: SyncSpec, block: int, shard: int) -> None:
-    """Level-1 aggregator (block ``block``, shard ``shard``): sum the block's f replicas' chunks of
-    the shard, left to right (the inner fold of ``fold``), and store each sum as a partial for the
-    shard's root, chunk by chunk as the chunks arrive (the root reduces chunk c while this task
-    still downloads chunk c+1). Deletes its partials of iteration t-2 first: nobody reads them now."""
+    """Level-1 aggregator (block b = ``block``, shard ``shard``), link b of the shard's chain: store
+    the running prefix P_b = left_fold([P_{b-1}, g_{bf}, ..., g_{bf+f-1}]) (block 0: the left fold
+    of its own f gradients) chunk by chunk, so P_b = g_0 + g_1 + ... + g_{(b+1)f-1} left to right,
+    bit for bit the sum plain PyTorch accumulates. Why a chain: a left fold is sequential, so
+    blocks summed apart and then added (a tree) would round differently; the chain keeps each
+    aggregator at f + 1 inputs per chunk (DiSDeL's fan-in bound on memory and requests in flight)
+    and costs one hop per block, pipelined over chunks: the block's gradients download as they
+    come (a chunk's worth in flight) while it waits for P_{b-1}'s chunk c (one wait at a time, in
+    chunk order, as link b-1 stores them), folds and PUTs P_b's chunk c, then waits for c+1.
+    Deletes its partials of iteration t-2 first: nobody reads them now."""
     ranks = spec.block_replicas(block)
     if spec.t >= 2:
         ch.submit_delete([keys.partial(spec.job, spec.t - 2, spec.stage, block, shard, c) for c in spec.chunks(shard)])
@@ -498,9 +513,37 @@ def reduce_block(ch: Channel, spec: SyncSpec, block: int, shard: int) -> None:
         for r in ranks
     ]
     futures = ch.submit_window(calls, window=len(ranks) + WINDOW_EXTRA)
+    prefix = _PrefixWaits(ch, spec, block - 1, shard) if block > 0 else None
     for c in spec.chunks(shard):
         parts = [f.result()["g"] for f in futures[c * len(ranks) : (c + 1) * len(ranks)]]
+        if prefix is not None:
+            parts.insert(0, prefix.take(c))
         ch.submit_put(keys.partial(spec.job, spec.t, spec.stage, block, shard, c), {"g": left_fold(parts)})
+
+
+class _PrefixWaits:
+    """The previous link's prefix P_{block}, chunk by chunk: one wait in flight at a time, for the
+    next chunk as soon as the last one arrived (its producer stores them in chunk order), so a
+    link polls for one object at a time however many chunks the shard has."""
+
+    def __init__(self, ch: Channel, spec: SyncSpec, block: int, shard: int) -> None:
+        self.ch, self.spec, self.block, self.shard = ch, spec, block, shard
+        self.producer = keys.metrics(spec.job, spec.t, "sync", spec.stage, level1_task(spec, block, shard))
+        self.pending = self._wait(0)
+
+    def _wait(self, c: int) -> Future[dict[str, torch.Tensor]] | None:
+        if c >= len(self.spec.layout[self.shard]):
+            return None
+        key = keys.partial(self.spec.job, self.spec.t, self.spec.stage, self.block, self.shard, c)
+        return self.ch.submit_wait(key, self.spec.deadline, self.producer)
+
+    def take(self, c: int) -> torch.Tensor:
+        """P_{block}'s chunk c (called for c = 0, 1, ... in order)."""
+        if self.pending is None:
+            raise ValueError(f"chunk {c} of the prefix was taken out of order or does not exist")
+        got = self.pending.result()["g"]
+        self.pending = self._wait(c + 1)
+        return got
 
 
 @dataclass(frozen=True)
@@ -514,7 +557,8 @@ class ShardOwner:
 
 @dataclass(frozen=True)
 class BlockSum:
-    """A hierarchical level-1 aggregator: sums ``block``'s replicas' chunks of ``shard`` (``reduce_block``)."""
+    """A hierarchical level-1 aggregator: extends the chain's prefix of ``shard`` by ``block``'s
+    replicas (``reduce_block``)."""
 
     block: int
     shard: int
@@ -524,7 +568,8 @@ def sync_role(algo: str, spec: SyncSpec, index: int) -> ShardOwner | BlockSum:
     """What sync task ``index`` of a stage's sync Map does (planner/plan.py ``sync_tasks`` counts
     them). Hierarchical with B > 1 blocks: tasks 0..K-1 are the shards' roots (so a root's index is
     its shard, as every owner's is: its warm function, its clipping norm), then the level-1
-    aggregators, block by block: task K + b K + k sums block b of shard k. Else task k owns shard k."""
+    aggregators, block by block: task K + b K + k (``level1_task``) is link b of shard k's chain.
+    Else task k owns shard k."""
     k = spec.shards
     if algo != "hierarchical" or spec.blocks == 1:
         return ShardOwner(index, replica_inputs(spec, index))
@@ -608,13 +653,13 @@ class PipelinedExchange:
         return GradStream(params, self.spec.layout, exchange_order(self.spec, self.r), emit, on_arm=self._start_downloads)
 
     def _reduce_own(self, params_t: torch.Tensor, uploads: list[Future[None]] | None = None) -> dict[tuple[int, int], torch.Tensor]:
-        """Sum each chunk of shard r over the replicas in replica order, update it and upload it
-        (version t+1, parameters and state), as soon as its d-1 copies have arrived."""
+        """Sum each chunk of shard r over the replicas in replica order (``left_fold``), update it
+        and upload it (version t+1, parameters and state), as soon as its d-1 copies have arrived."""
         spec, ch, r, d = self.spec, self.ch, self.r, self.spec.replicas
         mine = {}
 
         def total(c: int) -> torch.Tensor:
-            return fold([self.own[c] if src == r else self.incoming[c, src].result()["g"] for src in range(d)], spec.fan_in)
+            return left_fold([self.own[c] if src == r else self.incoming[c, src].result()["g"] for src in range(d)])
 
         totals = clipped(ch, spec, r, [total(c) for c in spec.chunks(r)]) if spec.clip else None
         for c, (a, b) in enumerate(spec.layout[r]):

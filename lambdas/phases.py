@@ -344,8 +344,8 @@ def _update_for(ctx: JobContext, ch: Channel, ev: BackwardEvent, spec: collectiv
     params = ctx.stage_params(ev.stage)
     if ctx.plan.replicas == 1:
         return _AloneWarm(ctx, ch, ev, spec, params) if warm else _AloneFromS3(ch, spec, params)
-    if ctx.plan.sync[ev.stage] in FUSED_SYNC:  # the exchange reduces: in the plan's blocked order
-        return _Exchanged(ctx, ch, ev, dataclasses.replace(spec, fan_in=ctx.plan.fan_in[ev.stage]), params, warm)
+    if ctx.plan.sync[ev.stage] in FUSED_SYNC:  # the exchange reduces (the plain left fold: fan-in plays no part)
+        return _Exchanged(ctx, ch, ev, spec, params, warm)
     return _ToSyncMap(ch, ev, spec, params)
 
 
@@ -406,7 +406,8 @@ def sync(ctx: JobContext, ch: Channel, ev: SyncEvent, deadline: float) -> dict[s
 
 
 def _sync_spec(ctx: JobContext, s: int, t: int, window_start: int, deadline: float) -> collectives.SyncSpec:
-    """The stage's SyncSpec with the plan's reduction block (fan-in), which every reduction sums by."""
+    """The stage's SyncSpec with the plan's fan-in: a hierarchical stage's block of replicas per
+    level-1 aggregator (its chain's links); it changes no bits (collectives.left_fold)."""
     return dataclasses.replace(ctx.sync_spec(s, t, window_start, deadline), fan_in=ctx.plan.fan_in[s])
 
 

@@ -36,10 +36,10 @@ from stagecoach.planner.limits import (
 #                             and downloading at once in a staggered order; the stage has no sync Map
 #   lambdaml_scatter_reduce   LambdaML's own: the d backward tasks reduce their own shards among themselves
 #                             after the backward pass, in phases one after another; no sync Map
-#   hierarchical              DiSDeL's aggregation tree: backward writes K shards; in the sync Map a level-1
-#                             aggregator per (block of fan_in replicas, shard) sums its block into a partial,
-#                             and a root per shard sums the partials and updates the shard (K roots alone
-#                             when d <= fan_in: then it is k_reduce)
+#   hierarchical              DiSDeL's aggregation with a bounded fan-in: backward writes K shards; in the sync
+#                             Map, per shard, a chain of level-1 aggregators, one per block of fan_in replicas,
+#                             each extending the running left fold by its block; the shard's root reads the
+#                             last prefix and updates the shard (K roots alone when d <= fan_in: k_reduce)
 SYNC_ALGORITHMS = ("scatter_reduce", "k_reduce", "all_reduce", "pipelined_scatter_reduce", "lambdaml_scatter_reduce", "hierarchical")
 FUSED_SYNC = ("pipelined_scatter_reduce", "lambdaml_scatter_reduce")  # no sync Map: K = d, in the backward tasks
 CHOSEN_K = ("k_reduce", "hierarchical")  # the algorithms whose K the plan chooses (1 <= K <= d)
@@ -48,13 +48,15 @@ PHASES = ("forward", "backward", "sync")
 MEMORY_TIERS_MB = (512, 1024, 2048, 3072, 4096, 6144, 8192, 10240)
 # A task's TimeoutSeconds is its predicted (or observed) duration times this factor, plus slack.
 TIMEOUT_SAFETY = 2.0
-# The reduction's block (docs/runtime.md "Same bits everywhere"): every algorithm sums the d replicas'
-# gradients as the left fold of the left folds of blocks of fan_in consecutive replicas, and the
-# hierarchical sync runs one level-1 aggregator per block. 40 = the most replicas a plan could have
-# before phases ran in groups (one inline Map): every such plan keeps its one left fold, bit for bit.
+# A hierarchical stage's block of replicas (docs/runtime.md "Hierarchical"): one level-1 aggregator
+# per block of fan_in consecutive replicas and shard, each a link of the shard's chain. It changes no
+# bits: every algorithm sums the d replicas' gradients as PyTorch does, one left fold g_0 + ... +
+# g_{d-1} (docs/runtime.md "Same bits everywhere"); it bounds what one aggregator reads per chunk
+# (f gradients and a prefix: its memory and requests in flight), and B = ceil(d / f) is the chain's
+# length (its hops of latency). 40: a level-1 aggregator then reads about one stage's gradient at K = f.
 DEFAULT_FAN_IN = 40
-# The most inputs one aggregator of the tree reads per chunk (level-1: f gradients, root: B partials):
-# its downloads in flight and its memory grow with it; 1,600 replicas (MAP_MAX_TASKS) fit 40 x 40.
+# The most gradients a level-1 aggregator reads per chunk (its downloads in flight and its memory grow
+# with it), and the longest chain of them (B hops of latency): 1,600 replicas (MAP_MAX_TASKS) fit 40 x 40.
 MAX_FAN_IN = 64
 
 
@@ -114,9 +116,9 @@ class Plan:
     memory_mb:      Lambda memory per stage.
     timeouts_s:     per stage, per phase, the Task's TimeoutSeconds.
     prediction:     what the planner predicted for it (None for a plan written by hand).
-    fan_in:         per stage, f >= 2: the replicas' gradients are summed in blocks of f consecutive
-                    replicas (every algorithm, so all give the same bits), and a hierarchical stage
-                    runs a level-1 aggregator per block (DEFAULT_FAN_IN: d <= 40 is one block).
+    fan_in:         per stage, f >= 2: a hierarchical stage runs a level-1 aggregator per block of f
+                    consecutive replicas (DEFAULT_FAN_IN: d <= 40 is one block); it bounds an
+                    aggregator's inputs and changes no bits (every algorithm sums as PyTorch does).
     """
 
     balance: tuple[int, ...]
@@ -301,9 +303,9 @@ class Plan:
         self._check_fan_in()
 
     def _check_fan_in(self) -> None:
-        """Each stage's fan-in is an aggregator's count of inputs: at least 2 (the block of the
-        reduction order; a hierarchical stage's level-1 aggregators each read f gradients and its
-        roots B = ceil(d / f) partials, so neither side may exceed MAX_FAN_IN)."""
+        """Each stage's fan-in is an aggregator's count of inputs: at least 2; a hierarchical stage's
+        level-1 aggregators each read f gradients and form a chain of B = ceil(d / f) links, so
+        neither may exceed MAX_FAN_IN."""
         for s, f in enumerate(self.fan_in):
             if f < 2:
                 raise PlanError(
@@ -317,8 +319,8 @@ class Plan:
                 lo = -(-self.replicas // MAX_FAN_IN)
                 raise PlanError(
                     f"plan.fan_in[{s}]={f} with {self.replicas} replicas gives level-1 aggregators of {min(f, self.replicas)} "
-                    f"gradients and roots of {blocks} partials; each reads at most {MAX_FAN_IN}: choose fan_in "
-                    f"between {max(2, lo)} and {MAX_FAN_IN} (about sqrt(d) = {max(2, math.isqrt(self.replicas))} balances the levels)"
+                    f"gradients in a chain of {blocks} links; at most {MAX_FAN_IN} of each: choose fan_in "
+                    f"between {max(2, lo)} and {MAX_FAN_IN} (about sqrt(d) = {max(2, math.isqrt(self.replicas))} balances the two)"
                 )
 
     def _check_memory(self) -> None:

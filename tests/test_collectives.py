@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -69,9 +70,20 @@ def backward(model: nn.Sequential, r: int, d: int, stream: GradStream | None) ->
         stream.finish()
 
 
-def reference(d: int, make_opt, iterations: int, fan_in: int = 0, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
-    """One optimizer on the whole flat vector, gradients summed in replica order (in blocks of
-    ``fan_in`` replicas: the left fold of the blocks' left folds)."""
+def accumulated_like_pytorch(grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The sum plain PyTorch computes: each replica's ``loss.backward()`` accumulates its gradient
+    into the parameter's ``.grad`` (AccumulateGrad: the first one stored, each later one added), in
+    replica order — here through autograd itself, one backward pass per replica."""
+    p = torch.zeros_like(grads[0], requires_grad=True)
+    for g in grads:
+        (p * g).sum().backward()  # d/dp = 1 * g: exactly g
+    assert p.grad is not None
+    return p.grad
+
+
+def reference(d: int, make_opt, iterations: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """One optimizer on the whole flat vector, the replicas' gradients summed as plain PyTorch sums
+    them (``accumulated_like_pytorch``), whatever a plan's fan-in."""
     flat = flat_params(stage(dtype).parameters())
     state, out = None, []
     for _ in range(iterations):
@@ -81,7 +93,7 @@ def reference(d: int, make_opt, iterations: int, fan_in: int = 0, dtype: torch.d
             assign_flat(list(model.parameters()), flat)
             backward(model, r, d, None)
             grads.append(training.flat_grads(list(model.parameters())))
-        flat, state = apply_update(make_opt, flat, collectives.fold(grads, fan_in), state)
+        flat, state = apply_update(make_opt, flat, accumulated_like_pytorch(grads), state)
         out.append(flat)
     return out
 
@@ -125,8 +137,8 @@ def sync_map(s3: MemoryS3, algo: str, spec: SyncSpec, k: int, fan_in: int) -> No
 def distributed(
     algo: str, d: int, k: int, make_opt, iterations: int, fan_in: int = 0, dtype: torch.dtype = torch.float32
 ) -> tuple[list[torch.Tensor], MemoryS3]:
-    """Run the algorithm for ``iterations`` (summing in blocks of ``fan_in`` replicas); returns the
-    gathered parameters after each."""
+    """Run the algorithm for ``iterations`` (with the plan's ``fan_in``: a hierarchical stage's
+    blocks; 0 = the default); returns the gathered parameters after each."""
     s3 = MemoryS3()
     p0 = flat_params(stage(dtype).parameters())
     layout = stage_layout(p0.numel(), p0.element_size(), k, d)
@@ -427,3 +439,78 @@ def test_the_pipelined_exchange_queues_its_gather_only_once_it_has_updated_a_chu
     assert all(ex.gathered for ex in exchanges) and torch.equal(got[0], got[1])
     for ex in exchanges:
         ex.ch.settle()
+
+
+# -- the reduction is plain PyTorch's left fold at every d, whatever the fan-in ---------------------------
+ALL_ALGORITHMS = ["scatter_reduce", "k_reduce", "all_reduce", "hierarchical", "pipelined_scatter_reduce", "lambdaml_scatter_reduce"]
+
+
+def blocked_sum(grads: Sequence[torch.Tensor], f: int) -> torch.Tensor:
+    """The order every algorithm used to sum in at d > f: the left fold of the left folds of blocks
+    of f consecutive replicas (not what PyTorch computes)."""
+    return collectives.left_fold([collectives.left_fold(grads[i : i + f]) for i in range(0, len(grads), f)])
+
+
+def spread_gradients(d: int, n: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """d gradients whose sum's rounding depends on the order: magnitudes from 1e-4 to 1e4, both
+    signs, and in element 0 the float32 trap 1e8, 1, -1e8, 1, 1, ... (1e8 + 1 rounds to 1e8: the
+    plain left fold keeps the later ones, blocks of 2 lose both of the first block)."""
+    g = torch.Generator().manual_seed(d)
+    out = []
+    for r in range(d):
+        x = torch.randn(n, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-4, 5, (n,), generator=g)
+        x[0] = (1e8, 1.0, -1e8)[r] if r < 3 else 1.0
+        out.append(x.to(dtype))
+    return out
+
+
+def summed_by(algo: str, d: int, k: int, fan_in: int, grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The gradient sum the sync of ``algo`` applies, through the real collectives (the backward
+    tasks' streams, the sync Map's roles, the exchanges): each replica's parameter gets
+    ``grads[r]`` as its .grad, then one SGD step with lr 1 from zero parameters, so the gathered
+    version 1 is exactly minus the sum."""
+    s3, n, dtype = MemoryS3(), grads[0].numel(), grads[0].dtype
+    p0 = torch.zeros(n, dtype=dtype)
+    layout = stage_layout(n, p0.element_size(), k, d)
+    for kk, chunks in enumerate(layout):
+        for c, (a, b) in enumerate(chunks):
+            channel(s3).put_tensors(keys.params(JOB, 0, 0, kk, c), {"p": p0[a:b]})
+    spec = SyncSpec(JOB, 0, 0, d, layout, lambda p: torch.optim.SGD(p, lr=1.0), 0, time.time() + 30, fan_in=fan_in)
+
+    def replica(r: int) -> None:
+        ch = channel(s3)
+        params = [nn.Parameter(p0.clone())]
+        params[0].grad = grads[r].clone()
+        if algo in FUSED_SYNC:
+            ex = collectives.EXCHANGES[algo](ch, spec, r)
+            ex.stream(params).finish()
+            ex.finish(p0)
+        else:
+            GradStream(params, layout, collectives.write_order(spec), collectives.gradient_writer(ch, spec, r)).finish()
+        ch.settle()
+
+    run_in_threads([lambda r=r: replica(r) for r in range(d)])
+    if algo not in FUSED_SYNC:
+        sync_map(s3, algo, spec, k, fan_in)
+    return -collectives.gather(channel(s3), spec, 1)
+
+
+def k_values(algo: str, d: int) -> list[int]:
+    return {"k_reduce": [2], "all_reduce": [1], "hierarchical": [1, 2, d]}.get(algo, [d])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("d,fan_in", [(3, 2), (5, 2), (5, 3), (7, 2), (7, 3)])
+@pytest.mark.parametrize("algo", ALL_ALGORITHMS)
+def test_every_algorithm_sums_like_pytorch_at_d_above_the_fan_in(algo, d, fan_in, dtype):
+    """At d > fan_in every algorithm (the hierarchical chain included, several chunks per shard)
+    applies exactly PyTorch's accumulated .grad, g_0 + g_1 + ... + g_{d-1} left to right, and not
+    the blocked sum, which differs from it on these gradients (at d = f + 1 the two coincide)."""
+    grads = spread_gradients(d, 64, dtype)
+    want = accumulated_like_pytorch(grads)
+    assert torch.equal(want, collectives.left_fold(grads))
+    assert d == fan_in + 1 or not torch.equal(blocked_sum(grads, fan_in), want), "the gradients must tell the orders apart"
+    for k in k_values(algo, d):
+        got = summed_by(algo, d, k, fan_in, grads)
+        assert got.dtype == dtype
+        assert torch.equal(got, want), f"{algo} K={k}: {(got != want).sum()} elements differ, max {(got - want).abs().max()}"

@@ -1,6 +1,7 @@
-"""The hierarchical sync (DiSDeL's aggregation tree): the same bits as every other algorithm, the
-plan's fan-in checked up front, keys whose request rates S3 serves at 1,000 replicas, and the
-performance model's requests.
+"""The hierarchical sync (DiSDeL's aggregation service as a chain of level-1 aggregators per
+shard): the bits of plain PyTorch at every d and fan-in, as every other algorithm; the chain
+pipelined over chunks; the plan's fan-in checked up front; keys whose request rates S3 serves at
+1,000 replicas; and the performance model's latency and requests.
 
 The collectives run as in tests/test_collectives.py: replicas and sync tasks as threads over an
 in-memory S3 (tests/memory_s3.py), each replica really computing its gradient.
@@ -9,6 +10,7 @@ in-memory S3 (tests/memory_s3.py), each replica really computing its gradient.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import Counter
 
@@ -16,7 +18,7 @@ import pytest
 import test_collectives
 import torch
 from memory_s3 import MemoryS3
-from test_collectives import JOB, OPTIMIZERS, distributed, reference
+from test_collectives import JOB, OPTIMIZERS, accumulated_like_pytorch, blocked_sum, distributed, reference
 
 from stagecoach.core import keys
 from stagecoach.core.training import flat_params, stage_layout
@@ -25,8 +27,9 @@ from stagecoach.lambdas.channel import poll_cap_s
 from stagecoach.lambdas.collectives import SyncSpec
 from stagecoach.planner import plan as plan_module
 from stagecoach.planner.limits import JOB_POLL_BUDGET_PER_S, S3_GET_PER_PREFIX_PER_S, S3_PUT_PER_PREFIX_PER_S
+from stagecoach.planner.model.calibration import optimizer_passes
 from stagecoach.planner.model.platforms import aws_platform
-from stagecoach.planner.model.syncmodel import SYNC_ALGORITHMS, Hierarchical, SyncChoice, sync_choices, sync_requests
+from stagecoach.planner.model.syncmodel import PASSES_FOLD_ADD, SYNC_ALGORITHMS, Hierarchical, SyncChoice, sync_choices, sync_requests
 from stagecoach.planner.plan import DEFAULT_FAN_IN, MAX_FAN_IN, Plan, PlanError
 
 ITERATIONS = 3
@@ -55,12 +58,12 @@ def algorithms(d: int) -> list[tuple[str, int]]:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("d,fan_in", [(3, 2), (5, 2), (5, 3), (7, 2), (7, 3)])
-def test_every_algorithm_gives_the_bits_of_the_blocked_sum(d, fan_in, dtype, small_chunks):
-    """The tree sums each block into a partial and the partials at the root; every other
-    algorithm sums the same blocks in one task: all equal one optimizer stepping on the blocked
-    sum, bit for bit, at every iteration."""
+def test_every_algorithm_trains_plain_pytorchs_bits_at_d_above_the_fan_in(d, fan_in, dtype, small_chunks):
+    """Three iterations of Adam on real gradients: every algorithm (the hierarchical chain with K = 1,
+    2 and d: B = 2..4 links of several chunks per shard) equals one optimizer stepping on the
+    gradients accumulated as plain PyTorch accumulates .grad, bit for bit, at every iteration."""
     make_opt = OPTIMIZERS["adam"]
-    want = reference(d, make_opt, ITERATIONS, fan_in=fan_in, dtype=dtype)
+    want = reference(d, make_opt, ITERATIONS, dtype=dtype)
     for algo, k in algorithms(d):
         got, _ = distributed(algo, d, k, make_opt, ITERATIONS, fan_in=fan_in, dtype=dtype)
         for t in range(ITERATIONS):
@@ -68,26 +71,79 @@ def test_every_algorithm_gives_the_bits_of_the_blocked_sum(d, fan_in, dtype, sma
             assert torch.equal(got[t], want[t]), f"{algo} K={k} iteration {t}: max diff {(got[t] - want[t]).abs().max()}"
 
 
-def test_blocks_change_the_rounding_so_the_order_is_the_plans():
-    """The blocked order is not today's left fold at d > fan_in (float32): the comparison above
-    would hold for no reason if they were equal; at d <= fan_in it is exactly the left fold."""
-    make_opt = OPTIMIZERS["adam"]
-    assert not torch.equal(reference(7, make_opt, 2, fan_in=3)[-1], reference(7, make_opt, 2)[-1])
-    assert torch.equal(reference(4, make_opt, 2, fan_in=DEFAULT_FAN_IN)[-1], reference(4, make_opt, 2)[-1])
+def test_the_fan_in_changes_no_bits():
+    """A left fold can be continued (the chain) but not regrouped (the tree it replaced): in float32
+    ((1e8 + 1) - 1e8) + 1 keeps the last 1, (1e8 + 1) + (-1e8 + 1) loses both. So a plan's fan-in
+    is a matter of memory and requests only: every fan-in trains the same parameters."""
     g = [torch.tensor([1e8], dtype=torch.float32), torch.tensor([1.0]), torch.tensor([-1e8]), torch.tensor([1.0])]
-    assert collectives.fold(g).item() == 1.0  # ((1e8 + 1) - 1e8) + 1: the 1 is lost in 1e8's rounding
-    assert collectives.fold(g, 2).item() == 0.0  # (1e8 + 1) + (-1e8 + 1): both lost
+    assert collectives.left_fold(g).item() == accumulated_like_pytorch(g).item() == 1.0
+    assert collectives.left_fold([collectives.left_fold(g[:2]), *g[2:]]).item() == 1.0, "the chain's prefix, continued"
+    assert blocked_sum(g, 2).item() == 0.0, "the blocks' sums, summed"
+    runs = {f: distributed("hierarchical", 7, 2, OPTIMIZERS["adam"], 2, fan_in=f)[0][-1] for f in (2, 3, 6, DEFAULT_FAN_IN)}
+    assert all(torch.equal(v, runs[DEFAULT_FAN_IN]) for v in runs.values())
 
 
-def test_the_tree_writes_partials_the_roots_read_and_cleans_them_up(small_chunks):
-    d, fan_in, k = 5, 2, 2
+def test_each_link_stores_the_running_prefix_and_the_root_reads_the_last(monkeypatch, small_chunks):
+    """Link b's partial is g_0 + ... + g_{(b+1)f-1} left to right, chunk by chunk (the last block
+    may be shorter); the root reads one partial per chunk, the last link's; each partial is read
+    once (by the next link or the root); a level-1 task deletes its partials of t-2."""
+    d, fan_in, k = 7, 2, 2
+    got: list[str] = []
+
+    class Recording(MemoryS3):
+        def get_object(self, Bucket: str, Key: str, **kw: object) -> dict:
+            out = super().get_object(Bucket=Bucket, Key=Key, **kw)
+            got.append(Key)  # found (a missing key raised above)
+            return out
+
+    monkeypatch.setattr(test_collectives, "MemoryS3", Recording)
     _, s3 = distributed("hierarchical", d, k, OPTIMIZERS["sgd"], ITERATIONS, fan_in=fan_in)
-    partials = [key for key in s3.keys("jobs/") if "/partial/" in key]
+    read = Counter(key for key in got if "/partial/" in key)
+    t = ITERATIONS - 1
     p0 = flat_params(distributed.__globals__["stage"]().parameters())
     layout = stage_layout(p0.numel(), p0.element_size(), k, d)
-    last = {keys.partial(JOB, ITERATIONS - 1, 0, b, kk, c) for b in range(3) for kk in range(k) for c in range(len(layout[kk]))}
-    assert last <= set(partials), "every (block, shard, chunk) of the last iteration has its partial"
-    assert not [key for key in partials if "/iter/0/" in key], "a level-1 task deletes its partials of t-2"
+    spec = SyncSpec(JOB, 0, t, d, layout, OPTIMIZERS["sgd"], 0, time.time() + 5, fan_in=fan_in)
+    assert spec.blocks == 4 and all(len(chunks) > 1 for chunks in layout), "a chain of 4 links over several chunks"
+    ch = test_collectives.channel(s3)
+    for b in range(spec.blocks):
+        for kk in range(k):
+            for c in range(len(layout[kk])):
+                grads = [ch.get_tensors(keys.gshard(JOB, t, 0, r, kk, c))["g"] for r in range(min(d, (b + 1) * fan_in))]
+                assert torch.equal(ch.get_tensors(keys.partial(JOB, t, 0, b, kk, c))["g"], accumulated_like_pytorch(grads)), (b, kk, c)
+    root = collectives.partial_inputs(spec, 1)
+    assert root.count == 1 and root.keys(0) == [keys.partial(JOB, t, 0, spec.blocks - 1, 1, 0)]
+    assert root.producer == keys.metrics(JOB, t, "sync", 0, collectives.level1_task(spec, spec.blocks - 1, 1))
+    assert set(read.values()) == {1} and len(read) == ITERATIONS * spec.blocks * sum(len(x) for x in layout)
+    assert not [key for key in s3.keys("jobs/") if "/partial/" in key and "/iter/0/" in key], "deleted at t = 2"
+
+
+def test_the_chain_is_pipelined_over_chunks(monkeypatch, small_chunks):
+    """Link b+1 folds chunk 0 before link b has stored its last chunk: the store of every link's
+    last chunk is held until the next link's first chunk is there. A chain that waited for a whole
+    prefix before folding would never get there (the hold gives up after 10 s, and the test fails)."""
+    d, fan_in, k = 7, 2, 2
+    first_of_next: dict[str, threading.Event] = {}
+    held: list[bool] = []
+    p0 = flat_params(distributed.__globals__["stage"]().parameters())
+    last_chunk = len(stage_layout(p0.numel(), p0.element_size(), k, d)[0]) - 1
+    blocks = plan_module.reduction_blocks(d, fan_in)
+    for b in range(blocks - 1):
+        first_of_next[keys.partial(JOB, 0, 0, b, 0, last_chunk)] = threading.Event()
+    releases = {keys.partial(JOB, 0, 0, b + 1, 0, 0): keys.partial(JOB, 0, 0, b, 0, last_chunk) for b in range(blocks - 1)}
+
+    class Holding(MemoryS3):
+        def put_object(self, Bucket: str, Key: str, Body: bytes, **kw: object) -> dict:
+            if Key in first_of_next:
+                held.append(first_of_next[Key].wait(10))
+            out = super().put_object(Bucket=Bucket, Key=Key, Body=Body, **kw)
+            if Key in releases:
+                first_of_next[releases[Key]].set()
+            return out
+
+    monkeypatch.setattr(test_collectives, "MemoryS3", Holding)
+    got, _ = distributed("hierarchical", d, k, OPTIMIZERS["sgd"], 1, fan_in=fan_in)
+    assert last_chunk > 0 and held == [True] * (blocks - 1)
+    assert torch.equal(got[0], reference(d, OPTIMIZERS["sgd"], 1)[0])
 
 
 def test_sync_roles_number_the_roots_first_then_the_blocks():
@@ -98,10 +154,11 @@ def test_sync_roles_number_the_roots_first_then_the_blocks():
     roles = [collectives.sync_role("hierarchical", spec, i) for i in range(plan.sync_tasks(0))]
     assert [r.shard for r in roles[:2]] == [0, 1] and all(isinstance(r, collectives.ShardOwner) for r in roles[:2])
     assert [(r.block, r.shard) for r in roles[2:]] == [(b, kk) for b in range(3) for kk in range(2)]
+    assert [collectives.level1_task(spec, r.block, r.shard) for r in roles[2:]] == list(range(2, plan.sync_tasks(0)))
     assert [list(spec.block_replicas(b)) for b in range(3)] == [[0, 1, 2], [3, 4, 5], [6]]
     with pytest.raises(ValueError, match="does not exist"):
         collectives.sync_role("hierarchical", spec, plan.sync_tasks(0))
-    # k_reduce with the same fan-in: K owners summing the blocks themselves, no partials
+    # k_reduce with the same fan-in: K owners summing the d replicas themselves, no partials
     assert all(isinstance(collectives.sync_role("k_reduce", spec, i), collectives.ShardOwner) for i in range(2))
 
 
@@ -125,7 +182,7 @@ def test_plan_fan_in_defaults_and_sync_tasks():
         (dict(fan_in=1), r"fan_in\[0\]=1: an aggregator sums at least 2"),
         (dict(fan_in=(2, 2)), r"fan_in has 2 entries"),
         (dict(sync="hierarchical", fan_in=MAX_FAN_IN + 1), r"choose fan_in between"),
-        (dict(sync="hierarchical", replicas=200, global_batch=200, fan_in=2), r"roots of 100 partials.*between 4 and 64"),
+        (dict(sync="hierarchical", replicas=200, global_batch=200, fan_in=2), r"a chain of 100 links.*between 4 and 64"),
         (dict(sync="hierarchical", aggregators=9), r"aggregators\[0\]=9: K must be between 1 and the 8 replicas"),
         (dict(sync="scatter_reduce", aggregators=2), r"use sync 'k_reduce' or 'hierarchical'"),
     ],
@@ -140,7 +197,7 @@ def test_plan_refuses_a_fan_in_the_tree_cannot_run(kwargs, message):
 def sync_requests_by_prefix(d: int, k: int, fan_in: int, stages: int, chunks: int) -> tuple[Counter[str], Counter[str]]:
     """PUTs and GETs per prefix of one iteration's sync at d replicas, from the real key functions:
     each replica's gradient shards (PUT by it, GET by a level-1 aggregator), the partials (PUT by
-    level-1, GET by the roots), the updated parameters (PUT by the roots, GET by each replica's
+    a link of the chain, GET once: by the next link or, the last, by the root), the updated parameters (PUT by the roots, GET by each replica's
     next forward task) and the optimizer state (GET and PUT by the roots)."""
     puts: Counter[str] = Counter()
     gets: Counter[str] = Counter()
@@ -214,7 +271,7 @@ def test_many_replicas_read_the_parameters_through_spread_copies(monkeypatch, sm
             return super().get_object(Bucket=Bucket, Key=Key, **kw)
 
     monkeypatch.setattr(test_collectives, "MemoryS3", Recording)
-    want = reference(5, OPTIMIZERS["adam"], ITERATIONS, fan_in=2)
+    want = reference(5, OPTIMIZERS["adam"], ITERATIONS)
     got, s3 = distributed("hierarchical", 5, 2, OPTIMIZERS["adam"], ITERATIONS, fan_in=2)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     copies = [key for key in reads if "/iter/" in key and "/params/" in key]
@@ -242,16 +299,20 @@ def test_model_requests_per_level_and_the_flat_algorithms_d_squared():
         if d == 1000:
             assert flat.gets > 20 * tree.gets and flat.usd > 20 * tree.usd
         b = math.ceil(d / DEFAULT_FAN_IN)
-        kk = min(d, DEFAULT_FAN_IN)
-        assert tree.levels["replicas"].puts == d * kk * tree.chunks
-        assert tree.levels["level-1"].gets == d * kk * tree.chunks and tree.levels["level-1"].puts == b * kk * tree.chunks
-        assert tree.levels["roots"].gets >= b * kk * tree.chunks
-        assert tree.levels["gather"].gets == d * kk * tree.chunks
+        kk, cc = min(d, DEFAULT_FAN_IN), tree.chunks
+        state = 1 if plat.optimizer_state_ratio > 0 else 0
+        assert b == 1 or tree.levels["roots"].gets < b * kk * cc
+        assert tree.levels["replicas"].puts == d * kk * cc
+        # a link GETs its block's gradients and (b > 0) the previous link's prefix; PUTs its prefix
+        assert tree.levels["level-1"].gets == (d + b - 1) * kk * cc and tree.levels["level-1"].puts == b * kk * cc
+        # a root reads one prefix per chunk, not B (and its state, once per window with warm state)
+        assert kk * cc <= tree.levels["roots"].gets <= kk * cc * (1 + state) + 1e-6
+        assert tree.levels["gather"].gets == d * kk * cc
     one = sync_requests(SyncChoice("scatter_reduce", 1000), 1000, 100e6, plat)
     assert one.levels["sync tasks"].gets >= 1e6 and one.levels["sync tasks"].gets * plat.price_get == pytest.approx(0.4, rel=0.01)
 
 
-def test_model_hierarchical_is_k_reduce_within_one_block_and_prices_both_levels_beyond():
+def test_model_hierarchical_is_k_reduce_within_one_block_and_prices_the_chain_beyond():
     plat = aws_platform()
     h, kr = SYNC_ALGORITHMS["hierarchical"], SYNC_ALGORITHMS["k_reduce"]
     assert h.stage(8, 4, 50e6, 0.3, 2.0, plat) == kr.stage(8, 4, 50e6, 0.3, 2.0, plat).__class__(
@@ -259,10 +320,10 @@ def test_model_hierarchical_is_k_reduce_within_one_block_and_prices_both_levels_
     )
     big = h.stage(1000, 40, 100e6, 0.3, 2.0, plat)
     assert big.tasks == 40 * 26
-    # 40 flat aggregators each download 1,000 / 40 = 25 stages' worth of gradient; the tree's
-    # level-1 aggregators one each and its roots 25 partials of 1/40 of the stage
+    # 40 flat aggregators each download 1,000 / 40 = 25 stages' worth of gradient; the chain's links
+    # one each (and a prefix), its roots one prefix of 1/40 of the stage, but 24 hops behind link 0
     flat40 = Hierarchical(fan_in=1000).stage(1000, 40, 100e6, 0.3, 2.0, plat)
-    assert flat40.tasks == 40 and big.task_s < flat40.task_s / 5
+    assert flat40.tasks == 40 and big.task_s < flat40.task_s / 4
     assert {c.algo for c in sync_choices(8)} >= {"k_reduce"} and "hierarchical" not in {c.algo for c in sync_choices(8)}
     assert {(c.algo, c.k) for c in sync_choices(1000) if c.algo == "hierarchical"} == {
         ("hierarchical", 10),
@@ -272,13 +333,28 @@ def test_model_hierarchical_is_k_reduce_within_one_block_and_prices_both_levels_
     assert SyncChoice("hierarchical", 40).plan_fields() == ("hierarchical", 40)
 
 
+def test_model_each_block_adds_one_hop_of_a_chunk():
+    """At d > 20 a shard is one chunk (plan.chunk_count): each block the chain grows by adds one hop,
+    the next link noticing, GETting, folding (f adds) and PUTting the prefix's chunk; and a level-1
+    task's memory stays its f gradients and two prefixes however long the chain."""
+    plat, k, p, opt = aws_platform(), 40, 100e6, 0.3
+    h = SYNC_ALGORITHMS["hierarchical"]
+    times = [h.stage(DEFAULT_FAN_IN * b, k, p, opt, 2.0, plat).task_s for b in (4, 5, 6)]
+    chunk = p / k
+    hop = plat.poll_delay_s + 2 * (plat.storage_latency_s + chunk / plat.bandwidth_Bps)
+    hop += PASSES_FOLD_ADD * DEFAULT_FAN_IN * opt / (k * optimizer_passes(plat.optimizer_state_ratio))
+    assert times[1] - times[0] == pytest.approx(hop) and times[2] - times[1] == pytest.approx(hop)
+    mem = {h.stage(DEFAULT_FAN_IN * b, k, p, opt, 2.0, plat).task_bytes for b in (4, 25)}
+    assert mem == {(DEFAULT_FAN_IN * p + 2 * p) / k}
+
+
 # -- end to end on the local stack ---------------------------------------------------------------------
-def test_a_tree_trains_plain_pytorchs_model_with_the_bits_of_k_reduce(backend):
-    """Two stages x 3 replicas, fan-in 2 (two blocks: a tree of 2 roots and 4 level-1 aggregators
-    per stage in stage 0; the pipelined exchange, summing by the same blocks, in stage 1) against
-    k_reduce (K = 2) in both stages with the same fan-in: the same bits through the whole
-    runtime (Step Functions' sync Map, the phases' dispatch), and plain PyTorch's parameters
-    within 1e-5 (float64, as tests/test_transparency.py)."""
+def test_a_chain_trains_plain_pytorchs_bits_end_to_end(backend):
+    """Two stages x 5 replicas, fan-in 2 (three blocks): stage 0 hierarchical with K = 2 (a sync Map
+    of 2 roots and 2 chains of 3 links), stage 1 the pipelined exchange, through the whole runtime
+    (Step Functions' sync Map, the phases' dispatch, the workers' S3 channel): the trained model
+    equals single-process PyTorch's (``train_reference``: loss.backward() per replica accumulating
+    into .grad) bit for bit, float64, at d > fan-in."""
     import dataclasses
 
     from helpers import max_diff
@@ -287,18 +363,15 @@ def test_a_tree_trains_plain_pytorchs_model_with_the_bits_of_k_reduce(backend):
 
     from stagecoach.reference import train_reference
 
-    runs = {}
-    for name, sync in (("tree", ("hierarchical", "pipelined_scatter_reduce")), ("kred", ("k_reduce", "k_reduce"))):
-        job = make_job(f"hier-{name}", model_with_dropout, OPTS["adam"])
-        aggregators = (2, 3) if name == "tree" else (2, 2)
-        plan = dataclasses.replace(job.manual_plan(stages=2, replicas=3, micro_batches=2, sync=sync, aggregators=aggregators), fan_in=2)
-        assert plan.sync_tasks(0) == (2 * 3 if name == "tree" else 2)
-        runs[name] = job.run(plan=plan, backend=backend)
-    for run in runs.values():
-        run.wait(progress=False, poll_s=2.0, timeout_s=900)
-    tree, kred = runs["tree"], runs["kred"]
-    for s in range(2):
-        assert torch.equal(tree.stage_vector(s), kred.stage_vector(s)), f"stage {s}"
-    expected = train_reference(tree.job, replicas=3, micro_batches=2)
-    assert max_diff(tree.trained_model(), tree.job.build_model()) > 1e-3
-    assert max_diff(tree.trained_model(), expected) < 1e-5
+    d = 5
+    job = dataclasses.replace(make_job("hier-chain", model_with_dropout, OPTS["adam"]), global_batch=6 * d, iterations=3)
+    plan = job.manual_plan(stages=2, replicas=d, micro_batches=1, sync=("hierarchical", "pipelined_scatter_reduce"), aggregators=(2, d))
+    plan = dataclasses.replace(plan, fan_in=2)
+    assert plan.blocks(0) == 3 and plan.sync_tasks(0) == 2 * (3 + 1) and plan.sync_tasks(1) == 0
+    run = job.run(plan=plan, backend=backend)
+    run.wait(progress=False, poll_s=2.0, timeout_s=900)
+    trained, expected = run.trained_model(), train_reference(run.job, replicas=d, micro_batches=1)
+    assert max_diff(trained, run.job.build_model()) > 1e-3, "training must have moved the parameters"
+    for (name, p), q in zip(trained.named_parameters(), expected.parameters()):
+        assert p.dtype == q.dtype == torch.float64
+        assert torch.equal(p, q), f"{name}: max diff {(p - q).abs().max()}"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stagecoach.planner.limits import UPLOADS_IN_FLIGHT
+from stagecoach.planner.model.calibration import optimizer_passes
 from stagecoach.planner.plan import DEFAULT_FAN_IN, chunk_count, reduction_blocks, writes_through
 from stagecoach.planner.plan import SYNC_ALGORITHMS as RUNTIME_SYNC
 
@@ -105,6 +106,11 @@ class SyncAlgorithm:
 
 # core/keys.py READ_COPIES_MIN_REPLICAS (the planner imports nothing of the core; a test checks they agree)
 READ_COPIES_MIN_REPLICAS = 64
+
+
+# A fold's add, total += g, reads the total and g and writes the total: 3 passes over a chunk, in the
+# unit of calibration.py's PASSES_* (our runtime's code, collectives.left_fold).
+PASSES_FOLD_ADD = 3
 
 
 def read_copies(d: int) -> int:
@@ -254,22 +260,31 @@ class AllReduce(ScatterReduce):
 
 
 class Hierarchical(ScatterReduce):
-    """DiSDeL's aggregation tree in one sync Map (``collectives.reduce_block``, ``reduce_shard``
-    over ``partial_inputs``): K shards, B = ceil(d/f) blocks of f = fan-in replicas.
+    """DiSDeL's aggregation service in one sync Map, as a chain per shard (``collectives.reduce_block``,
+    ``reduce_shard`` over ``partial_inputs``): K shards, B = ceil(d/f) blocks of f = fan-in replicas.
 
-    With B = 1 it is k_reduce (K roots read the d replicas). Else, per shard k, B level-1
-    aggregators each GET their block's f gradient chunks and PUT the sum (a master-dtype partial):
-        L1   = 2 t_lat + f P/(K w) + min(2, C) chunk_m/w
-    and the root GETs the B partials and its state, reduces, updates and PUTs, but its last
-    partial lands only after the level-1 aggregators' last PUT and a latency:
-        root = max(2 t_lat + (B + rho) P_m/(K w), L1 + t_lat + chunk_m/w) + opt/(KC) + min(2, C)(1+rho) chunk_m/w
-    (chunk_m = P_m/(KC), P_m the master bytes). The Map runs K (B+1) tasks; each is charged the
-    root's duration (``task_s``: an upper bound for the level-1 tasks, which end at L1). Requests
-    (``levels``): replicas PUT d K C, level-1 GET d K C and PUT B K C, roots GET B K C (+ state)
-    and PUT K C (+ state, + read copies); the next phase GETs the K C updated chunks per replica,
-    as k_reduce's.
-    Memory: a level-1 task holds f incoming chunks and its partial, (f P + P_m)/K; a root B
-    partials, its state and the new parameters and state, (B + 1 + 2 rho) P_m/K.
+    With B = 1 it is k_reduce (K roots read the d replicas). Else, per shard k, level-1 link b GETs
+    its block's f gradient chunks and (b > 0) the previous link's prefix, folds them left to right
+    and PUTs the new prefix (master dtype): every algorithm sums as plain PyTorch does, one left
+    fold, which is sequential, so the links form a chain (a tree would round differently). A link
+    that is never kept waiting ends, link 0 and link b > 0 (the prefix's chunks come down too), at
+        E0 = 2 t_lat + f P/(K w) + min(2, C) chunk_m/w,   E = E0 + P_m/(K w)
+    (chunk_m = P_m/(KC), P_m the master bytes). A hop hands a chunk to the next link: the next
+    link notices it (a poll, q), GETs it, folds its f gradients into it (f adds of 3 passes over a
+    chunk, priced per pass as the optimizer's, whose opt/(KC) is ``optimizer_passes`` passes) and
+    PUTs the result:
+        hop  = q + 2 (t_lat + chunk_m/w) + 3 f opt/(KC passes)
+    Pipelined over chunks (link b folds chunk c while link b-1 folds chunk c+1), only the last
+    chunk's hops add, not whole shards': the last link's last PUT is at
+        L1   = max(E0 + (B-1) hop, E + (B-2) hop)
+    and the root GETs that one prefix (and its state), updates and PUTs:
+        root = max(2 t_lat + (1 + rho) P_m/(K w), L1 + q + t_lat + chunk_m/w) + opt/(KC) + min(2, C)(1+rho+copy) chunk_m/w
+    The Map runs K (B+1) tasks; each is charged the root's duration (``task_s``: an upper bound for
+    the level-1 tasks, which end by L1). Requests (``levels``): replicas PUT d K C, level-1 GET
+    (d + B - 1) K C and PUT B K C, roots GET K C (+ state) and PUT K C (+ state, + read copies);
+    the next phase GETs the K C updated chunks per replica, as k_reduce's.
+    Memory: a level-1 task holds f incoming gradient chunks, the incoming prefix and its own,
+    (f P + 2 P_m)/K; a root the prefix, its state and the new parameters and state, (2 + 2 rho) P_m/K.
     """
 
     name = "hierarchical"
@@ -292,15 +307,19 @@ class Hierarchical(ScatterReduce):
         blocks = reduction_blocks(d, self.fan_in)
         if blocks == 1:
             return flat
-        w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
+        w, lat, rho, q = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio, plat.poll_delay_s
         pm = master_ratio * p_bytes
         c = flat.shards // k
         chunk_m = pm / (k * c)
         f = min(self.fan_in, d)
         share = _state_share(plat, pm / k)
         sf, rho_io = _stateful(plat) * share, rho * share
-        level1 = 2 * lat + f * p_bytes / (k * w) + min(2, c) * chunk_m / w
-        root = max(2 * lat + (blocks + rho_io) * pm / (k * w), level1 + lat + chunk_m / w)
+        first = 2 * lat + f * p_bytes / (k * w) + min(2, c) * chunk_m / w  # link 0, never waiting
+        later = first + pm / (k * w)  # a link b > 0 downloads the previous prefix too
+        fold = PASSES_FOLD_ADD * f * opt_s / (k * c * optimizer_passes(rho))
+        hop = q + 2 * (lat + chunk_m / w) + fold
+        level1 = max(first + (blocks - 1) * hop, later + (blocks - 2) * hop)
+        root = max(2 * lat + (1 + rho_io) * pm / (k * w), level1 + q + lat + chunk_m / w)
         root += opt_s / (k * c) + min(2, c) * (1 + rho_io + read_copies(d)) * chunk_m / w
         tasks = k * (blocks + 1)
         return dataclasses.replace(
@@ -308,8 +327,8 @@ class Hierarchical(ScatterReduce):
             task_s=root,
             tasks=tasks,
             task_puts=(blocks * k * c + k * c * (1 + sf + read_copies(d))) / tasks,
-            task_gets=(d * k * c + blocks * k * c + k * c * sf) / tasks,
-            task_bytes=max((f * p_bytes + pm) / k, (blocks + 1 + 2 * rho) * pm / k),
+            task_gets=((d + blocks - 1) * k * c + k * c * (1 + sf)) / tasks,
+            task_bytes=max((f * p_bytes + 2 * pm) / k, (2 + 2 * rho) * pm / k),
         )
 
 
@@ -637,7 +656,7 @@ class SyncRequests:
     """One stage's S3 requests of one iteration's sync, by who makes them, and their price.
 
     levels: "replicas" (the backward tasks' gradient shards), "sync tasks" (a flat sync Map),
-    "level-1" and "roots" (the hierarchical tree), "gather" (the next phase's tasks GET the updated
+    "level-1" and "roots" (the hierarchical chain), "gather" (the next phase's tasks GET the updated
     chunks), "fused" (an exchange among the backward tasks). Polls (GETs of an object not yet there)
     are not counted: the job's waiting workers make at most JOB_POLL_BUDGET_PER_S together."""
 
@@ -668,7 +687,7 @@ def sync_requests(choice: SyncChoice, d: int, p_bytes: float, plat: Platform, ma
         levels = {"fused": replicas}
     elif isinstance(algo, Hierarchical) and reduction_blocks(d, algo.fan_in) > 1:
         b, k = reduction_blocks(d, algo.fan_in), sy.k
-        level1 = Requests(b * k * c, d * k * c)
+        level1 = Requests(b * k * c, (d + b - 1) * k * c)  # its block's gradients and the previous link's prefix
         roots = Requests(sy.tasks * sy.task_puts - level1.puts, sy.tasks * sy.task_gets - level1.gets)
         levels = {"replicas": replicas, "level-1": level1, "roots": roots, "gather": Requests(0, d * sy.shards)}
     else:

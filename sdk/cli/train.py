@@ -188,7 +188,7 @@ def _with_sync(plan: Plan, sync: str | None, aggregators: int | None) -> Plan:
     algo = sync or "k_reduce"  # called only when --sync or --aggregators was given
     if algo not in ("k_reduce", "hierarchical") and aggregators:
         raise click.BadParameter(f"--aggregators only applies to --sync k_reduce or hierarchical, not {algo}", param_hint="--aggregators")
-    # hierarchical: K shards, each summed by a tree of fan-in aggregators (K <= the fan-in by default)
+    # hierarchical: K shards, each summed by a chain of fan-in aggregators (K <= the fan-in by default)
     default = {"all_reduce": 1, "hierarchical": min(plan.replicas, min(plan.fan_in))}.get(algo, plan.replicas)
     k = aggregators or default
     return dataclasses.replace(plan, sync=(algo,) * plan.stages, aggregators=(k,) * plan.stages)
