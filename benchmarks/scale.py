@@ -13,8 +13,9 @@ Two parts, each measured in this run (nothing estimated):
    measured cost's PUT- and GET-class requests: Run.cost) and whether the trained parameters
    are bit-identical to single-process PyTorch (stagecoach.reference.train_reference, with the
    same replicas and micro-batches; torch.equal on every tensor, and the largest difference).
-   A size the plan refuses (a Map of more than 40 tasks needs group executions) prints "needs
-   groups" and the PlanError.
+   Gradients are synchronised by the hierarchical algorithm with one shard (``SYNC``); a stage's
+   Map of more than 40 tasks runs in group executions. A size the plan refuses prints the
+   PlanError.
 
 2. ``--runtime N``: N concurrent invocations of a light task (tests/handlers/light.py: the
    worker's handler imported in the zygote; a float64 stage's forward, backward and Adam step,
@@ -45,6 +46,10 @@ from stagecoach.reference import train_reference
 from stagecoach.run import Run
 
 STAGES = 2
+# DiSDeL's aggregation chain with one shard (the MLP's 1,700 parameters make one small object): per
+# stage and iteration d gradient PUTs, d + B GETs by the B level-1 aggregators, one partial by the
+# root; scatter-reduce's d^2 GETs would be 16,384 a stage at d = 128 (benchmarks/sync_requests.py)
+SYNC = "hierarchical"
 HANDLERS = str(Path(__file__).resolve().parent.parent / "tests" / "handlers")
 
 
@@ -170,10 +175,10 @@ def run_size(workers: int, iterations: int) -> Row:
     peak = PeakMemory(backend.stack.proc.pid)
     try:
         try:
-            run = job.run(backend=backend, stages=STAGES, replicas=replicas, micro_batches=1)
+            run = job.run(backend=backend, stages=STAGES, replicas=replicas, micro_batches=1, sync=SYNC, aggregators=1)
         except PlanError as e:
-            print(f"  {workers} workers: needs groups ({e})", flush=True)
-            return Row(workers, "needs groups")
+            print(f"  {workers} workers: refused ({e})", flush=True)
+            return Row(workers, "refused")
         status = run.wait(progress=False, poll_s=2.0, timeout_s=3600)
         peak.stop()
         done = run.iterations_done()
