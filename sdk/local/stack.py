@@ -385,6 +385,9 @@ def install_moto_fixes(runtime: LocalLambdaRuntime, fidelity: Fidelity) -> None:
     install_input_limit(fidelity.input_limit)
 
 
+LISTEN_BACKLOG = 4096
+
+
 def serve(port: int, fidelity: Fidelity) -> None:
     """moto's server (as its ThreadedMotoServer runs it) behind the stack roles' access control."""
     # moto and its werkzeug are the `local` extra, heavy and optional: imported on use
@@ -398,6 +401,11 @@ def serve(port: int, fidelity: Fidelity) -> None:
         **moto_lookups(),
     )
     server = make_server("127.0.0.1", port, app, threaded=True)
+    # werkzeug listens with a backlog of 128: a few hundred workers, each with several S3 connections
+    # in flight, overflowed it (the kernel's ListenOverflows counted 29,656 dropped SYNs in a 2 x 128
+    # job) and each dropped connection waited out TCP's 1, 3, 7... s SYN retransmissions, holding
+    # tasks for minutes; a second listen() raises the backlog (capped by net.core.somaxconn)
+    server.socket.listen(LISTEN_BACKLOG)
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
 
