@@ -224,7 +224,7 @@ class Channel:
     _pending: list[Future[Any]] = field(default_factory=list, repr=False)
     _aborted: threading.Event = field(default_factory=threading.Event, repr=False)
     # how many of this task's threads wait for an object now (``wait_bytes``)
-    _waiting: list[int] = field(default_factory=lambda: [0], repr=False)
+    _waiting: int = field(default=0, repr=False)
     _waiting_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # -- single requests -------------------------------------------------------------------------
@@ -281,12 +281,12 @@ class Channel:
         the deadline, it also looks for the window's abort marker and, given ``producer`` (the
         metrics key of the task that writes ``key``), for a lost object (``_look_around``)."""
         with self._waiting_lock:
-            self._waiting[0] += 1
+            self._waiting += 1
         try:
             return self._wait_bytes(key, deadline, producer)
         finally:
             with self._waiting_lock:
-                self._waiting[0] -= 1
+                self._waiting -= 1
 
     def _wait_bytes(self, key: str, deadline: float, producer: str | None) -> bytes:
         delay = WAIT_FIRST_S
@@ -313,7 +313,7 @@ class Channel:
             with self.stats.activity("wait"):
                 time.sleep(pause)
             # the task's waiters together poll no faster than one: the cap grows with their number
-            delay = min(max(WAIT_MAX_S, self.poll_cap * self._waiting[0]), delay * 1.6)
+            delay = min(max(WAIT_MAX_S, self.poll_cap * self._waiting), delay * 1.6)
 
     def _look_around(self, key: str, producer: str | None) -> bytes | None:
         """While waiting for ``key``: WindowAborted if another task of the window attempt failed

@@ -422,15 +422,7 @@ def test_job_role_runs_only_stack_windows_the_sync_rule_and_remediation(template
     by_action = {}
     for a, r in got:
         by_action.setdefault(a, set()).add(r)
-    assert set(by_action) == {
-        "states:StartExecution",
-        "states:DescribeExecution",
-        "states:StopExecution",
-        "events:PutTargets",
-        "events:PutRule",
-        "events:DescribeRule",
-        "lambda:InvokeFunction",
-    }
+    assert set(by_action) == SYNC_ACTIONS | {"lambda:InvokeFunction"}
     # remediation runs on the stack's own worker function only, never on a job's stage function
     assert by_action["lambda:InvokeFunction"] == {
         "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-worker"

@@ -55,8 +55,9 @@ from stagecoach.planner.limits import POLL_BUDGET_ENV
 
 POLL_S = 0.02
 # GETs per second the waiting workers of a job may make between them on this stack: its S3 (moto in
-# one Python process) serves ~340 GETs a second on one core (benchmarks/scale.py), and the transfers
-# the waiters wait for need the rest
+# one Python process) served 320-354 GETs of 20 kB a second on one core, to 4 or 640 concurrent
+# clients alike (measured 2026-11-28, docs/local-stack.md), and the transfers the waiters wait for
+# need the rest
 LOCAL_POLL_BUDGET_PER_S = 150
 # The stack's log group, where every function's REPORT goes (local/backend.py provisions the stack
 # as template.yaml does, WorkerLogGroup "/aws/lambda/${AWS::StackName}-workers", stack "stagecoach").

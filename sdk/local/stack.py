@@ -403,7 +403,7 @@ def serve(port: int, fidelity: Fidelity) -> None:
     server = make_server("127.0.0.1", port, app, threaded=True)
     # werkzeug listens with a backlog of 128: a few hundred workers, each with several S3 connections
     # in flight, overflowed it (the kernel's ListenOverflows counted 29,656 dropped SYNs in a 2 x 128
-    # job) and each dropped connection waited out TCP's 1, 3, 7... s SYN retransmissions, holding
+    # job) and each dropped connection waited out TCP's SYN retransmissions (after 1 s, then 2, 4 ... s), holding
     # tasks for minutes; a second listen() raises the backlog (capped by net.core.somaxconn)
     server.socket.listen(LISTEN_BACKLOG)
     threading.Thread(target=server.serve_forever, daemon=True).start()
