@@ -15,6 +15,7 @@ from stagecoach.core.records import Remediation
 from stagecoach.planner import limits
 from stagecoach.planner.emit import asl, groups
 from stagecoach.planner.emit.asl_check import check_definition
+from stagecoach.planner.emit.tasks import KILLED_ERROR
 from stagecoach.planner.plan import Plan, PlanError
 
 SMALL_GROUP = 3
@@ -105,6 +106,124 @@ def test_a_group_executions_transitions_count_to_the_phase_it_runs():
     ]
     out = history_usage(events)
     assert out["forward"] == Usage(transitions=2) and out["sync"] == Usage(transitions=5) and out["evaluate"] == Usage(transitions=1)
+
+
+def test_starting_a_group_retries_only_the_names_aws_gives_a_refused_start():
+    """A refused StartExecution is "StepFunctions.<code>Exception" (AWS-recorded; the guide's own
+    example says "StepFunctions.ExecutionLimitExceeded"), throttling and other service errors the
+    SDK's base exception, client-side failures SdkClientException (groups.GROUP_START_RETRY's
+    sources); a child that ran and failed is States.TaskFailed, caught and never retried."""
+    start = groups.grouped_map("Forward0", 0, "forward", "f-s0", "$.groups.r", "$.gate.timeouts.f", None, "arn:g")
+    task = start["ItemProcessor"]["States"]["Forward0Group"]
+    assert task["Retry"] == [groups.GROUP_START_RETRY]
+    assert task["Retry"][0]["ErrorEquals"] == [
+        "StepFunctions.ExecutionLimitExceeded",
+        "StepFunctions.ExecutionLimitExceededException",
+        "StepFunctions.AWSStepFunctionsException",
+        "StepFunctions.SdkClientException",
+    ]
+    assert [c["ErrorEquals"] for c in task["Catch"]] == [["States.TaskFailed"]]
+
+
+def _child_task_bound_s(child: dict) -> int:
+    """The longest one task of a group's child can take, read off the emitted child: (1 + its kill
+    loop's re-runs) runs of its Task, each of 1 + its Retriers' MaxAttempts attempts of at most
+    Lambda's 900 s (a function's timeout ends an invocation whatever the Task's timeout says)."""
+    processor = child["States"]["Replicas"]["ItemProcessor"]["States"]
+    task = processor["ReplicaTask"]
+    reruns = processor["ReplicaAgain?"]["Choices"][0]["NumericLessThan"]
+    attempts = 1 + sum(r["MaxAttempts"] for r in task["Retry"])
+    return (1 + reruns) * attempts * limits.LAMBDA_MAX_TIMEOUT_S
+
+
+def test_a_group_never_times_out_before_its_child_can_end_on_its_own():
+    """The child's tasks have their own (learnt) timeouts, retries and kill loop, which end the
+    child; the group Task's timeout outlasts their worst case, so a group fails with its worker's
+    error (Stagecoach.WorkerKilled, ObjectLost) as the inline Map does, never States.Timeout."""
+    for per_worker in (False, True):
+        child = groups.group_definition(per_worker)
+        assert (
+            child["States"]["Shards"]["ItemProcessor"]["States"]["ShardTask"]["Retry"]
+            == (child["States"]["Replicas"]["ItemProcessor"]["States"]["ReplicaTask"]["Retry"])
+        )
+        for timeout in ("$.gate.timeouts.b1", 300):
+            m = groups.grouped_map("Backward1", 1, "backward", "f-s1", "$.groups.r", timeout, None, "arn:g")
+            limit = m["ItemProcessor"]["States"]["Backward1Group"]["TimeoutSeconds"]
+            assert isinstance(limit, int) and _child_task_bound_s(child) < limit < 99_999_999  # ASL's default
+    assert groups.GROUP_TIMEOUT_S < 12 * 3600  # a backstop, not a year
+
+
+@pytest.fixture
+def on_moto(monkeypatch):
+    """Run a small definition on moto's Step Functions interpreter, in this process: returns
+    DescribeExecution of one execution of it on ``given`` input."""
+    import time
+
+    import boto3
+    from moto import mock_aws
+    from moto.stepfunctions.models import StateMachine
+
+    # moto deep-copies a state machine with its backend per execution (sdk/local/stack.py
+    # install_execution_snapshot_fix): a shallow copy, as the stack makes, for this test only
+    monkeypatch.setattr(StateMachine, "__deepcopy__", lambda self, memo: _shallow(self), raising=False)
+    mock = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
+    mock.start()
+    sfn = boto3.client("stepfunctions", region_name="us-east-1")
+    role = boto3.client("iam", region_name="us-east-1").create_role(RoleName="r", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    count = iter(range(1_000))
+
+    def run(definition: dict, given: dict) -> dict:
+        arn = sfn.create_state_machine(name=f"m{next(count)}", definition=json.dumps(definition), roleArn=role)["stateMachineArn"]
+        execution = sfn.start_execution(stateMachineArn=arn, input=json.dumps(given))["executionArn"]
+        deadline = time.monotonic() + 30
+        while (out := sfn.describe_execution(executionArn=execution))["status"] == "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return out
+
+    yield run
+    mock.stop()
+
+
+def _shallow(machine):
+    import copy
+
+    clone = copy.copy(machine)
+    clone.executions = []
+    return clone
+
+
+def test_a_replicas_function_name_is_computed_by_nested_intrinsics(on_moto):
+    """Replica 0 runs on the stage's function, replica r on "{stage}-r{r}" (plan.worker_function),
+    through 7 nested intrinsics in a Task's Parameters (AWS allows 10 in a field)."""
+    nested = groups._replica_function(True)
+    assert nested.count("States.") <= 10 and groups._replica_function(False) == "$.fn"
+    machine = {"StartAt": "Name", "States": {"Name": {"Type": "Pass", "Parameters": {"fn.$": nested}, "End": True}}}
+    for r, name in ((0, "f-s1"), (1, "f-s1-r1"), (3, "f-s1-r3"), (39, "f-s1-r39")):
+        out = on_moto(machine, {"fn": "f-s1", "replica": r})
+        assert (out["status"], json.loads(out["output"])) == ("SUCCEEDED", {"fn": name}), out
+    shard = {"StartAt": "Name", "States": {"Name": {"Type": "Pass", "Parameters": {"fn.$": groups._shard_function(True)}, "End": True}}}
+    assert json.loads(on_moto(shard, {"fn": "f-s1", "shard": 2})["output"]) == {"fn": "f-s1-k2"}
+
+
+def test_a_group_rethrows_its_workers_error_and_loses_one_a_fail_state_may_not_raise(on_moto):
+    """GroupRethrow? sends a child's own error to the Fail state with ErrorPath/CausePath, and a
+    States.* error (reserved by the States Language; moto fails such a Fail state with
+    States.Runtime) or none (a child stopped or timed out) to GroupLost, whose CausePath is
+    States.JsonToString of the whole DescribeExecution."""
+    states = groups._rethrow_states("B")
+    machine = {"StartAt": "BGroupFailed", "States": states}
+    killed = {"Error": KILLED_ERROR, "Cause": '{"stage":1}', "Status": "FAILED"}
+    for child, error, cause in (
+        (killed, KILLED_ERROR, '{"stage":1}'),
+        ({"Error": "ObjectLost", "Cause": "x"}, "ObjectLost", "x"),
+        ({"Error": "States.Runtime", "Cause": "bad path", "Status": "FAILED"}, groups.GROUP_LOST_ERROR, None),
+        ({"Status": "TIMED_OUT"}, groups.GROUP_LOST_ERROR, None),
+    ):
+        out = on_moto(machine, {"caught": {"Error": "States.TaskFailed", "Cause": json.dumps(child)}})
+        assert (out["status"], out.get("error")) == ("FAILED", error), out
+        assert out.get("cause") == cause if cause is not None else json.loads(out["cause"]) == child
+    raw = {"StartAt": "F", "States": {"F": {"Type": "Fail", "ErrorPath": "$.e", "Cause": "c"}}}
+    assert on_moto(raw, {"e": "States.TaskFailed"})["error"] == "States.Runtime"  # what the guard avoids
 
 
 # ------------------------------------------------------------------------------ on the local stack

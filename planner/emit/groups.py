@@ -23,17 +23,39 @@ without groups.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from stagecoach.planner.emit.tasks import worker_map, worker_task
-from stagecoach.planner.limits import GROUP_SIZE, INLINE_MAP_MAX_CONCURRENCY, map_groups
+from stagecoach.planner.emit.tasks import KILL_RETRIES, LAMBDA_RETRY, WAIT_RETRY, worker_map, worker_task
+from stagecoach.planner.limits import GROUP_SIZE, INLINE_MAP_MAX_CONCURRENCY, LAMBDA_MAX_TIMEOUT_S, map_groups
 
-# Errors of starting a child execution (the optimized integration names a service error
-# "StepFunctions.<exception>"): StartExecution is throttled by a token bucket (300 per second
-# refill in the large Regions: ../shared/facts.md), so back off as for Lambda's service errors.
+# Errors of starting a child execution, which the group Task retries with backoff as Lambda's
+# service errors (StartExecution is a token bucket: 300 per second refill in the large Regions,
+# ../shared/facts.md). The optimized integration names a refused StartExecution
+# "StepFunctions.<error code>Exception": a run on AWS recorded StateMachineDoesNotExist as
+# "StepFunctions.StateMachineDoesNotExistException" (localstack/localstack,
+# tests/aws/services/stepfunctions/v2/error_handling/test_task_service_sfn.snapshot.json, marked
+# aws.validated; moto names them so too). Hence:
+# - too many open executions (ExecutionLimitExceeded): "StepFunctions.ExecutionLimitExceededException",
+#   and "StepFunctions.ExecutionLimitExceeded", the name the Step Functions guide retries
+#   (https://docs.aws.amazon.com/step-functions/latest/dg/concepts-nested-workflows.html);
+# - throttling, and any other error of the service: ThrottlingException is one of the API's common
+#   errors, not an error of StartExecution's own (Step Functions API Reference, StartExecution, and
+#   https://docs.aws.amazon.com/step-functions/latest/apireference/CommonErrors.html),
+#   so it has no exception of its own in the SDK Step Functions calls with (the Cause's "(Service:
+#   AWSStepFunctions; Status Code: ...; Error Code: ...; Request ID: ...; Proxy: null)" is the AWS
+#   SDK for Java's message) and arrives as its base exception, "StepFunctions.AWSStepFunctionsException"
+#   (as Lambda.AWSLambdaException does in the guide's "Handle transient Lambda service exceptions";
+#   AWS's own solution retries startExecution.sync:2 on it: aws-solutions/
+#   data-transfer-from-amazon-s3-glacier-vaults-to-amazon-s3, source/solution/infrastructure/workflows/
+#   orchestrator.py). No "StepFunctions.ThrottlingException": no AWS source names one;
+# - the call failing on its way (the SDK's client side): "StepFunctions.SdkClientException" (as
+#   Lambda.SdkClientException).
+# A child that ran and failed is States.TaskFailed (the Catch below), never retried: its tasks had
+# their own retries.
 GROUP_START_RETRY = {
     "ErrorEquals": [
-        "StepFunctions.ThrottlingException",
+        "StepFunctions.ExecutionLimitExceeded",
         "StepFunctions.ExecutionLimitExceededException",
         "StepFunctions.AWSStepFunctionsException",
         "StepFunctions.SdkClientException",
@@ -48,6 +70,44 @@ GROUP_START_RETRY = {
 # or with one of the States.* errors a Fail state may not raise ends with: the window fails and
 # restarts, as after any other failure.
 GROUP_LOST_ERROR = "Stagecoach.GroupLost"
+
+
+def _retry_bound(retry: dict[str, Any]) -> tuple[int, float]:
+    """A Retrier's attempts after the first, and the longest it waits in all between them (FULL
+    jitter only shortens the waits)."""
+    attempts, interval, rate = int(retry["MaxAttempts"]), float(retry["IntervalSeconds"]), float(retry["BackoffRate"])
+    cap = float(retry.get("MaxDelaySeconds", float("inf")))
+    return attempts, sum(min(cap, interval * rate**k) for k in range(attempts))
+
+
+# Slack per attempt of a group's task beyond its function's timeout: the invoke call, an Init phase
+# (limited to 10 s; one retried on the invocation counts within the function's timeout: Lambda
+# Developer Guide, https://docs.aws.amazon.com/lambda/latest/dg/lambda-runtime-environment.html)
+# and Step Functions' scheduling of the attempt.
+_ATTEMPT_SLACK_S = 60
+
+
+# The longest a group's child can run: its tasks run at once, and each ends within its kill loop's
+# 1 + KILL_RETRIES runs of its Task, each of at most 1 + WAIT_RETRY's + LAMBDA_RETRY's MaxAttempts
+# attempts (planner/emit/tasks.py), each cut at its function's timeout, at most Lambda's 900 s
+# whatever the Task's learnt TimeoutSecondsPath says, plus the Retriers' waits. The group Task
+# takes this as its TimeoutSeconds, a constant: from the learnt timeout it would need products,
+# which intrinsics lack, or one more state per group, which the history and cost models would have
+# to count; and this bound holds whatever is learnt. A group thus never times out while its child
+# can still end on its own, and the window sees its tasks' own errors (Stagecoach.WorkerKilled with
+# its stage, ObjectLost) as without groups, where the inline Map has no timeout at all; the
+# window's own timeout (the job's RunWindow, TimeoutSecondsPath) remains what bounds a window.
+# TimeoutSeconds must be a positive integer and defaults to 99,999,999 (Step Functions Developer
+# Guide, Task state: awsdocs/aws-step-functions-developer-guide,
+# doc_source/amazon-states-language-task-state.md).
+def _child_worst_case_s() -> int:
+    """The bound above, in whole seconds."""
+    (waits, wait_s), (services, service_s) = _retry_bound(WAIT_RETRY), _retry_bound(LAMBDA_RETRY)
+    per_run = (1 + waits + services) * (LAMBDA_MAX_TIMEOUT_S + _ATTEMPT_SLACK_S) + math.ceil(wait_s + service_s)
+    return (1 + KILL_RETRIES) * per_run
+
+
+GROUP_TIMEOUT_S = _child_worst_case_s()
 # A group's fields, which the window hands its child (the child's tasks need no more).
 _GROUP_FIELDS = ("job", "bucket", "t", "window_start", "attempt", "timeout", "cold")
 
@@ -84,8 +144,8 @@ def grouped_map(
         "Type": "Task",
         "Resource": "arn:aws:states:::states:startExecution.sync:2",
         "Parameters": {"StateMachineArn": group_arn, "Input": child_input},
-        # the child's tasks have their own timeouts; a group ends when they do
-        "TimeoutSeconds": 900 * 4,
+        # the child's tasks have their own timeouts and end it: this only outlasts their worst case
+        "TimeoutSeconds": GROUP_TIMEOUT_S,
         "Retry": [dict(GROUP_START_RETRY)],
         "Catch": [{"ErrorEquals": ["States.TaskFailed"], "ResultPath": "$.caught", "Next": f"{name}GroupFailed"}],
         "ResultPath": None,
@@ -108,7 +168,19 @@ def grouped_map(
 
 
 def _rethrow_states(name: str) -> dict[str, Any]:
-    """GroupFailed, GroupRethrow?, GroupRethrow, GroupLost: fail with the child's own error."""
+    """GroupFailed, GroupRethrow?, GroupRethrow, GroupLost: fail with the child's own error.
+
+    A Fail state's ErrorPath and CausePath must each select a string, or be an intrinsic that
+    returns one, among them States.JsonToString (Step Functions Developer Guide, "Fail workflow
+    state", https://docs.aws.amazon.com/step-functions/latest/dg/state-fail.html). The guide does
+    not say what an ErrorPath naming a ``States.*`` error does, and the States Language reserves
+    them: "States MAY report errors with other names, which MUST NOT begin with the prefix
+    'States.'" (https://states-language.net/spec.html, "Error representation"); moto fails such a
+    Fail state's execution with States.Runtime. So only a child's own error of another name is
+    rethrown; a ``States.*`` one (States.Runtime, States.Timeout, ...) or none at all (a child
+    stopped, or timed out) ends as ``GROUP_LOST_ERROR``, the whole DescribeExecution in its Cause. The Choice tests IsPresent first: an And's later rules are not
+    evaluated on a field that is absent (Developer Guide, "Choice workflow state",
+    https://docs.aws.amazon.com/step-functions/latest/dg/state-choice.html)."""
     return {
         f"{name}GroupFailed": {
             "Type": "Pass",
@@ -119,7 +191,7 @@ def _rethrow_states(name: str) -> dict[str, Any]:
             "Type": "Choice",
             "Choices": [
                 {
-                    # a Fail state's error must not be one of the States.* names ASL reserves
+                    # a Fail state's error must not be one of the States.* names ASL reserves (above)
                     "And": [
                         {"Variable": "$.child.Error", "IsPresent": True},
                         {"Variable": "$.child.Cause", "IsPresent": True},
@@ -139,7 +211,15 @@ def _replica_function(per_worker: bool) -> str:
     """A replica's function: the stage's, or with one per worker plan.worker_function's rule —
     the stage's own for replica 0, "{stage}-r{r}" for the others — as an intrinsic: the index of
     the right one of the two names is 0 for replica 0 and 1 otherwise (the length of the set
-    {0, r}, less one)."""
+    {0, r}, less one).
+
+    It goes in a Task's Parameters (FunctionName.$), where intrinsics are allowed, nested up to 10
+    in a field (this is 7); States.Array takes any values, States.Format's ``{}`` takes a string or
+    a number ($.replica, an integer of the child's States.ArrayRange), States.ArrayUnique and
+    States.ArrayLength an array, States.MathAdd integers, States.ArrayGetItem an array and an
+    index (Step Functions Developer Guide, "Intrinsic functions for JSONPath states",
+    https://docs.aws.amazon.com/step-functions/latest/dg/intrinsic-functions.html; moto evaluates
+    it alike: tests/test_groups.py)."""
     if not per_worker:
         return "$.fn"
     named = "States.Array($.fn, States.Format('{}-r{}', $.fn, $.replica))"
