@@ -141,7 +141,7 @@ class Plan:
             object.__setattr__(self, "sync", (self.sync,) * n)
         else:
             object.__setattr__(self, "sync", tuple(self.sync))
-        if not self.fan_in:
+        if self.fan_in is None or (not isinstance(self.fan_in, int) and len(self.fan_in) == 0):  # 0 is checked, not defaulted
             object.__setattr__(self, "fan_in", (DEFAULT_FAN_IN,) * n)
         elif isinstance(self.fan_in, int):
             object.__setattr__(self, "fan_in", (self.fan_in,) * n)
@@ -287,7 +287,9 @@ class Plan:
                 raise PlanError(f"plan.{what} has {len(seq)} entries but the plan has {n} stages: give one per stage")
 
     def _check_sync(self) -> None:
-        """Each stage's algorithm is one the runtime runs, with a K it admits (only k_reduce lets the user choose)."""
+        """Each stage's algorithm is one the runtime runs, with a K it admits (only k_reduce lets the user choose).
+        The fan-in first: a hierarchical stage's default K follows from it."""
+        self._check_fan_in()
         for s, algo in enumerate(self.sync):
             if algo not in SYNC_ALGORITHMS:
                 raise PlanError(f"plan.sync[{s}]={algo!r} is unknown: choose one of {', '.join(SYNC_ALGORITHMS)}")
@@ -300,7 +302,6 @@ class Plan:
                     f"plan.aggregators[{s}]={k} does not fit sync {algo!r}, which uses K={want}: use sync 'k_reduce' "
                     "or 'hierarchical' to choose K yourself"
                 )
-        self._check_fan_in()
 
     def _check_fan_in(self) -> None:
         """Each stage's fan-in is an aggregator's count of inputs: at least 2; a hierarchical stage's

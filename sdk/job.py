@@ -58,6 +58,7 @@ class ManualPlan(TypedDict, total=False):
     timeout_s: int
     sync: str | Sequence[str] | None
     aggregators: int | Sequence[int] | None
+    fan_in: int | Sequence[int] | None
 
 
 @dataclass
@@ -643,8 +644,8 @@ class Job:
         """Deploy and start the job; returns a Run to wait on and inspect.
 
         ``plan``: a Plan; else a manual one from ``stages``, ``replicas``, ``micro_batches``,
-        ``memory_mb``, ``sync`` and ``aggregators`` (defaults: one stage, one replica, one
-        micro-batch, scatter-reduce; see ``manual_plan``). ``reserve_concurrency``: reserve each
+        ``memory_mb``, ``sync``, ``aggregators`` and ``fan_in`` (defaults: one stage, one replica,
+        one micro-batch, scatter-reduce; see ``manual_plan``). ``reserve_concurrency``: reserve each
         stage function the concurrency its tasks need (twice its most tasks at once, for a window
         restart; 2 per function when every worker has its own), so other functions of the account
         cannot starve a phase of its workers. ``max_cost``: USD; the job stops at the first
@@ -695,7 +696,10 @@ class Job:
         sample = boundary.map_leaves(lambda t: t[0], self.head(1)[0])  # as plan() times it: any data set, numpy too
         b = plan.micro_batch_size
         profile = self.with_job_bytes(measure_model(self.build_model(), sample, micro_batch_sizes=(b,), name=self.name))
-        choices = tuple(SyncChoice("none", 1) if plan.replicas == 1 else SyncChoice(a, k) for a, k in zip(plan.sync, plan.aggregators))
+        choices = tuple(
+            SyncChoice("none", 1) if plan.replicas == 1 else SyncChoice(a, k, f)
+            for a, k, f in zip(plan.sync, plan.aggregators, plan.fan_in)
+        )
         cfg = Config(tuple(plan.balance), tuple(plan.memory_mb), plan.replicas, b, plan.micro_batches, choices)
         return profile, cfg, platform
 
@@ -763,9 +767,13 @@ class Job:
         timeout_s: int = 300,
         sync: str | Sequence[str] | None = None,
         aggregators: int | Sequence[int] | None = None,
+        fan_in: int | Sequence[int] | None = None,
     ) -> Plan:
         """A plan with layers split evenly. ``sync``: one algorithm for every stage or one per stage
-        (planner/plan.py SYNC_ALGORITHMS); ``aggregators``: K for k_reduce (one, or one per stage)."""
+        (planner/plan.py SYNC_ALGORITHMS); ``aggregators``: K for k_reduce or hierarchical (one, or
+        one per stage); ``fan_in``: a hierarchical stage's replicas per level-1 aggregator (one, or
+        one per stage; 2..MAX_FAN_IN, default DEFAULT_FAN_IN in planner/plan.py), which also sets
+        that stage's default K, min(d, fan_in). Plan checks each and names the fix."""
         return Plan(
             balance=even_balance(self.layers, stages),
             replicas=replicas,
@@ -773,6 +781,7 @@ class Job:
             global_batch=self.global_batch,
             sync=(sync,) * stages if isinstance(sync, str) else tuple(sync or ()),
             aggregators=(aggregators,) * stages if isinstance(aggregators, int) else tuple(aggregators or ()),
+            fan_in=(fan_in,) * stages if isinstance(fan_in, int) else tuple(fan_in or ()),
             memory_mb=(memory_mb,) * stages,
             timeouts_s=tuple({p: timeout_s for p in PHASES} for _ in range(stages)),
         )

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+from stagecoach.planner.plan import DEFAULT_FAN_IN
+
 JOB_FILE = textwrap.dedent(
     """
     import torch
@@ -116,3 +118,58 @@ def test_without_a_manual_plan_train_uses_the_planners_recommendation(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "planner: recommended plan of" in r.stdout
     assert "after 2 iterations" in r.stdout
+
+
+def train_in_process(tmp_path, monkeypatch, *args):
+    """`stagecoach train tiny.py ARGS` in this process, stopped once its plan is made: returns the
+    CliRunner result, the plan it would have run (None if refused) and whether it chose a backend. No
+    stack is started, nothing deployed: the backend is a stand-in, and the cost prediction, which
+    comes before job.run, stops the command."""
+    import click
+    from click.testing import CliRunner
+
+    from stagecoach.cli import train
+
+    (tmp_path / "tiny.py").write_text(JOB_FILE)
+    monkeypatch.chdir(tmp_path)
+    plans, backends = [], []
+
+    def stop(_job, plan, chosen, _max_cost):
+        assert chosen == "no backend"
+        plans.append(plan)
+        raise click.ClickException("the test stops here, before job.run")
+
+    monkeypatch.setattr(train, "_backend", lambda *_args: backends.append(1) or "no backend")
+    monkeypatch.setattr(train, "_predict_cost", stop)
+    r = CliRunner().invoke(train.train_command, ["tiny.py", *args])
+    assert len(plans) <= 1
+    return r, (plans[0] if plans else None), bool(backends)
+
+
+def test_fan_in_sets_the_hierarchical_plans_fan_in_and_its_default_k(tmp_path, monkeypatch):
+    """--fan-in with --sync hierarchical (or alone, which implies it): every stage gets the fan-in,
+    and K defaults to min(d, fan-in); --aggregators still chooses K."""
+    r, plan, _ = train_in_process(tmp_path, monkeypatch, "--stages", "2", "--replicas", "4", "--sync", "hierarchical", "--fan-in", "2")
+    assert "the test stops here" in r.output and plan is not None, r.output
+    assert plan.sync == ("hierarchical",) * 2 and plan.fan_in == (2, 2) and plan.aggregators == (2, 2)
+    assert plan.blocks(0) == 2 and plan.sync_tasks(0) == 2 * (2 + 1)  # K roots and K chains of 2 links
+    assert "sync hierarchical(K=2, fan_in=2), hierarchical(K=2, fan_in=2)" in r.output
+    r, plan, _ = train_in_process(tmp_path, monkeypatch, "--replicas", "4", "--fan-in", "3", "--aggregators", "1")
+    assert plan is not None, r.output
+    assert plan.sync == ("hierarchical",) and plan.fan_in == (3,) and plan.aggregators == (1,), r.output
+    r, plan, _ = train_in_process(tmp_path, monkeypatch, "--replicas", "4", "--sync", "hierarchical")
+    assert plan is not None, r.output
+    assert plan.fan_in == (DEFAULT_FAN_IN,) and plan.aggregators == (min(4, DEFAULT_FAN_IN),), r.output
+
+
+def test_bad_fan_in_is_refused_before_any_backend(tmp_path, monkeypatch):
+    """A fan-in Plan refuses is refused with Plan's message; one for another algorithm as --aggregators is."""
+    r, plan, chose = train_in_process(tmp_path, monkeypatch, "--replicas", "4", "--sync", "hierarchical", "--fan-in", "1")
+    assert r.exit_code != 0 and "plan.fan_in[0]=1: an aggregator sums at least 2 gradients" in r.output, r.output
+    assert plan is None and not chose
+    r, _, chose = train_in_process(tmp_path, monkeypatch, "--replicas", "4", "--fan-in", "0")
+    assert r.exit_code != 0 and "plan.fan_in[0]=0: an aggregator sums at least 2 gradients" in r.output, r.output
+    assert not chose
+    r, _, chose = train_in_process(tmp_path, monkeypatch, "--replicas", "4", "--sync", "k_reduce", "--fan-in", "2")
+    assert r.exit_code != 0 and "--fan-in only applies to --sync hierarchical, not k_reduce" in r.output, r.output
+    assert not chose and "Traceback" not in r.output

@@ -180,6 +180,8 @@ def test_plan_fan_in_defaults_and_sync_tasks():
     "kwargs,message",
     [
         (dict(fan_in=1), r"fan_in\[0\]=1: an aggregator sums at least 2"),
+        (dict(fan_in=0), r"fan_in\[0\]=0: an aggregator sums at least 2"),  # 0 is not "the default"
+        (dict(sync="hierarchical", fan_in=(0,)), r"fan_in\[0\]=0: an aggregator sums"),  # named before the K it implies
         (dict(fan_in=(2, 2)), r"fan_in has 2 entries"),
         (dict(sync="hierarchical", fan_in=MAX_FAN_IN + 1), r"choose fan_in between"),
         (dict(sync="hierarchical", replicas=200, global_batch=200, fan_in=2), r"a chain of 100 links.*between 4 and 64"),
@@ -191,6 +193,44 @@ def test_plan_refuses_a_fan_in_the_tree_cannot_run(kwargs, message):
     base = dict(balance=(1,), replicas=8, global_batch=8)
     with pytest.raises(PlanError, match=message):
         Plan(**{**base, **kwargs})
+
+
+def test_job_manual_plan_and_run_take_the_fan_in(monkeypatch):
+    """``Job.run(fan_in=...)`` through ``Job.manual_plan``: one fan-in for every stage or one per
+    stage, as Plan takes it, setting a hierarchical stage's default K to min(d, fan-in); a fan-in
+    Plan refuses is refused with Plan's message before any backend is reached."""
+    from torch import nn
+
+    import stagecoach.job as job_module
+    from stagecoach import Job
+
+    job = Job(
+        model=lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)),
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        train=(torch.randn(32, 4), torch.randint(0, 2, (32,))),
+        global_batch=8,
+        iterations=1,
+        name="fan-in",
+    )
+    p = job.manual_plan(stages=2, replicas=4, sync="hierarchical", fan_in=2)
+    assert p.fan_in == (2, 2) and p.aggregators == (2, 2) and p.blocks(0) == 2 and p.sync_tasks(0) == 2 * (2 + 1)
+    p = job.manual_plan(stages=2, replicas=4, sync=("hierarchical", "k_reduce"), aggregators=(1, 2), fan_in=(3, 2))
+    assert p.fan_in == (3, 2) and p.aggregators == (1, 2) and p.sync_tasks(0) == 1 * (2 + 1) and p.sync_tasks(1) == 2
+    assert job.manual_plan(stages=2, replicas=4, sync="hierarchical").fan_in == (DEFAULT_FAN_IN,) * 2
+    assert job.manual_plan(stages=2, replicas=4, sync="hierarchical").aggregators == (4, 4)  # min(d, the default fan-in)
+
+    def no_backend(*_args, **_kwargs):
+        raise AssertionError("the job reached a backend with a plan Plan refuses")
+
+    monkeypatch.setattr(job_module, "get_backend", no_backend)
+    for fan_in, message in (
+        (1, r"plan.fan_in\[0\]=1: an aggregator sums at least 2 gradients"),
+        ((2,), r"plan.fan_in has 1 entries but the plan has 2 stages"),
+        (MAX_FAN_IN + 1, rf"plan.fan_in\[0\]={MAX_FAN_IN + 1} with 4 replicas .* choose fan_in between 2 and {MAX_FAN_IN}"),
+    ):
+        with pytest.raises(PlanError, match=message):
+            job.run(stages=2, replicas=4, sync="hierarchical", fan_in=fan_in)
 
 
 # -- request rates at 1,000 replicas (docs/runtime.md "Request rates") ---------------------------------
@@ -331,6 +371,18 @@ def test_model_hierarchical_is_k_reduce_within_one_block_and_prices_the_chain_be
         ("hierarchical", 40),
     }
     assert SyncChoice("hierarchical", 40).plan_fields() == ("hierarchical", 40)
+
+
+def test_the_model_prices_a_plans_own_fan_in():
+    """A plan's fan-in below d lengthens the chain: the model the job predicts with (SyncChoice from
+    the plan) prices those hops, and labels the choice with it."""
+    plat = aws_platform()
+    default, two = SyncChoice("hierarchical", 2), SyncChoice("hierarchical", 2, fan_in=2)
+    assert default.algorithm.stage(8, 2, 50e6, 0.3, 2.0, plat) == SYNC_ALGORITHMS["hierarchical"].stage(8, 2, 50e6, 0.3, 2.0, plat)
+    chain = two.algorithm.stage(8, 2, 50e6, 0.3, 2.0, plat)
+    assert chain == Hierarchical(fan_in=2).stage(8, 2, 50e6, 0.3, 2.0, plat)
+    assert chain.tasks == 2 * (4 + 1) and chain.task_s > default.algorithm.stage(8, 2, 50e6, 0.3, 2.0, plat).task_s
+    assert two.label() == "hierarchical(K=2, fan_in=2)" and default.label() == "hierarchical(K=2)"
 
 
 def test_model_each_block_adds_one_hop_of_a_chunk():

@@ -587,16 +587,22 @@ if set(ALL_SYNC) != set(RUNTIME_SYNC):
 
 @dataclass(frozen=True)
 class SyncChoice:
-    """An algorithm and its number of aggregators/shards K."""
+    """An algorithm, its number of aggregators/shards K and (hierarchical) its fan-in: a plan's
+    fan-in other than the default lengthens the chain the model prices."""
 
     algo: str
     k: int
+    fan_in: int = DEFAULT_FAN_IN
 
     def label(self) -> str:
+        if self.algo == "hierarchical" and self.fan_in != DEFAULT_FAN_IN:
+            return f"{self.algo}(K={self.k}, fan_in={self.fan_in})"
         return f"{self.algo}(K={self.k})" if self.algo in ("k_reduce", "hierarchical") else self.algo
 
     @property
     def algorithm(self) -> SyncAlgorithm:
+        if self.algo == "hierarchical" and self.fan_in != DEFAULT_FAN_IN:
+            return Hierarchical(self.fan_in)
         if self.algo in SYNC_ALGORITHMS:
             return SYNC_ALGORITHMS[self.algo]
         if self.algo in MODEL_ONLY_SYNC:

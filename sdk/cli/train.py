@@ -16,7 +16,7 @@ from stagecoach.cost import CostReport
 from stagecoach.deploy.resources import DeployError
 from stagecoach.job import Job, JobError
 from stagecoach.planner.model.platforms import aws_platform
-from stagecoach.planner.plan import SYNC_ALGORITHMS, Plan, PlanError
+from stagecoach.planner.plan import DEFAULT_FAN_IN, MAX_FAN_IN, SYNC_ALGORITHMS, Plan, PlanError
 from stagecoach.run import Run, RunFailed
 
 
@@ -30,6 +30,12 @@ from stagecoach.run import Run, RunFailed
     "--sync", type=click.Choice(list(SYNC_ALGORITHMS)), help="gradient sync algorithm for every stage (docs/runtime.md, 'Sync algorithms')"
 )
 @click.option("--aggregators", type=int, help="K for --sync k_reduce or hierarchical: shards per stage (1..d)")
+@click.option(
+    "--fan-in",
+    type=int,
+    help=f"for --sync hierarchical (implied when no --sync is given): replicas per level-1 aggregator, 2..{MAX_FAN_IN} "
+    f"(default {DEFAULT_FAN_IN}); K defaults to min(d, fan-in)",
+)
 @click.option("--iterations", type=int, help="override the job's iterations")
 @click.option("--recommended", is_flag=True, help="use the planner's recommended plan even if FILE defines manual `defaults`")
 @click.option("--backend", type=click.Choice(["local", "aws"]), default=None, help="local (default) or aws (default when --stack is given)")
@@ -55,6 +61,7 @@ def train_command(
     memory_mb: int | None,
     sync: str | None,
     aggregators: int | None,
+    fan_in: int | None,
     iterations: int | None,
     recommended: bool,
     backend: str | None,
@@ -77,7 +84,7 @@ def train_command(
     }
     job, manual = _job_and_manual(file, iterations, recommended, given)
     try:
-        plan = _plan(job, manual, sync, aggregators)
+        plan = _plan(job, manual, sync, aggregators, fan_in)
         chosen = _backend(backend, stack, region, emulate_network)
         predicted = _predict_cost(job, plan, chosen, max_cost)
         run = job.run(plan=plan, backend=chosen, max_cost=max_cost)
@@ -103,9 +110,9 @@ def _job_and_manual(file: str, iterations: int | None, recommended: bool, given:
     return job, manual
 
 
-def _plan(job: Job, manual: dict[str, Any], sync: str | None, aggregators: int | None) -> Plan:
+def _plan(job: Job, manual: dict[str, Any], sync: str | None, aggregators: int | None, fan_in: int | None) -> Plan:
     """The job validated and its plan: the manual one, or the planner's recommendation (said with
-    its predicted speed), with --sync / --aggregators applied and checked against the job."""
+    its predicted speed), with --sync / --aggregators / --fan-in applied and checked against the job."""
     job.validate()
     if manual:
         plan = job.manual_plan(**manual)
@@ -116,8 +123,8 @@ def _plan(job: Job, manual: dict[str, Any], sync: str | None, aggregators: int |
             f"planner: recommended plan of {len(result.pareto)} on the Pareto front "
             f"(predicted {plan.prediction.s_per_iteration if plan.prediction else float('nan'):.2f} s/iteration on AWS)"
         )
-    if sync or aggregators:
-        plan = _with_sync(plan, sync, aggregators)
+    if sync or aggregators or fan_in is not None:
+        plan = _with_sync(plan, sync, aggregators, fan_in)
     job.check_plan(plan)
     click.echo(
         f"plan: {plan.stages} stages (layers per stage {list(plan.balance)}) x {plan.replicas} replicas, "
@@ -183,15 +190,21 @@ def _backend(backend: str | None, stack: str | None, region: str | None, emulate
     return backend_for("local", None, None, network=plat)
 
 
-def _with_sync(plan: Plan, sync: str | None, aggregators: int | None) -> Plan:
-    """The plan with every stage's sync algorithm (and K) replaced; Plan validates the pair."""
-    algo = sync or "k_reduce"  # called only when --sync or --aggregators was given
+def _with_sync(plan: Plan, sync: str | None, aggregators: int | None, fan_in: int | None) -> Plan:
+    """The plan with every stage's sync algorithm (and K, and fan-in) replaced; Plan validates them.
+    Without --sync the options imply the algorithm that takes them: hierarchical for --fan-in,
+    else k_reduce."""
+    algo = sync or ("hierarchical" if fan_in is not None else "k_reduce")
     if algo not in ("k_reduce", "hierarchical") and aggregators:
         raise click.BadParameter(f"--aggregators only applies to --sync k_reduce or hierarchical, not {algo}", param_hint="--aggregators")
-    # hierarchical: K shards, each summed by a chain of fan-in aggregators (K <= the fan-in by default)
-    default = {"all_reduce": 1, "hierarchical": min(plan.replicas, min(plan.fan_in))}.get(algo, plan.replicas)
+    if algo != "hierarchical" and fan_in is not None:
+        raise click.BadParameter(f"--fan-in only applies to --sync hierarchical, not {algo}", param_hint="--fan-in")
+    fans = plan.fan_in if fan_in is None else (fan_in,) * plan.stages
+    # hierarchical: K shards, each summed by a chain of fan-in aggregators (K <= the fan-in by
+    # default); max(1, ...) so that a fan-in below 1 is refused by Plan for what it is, not as a K
+    default = {"all_reduce": 1, "hierarchical": min(plan.replicas, max(1, min(fans)))}.get(algo, plan.replicas)
     k = aggregators or default
-    return dataclasses.replace(plan, sync=(algo,) * plan.stages, aggregators=(k,) * plan.stages)
+    return dataclasses.replace(plan, sync=(algo,) * plan.stages, aggregators=(k,) * plan.stages, fan_in=fans)
 
 
 def _positive_usd(value: float | None) -> float | None:
@@ -203,4 +216,5 @@ def _positive_usd(value: float | None) -> float | None:
 def _sync_label(plan: Plan) -> str:
     if plan.replicas == 1:
         return "none (d = 1)"
-    return ", ".join(a if a != "k_reduce" else f"k_reduce(K={k})" for a, k in zip(plan.sync, plan.aggregators))
+    labels = {"k_reduce": "k_reduce(K={k})", "hierarchical": "hierarchical(K={k}, fan_in={f})"}
+    return ", ".join(labels.get(a, a).format(k=k, f=f) for a, k, f in zip(plan.sync, plan.aggregators, plan.fan_in))
