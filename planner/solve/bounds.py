@@ -34,31 +34,52 @@ for _fa in (0, 1):
                 _TRANS.append((_fa, _fb, _fa2, _fb2, _ca, _cb, _fa2 == 1, _fb == 0))
 
 
-def _stage_weights(cands: Candidates, wc: float, wt: float, plat: Platform) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _least_waits(cands: Candidates) -> tuple[list[float], list[float]]:
+    """Per node, the least sum of forward steps and hops of the stages before it (any path of
+    candidate stages from layer 0) and of backward ones after it (to the last layer): what a
+    stage starting (ending) there waits at the least for its first micro-batch."""
+    L, inf = cands.layers, float("inf")
+    before, after = [0.0] + [inf] * L, [inf] * L + [0.0]
+    for g in sorted(cands.groups, key=lambda g: g.j):
+        before[g.j] = min(before[g.j], before[g.i] + g.af)
+    for g in sorted(cands.groups, key=lambda g: -g.i):
+        after[g.i] = min(after[g.i], after[g.j] + g.bf)
+    return before, after
+
+
+def _stage_weights(cands: Candidates, wc: float, wt: float, plat: Platform) -> tuple[np.ndarray, ...]:
     """Per group the least weight of a stage on it over its options (wpre[K]: no context, the
     base); wpre[c] / wsuf[c]: with the waits of a bounded group at tier c on the arc (c = K: a
-    last-stage group, which has no forward task); selfw: the bounded group's own weight."""
+    last-stage group, which has no forward task); selfw: the bounded group's own weight, with its
+    least waits (selfw[0]) or without them (selfw[1]: the arcs around it count them exactly)."""
     groups, K = cands.groups, len(cands.tiers)
     L, d, m = cands.layers, cands.replicas, cands.micro_batches
     o, pt = phase_overhead(plat, d), plat.price_transition
     pk = np.array([plat.price_per_s(t) for t in cands.tiers])
     wpre = np.full((K + 1, len(groups)), np.inf)
     wsuf = np.full((K, len(groups)), np.inf)
-    selfw = np.full(len(groups), np.inf)
+    selfw = np.full((2, len(groups)), np.inf)
     first_extra = wt * o + wc * pt * (global_transitions(2) - global_transitions(1))
+    before, after = _least_waits(cands)
     for q, g in enumerate(groups):
+        # a stage's forward task waits for the steps and hops of every stage before it, its
+        # backward task for those after it: at least the least such sum over any path
+        waits = (before[g.i] if g.j < L else 0.0) + after[g.j]
         for op in g.options:
             # a stage adds at least its step and its own hop to T_F and to the first branch
             # of T_BS (ao >= a, bo >= bb), and its tasks are billed at least as long
-            v = wc * (op.own_cost + d * g.price * (m * g.a + (g.ao - g.a) + m * g.bb + (g.bo - g.bb) + op.load_s)) + wt * (g.ao + g.bo)
+            busy = m * g.a + (g.ao - g.a) + m * g.bb + (g.bo - g.bb) + op.load_s + waits
+            v = wc * (op.own_cost + d * g.price * busy) + wt * (g.ao + g.bo)
             if g.j == L:
                 v += wt * op.load_s
             if g.i == 0:
                 v += wt * op.extra_s + (first_extra if g.j < L else 0.0)
-            selfw[q] = min(selfw[q], v + (wt * op.load_s if g.j < L else 0.0))
+            own = v + (wt * op.load_s if g.j < L else 0.0)
+            selfw[:, q] = np.minimum(selfw[:, q], (own, own - wc * d * g.price * waits))
             wpre[K, q] = min(wpre[K, q], v)
-            wpre[:K, q] = np.minimum(wpre[:K, q], v + wc * d * pk * g.a)
-            wsuf[:, q] = np.minimum(wsuf[:, q], v + wc * d * pk * (g.bb + (op.load_s if g.j == L else 0.0)))
+            # the bounded group waits for this stage's step and hop (what ea / xb carry)
+            wpre[:K, q] = np.minimum(wpre[:K, q], v + wc * d * pk * g.af)
+            wsuf[:, q] = np.minimum(wsuf[:, q], v + wc * d * pk * (g.bf + (op.load_s if g.j == L else 0.0)))
     return wpre, wsuf, selfw
 
 
@@ -251,7 +272,7 @@ class LowerBounds:
             add = np.where(ca[cA] & cb[cB], (self.payA if pa else 0.0) + (self.payB if pb else 0.0), np.inf)
             for cp in range(self.smax):
                 best = np.minimum(best, Pg[fa, fb, cp] + Sg[fa2, fb2, self.smax - 1 - cp] + add)
-        best = np.where(self.allow, best, np.inf) + self.selfw[None, :]
+        best = np.where(self.allow, best, np.inf) + self.selfw[1 if ctx else 0][None, :]
         a0 = np.where(self.fin, 0.0, self.A)
         bott = self.wt * (self.m - 1) * (np.maximum(self.thA[:, None], a0[None, :]) + np.maximum(self.thB[:, None], self.B[None, :]))
         out = best + bott + self.const

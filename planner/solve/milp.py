@@ -74,6 +74,21 @@ class _Caps:
     fcap: list[float]  # per group from the bill: d * price * (its task's duration) <= cost <= cutoff / wc
 
 
+@dataclass
+class _Floors:
+    """Valid lower bounds of the carried state at each node (shortest and minimax paths over
+    these groups): whatever path a plan takes to a node, the steps it carries there sum to at
+    least LA and their largest is at least MA. As rows (ea >= LA y), they stop the LP relaxation
+    from handing a fractional stage less waiting than any real path could."""
+
+    LA: list[float]  # forward: the least sum of steps carried into a node
+    MA: list[float]  # ... the least largest step
+    ML: list[float]  # ... the least largest parameter load
+    LB: list[float]  # backward: the least sum of steps carried into a node from after it
+    MB: list[float]  # ... the least largest step
+    LL: list[float]  # ... the least load of the last stage
+
+
 class _PathMilp:
     """The path MILP over ``groups`` under construction (module docstring, step 3): each method
     adds one family of variables and constraints to ``prob``. They are called in one fixed order,
@@ -104,6 +119,7 @@ class _PathMilp:
         self.ll: dict[int, Any] = {}
         self.mb: dict[int, Any] = {}
         self.BT: dict[int, pulp.LpAffineExpression] = {}
+        self.fl = self.floors()
 
     # -- bounds of the carried state --------------------------------------------------------------
     def caps(self, wc: float, wt: float, cutoff: float | None) -> _Caps:
@@ -153,6 +169,25 @@ class _PathMilp:
             UW[n] = min(UW[n], tcap, self.maxT + max((op.extra_s for q in self.start[n] for op in groups[q].options), default=0.0))
         return UW
 
+    def floors(self) -> _Floors:
+        """The least carried state at each node (``_Floors``)."""
+        L, inf, groups = self.L, math.inf, self.groups
+        LA, MA, ML = [0.0] + [inf] * L, [0.0] + [inf] * L, [0.0] + [inf] * L
+        for n in range(1, L):
+            for q in self.end[n]:
+                g = groups[q]
+                LA[n] = min(LA[n], LA[g.i] + g.af)
+                MA[n] = min(MA[n], max(MA[g.i], g.a))
+                ML[n] = min(ML[n], max(ML[g.i], min(op.load_s for op in g.options)))
+        LB, MB, LL = [inf] * L + [0.0], [inf] * L + [0.0], [inf] * L + [0.0]
+        for n in range(L - 1, 0, -1):
+            for q in self.start[n]:
+                g = groups[q]
+                LB[n] = min(LB[n], LB[g.j] + g.bf)
+                MB[n] = min(MB[n], max(MB[g.j], g.bb))
+                LL[n] = min(LL[n], min(op.load_s for op in g.options) if g.j == L else LL[g.j])
+        return _Floors(LA, MA, ML, LB, MB, LL)
+
     # -- the path -----------------------------------------------------------------------------------
     def path(self, smax: int) -> pulp.LpAffineExpression:
         """One stage leaves node 0, one enters node L, flow conserved in between; S <= Smax.
@@ -193,7 +228,7 @@ class _PathMilp:
 
     def _prefix_state(self, cap: _Caps) -> None:
         """The prefix state carried into each group but the first (ea, em, el), 0 unless chosen."""
-        m, prob = self.m, self.prob
+        m, prob, fl = self.m, self.prob, self.fl
         for q, g in enumerate(self.groups):
             if g.i == 0:
                 continue
@@ -205,6 +240,9 @@ class _PathMilp:
             )
             for var, u in ((self.ea[q], ua), (self.em[q], um), (self.el[q], ul)):
                 prob += _lin([(var, 1.0)] + [(v, -u) for v in self.x[q]]) <= 0
+            for var, lo in ((self.ea[q], fl.LA[g.i]), (self.em[q], fl.MA[g.i]), (self.el[q], fl.ML[g.i])):
+                if 0 < lo < math.inf:
+                    prob += _lin([(var, 1.0)] + [(v, -lo) for v in self.x[q]]) >= 0
 
     def _forward_tasks(self, cap: _Caps) -> None:
         """Each forward stage's maxima (ma >= em, ml >= el, and its own) and F_s - o, kept
@@ -265,6 +303,9 @@ class _PathMilp:
             self.xb[q], self.xm[q], self.ll[q] = xb, xm, ll
             for var, u in ((xb, ub), (xm, ux), (ll, ul)):
                 prob += _lin([(var, 1.0)] + [(v, -u) for v in x]) <= 0
+            for var, lo in ((xb, self.fl.LB[g.j]), (xm, self.fl.MB[g.j]), (ll, self.fl.LL[g.j])):
+                if 0 < lo < math.inf:
+                    prob += _lin([(var, 1.0)] + [(v, -lo) for v in x]) >= 0
             prob += _lin([(self.mb[q], 1.0), (xm, -1.0)]) >= 0
             terms += [(xb, 1.0), (ll, 1.0)]
             hi = cap.ULL + cap.UB[g.j] + g.bo + (m - 1) * max(cap.UX[g.j], g.bb)
