@@ -588,7 +588,7 @@ if set(ALL_SYNC) != set(RUNTIME_SYNC):
 @dataclass(frozen=True)
 class SyncChoice:
     """An algorithm, its number of aggregators/shards K and (hierarchical) its fan-in: a plan's
-    fan-in other than the default lengthens the chain the model prices."""
+    fan-in other than the default changes the chain the model prices."""
 
     algo: str
     k: int
