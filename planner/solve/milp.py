@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import highspy
 import pulp
 
 from stagecoach.planner.limits import max_peak_invocations
@@ -400,11 +401,39 @@ class _PathMilp:
         return Config(tuple(balance), tuple(tier_sel), self.d, cands.micro_batch, self.m, tuple(sync_sel))
 
 
+class _QuietHighs(highspy.Highs):
+    """A HiGHS model that prints nothing, not even HiGHS's banner ("Running HiGHS ...: Copyright
+    ..."): highspy.Highs() registers its callback in its constructor, HiGHS's first logging call,
+    which prints the banner while output_flag still has its default true, before pulp can turn
+    it off. HiGHS's maintainers: output_flag must be false before any other HiGHS method is
+    called, the banner cannot be switched off on its own
+    (https://github.com/ERGO-Code/HiGHS/issues/1702, https://github.com/ERGO-Code/HiGHS/issues/1932).
+    So turn it off first, then register the callback. (highspy 1.16 prints the banner once per
+    process, for the first model that logs: measured.)"""
+
+    def enableCallbacks(self) -> None:
+        self.silent()
+        super().enableCallbacks()  # type: ignore[no-untyped-call]  # highspy's Python layer is unannotated
+
+
+class _QuietHiGHS(pulp.HiGHS):  # type: ignore[misc]  # pulp ships no types
+    """pulp.HiGHS on a _QuietHighs model: pulp builds a plain highspy.Highs() (which prints the
+    banner) and only then sets msg=False's output_flag. This is pulp 3.3's
+    createAndConfigureSolver without the callbacks (the planner sets none) and without output."""
+
+    def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:
+        lp.solverModel = model = _QuietHighs()  # type: ignore[no-untyped-call]  # (its __init__ is highspy's)
+        opts = {"mip_rel_gap": self.gapRel, "mip_abs_gap": self.gapAbs, "threads": self.threads, "time_limit": self.timeLimit}
+        for key, value in {**opts, **self.optionsDict}.items():
+            if value is not None:
+                model.setOptionValue(key, float(value) if key == "time_limit" else value)
+
+
 def _highs(time_limit: float, gap: float, threads: int | None, objective_bound: float | None) -> Any:
     """HiGHS as measured fastest on these models: restarts re-presolve the root again and again,
     and the sub-MIP heuristics (RINS, RENS, root reduced cost) take most of the time while the
     incumbent from the heuristic plan is already good; without them the same proofs take 2-10x
-    less time."""
+    less time. Quiet: no log and no banner (_QuietHighs)."""
     opts: dict[str, Any] = {
         "mip_allow_restart": False,
         "mip_heuristic_run_rins": False,
@@ -413,7 +442,7 @@ def _highs(time_limit: float, gap: float, threads: int | None, objective_bound: 
     }
     if objective_bound is not None:
         opts["objective_bound"] = objective_bound
-    return pulp.HiGHS(msg=False, gapRel=gap, gapAbs=0.0, timeLimit=time_limit, threads=threads, **opts)
+    return _QuietHiGHS(msg=False, gapRel=gap, gapAbs=0.0, timeLimit=time_limit, threads=threads, **opts)
 
 
 def solve_milp(

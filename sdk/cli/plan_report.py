@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from stagecoach.planner.model.syncmodel import SyncChoice
 from stagecoach.planner.solve.sweep import PlannedConfig, PlanningResult
@@ -72,28 +73,91 @@ def result_table(res: PlanningResult, samples_per_epoch: int | None = None) -> s
     return format_table([plan_row(c, samples_per_epoch, "*" if c is res.recommended else "") for c in res.pareto])
 
 
-def pareto_png(res: PlanningResult, path: str | Path) -> Path:
-    """Seconds vs USD per iteration: every weight's optimum, the Pareto front, the recommendation."""
+def point_label(c: PlannedConfig) -> str:
+    """What sets a Pareto plan apart, in words: stages, replicas, each stage's memory tier and the
+    micro-batches, then its predictions. Two plans that differ only in a tier differ here too."""
+    cfg = c.config
+    stages = f"{cfg.stages} stage{'s' if cfg.stages > 1 else ''}"
+    replicas = f"{cfg.replicas} replica{'s' if cfg.replicas > 1 else ''}"
+    tiers = "/".join(map(str, cfg.tiers_mb))
+    batches = f"{cfg.micro_batches} micro-batch{'es' if cfg.micro_batches > 1 else ''} of {cfg.micro_batch}"
+    return f"{stages} x {replicas}, {tiers} MB, {batches}: {c.time_s:#.3g} s, ${c.cost:#.4g}"
+
+
+def axis_limits(values: list[float], rel: float = 0.1) -> tuple[float, float, bool]:
+    """An axis range for ``values`` and whether it is logarithmic. Linear unless they span more
+    than a factor 4; a linear range covers at least +-``rel`` of their middle, so that a $2e-8
+    difference between two plans of $1.6e-4 is drawn as the nothing it is, not across the whole
+    axis (matplotlib's autoscale fits the data, however close)."""
+    lo, hi = min(values), max(values)
+    if lo > 0 and hi / lo > 4:
+        return lo / 1.4, hi * 1.4, True
+    mid = (lo + hi) / 2
+    half = max(0.6 * (hi - lo), rel * abs(mid), 1e-12)
+    return max(0.0, mid - half) if lo >= 0 else mid - half, mid + half, False
+
+
+def _style_axis(ax: Any, which: str, values: list[float]) -> None:
+    """Plain tick labels (no offset, no x1e-4 exponent), at most about five of them, so none overlap."""
+    from matplotlib import ticker  # the optional `plot` extra, as in pareto_figure
+
+    lo, hi, log = axis_limits(values)
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    if log:
+        (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+        axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0), numticks=6))
+        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(ticker.NullFormatter())
+    else:
+        axis.set_major_locator(ticker.MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10], min_n_ticks=3))
+        fmt = ticker.ScalarFormatter(useOffset=False)
+        fmt.set_scientific(False)
+        axis.set_major_formatter(fmt)
+    (ax.set_xlim if which == "x" else ax.set_ylim)(lo, hi)
+
+
+def pareto_figure(res: PlanningResult) -> Any:
+    """Seconds vs USD per iteration: every weight's optimum, the Pareto front numbered, each
+    number explained below the plot (stages, replicas, tiers; label text beside close points
+    would overlap), the recommendation starred."""
     # matplotlib is the optional `plot` extra, heavy: imported on use
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.scatter([c.time_s for c in res.candidates], [c.cost for c in res.candidates], s=18, c="0.6", label="weights' optima")
-    ax.plot([c.time_s for c in res.pareto], [c.cost for c in res.pareto], "o-", label="Pareto")
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.scatter([c.time_s for c in res.candidates], [c.cost for c in res.candidates], s=18, c="0.6", zorder=2)
+    ax.plot([c.time_s for c in res.pareto], [c.cost for c in res.pareto], "o-", zorder=3)
     r = res.recommended
-    ax.scatter([r.time_s], [r.cost], s=140, marker="*", c="red", zorder=5, label="recommended")
-    for c in res.pareto:
-        ax.annotate(f"d={c.config.replicas} S={c.config.stages}", (c.time_s, c.cost), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.set_xscale("log")
+    ax.scatter([r.time_s], [r.cost], s=160, marker="*", c="red", zorder=4)
+    box = {"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8}  # legible over the line
+    fan = [(6, 6), (6, -14), (-14, 6), (-14, -14), (0, 10), (0, -18), (10, -4), (-18, -4)]  # coinciding points
+    front = {(c.time_s, c.cost) for c in res.pareto}
+    others = any((c.time_s, c.cost) not in front for c in res.candidates)
+    handles = [Line2D([], [], marker="o", c="0.6", ls="", label="another weight's optimum, not on the front")] if others else []
+    for i, c in enumerate(res.pareto, 1):
+        ax.annotate(str(i), (c.time_s, c.cost), textcoords="offset points", xytext=fan[(i - 1) % len(fan)], fontsize=8, zorder=5, bbox=box)
+        rec = ", recommended (red star)" if c is r else ""
+        handles.append(Line2D([], [], marker=f"${i}$", c="C0", ls="", label=point_label(c) + rec))
+    values = res.candidates + res.pareto
+    _style_axis(ax, "x", [c.time_s for c in values])
+    _style_axis(ax, "y", [c.cost for c in values])
+    ax.grid(True, alpha=0.3)
     ax.set_xlabel("seconds / iteration")
     ax.set_ylabel("USD / iteration")
-    ax.set_title(f"{res.profile.name}, global batch {res.global_batch}")
-    ax.legend()
-    fig.tight_layout()
+    ax.set_title(f"{res.profile.name}, global batch {res.global_batch}: Pareto plans")
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.14), fontsize=8, frameon=False)
+    return fig
+
+
+def pareto_png(res: PlanningResult, path: str | Path) -> Path:
+    """The Pareto plot (pareto_figure) written as a PNG."""
+    import matplotlib.pyplot as plt  # the optional `plot` extra, as in pareto_figure
+
+    fig = pareto_figure(res)
     p = Path(path)
-    fig.savefig(p, dpi=120)
+    fig.savefig(p, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return p

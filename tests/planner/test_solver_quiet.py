@@ -1,0 +1,75 @@
+"""The planner's MILP solves print nothing: no HiGHS log and no HiGHS banner (issue 28).
+
+HiGHS prints its banner ("Running HiGHS ...: Copyright ...") at most once per process, so a solve
+in this pytest process would print nothing whenever an earlier test had already solved: the solve
+runs in a fresh interpreter, whose whole output is checked."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pulp
+
+from stagecoach.planner.solve.milp import _highs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A small instance (4 layers, 3 tiers, 2 replicas, 4 micro-batches) solved by the exact MILP search.
+CHILD = """
+import random
+from stagecoach.planner.model.platforms import aws_platform
+from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
+from stagecoach.planner.solve.search import solve_fixed
+
+MB = 2**20
+rng = random.Random(5)
+layers = tuple(
+    LayerProfile(
+        f"l{j}",
+        param_bytes=rng.uniform(5, 500) * MB,
+        saved_bytes_per_sample=rng.uniform(1, 80) * MB,
+        out_bytes_per_sample=rng.uniform(0.1, 8) * MB,
+        in_bytes_per_sample=rng.uniform(0.1, 8) * MB,
+        fwd_flops_per_sample=rng.uniform(0.2, 10) * 1e9,
+        bwd_flops_per_sample=rng.uniform(0.4, 20) * 1e9,
+    )
+    for j in range(4)
+)
+prof = ModelProfile("small", layers, layers[0].in_bytes_per_sample)
+r = solve_fixed(prof, aws_platform(), 2, 2, 4, 1, 2**16, tiers=(2048, 4096, 10240), max_stages=3, time_limit=60)
+print("RESULT", r.status, r.config is not None)
+"""
+
+
+def test_a_planner_solve_prints_no_highs_banner_or_log():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "RESULT optimal True" in out.stdout
+    assert "HiGHS" not in out.stdout + out.stderr, out.stdout + out.stderr
+    assert out.stdout.strip() == "RESULT optimal True", out.stdout
+
+
+def test_the_quiet_solver_keeps_the_planners_options(capfd):
+    """The quiet model still gets every option: limits, gaps, threads and the tuned MIP switches."""
+    prob = pulp.LpProblem("t", pulp.LpMaximize)
+    x = prob.add_variable("x", 0, 3, cat="Integer")
+    prob += x
+    prob += x <= 2.5
+    prob.solve(_highs(12.5, 1e-3, 2, None))
+    assert x.value() == 2
+    got = {
+        k: prob.solverModel.getOptionValue(k)[1]
+        for k in ("output_flag", "time_limit", "mip_rel_gap", "mip_abs_gap", "threads", "mip_allow_restart")
+    }
+    assert got == {
+        "output_flag": False,
+        "time_limit": 12.5,
+        "mip_rel_gap": 1e-3,
+        "mip_abs_gap": 0.0,
+        "threads": 2,
+        "mip_allow_restart": False,
+    }
+    out, err = capfd.readouterr()
+    assert "HiGHS" not in out + err
