@@ -15,28 +15,16 @@ from stagecoach.planner.solve.milp import _highs
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# A small instance (4 layers, 3 tiers, 2 replicas, 4 micro-batches) solved by the exact MILP search.
-CHILD = """
-import random
+# A small instance (4 layers, 3 tiers, 2 replicas, 4 micro-batches) solved by the exact MILP search,
+# its profile test_milp's random one.
+CHILD = f"""
+import random, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+from test_milp import random_profile
 from stagecoach.planner.model.platforms import aws_platform
-from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 from stagecoach.planner.solve.search import solve_fixed
 
-MB = 2**20
-rng = random.Random(5)
-layers = tuple(
-    LayerProfile(
-        f"l{j}",
-        param_bytes=rng.uniform(5, 500) * MB,
-        saved_bytes_per_sample=rng.uniform(1, 80) * MB,
-        out_bytes_per_sample=rng.uniform(0.1, 8) * MB,
-        in_bytes_per_sample=rng.uniform(0.1, 8) * MB,
-        fwd_flops_per_sample=rng.uniform(0.2, 10) * 1e9,
-        bwd_flops_per_sample=rng.uniform(0.4, 20) * 1e9,
-    )
-    for j in range(4)
-)
-prof = ModelProfile("small", layers, layers[0].in_bytes_per_sample)
+prof = random_profile(random.Random(5), 4)
 r = solve_fixed(prof, aws_platform(), 2, 2, 4, 1, 2**16, tiers=(2048, 4096, 10240), max_stages=3, time_limit=60)
 print("RESULT", r.status, r.config is not None)
 """
