@@ -36,7 +36,10 @@ def stored(backend):
 
 def test_a_small_warm_stage_stores_every_version_and_its_container_skips_the_download(backend, stored):
     """The same PUTs per iteration as without warm state (parameters and Adam state, every
-    version), fewer GETs (the state and parameters its container holds), the same parameters."""
+    version), fewer GETs over the run (the state and parameters its container holds), the same
+    parameters. Fewer over the run, not in each iteration: which idle container takes a task is
+    the runtime's choice (Lambda promises none), so one iteration may land in a container that
+    does not hold the state (CI saw t = 2 do so once)."""
     warm = run(backend, "wt-warm", warm=True)
     assert spec_of(warm).write_through == [True, True]
     assert same_parameters(warm.trained_model(), stored.trained_model())
@@ -45,8 +48,11 @@ def test_a_small_warm_stage_stores_every_version_and_its_container_skips_the_dow
         ms = [m for m in r.metrics() if m.t == t and m.phase == "backward"]
         return sum(m.puts for m in ms), sum(m.gets for m in ms)
 
-    (wp, wg), (sp, sg) = requests(warm, 2), requests(stored, 2)
-    assert wp == sp and wg < sg, (wp, wg, sp, sg)
+    warm_requests = [requests(warm, t) for t in range(1, 5)]
+    stored_requests = [requests(stored, t) for t in range(1, 5)]
+    assert [p for p, _ in warm_requests] == [p for p, _ in stored_requests], (warm_requests, stored_requests)
+    assert all(wg <= sg for (_, wg), (_, sg) in zip(warm_requests, stored_requests)), (warm_requests, stored_requests)
+    assert sum(g for _, g in warm_requests) < sum(g for _, g in stored_requests), (warm_requests, stored_requests)
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
