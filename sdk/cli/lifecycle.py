@@ -6,8 +6,8 @@ from __future__ import annotations
 import click
 from botocore.exceptions import ClientError
 
-from stagecoach.cli.options import backend_for, backend_option, region_option, stack_option
-from stagecoach.deploy.resources import DeployError, job_id_from
+from stagecoach.cli.options import backend_for, backend_option, job_backend, region_option, stack_option
+from stagecoach.deploy.resources import DeployError
 from stagecoach.run import RunFailed
 
 
@@ -20,12 +20,12 @@ from stagecoach.run import RunFailed
 @region_option
 def resume_command(job: str, iterations: int | None, wait: bool, backend: str | None, stack: str | None, region: str | None) -> None:
     """Continue a stopped, failed or finished job from its last complete checkpoint. JOB: a job id
-    or its execution ARN. The continued run ends bit-identical to one that never stopped."""
+    (with --stack on AWS) or its execution ARN. The continued run ends bit-identical to one that never stopped."""
     if iterations is not None and iterations < 1:
         raise click.BadParameter(f"{iterations}: give a positive number of iterations", param_hint="--iterations")
-    b = backend_for(backend, stack, region, need_daemon=True)
+    b, job_id = job_backend(job, backend, stack, region)  # an ARN names its stack and region
     try:
-        run = b.resume(job_id_from(job), iterations)
+        run = b.resume(job_id, iterations)
     except (DeployError, ClientError) as e:
         raise click.ClickException(str(e)) from None
     spec = run.spec()

@@ -1,4 +1,5 @@
-"""Options shared by the commands that reach a stack, and the backend they name."""
+"""Options shared by the commands that reach a stack, the backend they name, and the job a JOB
+argument names (a job id or an execution ARN, read the same way by every command)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from stagecoach.backend import Backend
 from stagecoach.backends import LocalStackOptions, get_backend
-from stagecoach.deploy.resources import DeployError
+from stagecoach.deploy.resources import JOB_ID, DeployError, job_id_from
+from stagecoach.deploy.resume import job_executions
 from stagecoach.local.daemon_state import running_stack
 from stagecoach.local.process import ACCOUNT as LOCAL_ACCOUNT
 
@@ -30,7 +32,8 @@ def backend_for(
     """
     if need_daemon and (backend or ("aws" if stack else "local")) == "local" and running_stack() is None:
         raise click.ClickException(
-            "no local stack is running: start one with `stagecoach local start` before training, then inspect runs made while it ran"
+            "no local stack is running: start one with `stagecoach local start` before training, then inspect runs made while it ran "
+            "(a job on AWS: give --stack NAME, or its execution ARN)"
         )
     try:
         return get_backend(backend or ("aws" if stack else "local"), stack=stack, region=region, **local)
@@ -53,3 +56,61 @@ def infer_from_arn(arn: str, backend: str | None, stack: str | None, region: str
             region = parts[3]
         return "aws", parts[6][: -len("-job")], region
     return backend, stack, region
+
+
+# what every command that names a job says when JOB is neither (tests/test_inspect.py reads it)
+NOT_A_JOB = (
+    "{ref!r} is not a job id (NAME-xxxxxxxx, as `stagecoach train` prints it) and is not a job execution ARN "
+    "(arn:aws:states:REGION:ACCOUNT:execution:STACK-job:JOB)"
+)
+
+
+def job_backend(ref: str, backend: str | None, stack: str | None, region: str | None) -> tuple[Backend, str]:
+    """The backend and the job id JOB names: a job id, or any of its job executions' ARNs (first,
+    continuation or resumption). The one place inspect, stop, resume and cleanup read JOB.
+
+    An ARN names its stack and region (``infer_from_arn``; explicit options win) and is checked
+    against the backend (``check_arn``: another region or account); a job id needs the options'
+    backend (``--stack`` on AWS). The shape is checked before any stack is reached; the backend
+    before an ARN's execution name is read, so a missing local daemon is said first."""
+    is_arn = ref.startswith("arn:")
+    if is_arn:
+        parts = ref.split(":")
+        if len(parts) != 8 or parts[2] != "states" or parts[5] != "execution":
+            raise click.ClickException(NOT_A_JOB.format(ref=ref))
+        backend, stack, region = infer_from_arn(ref, backend, stack, region)
+    elif not JOB_ID.fullmatch(ref):
+        raise click.ClickException(NOT_A_JOB.format(ref=ref))
+    b = backend_for(backend, stack, region, need_daemon=True)
+    try:
+        if is_arn:
+            b.check_arn(ref)
+        return b, job_id_from(ref)
+    except (DeployError, ClientError) as e:
+        raise click.ClickException(str(e)) from None
+
+
+def latest_execution(b: Backend, job_id: str) -> str:
+    """The ARN of the job's latest execution, as ``Backend.attach`` and resume find it: the job
+    state machine's executions of this job (deploy/resume.py ``job_executions``), latest started
+    last; the reader follows its chain of continuations from there (deploy/chain.py ``follow``).
+
+    ListExecutions "is eventually consistent. The results are best effort and may not reflect very
+    recent updates and changes" (https://docs.aws.amazon.com/step-functions/latest/apireference/API_ListExecutions.html),
+    so a job started a moment ago may not be listed yet: then its first execution, named after
+    the job (deploy/start.py), is read by its ARN (DescribeExecution)."""
+    try:
+        execs = job_executions(b.clients, b.resources, job_id)
+        if execs:
+            return str(execs[-1]["executionArn"])
+        arn = b.resources.job_state_machine_arn.replace(":stateMachine:", ":execution:") + ":" + job_id
+        b.clients.sfn.describe_execution(executionArn=arn)
+        return arn
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") == "ExecutionDoesNotExist":
+            raise click.ClickException(
+                f"no job {job_id} in stack {b.resources.prefix} ({b.name}): `stagecoach list` shows its jobs"
+            ) from None
+        raise click.ClickException(str(e)) from None
+    except DeployError as e:
+        raise click.ClickException(str(e)) from None

@@ -23,7 +23,7 @@ from stagecoach.planner.plan import SYNC_ALGORITHMS
 from stagecoach.planner.profile.layers import ModelProfile
 from stagecoach.planner.profile.meta import profile_meta
 from stagecoach.planner.profile.zoo import zoo_profile
-from stagecoach.planner.solve.sweep import plan_model
+from stagecoach.planner.solve.sweep import PlanningResult, plan_model
 
 
 def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile, int | None, str | None]:
@@ -47,6 +47,14 @@ def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile
     if meta:
         return job.with_job_bytes(profile_meta(job.build_model(), sample, name=job.name)), job.global_batch, whole
     return job.with_job_bytes(measure_model(job.build_model(), sample, sizes, name=job.name)), job.global_batch, whole
+
+
+def _write_plan(res: PlanningResult, path: str, train: str | None) -> None:
+    """The recommended plan in Plan's own JSON (Plan.to_json), the one format `stagecoach train
+    --plan` reads (Plan.from_json), as a run's results/plan.json is; ``train``: the command that
+    trains it, for a job file planned at its own global batch (another -b plans another job)."""
+    Path(path).write_text(res.recommended.to_plan().to_json())
+    click.echo(f"recommended plan: {path}" + (f" (train it: {train})" if train else ""))
 
 
 @click.command("plan")
@@ -76,7 +84,13 @@ def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile
 )
 @click.option("--meta", is_flag=True, help="size the job's model on the meta device (FLOP-based times) instead of running it")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Pareto PNG (default: plan-<name>.png)")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="write the recommended Plan as JSON")
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="write the recommended Plan as JSON (Plan's own format: `stagecoach train FILE --plan PATH` trains it)",
+)
 def plan_command(
     target: str,
     global_batch: int | None,
@@ -136,5 +150,4 @@ def plan_command(
     png = pareto_png(res, plot or f"plan-{prof.name}.png")
     click.echo(f"Pareto plot: {png}")
     if json_out:
-        Path(json_out).write_text(res.recommended.to_plan().to_json())
-        click.echo(f"recommended plan: {json_out}")
+        _write_plan(res, json_out, f"stagecoach train {target} --plan {json_out}" if G == file_batch else None)

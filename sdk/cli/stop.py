@@ -5,10 +5,10 @@ from __future__ import annotations
 import click
 from botocore.exceptions import ClientError
 
-from stagecoach.cli.options import backend_for, backend_option, infer_from_arn, region_option, stack_option
+from stagecoach.cli.options import backend_option, job_backend, latest_execution, region_option, stack_option
 from stagecoach.core import keys
 from stagecoach.deploy.chain import follow
-from stagecoach.deploy.resources import DeployError, job_id_from
+from stagecoach.deploy.resources import DeployError
 from stagecoach.run import job_status, request_stop
 
 
@@ -23,13 +23,8 @@ def stop_command(job: str, backend: str | None, stack: str | None, region: str |
     The job's iteration gate finds the request before its next iteration and ends the job there,
     with status STOPPED and the parameters and optimizer state of the version it reached (what a
     later resume starts from). Returns at once; `stagecoach inspect` shows where it stopped."""
-    if job.startswith("arn:"):  # an execution ARN names its stack and region, as for inspect
-        backend, stack, region = infer_from_arn(job, backend, stack, region)
-    b = backend_for(backend, stack, region, need_daemon=True)
+    b, job_id = job_backend(job, backend, stack, region)
     try:
-        if job.startswith("arn:"):
-            b.check_arn(job)
-        job_id = job_id_from(job)
         s3, bucket = b.clients.s3, b.resources.bucket
         try:
             s3.head_object(Bucket=bucket, Key=keys.job_spec(job_id))
@@ -37,7 +32,8 @@ def stop_command(job: str, backend: str | None, stack: str | None, region: str |
             raise click.ClickException(
                 f"no job {job_id} in s3://{bucket}/jobs/ (was it cleaned up, or started on another stack?)"
             ) from None
-        arn = b.resources.job_state_machine_arn.replace(":stateMachine:", ":execution:") + ":" + job_id
+        # the job's latest execution, a resumption's too, followed to its latest link: whether it runs
+        arn = latest_execution(b, job_id)
         _, d = follow(b.clients.sfn, arn)
         if d["status"] != "RUNNING":
             click.echo(f"job {job_id} has already ended ({job_status(d)}): nothing to stop")

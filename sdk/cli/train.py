@@ -1,4 +1,5 @@
-"""`stagecoach train FILE`: plan (or take a manual plan), deploy, watch, and report the run."""
+"""`stagecoach train FILE`: plan (or take a manual plan, or a plan file), deploy, watch, and report
+the run (or, with --no-wait, say how to follow it and return)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import click
 
+from stagecoach.aws.backend import AwsBackend
 from stagecoach.backend import Backend
 from stagecoach.cli.jobfile import load_job_file
 from stagecoach.cli.options import backend_for, region_option, stack_option
@@ -53,6 +55,18 @@ from stagecoach.run import Run, RunFailed
     help="USD: stop the job at the next iteration boundary once its measured cost passes this (it keeps its checkpoint)",
 )
 @click.option("--out", default="stagecoach-runs", show_default=True, help="directory for results")
+@click.option(
+    "--plan",
+    "plan_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="train this plan (JSON): what `stagecoach plan FILE --json PATH` writes, or a run's results/plan.json; "
+    "instead of the planner's recommendation and FILE's `defaults`",
+)
+@click.option(
+    "--wait/--no-wait",
+    default=True,
+    help="follow the run to its end and report it (default), or print its job id and how to follow it and return once it has started",
+)
 def train_command(
     file: str,
     stages: int | None,
@@ -70,11 +84,14 @@ def train_command(
     emulate_network: bool,
     max_cost: float | None,
     out: str,
+    plan_file: str | None,
+    wait: bool,
 ) -> None:
     """Train the `job` defined in FILE; print progress, final loss, test accuracy and where results are.
 
     The plan is the planner's recommendation, unless options (--stages, --replicas, --micro-batches,
-    --memory) or FILE's `defaults` give a manual one.
+    --memory) or FILE's `defaults` give a manual one, or --plan gives a whole plan. With --no-wait
+    it returns once the job has started, saying how to follow it (a stack that outlives the command).
     """
     t0 = time.time()
     given = {
@@ -82,16 +99,24 @@ def train_command(
         for k, v in (("stages", stages), ("replicas", replicas), ("micro_batches", micro_batches), ("memory_mb", memory_mb))
         if v is not None
     }
+    if plan_file and (given or recommended):
+        options = ", ".join(f"--{k.split('_mb')[0].replace('_', '-')}" for k in given) or "--recommended"
+        raise click.BadParameter(f"--plan gives the whole plan: drop {options} (or --plan)", param_hint="--plan")
     job, manual = _job_and_manual(file, iterations, recommended, given)
     try:
-        plan = _plan(job, manual, sync, aggregators, fan_in)
+        plan = _plan(job, manual, sync, aggregators, fan_in, _read_plan(plan_file, job, file) if plan_file else None)
         chosen = _backend(backend, stack, region, emulate_network)
+        if not wait:
+            _check_outlives(chosen)
         predicted = _predict_cost(job, plan, chosen, max_cost)
         run = job.run(plan=plan, backend=chosen, max_cost=max_cost)
     except (JobError, PlanError, DeployError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"job {run.job_id}: execution {run.execution_arn}")
     click.echo(f"console: {run.console_url}")
+    if not wait:
+        _how_to_follow(chosen, run)
+        return
     try:
         status = run.wait(progress=True)
     except (RunFailed, DeployError) as e:  # DeployError: e.g. AccessDenied while watching on AWS
@@ -110,11 +135,36 @@ def _job_and_manual(file: str, iterations: int | None, recommended: bool, given:
     return job, manual
 
 
-def _plan(job: Job, manual: dict[str, Any], sync: str | None, aggregators: int | None, fan_in: int | None) -> Plan:
-    """The job validated and its plan: the manual one, or the planner's recommendation (said with
-    its predicted speed), with --sync / --aggregators / --fan-in applied and checked against the job."""
+def _read_plan(path: str, job: Job, file: str) -> Plan:
+    """The plan in ``path``: Plan's own JSON (Plan.to_json), the one format `stagecoach plan --json`
+    and Run.save's plan.json write. Its global batch must be the job's (a plan made with another
+    -b splits another batch); its layers and sync are checked with the job's in ``_plan``."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        plan = Plan.from_json(text)
+    except PlanError as e:
+        raise click.BadParameter(f"{path}: {e}", param_hint="--plan") from None
+    if plan.global_batch != job.global_batch:
+        raise click.BadParameter(
+            f"{path} plans a global batch of {plan.global_batch}, but the job's global_batch is {job.global_batch}: "
+            f"plan the job as it is (`stagecoach plan {file} --json {path}`, without -b)",
+            param_hint="--plan",
+        )
+    click.echo(f"plan: from {path}" + (f" (predicted {plan.prediction.s_per_iteration:.2f} s/iteration on AWS)" if plan.prediction else ""))
+    return plan
+
+
+def _plan(
+    job: Job, manual: dict[str, Any], sync: str | None, aggregators: int | None, fan_in: int | None, given: Plan | None = None
+) -> Plan:
+    """The job validated and its plan: ``given`` (--plan), the manual one, or the planner's
+    recommendation (said with its predicted speed), with --sync / --aggregators / --fan-in applied
+    and checked against the job."""
     job.validate()
-    if manual:
+    if given is not None:
+        plan = given
+    elif manual:
         plan = job.manual_plan(**manual)
     else:
         result = job.plan()
@@ -175,6 +225,29 @@ def _report(run: Run, job: Job, status: str, predicted: CostReport, wall: float,
     click.echo(f"cost on AWS: measured {measured.summary()}; predicted ${predicted.usd:.4f} for {predicted.iterations}")
     click.echo(f"  {measured.quantities()} (AWS list prices of {measured.prices.as_of})")
     click.echo(f"results: {directory} (model.safetensors, plan.json, metrics.jsonl, losses.json)")
+
+
+def _check_outlives(chosen: Backend) -> None:
+    """--no-wait returns while the job runs, so the stack must outlive this command: refused, before
+    anything is deployed, where the job would end with it (``Backend.job_commands`` answers None
+    there, whatever the job: the embedded local stack of this process)."""
+    if chosen.job_commands("", "") is None:
+        raise click.BadParameter(
+            "the job would end with this command: its local stack runs inside it. Start a stack that outlives it "
+            "with `stagecoach local start` (without --emulate-network), or train on AWS (--backend aws --stack NAME)",
+            param_hint="--no-wait",
+        )
+
+
+def _how_to_follow(chosen: Backend, run: Run) -> None:
+    """What --no-wait prints once the job has started: the commands that follow, stop and report it
+    from any shell (the backend's, as Ctrl-C in Run.wait prints them, and `stagecoach list`)."""
+    where = f" --stack {chosen.stack} --region {chosen.region}" if isinstance(chosen, AwsBackend) else ""
+    commands = list(chosen.job_commands(run.job_id, run.execution_arn) or [])
+    commands.insert(min(2, len(commands)), ("see the stack's jobs and their status:", f"stagecoach list{where}"))
+    click.echo(f"started, not waiting (--no-wait): job {run.job_id} runs on. From any shell:")
+    for what, command in commands:
+        click.echo(f"  {what:<40} {command}")
 
 
 def _backend(backend: str | None, stack: str | None, region: str | None, emulate_network: bool) -> Backend:
