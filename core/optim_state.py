@@ -107,7 +107,9 @@ def apply_update(
 ) -> tuple[torch.Tensor, bytes]:
     """One optimizer step on a flat parameter shard; returns the new shard and its new state.
     ``segments``: the shard's runs per parameter group (:func:`chunk_segments`); None for one group."""
-    if segments is None or (len(segments) == 1 and segments[0][2] is None):
+    # no segments: a shard with nothing to train (a stage whose parameters are all frozen), whose
+    # update is an optimizer step over an empty tensor (the per-group path has no first run)
+    if not segments or (len(segments) == 1 and segments[0][2] is None):
         p = torch.nn.Parameter(param.clone())
         opt = make_optimizer([p])
         if state is not None:
