@@ -12,6 +12,8 @@ from collections.abc import Sequence
 # Lambda function memory, MB (https://docs.aws.amazon.com/lambda/latest/dg/configuration-memory.html)
 LAMBDA_MIN_MB = 128
 LAMBDA_MAX_MB = 10_240
+# "a single function can use up to 10,240 MB of memory": Lambda quotas
+LAMBDA_QUOTAS_URL = "https://docs.aws.amazon.com/lambda/latest/dg/gettingstarted-limits.html"
 # Lambda function timeout, s (https://docs.aws.amazon.com/lambda/latest/dg/gettingstarted-limits.html)
 LAMBDA_MAX_TIMEOUT_S = 900
 # Lambda's default concurrent executions per Region; new accounts may have less

@@ -23,7 +23,7 @@ from stagecoach import exactness
 from stagecoach import history as learnt
 from stagecoach.backend import Backend
 from stagecoach.backends import get_backend
-from stagecoach.core import boundary
+from stagecoach.core import boundary, stagebuild
 from stagecoach.core.graph_split import Blocks, SplitError, SplitFactory, suggest
 from stagecoach.core.profiling import measure_model
 from stagecoach.core.samples import LocalSamples, as_dtype, encode
@@ -32,6 +32,7 @@ from stagecoach.core.training import DTYPE_NAMES, build_model, master_dtype
 from stagecoach.deploy.upload import JobCodeError, pickle_job_code
 from stagecoach.errors import StagecoachError
 from stagecoach.planner.limits import EXECUTION_INPUT_MAX_BYTES
+from stagecoach.planner.model.fits import lambda_refusal, least_stage_bytes, smallest_stage_count
 from stagecoach.planner.model.passes import checkpoint_pass, evaluate_pass
 from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate
 from stagecoach.planner.model.platforms import Platform, aws_platform
@@ -39,7 +40,8 @@ from stagecoach.planner.model.syncmodel import SyncChoice
 from stagecoach.planner.plan import PHASES, Plan, PlanError, even_balance
 from stagecoach.planner.profile.flows import Flow
 from stagecoach.planner.profile.layers import ModelProfile
-from stagecoach.planner.solve.sweep import PlanningResult, plan_model
+from stagecoach.planner.profile.state import optimizer_state_ratio, state_profile
+from stagecoach.planner.solve.sweep import PlanningResult, default_micro_batch_sizes, plan_model
 from stagecoach.profile_tiers import profile_tiers
 from stagecoach.run import Run
 
@@ -332,6 +334,7 @@ class Job:
         self._check_version_lists()
         self._check_checkpoints_and_clipping()
         self._check_callables()
+        self._check_lambda_size(plan)  # before anything below builds the model
         sample, labels = self._check_forward(min(4, len(samples)))
         if self.blocks is not None:
             self._check_split(sample, labels)
@@ -345,6 +348,49 @@ class Job:
         self._check_code()
         if plan is not None:
             self.check_plan(plan)
+
+    def meta_model(self) -> nn.Sequential | None:
+        """The model built on the meta device (``torch.device("meta")``: shapes and dtypes, no
+        storage) as the workers build their stages, under the job's seed and dtype; None when the
+        factory cannot build there (the job's checks then build it for real and name what fails)."""
+        try:
+            model = stagebuild.build_meta(self.factory, self.seed, self.dtype)
+        except Exception:
+            return None
+        if not isinstance(model, nn.Sequential) or len(model) == 0:
+            return None
+        # a lazy module's parameters have no shape until a forward pass (_check_lazy names it)
+        return None if any(isinstance(p, nn.parameter.UninitializedParameter) for p in model.parameters()) else model
+
+    def _check_lambda_size(self, plan: Plan | None) -> None:
+        """Refuse a model too big for Lambda before anything allocates it (a 40 GB layer would fail
+        in this machine's allocator first): sized on the meta device, every child's weights,
+        gradients and optimizer state (the job's optimizer, stepped on a stand-in) against Lambda's
+        10,240 MB per function, naming the smallest stage count that fits (planner/model/fits.py);
+        with ``plan``, each of its stages against that limit too."""
+        model = self.meta_model()
+        if model is None:
+            return
+        platform = self.runtime_platform(aws_platform())
+        ratio = optimizer_state_ratio(self.optimizer)
+        if ratio is not None:
+            platform = platform.replace(optimizer_state_ratio=ratio)
+        profile = state_profile(model, self.name)
+        why = lambda_refusal(profile, platform)
+        if why is not None:
+            raise JobError(why)
+        if plan is None or plan.layers != len(profile.layers):
+            return  # plan.validate names a balance that does not cover the model
+        cap = platform.usable_bytes(max(platform.tiers_mb))
+        for s in range(plan.stages):
+            need = least_stage_bytes(profile.layers[plan.stage_layers(s).start : plan.stage_layers(s).stop], platform)
+            if need > cap:
+                raise JobError(
+                    f"stage {s} of the plan (layers {plan.stage_layers(s).start}-{plan.stage_layers(s).stop - 1}) needs at least "
+                    f"{need / 2**20:,.0f} MB for its weights, gradients and optimizer state, more than the {cap / 2**20:,.0f} MB "
+                    f"a stage may use of one Lambda function's 10,240 MB: use at least {smallest_stage_count(profile, platform)} "
+                    "stages (the smallest count whose every stage fits), balanced by their parameters"
+                )
 
     def _check_counts(self) -> None:
         """The name (every resource of the job is named after it, within AWS's name limits) and the
@@ -723,15 +769,16 @@ class Job:
             platform = platform.replace(tiers_mb=tuple(sorted(tiers)))
         else:
             sample = boundary.map_leaves(lambda t: t[0], self.head(1)[0])
-            # a model that normalises over the batch cannot run one sample in train mode (BatchNorm1d)
-            sizes = (2, 4, 8) if self.facts.batch_coupling else (1, 2, 4)
+            # the sizes planned are the sizes timed (one rule with `stagecoach plan`)
+            coupled = self.facts.batch_coupling is not None  # BatchNorm cannot run one sample in train mode
+            sizes = tuple(b for b in options.get("micro_batch_sizes") or default_micro_batch_sizes(coupled) if b > 1 or not coupled) or (2,)
             profile = measure_model(self.build_model(), sample, micro_batch_sizes=sizes, name=self.name)
         if exactness.split_batch_refusal(self.facts, self.deferred_batch_norm):
             # only plans that keep the global batch together train this job exactly (check_plan)
             options.setdefault("replicas", (1,))
             options.setdefault("micro_batch_sizes", (self.global_batch,))
-        elif self.facts.batch_coupling:  # deferred batch norm: micro-batches of at least two samples
-            options.setdefault("micro_batch_sizes", (2, 4, 8))
+        else:  # deferred batch norm: micro-batches of at least two samples
+            options.setdefault("micro_batch_sizes", default_micro_batch_sizes(self.facts.batch_coupling is not None))
         return plan_model(self.with_job_bytes(profile), self.global_batch, platform=platform, **options)
 
     def runtime_platform(self, platform: Platform) -> Platform:

@@ -121,3 +121,17 @@ def test_a_wide_front_gets_log_axes_and_a_narrow_one_linear():
 def test_pareto_png_writes_a_png(tmp_path):
     p = pareto_png(CLOSE, tmp_path / "p.png")
     assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_column_is_explained_once():
+    """`stagecoach plan` prints table_legend under the table: one line per column of plan_row, in
+    its order, including the two that were unexplained (micro-batches as 8x8, weights as (1,2^16))."""
+    from stagecoach.cli.plan_report import COLUMN_LEGEND, plan_row, table_legend
+
+    row = plan_row(CLOSE.pareto[0], 50_000, "*")
+    assert list(COLUMN_LEGEND) == list(row)
+    legend = table_legend().splitlines()
+    for key in row:
+        explained = [line for line in legend if line.split("  ")[0].strip() == (key or "*")]
+        assert len(explained) == 1, key
+    assert "8x8: 8 micro-batches of 8" in table_legend() and "(1,2^22)" in table_legend()

@@ -54,14 +54,19 @@ def profile_meta(
     sample_input: Any,
     name: str = "model",
     label_bytes_per_sample: float = 8.0,
+    batch: int = 1,
 ) -> ModelProfile:
     """Profile an nn.Sequential on the meta device: exact sizes, FLOP-counted compute.
 
     ``model``: an nn.Sequential, or a zero-argument factory (called under torch.device("meta") so
     nothing is allocated). ``sample_input``: one sample (no batch dimension), any device.
-    Per-sample quantities come from batch sizes 1 and 2 (difference), so batch-independent saved
-    tensors (weights) are excluded.
+    Per-sample quantities come from batch sizes ``batch`` and ``batch`` + 1 (difference), so
+    batch-independent saved tensors (weights) are excluded; FLOPs per sample are those of the
+    first batch over its samples. ``batch`` = 2 for a model that cannot run one sample in train
+    mode (BatchNorm over a 1 x 1 feature map refuses a batch of one, meta tensors too).
     """
+    if batch < 1:
+        raise ValueError(f"batch={batch}: the smaller of the two batches sized must hold at least one sample")
 
     with torch.device("meta"):
         m = model() if callable(model) and not isinstance(model, torch.nn.Module) else model
@@ -70,8 +75,8 @@ def profile_meta(
     if not isinstance(m, torch.nn.Sequential):
         raise TypeError(f"{name}: the planner partitions an nn.Sequential of blocks, got {type(m).__name__}")
     sample = _to_meta(sample_input)
-    x1, x2 = batch_like(sample, 1, "meta"), batch_like(sample, 2, "meta")
-    in1 = tensor_bytes(x1)
+    x1, x2 = batch_like(sample, batch, "meta"), batch_like(sample, batch + 1, "meta")
+    in1 = tensor_bytes(x2) - tensor_bytes(x1)
     # a model cut from its graph (core/graph_split.py Blocks) names the values crossing its
     # cuts; their sizes price the direct sends (planner/profile/flows.py)
     measure_flows = getattr(m, "measure_flows", None)
@@ -80,7 +85,8 @@ def profile_meta(
     for i, (child_name, child) in enumerate(m._modules.items()):  # a block used twice counts twice
         y1, s1, f1, b1 = _size_layer(child, x1)
         y2, s2, _, _ = _size_layer(child, x2, flops=False)
-        layers.append(layer_profile(i, child_name, child, (x1, x2), (y1, y2), (s1, s2), fwd_flops_per_sample=f1, bwd_flops_per_sample=b1))
+        per = {"fwd_flops_per_sample": f1 / batch, "bwd_flops_per_sample": b1 / batch}
+        layers.append(layer_profile(i, child_name, child, (x1, x2), (y1, y2), (s1, s2), **per))
         x1, x2 = detach_all(y1), detach_all(y2)
     return ModelProfile(
         name=name,

@@ -6,7 +6,7 @@ batch, and within each, partition, tier and sync algorithm per stage), proven op
 solve per (d, b) (milp.solve_fixed; fixing d keeps the MILP linear), each only asked to beat the
 best plan found so far, which its lower bounds usually refute at once. The candidate stages of a
 (d, b) are built once for all weights. The Pareto front of the weights' optima, and FuncPipe's
-delta rule picks the recommendation.
+delta rule, within the performance model's accuracy, picks the recommendation (pareto.recommend_within_accuracy).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagecoach.planner.limits import max_stages_at
-from stagecoach.planner.model.fits import check_fits
+from stagecoach.planner.model.fits import check_plannable
 from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate, timeouts
 from stagecoach.planner.model.platforms import Platform, aws_platform
 from stagecoach.planner.model.syncmodel import ALL_SYNC
@@ -25,11 +25,21 @@ from stagecoach.planner.plan import Plan, Prediction
 from stagecoach.planner.profile.layers import ModelProfile
 from stagecoach.planner.solve.candidates import Candidates, candidate_groups
 from stagecoach.planner.solve.objective import max_stages_for, objective_value
-from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend
+from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend_within_accuracy
 from stagecoach.planner.solve.search import heuristic_incumbent, solve_fixed
 
 # Before issue 25, d in (1, 2, 4, 8, 16, 32) (40 workers per inline Map); kept for callers that name it
 DEFAULT_REPLICAS = (1, 2, 4, 8, 16, 32)
+# The micro-batch sizes planned (and so profiled) unless the caller names others: FuncPipe's 4 with
+# the powers of two around it (docs/planner.md "What is searched").
+DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4, 8)
+
+
+def default_micro_batch_sizes(batch_coupled: bool = False) -> tuple[int, ...]:
+    """The one rule `Job.plan` and `stagecoach plan` time and plan micro-batches by:
+    DEFAULT_MICRO_BATCH_SIZES, without 1 for a model that normalises over the batch (BatchNorm
+    cannot run one sample in train mode, and a micro-batch of one has no batch statistics)."""
+    return tuple(b for b in DEFAULT_MICRO_BATCH_SIZES if b > 1) if batch_coupled else DEFAULT_MICRO_BATCH_SIZES
 
 
 def replica_candidates(global_batch: int, micro_batch_sizes: Sequence[int], plat: Platform) -> tuple[int, ...]:
@@ -233,7 +243,7 @@ def plan_model(
     platform: Platform | None = None,
     weights: Sequence[tuple[float, float]] = FUNCPIPE_WEIGHTS,
     replicas: Sequence[int] | None = None,
-    micro_batch_sizes: Sequence[int] = (1, 2, 4, 8),
+    micro_batch_sizes: Sequence[int] = DEFAULT_MICRO_BATCH_SIZES,
     max_stages: int = 8,
     max_layers: int = 12,
     sync_algos: Sequence[str] | None = ALL_SYNC,
@@ -260,7 +270,7 @@ def plan_model(
     _check_arguments(global_batch, weights, sync_algos)
     if replicas is None:
         replicas = replica_candidates(global_batch, micro_batch_sizes, plat)
-    check_fits(profile, plat, micro_batch=1)
+    check_plannable(profile, plat, max_stages)
     prof = profile.merged(max_layers, plat, micro_batch=max(micro_batch_sizes))
     subproblems = [(d, b, global_batch // (d * b)) for d in replicas for b in micro_batch_sizes if global_batch % (d * b) == 0]
     sweep = _Sweep(prof, plat, subproblems, max_stages, sync_algos, time_limit)
@@ -285,5 +295,5 @@ def plan_model(
     if use_milp and any(c.method != "milp" for c in cands):
         notes.append("some solves hit the time limit: their plans are the best found, not proven optimal")
     front = pareto_front(cands)
-    rec = recommend(front)
+    rec = recommend_within_accuracy(front)  # FuncPipe's delta rule within the model's accuracy (docs/planner.md)
     return PlanningResult(prof, global_batch, plat, cands, front, rec, time.perf_counter() - t0, notes)

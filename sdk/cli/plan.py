@@ -2,7 +2,8 @@
 
 TARGET is a job file (defining ``job``, like `stagecoach train`'s) or ``zoo:NAME`` (resnet101,
 amoebanet_d18, amoebanet_d36, bert_large). Zoo models are sized on the meta device; a job's model
-is measured by running it (--meta sizes it on the meta device instead).
+is measured by running it (--meta sizes it on the meta device instead). A job's model too big for
+Lambda is refused before anything builds it (Job.validate sizes it on the meta device first).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import click
 
 from stagecoach.cli.jobfile import load_job_file
-from stagecoach.cli.plan_report import SYNC_LEGEND, pareto_png, result_table
+from stagecoach.cli.plan_report import pareto_png, result_table, table_legend
 from stagecoach.core.boundary import map_leaves
 from stagecoach.core.profiling import measure_model
 from stagecoach.exactness import split_batch_refusal
@@ -23,30 +24,36 @@ from stagecoach.planner.plan import SYNC_ALGORITHMS
 from stagecoach.planner.profile.layers import ModelProfile
 from stagecoach.planner.profile.meta import profile_meta
 from stagecoach.planner.profile.zoo import zoo_profile
-from stagecoach.planner.solve.sweep import PlanningResult, plan_model
+from stagecoach.planner.solve.sweep import PlanningResult, default_micro_batch_sizes, plan_model
 
 
-def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile, int | None, str | None]:
-    """The profile, the job's global batch, and why the batch must stay together (None: it need not)."""
+def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile, int | None, str | None, tuple[int, ...]]:
+    """The profile, the job's global batch, why the batch must stay together (None: it need not),
+    and the micro-batch sizes to plan: ``sizes``, else default_micro_batch_sizes, the rule Job.plan
+    follows too; without 1 for a model that normalises over the batch. A job's model is timed at
+    those sizes; with ``meta`` it is built on the meta device and sized there instead."""
     if target.startswith("zoo:"):
         try:
-            return zoo_profile(target), None, None
+            return zoo_profile(target), None, None, sizes or default_micro_batch_sizes()
         except KeyError as e:
             raise click.BadParameter(str(e.args[0]), param_hint="TARGET") from None
     if not Path(target).exists():
         raise click.BadParameter(f"{target}: no such file (or use zoo:NAME)", param_hint="TARGET")
     job = load_job_file(target).job
     try:
-        job.validate()
+        job.validate()  # sizes the model on the meta device first: one too big for Lambda is refused unbuilt
     except JobError as e:
         raise click.ClickException(str(e)) from None
     sample = map_leaves(lambda t: t[0], job.head(1)[0])
     whole = split_batch_refusal(job.facts, job.deferred_batch_norm)
-    if job.facts.batch_coupling:  # it cannot run one sample in train mode (BatchNorm1d)
-        sizes = tuple(b for b in sizes if b > 1) or (2,)
+    coupled = job.facts.batch_coupling is not None  # it cannot run one sample in train mode (BatchNorm)
+    sizes = tuple(b for b in sizes or default_micro_batch_sizes(coupled) if b > 1 or not coupled) or (2,)
     if meta:
-        return job.with_job_bytes(profile_meta(job.build_model(), sample, name=job.name)), job.global_batch, whole
-    return job.with_job_bytes(measure_model(job.build_model(), sample, sizes, name=job.name)), job.global_batch, whole
+        model = job.meta_model()
+        if model is None:
+            raise click.ClickException(f"{target}: job.model() cannot build on the meta device; plan it without --meta")
+        return job.with_job_bytes(profile_meta(model, sample, name=job.name, batch=2 if coupled else 1)), job.global_batch, whole, sizes
+    return job.with_job_bytes(measure_model(job.build_model(), sample, sizes, name=job.name)), job.global_batch, whole, sizes
 
 
 def _write_plan(res: PlanningResult, path: str, train: str | None) -> None:
@@ -64,7 +71,11 @@ def _write_plan(res: PlanningResult, path: str, train: str | None) -> None:
 @click.option("--platform", "platform_name", type=click.Choice(["aws", "aws-arm64", "local"]), default="aws", show_default=True)
 @click.option("--max-layers", type=int, default=12, show_default=True, help="merge layers to at most this many before the MILP")
 @click.option("--max-stages", type=int, default=8, show_default=True)
-@click.option("--micro-batch-sizes", default="1,2,4,8", show_default=True, help="comma-separated micro-batch sizes to consider")
+@click.option(
+    "--micro-batch-sizes",
+    default="",
+    help="comma-separated micro-batch sizes to time and plan (default: 1,2,4,8; 2,4,8 for a model that normalises over the batch)",
+)
 @click.option(
     "--sync",
     "sync_algos",
@@ -113,11 +124,11 @@ def plan_command(
         raise click.BadParameter(
             f"{micro_batch_sizes!r}: give positive integers separated by commas, e.g. 1,2,4,8", param_hint="--micro-batch-sizes"
         ) from None
-    if not sizes or min(sizes) < 1:
+    if (micro_batch_sizes.strip() and not sizes) or min(sizes, default=1) < 1:
         raise click.BadParameter(
             f"{micro_batch_sizes!r}: give positive integers separated by commas, e.g. 1,2,4,8", param_hint="--micro-batch-sizes"
         )
-    prof, file_batch, whole = _load(target, meta, sizes)
+    prof, file_batch, whole, sizes = _load(target, meta, sizes)
     G = global_batch or file_batch or 64
     replicas: tuple[int, ...] | None = None  # the powers of two the account's concurrency fits
     if whole:  # only plans that keep the global batch together train this job exactly
@@ -145,8 +156,7 @@ def plan_command(
         + ("" if res.proven else " (some solves hit the time limit: not proven optimal)")
     )
     click.echo(result_table(res, samples_per_epoch))
-    click.echo("* = recommended: the fastest plan whose speed-up over the cheapest is worth >= 0.8 of its extra cost")
-    click.echo(SYNC_LEGEND)
+    click.echo(table_legend())
     png = pareto_png(res, plot or f"plan-{prof.name}.png")
     click.echo(f"Pareto plot: {png}")
     if json_out:

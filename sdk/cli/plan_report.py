@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from stagecoach.planner.model.syncmodel import SyncChoice
+from stagecoach.planner.solve.pareto import DELTA_THRESHOLD, MODEL_TIME_ACCURACY
 from stagecoach.planner.solve.sweep import PlannedConfig, PlanningResult
 
 SYNC_SHORT = {
@@ -18,6 +19,34 @@ SYNC_SHORT = {
     "k_reduce": "KR",
 }
 SYNC_LEGEND = "sync per stage: SR scatter-reduce, PSR pipelined scatter-reduce, LSR LambdaML's scatter-reduce, KRk k-reduce with K=k, AR all-reduce, - none (d = 1)"
+# Every column of plan_row, explained once, in its order (tests/test_plan_report.py checks that
+# each column has an entry, so a new column cannot go unexplained).
+COLUMN_LEGEND: dict[str, str] = {
+    "": f"recommended: by FuncPipe's rule the fastest plan whose speed-up over the cheapest is worth >= {DELTA_THRESHOLD} of "
+    f"its extra cost, counting only speed-ups beyond the performance model's accuracy ({MODEL_TIME_ACCURACY:.0%}); then the "
+    f"cheapest plan within {MODEL_TIME_ACCURACY:.0%} of its time",
+    "stages": "pipeline stages S",
+    "layers/stage": "children of your nn.Sequential per stage",
+    "tier MB/stage": "Lambda memory per stage, MB",
+    "d": "replicas of every stage (data parallelism)",
+    "workers": "stages x d: the Lambda invocations a phase runs at once",
+    "micro-batches": "micro-batches per replica x samples per micro-batch (8x8: 8 micro-batches of 8)",
+    "sync/stage": "gradient sync per stage (below)",
+    "s/iter": "predicted seconds per iteration",
+    "$/iter": "predicted USD per iteration",
+    "$/epoch": "USD per --samples-per-epoch samples",
+    "orch. $ share": "of the cost, orchestration (Step Functions transitions, Lambda and S3 requests) rather than compute",
+    "weights": "(a1,a2) of the objective a1 x nano-USD + a2 x seconds whose proven optimum the plan is: FuncPipe's "
+    "(1,0) cheapest ... (1,2^22) fastest",
+    "found by": "milp = proven optimal for its weights; milp(time_limit) = best found within --time-limit",
+}
+
+
+def table_legend() -> str:
+    """What every column of the table means, one line each, then the sync abbreviations."""
+    width = max(len(k) for k in COLUMN_LEGEND)
+    lines = [f"{(k or '*').ljust(width)}  {v}" for k, v in COLUMN_LEGEND.items()]
+    return "\n".join(lines + [SYNC_LEGEND])
 
 
 def sync_short(c: SyncChoice) -> str:

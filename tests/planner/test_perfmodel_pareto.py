@@ -87,3 +87,21 @@ def test_the_pipelined_exchange_moves_in_groups_of_the_uploads_in_flight():
             assert tail == pytest.approx(4 * e + 3 * lat)
         else:  # the groups are a fifth of it: well under four transfers
             assert 2 * e < tail < 3 * e
+
+
+def test_the_recommendation_prefers_the_cheaper_tier_within_the_models_accuracy():
+    """examples/digits.py's front (issue 28): three one-stage plans 512/1024/2048 MB, each a bit
+    faster and a bit dearer. FuncPipe's delta rule takes the 2,048 MB one (1.2% faster for 1% more);
+    within the model's 8% accuracy the three are equally fast, so the cheapest is recommended."""
+    from stagecoach.planner.solve.pareto import MODEL_TIME_ACCURACY, recommend_within_accuracy
+
+    front = pareto_front([P(0.2022, 1.6760e-4), P(0.2006, 1.6818e-4), P(0.1998, 1.6933e-4)])
+    assert recommend(front) is front[2]
+    assert recommend_within_accuracy(front) is front[0]
+    assert recommend_within_accuracy(front, accuracy=0.0) is recommend(front)  # FuncPipe's rule
+    # a speed-up beyond the accuracy still counts: a 3 MiB MLP's 10,240 MB plan, 12% faster for 0.04% more
+    wide = pareto_front([P(0.1594, 1.7781e-4), P(0.1422, 1.7789e-4)])
+    assert 0.16 / 0.14 - 1 > MODEL_TIME_ACCURACY and recommend_within_accuracy(wide) is wide[1]
+    # the delta rule picks the 5 s plan; a plan 2% slower and cheaper is recommended instead
+    pts = pareto_front([P(10, 1.0), P(5.1, 1.9), P(5.0, 2.0), P(4.9, 4.0)])
+    assert recommend(pts).time_s == 5.0 and recommend_within_accuracy(pts).time_s == 5.1
