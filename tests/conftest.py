@@ -1,12 +1,21 @@
+import atexit
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+# Tests run on stacks of their own: never attach to a developer's daemon of this project (a home of
+# the session's own) nor start one on demand (STAGECOACH_LOCAL_START=0, also in the `stagecoach`
+# subprocesses tests run). A test that needs a daemon starts one in a temporary STAGECOACH_HOME.
+os.environ["STAGECOACH_HOME"] = tempfile.mkdtemp(prefix="stagecoach-test-home-")
+atexit.register(shutil.rmtree, os.environ["STAGECOACH_HOME"], ignore_errors=True)
+os.environ["STAGECOACH_LOCAL_START"] = "0"
 
 
 @pytest.fixture(scope="session")

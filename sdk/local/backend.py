@@ -32,6 +32,9 @@ LOG_GROUP = f"/aws/lambda/{PREFIX}-workers"
 LOG_GROUP_ARN = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{LOG_GROUP}:*"
 BUCKET_ARN = f"arn:aws:s3:::{BUCKET}"
 
+# `stagecoach console`'s default port (sdk/cli/console.py), named in the links runs print
+CONSOLE_PORT = 8765
+
 
 def _trust(service: str) -> str:
     return json.dumps(
@@ -40,32 +43,42 @@ def _trust(service: str) -> str:
 
 
 class LocalBackend(Backend):
-    """Runs jobs on the embedded stack; one stack per process, started on first use (or the one a
-    `stagecoach local start` daemon keeps, if it runs)."""
+    """Runs jobs on the embedded stack; one stack per process, started on first use (or the one this
+    project's daemon keeps: `stagecoach local start`, or the CLI's on-demand start)."""
 
     name = "local"
     _lock = threading.Lock()
     _shared: StackProcess | None = None
 
     def __init__(
-        self, faults: dict[str, Any] | None = None, network: NetworkSpec | Platform | None = None, fidelity: Fidelity | None = None
+        self,
+        faults: dict[str, Any] | None = None,
+        network: NetworkSpec | Platform | None = None,
+        fidelity: Fidelity | None = None,
+        state_dir: str | None = None,
+        log_dir: str | None = None,
     ) -> None:
         """``faults``: seeded fault injection (see stagecoach.local.faults) on a stack of its own.
         ``network``: emulate Lambda's network in every worker (core/netem.py), on a stack of its
         own: a NetworkSpec, or a planner Platform whose bandwidth and storage latency to use.
         ``fidelity``: how the stack answers where AWS is stricter than moto (local/fidelity.py);
-        the default is AWS's behaviour, and any other setting gets a stack of its own."""
+        the default is AWS's behaviour, and any other setting gets a stack of its own.
+        ``state_dir`` (the daemon's): a stack of its own that keeps its objects and records there
+        across restarts (local/persist.py), provisioned only the first time; ``log_dir``: its logs."""
         if isinstance(network, Platform):
             network = network_of(network)
         self.fidelity = fidelity or Fidelity()
         provision = True
-        if faults or network or (fidelity is not None and fidelity != Fidelity()):
-            self.stack: StackProcess = OwnedStack(faults=faults, network=network, fidelity=fidelity)
+        if faults or network or state_dir or (fidelity is not None and fidelity != Fidelity()):
+            own = OwnedStack(log_dir=log_dir, faults=faults, network=network, fidelity=fidelity, state_dir=state_dir)
+            provision = not own.restored  # a restored stack has what provisioning created
+            self.stack: StackProcess = own
         else:
             with LocalBackend._lock:
                 shared = LocalBackend._shared
                 if shared is None or not shared.alive():
-                    # a stack kept alive by `stagecoach local start` (already provisioned): attach to it
+                    # this project's daemon's stack (already provisioned), running or started on
+                    # demand (daemon_state.wants_daemon): attach to it; else a stack of our own
                     shared = running_stack() or OwnedStack()
                     provision = isinstance(shared, OwnedStack)
                     LocalBackend._shared = shared
@@ -89,7 +102,9 @@ class LocalBackend(Backend):
             control_function=f"{PREFIX}-worker",
             job_boundary_arn=f"arn:aws:iam::{ACCOUNT}:policy{ROLE_PATH}{PREFIX}-job-boundary",
             log_group_arn=LOG_GROUP_ARN,
-            console=self.stack.endpoint_url + " (local stack; execution {arn})",
+            # the local console's page for the job (`stagecoach console`, sdk/console/), not the
+            # stack's endpoint (which answers S3's ListAllMyBuckets XML to a browser)
+            console=f"`stagecoach console`, then http://127.0.0.1:{CONSOLE_PORT}/#job={{job}}",
         )
         if provision:
             self._provision()

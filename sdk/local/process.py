@@ -25,6 +25,7 @@ from stagecoach.core.netem import NetworkSpec
 from stagecoach.deploy.resources import BotoClient
 from stagecoach.local.fidelity import ENV as FIDELITY_ENV
 from stagecoach.local.fidelity import Fidelity
+from stagecoach.local.persist import ENV as STATE_ENV
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's account: AWS's documentation example, never a real one
@@ -65,9 +66,17 @@ class OwnedStack(StackProcess):
         faults: dict[str, Any] | None = None,
         network: NetworkSpec | None = None,
         fidelity: Fidelity | None = None,
+        state_dir: str | None = None,
     ) -> None:
+        """``state_dir``: the stack saves its objects and records there and restores them when it
+        starts (stagecoach.local.persist; the daemon's stack); ``restored`` says whether it did."""
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="stagecoach-local-")
         env = dict(os.environ)
+        env.pop(STATE_ENV, None)
+        # saving on shutdown takes longer than stopping: give it that long before killing the stack
+        self.close_timeout = 20.0 if state_dir is None else 100.0
+        if state_dir is not None:
+            env[STATE_ENV] = state_dir
         if fidelity is not None:
             env[FIDELITY_ENV] = fidelity.to_env()
         if faults:
@@ -88,6 +97,7 @@ class OwnedStack(StackProcess):
             self.close()
             raise RuntimeError(f"the local stack did not start; see {self.log_dir}/server.log")
         self.port = int(line.split()[1])
+        self.restored = "restored" in line.split()[2:]
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         atexit.register(self.close)
 
@@ -99,6 +109,6 @@ class OwnedStack(StackProcess):
             try:
                 if self.proc.stdin:
                     self.proc.stdin.close()  # the server exits when its stdin closes
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=self.close_timeout)
             except Exception:
                 self.proc.kill()

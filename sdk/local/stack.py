@@ -31,6 +31,8 @@ from botocore.config import Config
 from stagecoach.local.access import AccessControl, moto_lookups
 from stagecoach.local.faults import FaultInjector
 from stagecoach.local.fidelity import Fidelity
+from stagecoach.local.persist import ENV as STATE_ENV
+from stagecoach.local.persist import StackArchive
 from stagecoach.local.runtime import FunctionSpec, LocalLambdaRuntime, Throttled
 
 if TYPE_CHECKING:
@@ -424,11 +426,19 @@ def main() -> None:
     runtime = LocalLambdaRuntime(f"http://127.0.0.1:{port}", log_path=log_path, faults=FaultInjector.from_env(), fidelity=fidelity)
     install_moto_fixes(runtime, fidelity)
     serve(port, fidelity)
-    print(f"READY {port}", flush=True)
+    state_dir = os.environ.get(STATE_ENV)
+    archive = StackArchive(state_dir, f"http://127.0.0.1:{port}") if state_dir else None
+    restored = archive.restore() if archive else False
+    saving = archive.save_periodically() if archive else None
+    print(f"READY {port}" + (" restored" if restored else ""), flush=True)
     try:
         sys.stdin.read()  # until the parent closes the pipe (or dies)
     finally:
-        runtime.shutdown()
+        if archive and saving:
+            saving.set()
+            archive.save_final(stop_workers=runtime.shutdown)
+        else:
+            runtime.shutdown()
         os._exit(0)
 
 
