@@ -44,6 +44,7 @@ from stagecoach.core.records import CostTally, JobSpec, StopRecord, StopRequest,
 from stagecoach.lambdas.channel import Channel
 from stagecoach.lambdas.timeouts import learn, task_keys
 from stagecoach.planner.emit import asl
+from stagecoach.planner.limits import map_transitions
 from stagecoach.planner.plan import Plan
 
 _SPECS: dict[tuple[str, str], JobSpec] = {}
@@ -60,15 +61,43 @@ def _spec(ch: Channel, job: str) -> JobSpec:
     return _SPECS[key]
 
 
-def iteration_usage(ch: Channel, job: str, plan: Plan, t: int) -> Usage:
-    """What iteration t's tasks used, from their metrics, plus its state transitions."""
+def iteration_usage(ch: Channel, job: str, plan: Plan, t: int, spec: JobSpec | None = None) -> Usage:
+    """What iteration t's tasks used, from their metrics, plus its state transitions; with the
+    job's ``spec``, also what the window ran after it before the next gate (``after_iteration``):
+    the Due and Choice states asking for an evaluation or a checkpoint, and version t+1's
+    Evaluate or Checkpoint pass if it ran one. Without those a job that evaluates ran on past its
+    cap by more than an iteration's cost: two transitions an iteration went unmetered."""
+    keys_, transitions = task_keys(job, plan, t), asl.transitions_per_iteration(plan)
+    if spec is not None:
+        more_keys, more_transitions = after_iteration(spec, plan, t + 1)
+        keys_, transitions = keys_ + more_keys, transitions + more_transitions
     with ThreadPoolExecutor(max_workers=16) as pool:
-        bodies = list(pool.map(ch.get_bytes, task_keys(job, plan, t)))
-    usage = Usage(transitions=asl.transitions_per_iteration(plan))
+        bodies = list(pool.map(ch.get_bytes, keys_))
+    usage = Usage(transitions=transitions)
     for body in bodies:
         if body is not None:
             usage = usage + task_usage(TaskMetrics.model_validate_json(body))
     return usage
+
+
+def after_iteration(spec: JobSpec, plan: Plan, version: int) -> tuple[list[str], int]:
+    """The metrics keys and state transitions of what the window runs between Advance (to
+    ``version``) and the next Gate (planner/emit/asl.py ``_after_iteration_states``): each listed
+    kind's Due and Choice states, every iteration; the Checkpoint Map (replica 0 of every stage,
+    one Map) if ``version`` is kept; the Evaluate Parallel (a Map of every replica per stage) if it
+    is evaluated. Their tasks' metrics are keyed by ``version`` (lambdas/handler.py)."""
+    evals = spec.evaluation.versions if spec.evaluation is not None else []
+    every = spec.checkpoint_every
+    saves = bool(every)
+    transitions = asl.TRANSITIONS_DUE_CHECK * (bool(evals) + saves)
+    keys_: list[str] = []
+    if every and version % every == 0 and version <= spec.iterations:
+        keys_ += [keys.metrics(spec.job, version, "checkpoint", s, 0) for s in range(plan.stages)]
+        transitions += map_transitions(plan.stages)
+    if version in evals:
+        keys_ += [keys.metrics(spec.job, version, "evaluate", s, r) for s in range(plan.stages) for r in range(plan.replicas)]
+        transitions += 1 + plan.stages * map_transitions(plan.replicas)
+    return keys_, transitions
 
 
 def launch_usage(spec: JobSpec) -> Usage:
@@ -105,7 +134,7 @@ def meter(ch: Channel, spec: JobSpec, ev: GateEvent, started: float, memory_mb: 
         metered = list(range(through, ev.t))
         usage = usage + Usage(transitions=asl.TRANSITIONS_WINDOW_FIXED + asl.TRANSITIONS_JOB_PER_WINDOW)
     for t in metered:
-        usage = usage + iteration_usage(ch, ev.job, plan, t)
+        usage = usage + iteration_usage(ch, ev.job, plan, t, spec)
     # the gate itself: its invocation, its requests so far and the one PUT to come, its time so far
     st = ch.stats
     usage = usage + Usage(gb_s=gb_seconds(time.time() - started, memory_mb), invocations=1, puts=st.puts + 1, gets=st.gets)

@@ -62,6 +62,12 @@ def record(s3: BotoClient, bucket: str, name: str, job_id: str, plan: Plan, metr
     s3.put_object(Bucket=bucket, Key=history_key(name), Body=body.model_dump_json().encode())
 
 
+def recorded_job(s3: BotoClient, bucket: str, name: str) -> str | None:
+    """The job whose task durations the name's record holds (``record``), None if there is none."""
+    past = _read(s3, bucket, history_key(name), LearntTaskSeconds)
+    return past.job if past is not None else None
+
+
 def _read(s3: BotoClient, bucket: str, key: str, record_type: type[R]) -> R | None:
     """The record, or None when there is none yet (a missing bucket is reported by the
     deployment's preflight) or it is not one this version wrote (then it is simply not used)."""

@@ -21,6 +21,7 @@ from stagecoach.core.cost import Prices, Usage, billed_ms, gb_seconds
 from stagecoach.cost import history_usage, state_phase
 from stagecoach.job import JobError
 from stagecoach.reference import train_reference
+from stagecoach.run import recorded_watching
 
 # us-east-1 list prices, written out here rather than read from the code under test
 GB_S, REQUEST, TRANSITION, PUT, GET = 0.0000166667, 0.20 / 1e6, 0.025 / 1000, 0.005 / 1000, 0.0004 / 1000
@@ -209,6 +210,34 @@ def test_a_cost_cap_stops_the_job_at_an_iteration_boundary_with_its_checkpoint(b
     assert f"cap ${cap:.4f}, the engine's meter ${tally['usd']:.4f}" in report
 
 
+def test_the_cap_meters_every_state_and_task_the_run_is_billed_for(backend):
+    """A capped job that evaluates and checkpoints, under a cap it never reaches: the engine's
+    tally has every state transition and invocation the client measures (the Due and Choice states
+    each iteration enters, the Evaluate and Checkpoint passes: before issue 28 it missed them, so a
+    job that evaluates ran past its cap by more than an iteration's cost); what it does not have is
+    the watching client's own reading (and the gate's last PUTs), a few requests."""
+    g = torch.Generator().manual_seed(1)
+    xt = torch.randn(13, 4, generator=g)
+    job = dataclasses.replace(tiny_job("cost-tally", 4), test=(xt, (xt[:, 0] > 0).long()), eval_every=2, checkpoint_every=3)
+    run = job.run(stages=2, replicas=2, micro_batches=2, backend=backend, max_cost=1000.0)
+    assert run.wait(progress=False, timeout_s=300) == "SUCCEEDED"
+    measured = run.cost()
+    s3 = backend.clients.s3
+    tally = json.loads(s3.get_object(Bucket=backend.resources.bucket, Key=keys.cost_tally(run.job_id))["Body"].read())
+    assert tally["through"] == 4
+    assert tally["usage"]["transitions"] == measured.total.transitions
+    assert tally["usage"]["invocations"] == measured.total.invocations
+    # the rest: the client's watching (recorded when wait() ended), and what each gate does after
+    # it metered (learning its timeouts: a GET, and when it samples, 12 GETs and a PUT, and their time)
+    watched = recorded_watching(s3, backend.resources.bucket, run.job_id)
+    gates = len([ev for ev in run.history(windows=True) if ev["type"] == "TaskSucceeded" and '"gate"' in str(ev)])
+    assert gates >= 4 + 1  # before each iteration and at each window's end
+    late_gb_s = measured.total.gb_s - tally["usage"]["gb_s"]
+    assert 0 <= late_gb_s <= gates * 0.25  # under 250 ms at 1 GB a gate, on this busy machine
+    unmetered = watched["puts"] * PUT + watched["gets"] * GET + gates * (PUT + 13 * GET) + late_gb_s * GB_S
+    assert tally["usd"] <= measured.usd <= tally["usd"] + unmetered + 1e-9
+
+
 def test_run_stop_ends_the_job_at_the_next_iteration_boundary(backend):
     iterations = 1000  # far more than run before the stop
     job = dataclasses.replace(tiny_job("cost-stop", iterations), warm_state=False)  # every version stored
@@ -291,6 +320,17 @@ def test_train_prints_the_predicted_cost_of_a_manual_plan_and_the_measured_one(b
         assert phase in predicted and phase in measured, (phase, predicted, measured)
     assert "for 3 iterations" in predicted and "; predicted $" in measured
     assert "GB-s" in r.output and "state transitions" in r.output
+    # one cost and one status wherever shown: `inspect` and `list` say what `train` said (the
+    # client's watching included: the Run that watched recorded it, run.py record_watching)
+    from stagecoach.cli import options
+
+    monkeypatch.setattr(options, "running_stack", lambda: object())  # the session's stack stands in for the daemon
+    job_id = next(line.split()[1].rstrip(":") for line in lines if line.startswith("job costcli-"))
+    r = CliRunner().invoke(main, ["inspect", job_id])
+    assert r.exit_code == 0 and f"job {job_id}: SUCCEEDED" in r.output, r.output
+    assert "cost: measured " + measured.removeprefix("cost on AWS: measured ").split("; predicted")[0] in r.output, (measured, r.output)
+    listed = CliRunner().invoke(main, ["list"]).output
+    assert next(line for line in listed.splitlines() if line.startswith(job_id)).split()[2] == "SUCCEEDED", listed
 
 
 def test_train_with_a_tiny_cap_stops_early_and_says_so(backend, tmp_path, monkeypatch):

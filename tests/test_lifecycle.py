@@ -55,8 +55,8 @@ def test_a_resumed_job_ends_bit_identical_to_an_uninterrupted_one(backend):
     # attach finds it from its id alone; list shows both jobs
     attached = backend.attach(first.job_id)
     assert attached.status() == "SUCCEEDED" and len(attached.losses()) == 8
-    with pytest.raises(ValueError, match="attached without its Job"):
-        attached.trained_model()
+    got = attached.trained_model().state_dict()  # without its Job: from the job's uploaded code
+    assert all(torch.equal(got[k], want[k]) for k in want)
     listed = {j.job: j for j in backend.jobs()}
     assert listed[first.job_id].status == "SUCCEEDED" and listed[first.job_id].iterations == 8
     assert listed[whole.job_id].name == "life-whole"
@@ -82,3 +82,99 @@ def test_a_stopped_job_resumes_to_the_parameters_of_an_uninterrupted_one(backend
     whole.wait(progress=False, poll_s=2.0, timeout_s=600)
     got, want = resumed.trained_model().state_dict(), whole.trained_model().state_dict()
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_a_stopped_and_resumed_job_has_one_status_and_one_cost_everywhere(backend, monkeypatch, tmp_path):
+    """Issue 28: stopped, then resumed by `stagecoach resume` (no Job: the model comes from the
+    job's uploaded code), the job is SUCCEEDED in `list`, in `inspect` of its first execution (which
+    itself ended STOPPED) and of its id; `resume` reports and saves it as `train` does, at the cost
+    `inspect` shows; and a stopped job cleaned up is still listed as STOPPED, not FAILED."""
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from stagecoach.cli import main, options
+
+    monkeypatch.setattr(options, "running_stack", lambda: object())  # the session's stack stands in for the daemon
+    cli = CliRunner()
+    run = make_job("life-one", 1000).run(backend=backend, **PLAN)
+    while not run.metrics() or run.iterations_done() < 1:
+        time.sleep(0.5)
+    run.stop()
+    assert run.wait(progress=False, poll_s=1.0, timeout_s=600) == "STOPPED"
+    total = run.version() + 2
+    r = cli.invoke(main, ["resume", run.job_id, "--iterations", str(total), "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert f"after {total} iterations" in r.output and "cost on AWS: measured $" in r.output, r.output
+    resumed_cost = next(line for line in r.output.splitlines() if line.startswith("cost on AWS: measured $"))
+    saved = load_file(str(tmp_path / run.job_id / "model.safetensors"))
+    attached = backend.attach(run.job_id)  # no Job either
+    assert attached.job is None and all(torch.equal(v, attached.trained_model().state_dict()[k]) for k, v in saved.items())
+    with_job = backend.attach(run.job_id, job=make_job("life-one", 1000)).trained_model().state_dict()
+    assert all(torch.equal(v, with_job[k]) for k, v in saved.items())
+    # one status: list, inspect by id, inspect of the first execution (which ended STOPPED)
+    assert run.status() == "STOPPED"  # that execution's own chain
+    listed = {line.split()[0]: line.split()[2] for line in cli.invoke(main, ["list"]).output.splitlines()[1:]}
+    assert listed[run.job_id] == "SUCCEEDED"
+    for ref in (run.job_id, run.execution_arn):
+        r = cli.invoke(main, ["inspect", ref])
+        assert r.exit_code == 0 and f"job {run.job_id}: SUCCEEDED" in r.output, r.output
+        # one cost: what resume reported ("cost on AWS: measured ...; predicted" where train predicts)
+        assert "cost: measured " + resumed_cost.removeprefix("cost on AWS: measured ") in r.output, (resumed_cost, r.output)
+    assert f"the job went on as {run.execution_arn}-r1" in cli.invoke(main, ["inspect", run.execution_arn]).output
+    # a stopped job cleaned up: its stop record is gone, its execution's error is not
+    gone = make_job("life-gone", 1000).run(backend=backend, stages=1)
+    while not gone.metrics():
+        time.sleep(0.5)
+    gone.stop()
+    assert gone.wait(progress=False, poll_s=1.0, timeout_s=600) == "STOPPED"
+    assert cli.invoke(main, ["cleanup", gone.job_id]).exit_code == 0
+    listed = {line.split()[0]: line.split()[-4] for line in cli.invoke(main, ["list"]).output.splitlines()[1:]}
+    assert listed[gone.job_id] == "STOPPED", listed
+
+
+def test_a_run_without_its_job_rebuilds_the_model_from_the_uploaded_code(backend):
+    """Issue 28: ``attach(job_id)`` without ``job=`` gives the trained model from the job's code
+    as the launch uploaded it: for a model cut at ``blocks=``, the user's own module back; for
+    frozen weights that ``init_from`` gave, those (uploaded with the buffers), not the factory's."""
+    import dataclasses
+
+    from test_any_model import make_job as bert_job
+
+    frozen = lambda: nn.Sequential(nn.Linear(6, 16).requires_grad_(False), nn.Tanh(), nn.Linear(16, 3))  # noqa: E731
+    pretrained = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(3)) for k, v in frozen().state_dict().items()}
+    jobs = {
+        "blocks": (dataclasses.replace(bert_job("life-blocks", lambda p: torch.optim.SGD(p, lr=0.05)), iterations=2), dict(stages=2)),
+        "init_from": (dataclasses.replace(make_job("life-init", 2), model=frozen, init_from=pretrained), dict(stages=1)),
+    }
+    runs = {k: job.run(backend=backend, **plan) for k, (job, plan) in jobs.items()}
+    for name, run in runs.items():
+        assert run.wait(progress=False, poll_s=1.0, timeout_s=600) == "SUCCEEDED", name
+        want = run.trained_model()
+        got = backend.attach(run.job_id).trained_model()
+        assert type(got) is type(want), name
+        assert got.state_dict().keys() == want.state_dict().keys(), name
+        assert all(torch.equal(got.state_dict()[k], v) for k, v in want.state_dict().items()), name
+    assert torch.equal(backend.attach(runs["init_from"].job_id).trained_model()[0].weight, pretrained["0.weight"])
+
+
+def test_a_run_nobody_waited_on_is_learnt_from_by_the_first_inspect(backend, monkeypatch):
+    """`train --no-wait`: no Run.wait records the run's task durations for the job's next run;
+    the first `stagecoach inspect` that finds it SUCCEEDED does, and an older run never replaces a
+    newer one's record."""
+    from click.testing import CliRunner
+
+    from stagecoach import history
+    from stagecoach.cli import main, options
+
+    monkeypatch.setattr(options, "running_stack", lambda: object())  # the session's stack stands in for the daemon
+    s3, bucket = backend.clients.s3, backend.resources.bucket
+    older, newer = make_job("life-learn", 2).run(backend=backend, stages=1), make_job("life-learn", 2).run(backend=backend, stages=1)
+    deadline = time.time() + 300
+    while {older.status(), newer.status()} != {"SUCCEEDED"} and time.time() < deadline:  # not wait(): it would learn
+        time.sleep(0.5)
+    assert history.recorded_job(s3, bucket, "life-learn") is None
+    r = CliRunner().invoke(main, ["inspect", newer.job_id])
+    assert r.exit_code == 0 and "SUCCEEDED" in r.output, r.output
+    assert history.recorded_job(s3, bucket, "life-learn") == newer.job_id
+    assert CliRunner().invoke(main, ["inspect", older.job_id]).exit_code == 0
+    assert history.recorded_job(s3, bucket, "life-learn") == newer.job_id  # the newer run's stays

@@ -53,6 +53,14 @@ def deployer_policy(
             *_lambda_statements(fn, stack),
             *_iam_statements(path, stack, bound),
             *_states_statements(f"{arn}:states:{region}:{account}", stack),
+            # `stagecoach logs`: the stack's worker log group, where every function of the stack logs
+            # (template.yaml WorkerLogGroup); the ":*" form is the one IAM uses for log-group actions
+            {
+                "Sid": "ReadWorkerLogs",
+                "Effect": "Allow",
+                "Action": ["logs:FilterLogEvents"],
+                "Resource": f"{arn}:logs:{region}:{account}:log-group:/aws/lambda/{stack}-workers:*",
+            },
             # These support no resource-level permissions (IAM's service authorization reference):
             # the lists find a half-created job's functions and an existing window state machine;
             # GetAccountSettings is the account's Lambda concurrency, checked before a job starts.

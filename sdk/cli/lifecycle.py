@@ -3,11 +3,15 @@ the stack's jobs (sdk/deploy/resume.py)."""
 
 from __future__ import annotations
 
+import time
+
 import click
 from botocore.exceptions import ClientError
 
 from stagecoach.cli.options import backend_for, backend_option, job_backend, region_option, stack_option
+from stagecoach.cli.report import report_run
 from stagecoach.deploy.resources import DeployError
+from stagecoach.lifecycle import list_jobs
 from stagecoach.run import RunFailed
 
 
@@ -15,14 +19,20 @@ from stagecoach.run import RunFailed
 @click.argument("job")
 @click.option("--iterations", type=int, help="train to this many iterations in all (default: the job's own)")
 @click.option("--wait/--no-wait", default=True, help="follow the run to its end (default) or return once it has started")
+@click.option("--out", default="stagecoach-runs", show_default=True, help="directory for results (as `stagecoach train --out`)")
 @backend_option
 @stack_option
 @region_option
-def resume_command(job: str, iterations: int | None, wait: bool, backend: str | None, stack: str | None, region: str | None) -> None:
+def resume_command(
+    job: str, iterations: int | None, wait: bool, out: str, backend: str | None, stack: str | None, region: str | None
+) -> None:
     """Continue a stopped, failed or finished job from its last complete checkpoint. JOB: a job id
-    (with --stack on AWS) or its execution ARN. The continued run ends bit-identical to one that never stopped."""
+    (with --stack on AWS) or its execution ARN. The continued run ends bit-identical to one that
+    never stopped; it is reported and saved as `train` reports and saves a run (loss, evaluation,
+    cost, results folder), its model rebuilt from the job's uploaded code."""
     if iterations is not None and iterations < 1:
         raise click.BadParameter(f"{iterations}: give a positive number of iterations", param_hint="--iterations")
+    t0 = time.time()
     b, job_id = job_backend(job, backend, stack, region)  # an ARN names its stack and region
     try:
         run = b.resume(job_id, iterations)
@@ -33,12 +43,10 @@ def resume_command(job: str, iterations: int | None, wait: bool, backend: str | 
     if not wait:
         return
     try:
-        run.wait(progress=True)
-    except RunFailed as e:
+        status = run.wait(progress=True)
+    except (RunFailed, DeployError) as e:
         raise click.ClickException(str(e)) from None
-    losses = run.losses()
-    if losses:
-        click.echo(f"final loss {losses[-1]:.4f} after {len(losses)} iterations")
+    report_run(run, status, time.time() - t0, out)
 
 
 @click.command(name="list")
@@ -49,7 +57,7 @@ def list_command(backend: str | None, stack: str | None, region: str | None) -> 
     """The stack's jobs, newest first: job id, name, status, iterations, when it started."""
     b = backend_for(backend, stack, region, need_daemon=True)
     try:
-        jobs = b.jobs()
+        jobs = list_jobs(b)  # each job's status as inspect and train show it
     except (DeployError, ClientError) as e:
         raise click.ClickException(str(e)) from None
     if not jobs:

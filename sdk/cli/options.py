@@ -11,9 +11,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from stagecoach.backend import Backend
 from stagecoach.backends import LocalStackOptions, get_backend
 from stagecoach.deploy.resources import JOB_ID, DeployError, job_id_from
-from stagecoach.deploy.resume import job_executions
 from stagecoach.local.daemon_state import running_stack
 from stagecoach.local.process import ACCOUNT as LOCAL_ACCOUNT
+from stagecoach.run import latest_execution as run_latest_execution
 
 backend_option = click.option(
     "--backend", type=click.Choice(["local", "aws"]), default=None, help="local (embedded stack) or aws; default: aws if --stack is given"
@@ -27,14 +27,20 @@ def backend_for(
 ) -> Backend:
     """The backend the options name, with its errors turned into CLI errors.
 
-    ``need_daemon``: the local backend must be the `stagecoach local start` daemon's (a run started
-    by an earlier process lives only there), for inspect and cleanup.
+    ``need_daemon``: the local backend must be this project's daemon's (a run started by an
+    earlier process lives only there), for inspect, stop, resume and cleanup; a project with saved
+    jobs starts its daemon on demand (stagecoach.local.daemon_state.running_stack).
     """
-    if need_daemon and (backend or ("aws" if stack else "local")) == "local" and running_stack() is None:
-        raise click.ClickException(
-            "no local stack is running: start one with `stagecoach local start` before training, then inspect runs made while it ran "
-            "(a job on AWS: give --stack NAME, or its execution ARN)"
-        )
+    if need_daemon and (backend or ("aws" if stack else "local")) == "local":
+        try:
+            attached = running_stack()
+        except DeployError as e:  # another checkout's daemon, or one that would not start
+            raise click.ClickException(str(e)) from None
+        if attached is None:
+            raise click.ClickException(
+                "this project has no local stack and no saved jobs: `stagecoach train FILE` starts one, which keeps "
+                "its runs across commands (a job on AWS: give --stack NAME, or its execution ARN)"
+            )
     try:
         return get_backend(backend or ("aws" if stack else "local"), stack=stack, region=region, **local)
     except (DeployError, ClientError, BotoCoreError) as e:
@@ -91,21 +97,10 @@ def job_backend(ref: str, backend: str | None, stack: str | None, region: str | 
 
 
 def latest_execution(b: Backend, job_id: str) -> str:
-    """The ARN of the job's latest execution, as ``Backend.attach`` and resume find it: the job
-    state machine's executions of this job (deploy/resume.py ``job_executions``), latest started
-    last; the reader follows its chain of continuations from there (deploy/chain.py ``follow``).
-
-    ListExecutions "is eventually consistent. The results are best effort and may not reflect very
-    recent updates and changes" (https://docs.aws.amazon.com/step-functions/latest/apireference/API_ListExecutions.html),
-    so a job started a moment ago may not be listed yet: then its first execution, named after
-    the job (deploy/start.py), is read by its ARN (DescribeExecution)."""
+    """The ARN of the job's latest execution (run.py ``latest_execution``: the one every command
+    and ``attach`` read), with its errors turned into CLI errors."""
     try:
-        execs = job_executions(b.clients, b.resources, job_id)
-        if execs:
-            return str(execs[-1]["executionArn"])
-        arn = b.resources.job_state_machine_arn.replace(":stateMachine:", ":execution:") + ":" + job_id
-        b.clients.sfn.describe_execution(executionArn=arn)
-        return arn
+        return run_latest_execution(b.clients, b.resources, job_id)
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") == "ExecutionDoesNotExist":
             raise click.ClickException(

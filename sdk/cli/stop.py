@@ -7,9 +7,8 @@ from botocore.exceptions import ClientError
 
 from stagecoach.cli.options import backend_option, job_backend, latest_execution, region_option, stack_option
 from stagecoach.core import keys
-from stagecoach.deploy.chain import follow
 from stagecoach.deploy.resources import DeployError
-from stagecoach.run import job_status, request_stop
+from stagecoach.run import request_stop, status_of
 
 
 @click.command(name="stop")
@@ -33,10 +32,9 @@ def stop_command(job: str, backend: str | None, stack: str | None, region: str |
                 f"no job {job_id} in s3://{bucket}/jobs/ (was it cleaned up, or started on another stack?)"
             ) from None
         # the job's latest execution, a resumption's too, followed to its latest link: whether it runs
-        arn = latest_execution(b, job_id)
-        _, d = follow(b.clients.sfn, arn)
-        if d["status"] != "RUNNING":
-            click.echo(f"job {job_id} has already ended ({job_status(d)}): nothing to stop")
+        status, d = status_of(b.clients.sfn, latest_execution(b, job_id))
+        if status != "RUNNING":
+            click.echo(f"job {job_id} has already ended ({status}): nothing to stop")
             return
         wrote = request_stop(s3, bucket, job_id)
     except (DeployError, ClientError) as e:

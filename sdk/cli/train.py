@@ -4,7 +4,6 @@ the run (or, with --no-wait, say how to follow it and return)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Any
 
@@ -14,6 +13,7 @@ from stagecoach.aws.backend import AwsBackend
 from stagecoach.backend import Backend
 from stagecoach.cli.jobfile import load_job_file
 from stagecoach.cli.options import backend_for, region_option, stack_option
+from stagecoach.cli.report import report_run
 from stagecoach.cost import CostReport
 from stagecoach.deploy.resources import DeployError
 from stagecoach.job import Job, JobError
@@ -121,7 +121,7 @@ def train_command(
         status = run.wait(progress=True)
     except (RunFailed, DeployError) as e:  # DeployError: e.g. AccessDenied while watching on AWS
         raise click.ClickException(str(e)) from None
-    _report(run, job, status, predicted, time.time() - t0, out)
+    report_run(run, status, time.time() - t0, out, predicted)
 
 
 def _job_and_manual(file: str, iterations: int | None, recommended: bool, given: dict[str, int]) -> tuple[Job, dict[str, Any]]:
@@ -196,55 +196,30 @@ def _predict_cost(job: Job, plan: Plan, chosen: Backend, max_cost: float | None)
     return predicted
 
 
-def _report(run: Run, job: Job, status: str, predicted: CostReport, wall: float, out: str) -> None:
-    """After the run: why it stopped early (if it did), the results saved under ``out``, the loss,
-    the end-of-run evaluation, where the time went, and the measured cost beside the predicted."""
-    if status == "STOPPED":
-        record = run.stopped()
-        if record is not None:
-            why = {"max_cost": "its measured cost passed the cap", "nonfinite_loss": "its loss was NaN or infinite"}.get(
-                record.reason, "on request"
-            )
-            click.echo(f"stopped before iteration {record.version} ({why}): the results are version {record.version}'s checkpoint")
-    losses = run.losses()
-    directory = run.save(os.path.join(out, run.job_id))
-    if losses:
-        click.echo(f"final loss {losses[-1]:.4f} (first {losses[0]:.4f}) after {len(losses)} iterations")
-    evaluations = run.evaluations()
-    if evaluations and evaluations[-1].version == job.iterations:  # the end-of-run evaluation, on Lambda
-        click.echo(evaluations[-1].describe("validation" if job.validation is not None else "test"))
-    b = run.time_breakdown()
-    if b:
-        it = b["iteration_s"]
-        click.echo(
-            f"wall time {wall:.1f} s; {it:.2f} s per iteration after the first: orchestration "
-            f"{b['orchestration_s'] / it:.0%}, in tasks: compute {b['compute_s'] / it:.0%}, "
-            f"S3 transfer {b['transfer_s'] / it:.0%}, waiting on other workers {b['wait_s'] / it:.0%}"
-        )
-    measured = run.cost()
-    click.echo(f"cost on AWS: measured {measured.summary()}; predicted ${predicted.usd:.4f} for {predicted.iterations}")
-    click.echo(f"  {measured.quantities()} (AWS list prices of {measured.prices.as_of})")
-    click.echo(f"results: {directory} (model.safetensors, plan.json, metrics.jsonl, losses.json)")
-
-
 def _check_outlives(chosen: Backend) -> None:
     """--no-wait returns while the job runs, so the stack must outlive this command: refused, before
     anything is deployed, where the job would end with it (``Backend.job_commands`` answers None
-    there, whatever the job: the embedded local stack of this process)."""
+    there, whatever the job: the embedded local stack of this process, which the CLI uses only with
+    --emulate-network or when STAGECOACH_LOCAL_START / STAGECOACH_LOCAL_ATTACH say "0"; otherwise it
+    runs the job on this project's daemon, started on demand: stagecoach.local.daemon_state)."""
     if chosen.job_commands("", "") is None:
         raise click.BadParameter(
-            "the job would end with this command: its local stack runs inside it. Start a stack that outlives it "
-            "with `stagecoach local start` (without --emulate-network), or train on AWS (--backend aws --stack NAME)",
+            "the job would end with this command: its local stack runs inside it (--emulate-network, or "
+            "STAGECOACH_LOCAL_START=0 or STAGECOACH_LOCAL_ATTACH=0). Start this project's stack that outlives it "
+            "with `stagecoach local start` (and train without --emulate-network), or train on AWS (--backend aws --stack NAME)",
             param_hint="--no-wait",
         )
 
 
 def _how_to_follow(chosen: Backend, run: Run) -> None:
     """What --no-wait prints once the job has started: the commands that follow, stop and report it
-    from any shell (the backend's, as Ctrl-C in Run.wait prints them, and `stagecoach list`)."""
+    from any shell (the backend's, as Ctrl-C in Run.wait prints them, and `stagecoach list`), and
+    locally how to stop the project's stack daemon the job runs on."""
     where = f" --stack {chosen.stack} --region {chosen.region}" if isinstance(chosen, AwsBackend) else ""
     commands = list(chosen.job_commands(run.job_id, run.execution_arn) or [])
     commands.insert(min(2, len(commands)), ("see the stack's jobs and their status:", f"stagecoach list{where}"))
+    if not isinstance(chosen, AwsBackend):  # this project's local stack daemon, in the background
+        commands.append(("stop the local stack (its jobs are kept):", "stagecoach local stop"))
     click.echo(f"started, not waiting (--no-wait): job {run.job_id} runs on. From any shell:")
     for what, command in commands:
         click.echo(f"  {what:<40} {command}")

@@ -54,6 +54,7 @@ class Inspection:
     stop: StopRecord | None = None  # where and why the job stopped, if it did
     max_cost_usd: float | None = None
     metered_usd: float | None = None  # the engine's running tally, what the cap is checked against
+    latest_execution: str | None = None  # the job's latest execution, when it is not the one inspected
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -93,7 +94,11 @@ def read_run(backend: Backend, execution_arn: str) -> OpenedRun:
     except sfn.exceptions.ExecutionDoesNotExist:
         raise InspectError(
             f"no execution {execution_arn} on the {backend.name} backend"
-            + (" (is `stagecoach local start` running, and was the run started while it was?)" if backend.name == "local" else "")
+            + (
+                " (was the run started on this project's local stack, or by a script whose own stack ended with it?)"
+                if backend.name == "local"
+                else ""
+            )
         ) from None
     try:
         inp = json.loads(d.get("input") or "{}")
@@ -109,7 +114,7 @@ def read_run(backend: Backend, execution_arn: str) -> OpenedRun:
         raise InspectError(
             f"job {job_id} is {d['status']}, but its objects (s3://{r.bucket}/jobs/{job_id}/) are gone: was it cleaned "
             f"up (`stagecoach cleanup`)? Its Step Functions history stays for 90 days after it ended: "
-            f"{r.console.format(region=r.region, arn=execution_arn)}"
+            f"{r.console.format(region=r.region, arn=execution_arn, job=job_id)}"
         ) from None
     run = Run(backend, None, spec.to_plan(), job_id, execution_arn)
     return OpenedRun(run=run, description=d, spec=spec, execution_input=inp)
@@ -141,19 +146,23 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
     done = run.iterations_done()
     length = int(inp.get("windowLength") or spec.window_length or 1)
     n_windows = -(-spec.iterations // length)
-    d = run.describe()  # the chain's latest execution: the job's status
+    # the job's status, as `list` and `train` show it: its latest execution's, even when the ARN
+    # given is an earlier one (a stopped job's first execution, resumed since)
+    status, d = run.job_state()
     execs = _window_executions(backend, spec.window_state_machine)
     window = _window(backend, execs, length)
     failures = _failures(run, execs + _failed_groups(backend, spec.window_state_machine), max_failures)
     r = backend.resources
-    status = run.status()  # STOPPED where Step Functions says FAILED with the stop error
+    if status == "SUCCEEDED":
+        run.learn_if_newest()  # a run nobody waited on (train --no-wait): its next run's timeouts
     return Inspection(
         execution_arn=execution_arn,
         job_id=run.job_id,
         status=status,
-        console_url=r.console.format(region=r.region, arn=execution_arn),
+        console_url=r.console.format(region=r.region, arn=execution_arn, job=run.job_id),
         started=str(d.get("startDate", "")),
         stopped=str(d["stopDate"]) if d.get("stopDate") else None,
+        latest_execution=d["executionArn"] if d["executionArn"] != execution_arn else None,
         error=f"{d.get('error', '')}: {d.get('cause', '')[:500]}" if d.get("error") or d.get("cause") else None,
         plan=spec.plan,
         iterations=spec.iterations,
@@ -283,7 +292,8 @@ def format_report(ins: Inspection) -> str:
     p = ins.plan
     lines = [
         f"job {ins.job_id}: {ins.status}",
-        f"execution {ins.execution_arn}",
+        f"execution {ins.execution_arn}"
+        + (f" (the job went on as {ins.latest_execution}, whose status this is)" if ins.latest_execution else ""),
         f"console   {ins.console_url}",
         f"started {ins.started}" + (f", stopped {ins.stopped}" if ins.stopped else ""),
         f"plan: {len(p['balance'])} stages (layers {list(p['balance'])}) x {p['replicas']} replicas, "
