@@ -14,7 +14,7 @@ MAX_LINES = 60
 REASON = re.compile(r"#\s*long:\s*\S")
 # What a function may import inside its body: optional or heavy dependencies, each with a comment
 # on the import line (or the line before it) that says so.
-OPTIONAL = ("matplotlib", "moto", "werkzeug", "optuna")
+OPTIONAL = ("matplotlib", "moto", "werkzeug", "optuna", "torch.utils.tensorboard")
 
 
 def _modules(*folders: str) -> list[str]:
