@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
+import uuid
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
+import cloudpickle
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save_file
@@ -17,17 +21,29 @@ from tqdm import tqdm
 from stagecoach import cost as costs
 from stagecoach import history as learnt
 from stagecoach.core import keys
+from stagecoach.core.graph_split import Blocks, SplitFactory
 from stagecoach.core.records import EvalResult, JobSpec, StopRecord, StopRequest, TaskMetrics
-from stagecoach.core.training import assign_flat, load_running_stats, master_dtype, ownership, running_stats, stage_layout
+from stagecoach.core.stagebuild import load_buffers
+from stagecoach.core.training import (
+    DTYPES,
+    assign_flat,
+    build_model,
+    load_running_stats,
+    master_dtype,
+    ownership,
+    running_stats,
+    stage_layout,
+)
 from stagecoach.deploy.chain import follow
-from stagecoach.deploy.resources import BotoClient, Clients, group_state_machine_of
-from stagecoach.deploy.resume import last_checkpoint
+from stagecoach.deploy.resources import BotoClient, Clients, StackResources, group_state_machine_of
+from stagecoach.deploy.resume import job_executions, last_checkpoint
 from stagecoach.errors import StagecoachError
 from stagecoach.evaluation import Evaluation, combine
 from stagecoach.metrics import iteration_breakdown, mean_loss
 from stagecoach.planner.emit.asl import STOPPED_ERROR
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.plan import Plan
+from stagecoach.summaries import write_summaries
 
 if TYPE_CHECKING:  # both sit above this module (pyproject [tool.importlinter]): annotations only
     from stagecoach.backend import Backend
@@ -55,6 +71,9 @@ class Run:
         self._seen: set[str] = set()
         self._evals: dict[str, EvalResult] = {}
         self._watch_requests = {"puts": 0, "gets": 0}  # this Run's own S3 requests (list, get): part of the cost
+        # where wait() records them, so that every reader of the job prices them alike (``cost``)
+        self._watch_key = watch_key(job_id, uuid.uuid4().hex)
+        self._model_source: ModelSource | None = job
 
     @property
     def _c(self) -> Clients:
@@ -67,7 +86,7 @@ class Run:
     @property
     def console_url(self) -> str:
         r = self.backend.resources
-        return r.console.format(region=r.region, arn=self.execution_arn)
+        return r.console.format(region=r.region, arn=self.execution_arn, job=self.job_id)
 
     # -- status ----------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -86,6 +105,17 @@ class Run:
         STOPPED when it ended at an iteration boundary by ``stop()``, its cost cap or a non-finite
         loss (``stopped()`` says which)."""
         return job_status(self.describe())
+
+    def job_state(self) -> tuple[str, dict[str, Any]]:
+        """The job's status and latest DescribeExecution, as `inspect` and `list` show it: its
+        latest execution's (``job_state``: a later resumption's, if the job was resumed since this
+        Run's execution), or this Run's chain's where ListExecutions does not show it yet. Not
+        ``status()``, which ``wait`` polls: that reads this Run's own chain only (no listing)."""
+        d = self.describe()
+        status, latest = job_state(self._c, self.backend.resources, self.job_id)
+        if latest["startDate"] >= d["startDate"]:
+            return status, latest
+        return job_status(d), d
 
     # -- stopping --------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -164,14 +194,53 @@ class Run:
             raise
         finally:
             bar.close()
+            self.record_watching()
         if status == "STOPPED":
             return status
         if status != "SUCCEEDED":
             raise RunFailed(f"run {self.job_id} {status}: {self.failure()}")
-        # the next run of this job sets its task timeouts from this one
+        self.record_learnt()
+        return status
+
+    def record_learnt(self) -> None:
+        """Remember this succeeded run's task durations: the next run of the job (its name, the
+        same shape) sets its task timeouts from them (sdk/history.py). ``wait`` calls it; for a run
+        nobody waited on (`train --no-wait`), whoever next sees it succeeded does (`stagecoach
+        inspect`, ``attach(...).wait()``): the client, not the engine, learns, as the job's role
+        may not write the stack's ``history/``."""
         name = self.job.name if self.job is not None else self.spec().name
         learnt.record(self._c.s3, self.bucket, name, self.job_id, self.plan, self.metrics())
-        return status
+
+    def learn_if_newest(self) -> bool:
+        """``record_learnt`` for a succeeded run nobody waited on, unless the job's name already
+        learnt from this run or from a run started after it (a newer run's timeouts are kept).
+        True if it recorded."""
+        spec = self.spec()
+        prior = learnt.recorded_job(self._c.s3, self.bucket, spec.name)
+        if prior == self.job_id or (prior is not None and self._first_started(prior) > self._first_started(self.job_id)):
+            return False
+        self.record_learnt()
+        return True
+
+    def _first_started(self, job_id: str) -> float:
+        """When the job's first execution (named after it: deploy/start.py) started, in epoch
+        seconds; 0 if Step Functions no longer has it (90 days after it ended)."""
+        arn = self.backend.resources.job_state_machine_arn.replace(":stateMachine:", ":execution:") + ":" + job_id
+        try:
+            return float(self._c.sfn.describe_execution(executionArn=arn)["startDate"].timestamp())
+        except self._c.sfn.exceptions.ExecutionDoesNotExist:
+            return 0.0
+
+    def record_watching(self) -> None:
+        """Store the S3 requests this Run made watching the job (listing and reading its metrics)
+        under the job's ``cost/watch/`` prefix, one object per Run, its own PUT counted: they are
+        part of the job's bill, and ``cost()`` reads them from there, so `train`, `inspect` and
+        ``Run.cost()`` price the job alike whoever asks (before, only the Run that watched knew them)."""
+        if not any(self._watch_requests.values()):
+            return
+        self._watch_requests["puts"] += 1  # this PUT
+        body = json.dumps(self._watch_requests).encode()
+        self._c.s3.put_object(Bucket=self.bucket, Key=self._watch_key, Body=body)
 
     def interrupted_message(self) -> str:
         """What Ctrl-C in ``wait`` prints: the job goes on (where it can outlive this process),
@@ -180,7 +249,7 @@ class Run:
         if commands is None:
             return (
                 f"\ninterrupted: job {self.job_id} ran on the local stack inside this process, which ends with it "
-                "(start `stagecoach local start` first to keep jobs running across commands)"
+                "(the `stagecoach` command, or `stagecoach local start` before a script, keeps jobs on a stack that outlives it)"
             )
         lines = [f"\ninterrupted: job {self.job_id} keeps running (nothing was stopped). From any shell:"]
         lines += [f"  {what:<40} {cmd}" for what, cmd in commands]
@@ -385,9 +454,13 @@ class Run:
     def cost(self) -> costs.CostReport:
         """The measured cost so far, per phase (sdk/cost.py): the tasks' billed GB-seconds and
         requests, the state transitions in every execution's history, the iteration gates, and the
-        client's own S3 requests (the launch's, and this Run's while watching)."""
+        client's S3 requests: the launch's (in the spec) and what watching the job took, as every
+        watching Run recorded it (``record_watching``). Only stored records count, not this
+        object's own reading since, so any reader of the job gets the same figure: the one
+        source of `train`'s, `inspect`'s and ``Run.cost()``'s."""
         metrics = self.metrics()
-        return costs.measure(self.spec(), metrics, [self.history(windows=True)], self.iterations_done(), self._watch_requests)
+        watched = recorded_watching(self._c.s3, self.bucket, self.job_id)
+        return costs.measure(self.spec(), metrics, [self.history(windows=True)], self.iterations_done(), watched)
 
     def predicted_cost(self) -> costs.CostReport:
         """The performance model's cost of the whole run on AWS, for this plan (docs/cost.md).
@@ -403,7 +476,7 @@ class Run:
         """Stage ``stage``'s flat parameters after ``version`` updates (default: the version the job
         reached: its last iteration, or the checkpoint it stopped at)."""
         v = self.version() if version is None else version
-        job = self._job()
+        job = self._model()
         model = job.build_model()
         numel = ownership(list(model), [self.plan.stage_layers(s) for s in range(self.plan.stages)]).numel(stage)
         itemsize = torch.empty(0, dtype=master_dtype(job.dtype)).element_size()  # as stored
@@ -414,19 +487,19 @@ class Run:
                 parts.append(st_load(body)["p"])
         return torch.cat(parts)
 
-    def _job(self) -> Job:
-        if self.job is None:
-            raise ValueError(
-                f"run {self.job_id} was attached without its Job: the model's code is the job file's; "
-                f"attach with stagecoach.attach({self.job_id!r}, job=job) (or read a kept state_dict with run.checkpoint(t))"
-            )
-        return self.job
+    def _model(self) -> ModelSource:
+        """What builds the model: the Job, or, for a Run attached or resumed without it, the job's
+        code as the launch uploaded it (``StoredModel``)."""
+        if self._model_source is None:
+            self._model_source = StoredModel.load(self._c.s3, self.bucket, self.spec())
+        return self._model_source
 
     def trained_model(self) -> nn.Module:
         """The model with the parameters, and the running statistics (BatchNorm), of the version
         the job reached (``version()``: the last iteration, or the checkpoint a stopped job kept):
-        the user's own module (for a job with ``blocks``, not the chain it was cut into)."""
-        job = self._job()
+        the user's own module (for a job with ``blocks``, not the chain it was cut into). A Run
+        attached or resumed without its Job builds it from the job's uploaded code (``StoredModel``)."""
+        job = self._model()
         version = self.version()
         model = job.build_model(master_dtype(job.dtype))  # the stored weights' dtype (fp32 under bf16)
         layers = list(model)
@@ -435,13 +508,16 @@ class Run:
             assign_flat(own.owned[s], self.stage_vector(s, version))  # a parameter shared by stages is its owner's
             stage = [layers[i] for i in self.plan.stage_layers(s)]
             first = self.plan.stage_layers(s).start
+            if isinstance(job, StoredModel):  # frozen weights and buffers that init_from gave, as uploaded
+                job.load_initial_buffers(self._c.s3, self.bucket, self.job_id, s, stage, first)
             if running_stats(stage, first):
                 body = self._c.s3.get_object(Bucket=self.bucket, Key=keys.buffers(self.job_id, version, s))["Body"].read()
                 load_running_stats(stage, first, st_load(body))
         return job.user_model(model)
 
     def save(self, directory: str) -> str:
-        """Write the trained model (safetensors), the plan, the metrics and the loss curve to ``directory``."""
+        """Write the trained model (safetensors), the plan, the metrics, the loss curve and
+        TensorBoard event files (stagecoach.summaries) to ``directory``."""
         os.makedirs(directory, exist_ok=True)
         save_state_dict(self.trained_model(), os.path.join(directory, "model.safetensors"))
         with open(os.path.join(directory, "plan.json"), "w") as f:
@@ -451,6 +527,7 @@ class Run:
                 f.write(m.model_dump_json(exclude_none=True) + "\n")
         with open(os.path.join(directory, "losses.json"), "w") as f:
             json.dump(self.losses(), f)
+        write_summaries(self, directory)
         return directory
 
 
@@ -499,3 +576,120 @@ def request_stop(s3: BotoClient, bucket: str, job_id: str) -> bool:
         pass
     s3.put_object(Bucket=bucket, Key=key, Body=StopRequest(reason="requested", time=time.time()).model_dump_json().encode())
     return True
+
+
+# -- one status of a job ------------------------------------------------------------------------------
+def status_of(sfn: BotoClient, execution_arn: str) -> tuple[str, dict[str, Any]]:
+    """The status of the job whose latest execution (or resumption) is ``execution_arn``, and
+    DescribeExecution of its latest link: the chain followed (a link that continued says
+    SUCCEEDED while the job runs on), and STOPPED read off the execution's own error
+    (``job_status``), which outlives `stagecoach cleanup` (the stop record in S3 does not)."""
+    _, d = follow(sfn, execution_arn)
+    return job_status(d), d
+
+
+def latest_execution(c: Clients, res: StackResources, job_id: str) -> str:
+    """The ARN of the job's latest execution (its first, or its latest resumption), as ``attach``,
+    `inspect`, `stop` and `list` read the job. ListExecutions "is eventually consistent"
+    (https://docs.aws.amazon.com/step-functions/latest/apireference/API_ListExecutions.html): a
+    job started a moment ago may not be listed yet, so then its first execution, named after the
+    job (deploy/start.py), is read by its ARN; raises ClientError ExecutionDoesNotExist if none."""
+    execs = job_executions(c, res, job_id)
+    if execs:
+        return str(execs[-1]["executionArn"])
+    arn = res.job_state_machine_arn.replace(":stateMachine:", ":execution:") + ":" + job_id
+    c.sfn.describe_execution(executionArn=arn)
+    return arn
+
+
+def job_state(c: Clients, res: StackResources, job_id: str) -> tuple[str, dict[str, Any]]:
+    """The job's status wherever it is shown (`train`, `inspect`, `list`, `stop`): its latest
+    execution's (``latest_execution``), followed to its latest link (``status_of``)."""
+    return status_of(c.sfn, latest_execution(c, res, job_id))
+
+
+# -- what watching a job cost -------------------------------------------------------------------------
+def watch_key(job_id: str, watcher: str) -> str:
+    """Where a watching Run records its S3 requests (``Run.record_watching``); under the job's
+    prefix, so `stagecoach cleanup` removes it with the job."""
+    return f"{keys.job_prefix(job_id)}cost/watch/{watcher}.json"
+
+
+def recorded_watching(s3: BotoClient, bucket: str, job_id: str) -> dict[str, int]:
+    """The S3 requests every Run that watched the job recorded, summed ({"puts", "gets"})."""
+    out = {"puts": 0, "gets": 0}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=watch_key(job_id, "")[: -len(".json")]):
+        for o in page.get("Contents", []):
+            counts = json.loads(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read())
+            out = {k: out[k] + int(counts.get(k, 0)) for k in out}
+    return out
+
+
+# -- the model, with or without the Job -------------------------------------------------------------
+class ModelSource(Protocol):
+    """What a Run builds the trained model with: the Job (``stagecoach.Job``) or ``StoredModel``."""
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def build_model(self, dtype: torch.dtype | None = None) -> nn.Sequential: ...
+
+    def user_model(self, blocks: nn.Sequential) -> nn.Module: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredModel:
+    """The job's model code as the launch uploaded it for the workers (``jobs/{job}/model/job.pkl``:
+    cloudpickle of the factory, by value: deploy/upload.py ``pickle_job_code``) with the spec's
+    seed and dtype: a Run attached or resumed without its Job builds the trained model from it,
+    as every container does (lambdas/jobctx.py). Unpickling runs that code here, in the client: it
+    comes from the stack's own bucket, which only the stack's roles and its users write."""
+
+    factory: Callable[[], nn.Module]
+    seed: int
+    dtype: torch.dtype
+    init_from: bool  # Job(init_from=...): frozen weights and buffers came from it, not the factory
+
+    @classmethod
+    def load(cls, s3: BotoClient, bucket: str, spec: JobSpec) -> StoredModel:
+        try:
+            body = s3.get_object(Bucket=bucket, Key=keys.job_code(spec.job))["Body"].read()
+        except s3.exceptions.NoSuchKey:
+            raise ValueError(
+                f"job {spec.job} has no model code in s3://{bucket}/{keys.job_code(spec.job)} (cleaned up?): "
+                f"attach with stagecoach.attach({spec.job!r}, job=job), or read a kept state_dict with run.checkpoint(t)"
+            ) from None
+        code = cloudpickle.loads(body)
+        return cls(factory=code["model"], seed=spec.seed, dtype=DTYPES[spec.dtype], init_from=bool(spec.init_from))
+
+    def build_model(self, dtype: torch.dtype | None = None) -> nn.Sequential:
+        """As ``Job.build_model``: the factory under the job's seed, in ``dtype`` (a model cut at
+        ``blocks`` is cut again in it)."""
+        factory = self.factory
+        if dtype is not None and isinstance(factory, SplitFactory):
+            factory = dataclasses.replace(factory, dtype=dtype)
+        model = build_model(factory, self.seed, dtype or self.dtype)
+        assert isinstance(model, nn.Sequential)  # the launch checked it (Job.build_model)
+        return model
+
+    def user_model(self, blocks: nn.Sequential) -> nn.Module:
+        """As ``Job.user_model``: the user's own module holding the chain's values."""
+        if not isinstance(blocks, Blocks) or not isinstance(self.factory, SplitFactory):
+            return blocks
+        dtype = next((p.dtype for p in blocks.parameters()), self.dtype)
+        model = build_model(self.factory.factory, self.seed, dtype)
+        state = blocks.original_state_dict()
+        model.load_state_dict({k: state[k] for k in model.state_dict()})
+        return model
+
+    def load_initial_buffers(self, s3: BotoClient, bucket: str, job_id: str, stage: int, layers: list[nn.Module], first: int) -> None:
+        """A job started from ``init_from``: its stage's frozen weights and buffers as uploaded
+        (``keys.initial_buffers``), which the factory alone does not make; the running statistics
+        are loaded after, over them."""
+        if not self.init_from:
+            return
+        try:
+            body = s3.get_object(Bucket=bucket, Key=keys.initial_buffers(job_id, stage))["Body"].read()
+        except s3.exceptions.NoSuchKey:  # a stage without buffers or frozen weights stores none
+            return
+        load_buffers(layers, first, st_load(body))
