@@ -25,6 +25,8 @@ NOT_HERE = {
     "stagecoach inspect EXECUTION_ARN": "needs an execution of a real run (tests/test_inspect.py runs inspect on one)",
     "stagecoach cleanup JOB_ID --stack": "needs an AWS account",
     "stagecoach stop JOB_ID --stack": "needs an AWS account (tests/test_cost.py runs `stagecoach stop` on the local stack)",
+    "stagecoach train examples/digits.py --no-wait": "leaves a daemon stack running: tests/test_local_daemon.py runs --no-wait on one of its own",
+    "stagecoach console": "serves until Ctrl-C: tests/test_console.py serves it and loads its page in headless Chromium",
 }
 
 

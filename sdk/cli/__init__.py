@@ -8,9 +8,11 @@ from __future__ import annotations
 import click
 
 from stagecoach.cli.cleanup import cleanup_command
+from stagecoach.cli.console import console_command
 from stagecoach.cli.inspect import inspect_command
 from stagecoach.cli.lifecycle import list_command, resume_command
 from stagecoach.cli.local import local_group
+from stagecoach.cli.logs import logs_command
 from stagecoach.cli.plan import plan_command
 from stagecoach.cli.stop import stop_command
 from stagecoach.cli.train import train_command
@@ -30,5 +32,7 @@ main.add_command(cleanup_command, name="cleanup")
 main.add_command(local_group, name="local")
 main.add_command(resume_command, name="resume")
 main.add_command(list_command, name="list")
+main.add_command(logs_command, name="logs")
+main.add_command(console_command, name="console")
 
 __all__ = ["main"]
