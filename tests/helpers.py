@@ -118,6 +118,23 @@ def recovery_job(name: str, warm: bool = True) -> Job:
     )
 
 
+def tiny_job(name: str, iterations: int = 2, **options) -> Job:
+    """The smallest job the CLI tests drive: a 4-8-2 MLP on 16 random samples, batches of 8."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 4, generator=g), torch.randint(0, 2, (16,), generator=g)
+    return Job(
+        model=lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)),
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        train=(x, y),
+        global_batch=8,
+        iterations=iterations,
+        seed=0,
+        name=name,
+        **options,
+    )
+
+
 def task_errors(r) -> list[str]:
     """The error of every failed or timed-out task in every window execution of the run."""
     errors = []

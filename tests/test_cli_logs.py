@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+from helpers import tiny_job
 
 from stagecoach.inspect.logs import LogLine, LogsError, TaskFilter, function_stage, select, workers_log_lines
 
@@ -84,26 +85,12 @@ def test_a_task_filter_keeps_the_tasks_records_and_their_reports():
 def test_logs_shows_a_finished_jobs_tasks_on_the_local_stack(backend, monkeypatch):
     """A real run: its backward task of stage 1 at iteration 1 has its record and its REPORT
     (from the stack's log group), and no other task's line."""
-    import torch
     from click.testing import CliRunner
-    from torch import nn
 
-    from stagecoach import Job
     from stagecoach.cli import main, options
 
     monkeypatch.setattr(options, "running_stack", lambda: object())  # the session's stack stands in for the daemon
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(16, 4, generator=g), torch.randint(0, 2, (16,), generator=g)
-    job = Job(
-        model=lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)),
-        loss=nn.CrossEntropyLoss(),
-        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-        train=(x, y),
-        global_batch=8,
-        iterations=2,
-        seed=0,
-        name="cli-logs",
-    )
+    job = tiny_job("cli-logs")
     run = job.run(stages=2, backend=backend)
     assert run.wait(progress=False, timeout_s=240) == "SUCCEEDED"
     r = CliRunner().invoke(main, ["logs", run.job_id])
