@@ -236,6 +236,12 @@ def learnt_timeouts(job: str) -> str:
     return f"jobs/{job}/timeouts.json"
 
 
+def predicted_cost(job: str) -> str:
+    """The performance model's cost of the whole run, as the client predicted it before the start
+    (sdk/cost.py CostReport.to_dict): for readers without the Job, such as the local console."""
+    return f"jobs/{job}/cost/predicted.json"
+
+
 def cost_tally(job: str) -> str:
     """The engine's running cost count of a job with a cost cap (records.CostTally)."""
     return f"jobs/{job}/cost/tally.json"

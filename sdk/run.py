@@ -231,6 +231,24 @@ class Run:
         except self._c.sfn.exceptions.ExecutionDoesNotExist:
             return 0.0
 
+    def record_prediction(self, report: costs.CostReport) -> None:
+        """Keep the run's predicted cost beside it (``keys.predicted_cost``), so that a reader
+        without the Job (which predicting needs: it profiles the model) shows predicted against
+        measured cost, a plan given by hand too (its Plan carries no planner prediction). The PUT
+        is this Run's request, billed with the others (``record_watching``)."""
+        self._watch_requests["puts"] += 1
+        self._c.s3.put_object(Bucket=self.bucket, Key=keys.predicted_cost(self.job_id), Body=json.dumps(report.to_dict()).encode())
+
+    def recorded_prediction(self) -> dict[str, Any] | None:
+        """What ``record_prediction`` kept (CostReport.to_dict), or None if nothing was."""
+        try:
+            body = self._c.s3.get_object(Bucket=self.bucket, Key=keys.predicted_cost(self.job_id))["Body"].read()
+        except self._c.s3.exceptions.NoSuchKey:
+            return None
+        self._watch_requests["gets"] += 1
+        out: dict[str, Any] = json.loads(body)
+        return out
+
     def record_watching(self) -> None:
         """Store the S3 requests this Run made watching the job (listing and reading its metrics)
         under the job's ``cost/watch/`` prefix, one object per Run, its own PUT counted: they are

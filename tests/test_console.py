@@ -22,6 +22,7 @@ from stagecoach.console import create_app, serve
 from stagecoach.console.app import STATIC, VENDOR
 from stagecoach.console.graph import elements, state_statuses
 from stagecoach.local.backend import LocalBackend
+from stagecoach.planner.model.platforms import aws_platform
 
 SHOTS = "/tmp/console-shots"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -252,3 +253,16 @@ def test_the_json_views_are_json(client, run):
     for view in ("", "/curves", "/gantt", "/cost", "/failures"):
         body = client.get(f"/api/jobs/{run.job_id}{view}").get_data(as_text=True)
         json.loads(body, parse_constant=_refuse)  # NaN, Infinity, -Infinity
+
+
+def test_a_prediction_train_recorded_is_shown_beside_the_measured_cost(faulty, run):
+    """A plan given by hand carries no planner prediction; the cost `stagecoach train` predicts and
+    prints is kept beside the run (Run.record_prediction) and the cost view shows it."""
+    view = f"/api/jobs/{run.job_id}/cost"
+    assert create_app(faulty).test_client().get(view).get_json()["predicted_usd_per_iteration"] is None
+    platform = aws_platform("x86_64" if faulty.resources.architecture == "x86_64" else "arm64")
+    report = run.job.predict_cost(run.plan, platform)
+    run.record_prediction(report)
+    cost = create_app(faulty).test_client().get(view).get_json()  # a new console: none of the first's cache
+    assert cost["predicted_usd_per_iteration"] == pytest.approx(report.usd / report.iterations)
+    assert cost["predicted_usd"] == pytest.approx(report.usd)

@@ -110,11 +110,13 @@ def train_command(
             _check_outlives(chosen)
         predicted = _predict_cost(job, plan, chosen, max_cost)
         run = job.run(plan=plan, backend=chosen, max_cost=max_cost)
+        run.record_prediction(predicted)  # for readers without the Job: inspect's and the console's prediction
     except (JobError, PlanError, DeployError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"job {run.job_id}: execution {run.execution_arn}")
     click.echo(f"console: {run.console_url}")
     if not wait:
+        run.record_watching()  # the prediction's PUT, billed as the run's (wait records it otherwise)
         _how_to_follow(chosen, run)
         return
     try:

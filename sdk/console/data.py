@@ -180,7 +180,7 @@ class ConsoleData:
 
     def cost(self, job_id: str) -> dict[str, Any]:
         """Measured cost so far (Run.cost) beside the planner's prediction per iteration, in USD
-        and seconds (a plan given by hand has no prediction).
+        and seconds (the planner's, or the cost `stagecoach train` predicted and recorded: Run.record_prediction).
 
         Run.cost reads every execution's history (its state transitions): seconds for a job of a
         hundred windows. So it is kept: for good once the job has ended, else for COST_TTL_S."""
@@ -197,7 +197,10 @@ class ConsoleData:
     def _cost(self, run: Run) -> dict[str, Any]:
         """The cost view itself (``cost`` keeps it)."""
         spec = run.spec()
-        prediction = spec.plan.get("prediction") or {}
+        prediction = dict(spec.plan.get("prediction") or {})
+        recorded = run.recorded_prediction()  # what `stagecoach train` predicted, a plan given by hand too
+        if recorded is not None and recorded.get("iterations"):
+            prediction.setdefault("usd_per_iteration", recorded["usd"] / recorded["iterations"])
         measured = run.cost() if spec.prices is not None else None
         return {
             "measured": measured.to_dict() if measured else None,

@@ -261,7 +261,7 @@ async function refreshCost() {
   ];
   fillTable("cost-table", rows.map((r) => el("tr", {}, ...r.map((x) => el("td", {}, x)))));
   if (c.predicted_usd_per_iteration == null) {
-    document.querySelector("#cost-table tbody").append(el("tr", {}, el("td", { colSpan: 3, class: "muted" }, "no prediction stored with the job: only a plan the planner made carries one (a plan from the job file or given by hand does not)")));
+    document.querySelector("#cost-table tbody").append(el("tr", {}, el("td", { colSpan: 3, class: "muted" }, "no prediction stored with the job: a plan the planner made carries one, and `stagecoach train` records the one it prints; this job has neither")));
   }
 }
 
