@@ -38,8 +38,8 @@ def backend_for(
             raise click.ClickException(str(e)) from None
         if attached is None:
             raise click.ClickException(
-                "this project has no local stack and no saved jobs: `stagecoach train FILE` starts one, which keeps "
-                "its runs across commands (a job on AWS: give --stack NAME, or its execution ARN)"
+                "no local stack is running for this project: `stagecoach local start` starts it with the jobs it "
+                "saved, `stagecoach train FILE` starts it for a new run (a job on AWS: give --stack NAME, or its execution ARN)"
             )
     try:
         return get_backend(backend or ("aws" if stack else "local"), stack=stack, region=region, **local)
