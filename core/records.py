@@ -191,12 +191,13 @@ class CostTally(_Record):
     """``jobs/{job}/cost/tally.json``: the engine's running count of what the job has used, kept by
     the iteration gate of a job with a cost cap (lambdas/gate.py). ``through``: iterations
     [0, through) are counted; ``last_gate``: the gate call counted last ("attempt:t"), so a
-    retried gate does not count twice."""
+    retried gate does not count twice (and finds the increment it metered in ``usd - previous_usd``)."""
 
     through: int
     last_gate: str
     usage: dict[str, float]  # core/cost.py Usage fields
     usd: float
+    previous_usd: float = 0.0  # ``usd`` before the gate that wrote this (the cap's next-iteration estimate)
 
 
 class LearntTimeouts(_Record):

@@ -6,9 +6,9 @@ and once more when the window has run its last one (planner/emit/asl.py ``Gate``
 ``{"stop": true}`` when the job should end at this boundary:
 
 - a stop request exists (``jobs/{job}/stop/request.json``: ``Run.stop()``, ``stagecoach stop``);
-- the job has a cost cap (``JobSpec.max_cost_usd``) and what it has used so far passes it: the
-  gate then writes the stop request itself (reason ``max_cost``), so the job stops whoever is
-  watching, or nobody (the client may be gone);
+- the job has a cost cap (``JobSpec.max_cost_usd``) and what it has used so far plus the next
+  iteration's estimated cost would pass it: the gate then writes the stop request itself (reason
+  ``max_cost``), so the job stops whoever is watching, or nobody (the client may be gone);
 - the job stops on a non-finite loss (``JobSpec.stop_on_nonfinite_loss``) and the iteration just
   run had a loss that is NaN or infinite on some replica (its last stage's backward metrics, one
   GET per replica): the gate writes the stop request (reason ``nonfinite_loss``) likewise.
@@ -140,7 +140,8 @@ def meter(ch: Channel, spec: JobSpec, ev: GateEvent, started: float, memory_mb: 
     usage = usage + Usage(gb_s=gb_seconds(time.time() - started, memory_mb), invocations=1, puts=st.puts + 1, gets=st.gets)
     prices = Prices(**spec.prices) if spec.prices else None
     usd = usage.usd(prices) if prices else 0.0
-    tally = CostTally(through=max(through, ev.t), last_gate=gate_id, usage=asdict(usage), usd=usd)
+    previous = tally.usd if tally is not None else 0.0
+    tally = CostTally(through=max(through, ev.t), last_gate=gate_id, usage=asdict(usage), usd=usd, previous_usd=previous)
     ch.put_bytes(keys.cost_tally(ev.job), tally.model_dump_json().encode())
     return tally
 
@@ -174,6 +175,36 @@ def _nonfinite_request(ch: Channel, spec: JobSpec, ev: GateEvent) -> StopRequest
     return request
 
 
+def next_iteration_usd(tally: CostTally, previous_usd: float, ev: GateEvent) -> float:
+    """What iteration ``ev.t`` will cost, by the one before it: this gate's increment when it
+    metered exactly that one (the window's later gates), else the mean of the iterations so far
+    (a window's first gate, whose increment also holds the window's fixed states; the mean holds
+    the launch's share too, so it errs high: the job stops early rather than late). Before the
+    first iteration nothing is known: 0 (the job stops there only if its launch passed the cap)."""
+    first = ev.window_start if ev.first is None else ev.first
+    if ev.t > first:
+        return tally.usd - previous_usd
+    return tally.usd / tally.through if tally.through else 0.0
+
+
+def _cap_request(ch: Channel, spec: JobSpec, ev: GateEvent, tally: CostTally) -> StopRequest | None:
+    """The stop request (written) if running iteration ``ev.t`` would take the job past its cap:
+    the tally so far plus the next iteration's estimated cost. Stopping before the iteration that
+    would pass the cap, not after it, keeps the measured cost within the cap but for the estimate's
+    error and what the tally cannot see (docs/cost.md): a user's cap is a limit, not a trigger."""
+    assert spec.max_cost_usd is not None
+    step = next_iteration_usd(tally, tally.previous_usd, ev)
+    if tally.usd + step <= spec.max_cost_usd:
+        return None
+    request = StopRequest(
+        reason="max_cost",
+        time=time.time(),
+        detail=f"measured ${tally.usd:.6f} after {ev.t} iterations; the next (about ${step:.6f}) would pass the cap ${spec.max_cost_usd:.6f}",
+    )
+    ch.put_bytes(keys.stop_request(ev.job), request.model_dump_json().encode())
+    return request
+
+
 def gate(ev: GateEvent, ch: Channel, started: float, memory_mb: int) -> dict[str, Any]:
     """May the job run iteration ``ev.t``? ``{"stop": bool}`` for the window's Go? choice."""
     spec = _spec(ch, ev.job)
@@ -183,13 +214,8 @@ def gate(ev: GateEvent, ch: Channel, started: float, memory_mb: int) -> dict[str
     if spec.max_cost_usd is not None:
         tally = meter(ch, spec, ev, started, memory_mb)
         out["usd"] = tally.usd
-        if request is None and tally.usd > spec.max_cost_usd and ev.t < spec.iterations:
-            request = StopRequest(
-                reason="max_cost",
-                time=time.time(),
-                detail=f"measured ${tally.usd:.6f} passed the cap ${spec.max_cost_usd:.6f} after {ev.t} iterations",
-            )
-            ch.put_bytes(keys.stop_request(ev.job), request.model_dump_json().encode())
+        if request is None and ev.t < spec.iterations:
+            request = _cap_request(ch, spec, ev, tally)
     if request is not None and ev.t < ev.end:  # at the window's end the next window's first gate stops
         record = StopRecord(version=ev.t, reason=request.reason, time=time.time(), detail=request.detail, attempt=ev.attempt)
         ch.put_bytes(keys.stopped(ev.job), record.model_dump_json().encode())

@@ -53,7 +53,7 @@ class Backend(ABC):
 
     def launch(self, job: Job, plan: Plan, reserve_concurrency: bool = False, max_cost_usd: float | None = None) -> Run:
         """Deploy the job's functions and window state machine, start its job execution; a Run.
-        ``max_cost_usd``: stop the job at the iteration boundary after its cost passes this."""
+        ``max_cost_usd``: stop the job at the last iteration boundary before its cost would pass this."""
         workers = max([plan.replicas, *(plan.sync_tasks(s) for s in range(plan.stages))])
         check_name_lengths(self.resources.prefix, job.name, plan.stages, workers if per_worker_functions(plan, job.warm_state) else 0)
         preflight(self.resources, self.clients)

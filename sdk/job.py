@@ -694,8 +694,8 @@ class Job:
         one micro-batch, scatter-reduce; see ``manual_plan``). ``reserve_concurrency``: reserve each
         stage function the concurrency its tasks need (twice its most tasks at once, for a window
         restart; 2 per function when every worker has its own), so other functions of the account
-        cannot starve a phase of its workers. ``max_cost``: USD; the job stops at the first
-        iteration boundary after its measured cost passes it, keeping its checkpoint (the engine
+        cannot starve a phase of its workers. ``max_cost``: USD; the job stops at the last
+        iteration boundary before its measured cost would pass it, keeping its checkpoint (the engine
         checks it, whether or not a client watches: docs/cost.md).
         """
         check_max_cost(max_cost)

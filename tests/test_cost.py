@@ -185,7 +185,7 @@ def test_a_cost_cap_stops_the_job_at_an_iteration_boundary_with_its_checkpoint(b
     run = job.run(stages=1, backend=backend, max_cost=cap)
     assert run.wait(progress=False, timeout_s=300) == "STOPPED"
     record = run.stopped()
-    assert record is not None and record.reason == "max_cost" and "passed the cap" in record.detail
+    assert record is not None and record.reason == "max_cost" and "would pass the cap" in record.detail
     v = record.version
     assert 1 <= v < iterations and run.version() == v
     assert run.iterations_done() == v and len(run.losses()) == v
@@ -193,7 +193,8 @@ def test_a_cost_cap_stops_the_job_at_an_iteration_boundary_with_its_checkpoint(b
     assert d["status"] == "FAILED" and d["error"] == "Stagecoach.Stopped" and f"before iteration {v}" in d["cause"]
     s3 = backend.clients.s3
     tally = json.loads(s3.get_object(Bucket=backend.resources.bucket, Key=keys.cost_tally(run.job_id))["Body"].read())
-    assert tally["usd"] > cap and tally["through"] == v
+    # stopped before the iteration that would pass the cap: within it, the next one's cost over it
+    assert tally["usd"] <= cap < tally["usd"] + (tally["usd"] - tally["previous_usd"]) and tally["through"] == v
     # the checkpoint: version v is what single-process PyTorch reaches after v iterations
     ref_job = copy.copy(job)
     ref_job.iterations = v
@@ -343,7 +344,7 @@ def test_train_with_a_tiny_cap_stops_early_and_says_so(backend, tmp_path, monkey
     assert r.exit_code == 0, r.output
     assert "; cap $0.0006" in r.output and "the cap is predicted to stop the job after about" in r.output
     # (CliRunner may glue the progress bar, written to stderr, to the line)
-    found = re.search(r"stopped before iteration (\d+) \(its measured cost passed the cap\)", r.output)
+    found = re.search(r"stopped before iteration (\d+) \(its next iteration would pass the cost cap\)", r.output)
     assert found, r.output
     v = int(found.group(1))
     assert 1 <= v < 20

@@ -11,9 +11,9 @@ from memory_s3 import MemoryS3
 from stagecoach.core import keys
 from stagecoach.core.events import GateEvent
 from stagecoach.core.netem import Network
-from stagecoach.core.records import DatasetRef, JobSpec, StopRequest, TaskMetrics
+from stagecoach.core.records import CostTally, DatasetRef, JobSpec, StopRequest, TaskMetrics
 from stagecoach.lambdas.channel import Channel, Pools
-from stagecoach.lambdas.gate import gate
+from stagecoach.lambdas.gate import gate, next_iteration_usd
 from stagecoach.lambdas.timeouts import planned
 from stagecoach.planner.plan import Plan
 
@@ -122,24 +122,26 @@ def test_the_cap_meters_each_iteration_once_and_stops_past_it():
     # tally; a later one the stop request, the tally and the iteration's 10 metrics; each PUTs the tally
     gate0 = 0.011 * GB_S + REQUEST + 3 * GET + PUT
     gate = 0.011 * GB_S + REQUEST + 12 * GET + PUT
-    cap = first + gate0 + 2 * (ITERATION_USD + gate) + 1e-6  # passed once a third iteration is metered
+    # a third iteration would pass it: the gate before that iteration stops the job
+    cap = first + gate0 + 2 * (ITERATION_USD + gate) + 1e-6
     s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=spec(max_cost=cap).model_dump_json().encode())
     out = run_gate(s3, ev(0))
     assert out["stop"] is False and tally(s3)["usd"] == pytest.approx(first + gate0, rel=1e-9)
-    for t in (0, 1):
-        put_iteration(s3, t)
-        assert run_gate(s3, ev(t + 1))["stop"] is False
+    put_iteration(s3, 0)
+    assert run_gate(s3, ev(1))["stop"] is False  # one iteration in, the second's within the cap
+    put_iteration(s3, 1)
+    out = run_gate(s3, ev(2))
     after2 = tally(s3)
     assert after2["through"] == 2 and after2["usage"]["transitions"] == 12 + 2 * TRANSITIONS_PER_ITERATION
     assert after2["usage"]["invocations"] == 3 + 2 * 10
     assert after2["usd"] == pytest.approx(first + gate0 + 2 * (ITERATION_USD + gate), rel=1e-9)
-    # the same gate again (a Lambda retry): counted once
-    assert run_gate(s3, ev(2))["stop"] is False and tally(s3) == after2
-    put_iteration(s3, 2)
-    out = run_gate(s3, ev(3))
-    assert out["stop"] is True and out["usd"] > cap
+    # within the cap, but the third iteration (estimated by the second: ITERATION_USD + gate) is not
+    assert out["stop"] is True and out["usd"] <= cap < out["usd"] + ITERATION_USD + gate
+    assert after2["usd"] - after2["previous_usd"] == pytest.approx(ITERATION_USD + gate, rel=1e-9)
     assert json.loads(s3.objects[keys.stop_request(JOB)])["reason"] == "max_cost"
-    assert json.loads(s3.objects[keys.stopped(JOB)])["version"] == 3
+    assert json.loads(s3.objects[keys.stopped(JOB)])["version"] == 2
+    # the same gate again (a Lambda retry): counted once, the same answer
+    assert run_gate(s3, ev(2))["stop"] is True and tally(s3) == after2
 
 
 def test_a_restarted_window_is_metered_again_and_the_last_iteration_never_stops():
@@ -300,3 +302,16 @@ def test_a_warm_attempt_whose_every_stage_writes_through_gets_a_restarted_ones_t
     mixed = warm.model_copy(update={"write_through": [True, False]})
     s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=mixed.model_dump_json().encode())
     assert set(run_gate(s3, ev(1, attempt="w0-first"))["timeouts"].values()) == {3, 10}
+
+
+def test_the_cap_s_estimate_of_the_next_iteration():
+    """By the increment a later gate metered (one iteration and the gate); at a window's first gate
+    by the mean so far, which holds the launch and errs high; before any iteration, nothing."""
+    window_first = ev(4, window_start=4)  # a window's first gate: its increment holds the window's fixed states
+    later = ev(5, window_start=4)
+    tally = CostTally(through=4, last_gate="w:4", usage={}, usd=0.010, previous_usd=0.004)
+    assert next_iteration_usd(tally, tally.previous_usd, window_first) == pytest.approx(0.010 / 4)
+    tally = CostTally(through=5, last_gate="w:5", usage={}, usd=0.0125, previous_usd=0.010)
+    assert next_iteration_usd(tally, tally.previous_usd, later) == pytest.approx(0.0025)
+    start = CostTally(through=0, last_gate="w:0", usage={}, usd=0.0004, previous_usd=0.0)
+    assert next_iteration_usd(start, 0.0, ev(0)) == 0.0

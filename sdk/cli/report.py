@@ -12,7 +12,7 @@ from stagecoach.cost import CostReport
 from stagecoach.run import Run
 
 # why a job stopped (core/records.py StopReason), as the report says it
-WHY_STOPPED = {"max_cost": "its measured cost passed the cap", "nonfinite_loss": "its loss was NaN or infinite"}
+WHY_STOPPED = {"max_cost": "its next iteration would pass the cost cap", "nonfinite_loss": "its loss was NaN or infinite"}
 
 
 def report_run(run: Run, status: str, wall: float, out: str, predicted: CostReport | None = None) -> None:

@@ -52,7 +52,7 @@ from stagecoach.run import Run, RunFailed
     "--max-cost",
     type=float,
     callback=lambda _ctx, _param, v: _positive_usd(v),
-    help="USD: stop the job at the next iteration boundary once its measured cost passes this (it keeps its checkpoint)",
+    help="USD: stop the job at the last iteration boundary before its measured cost would pass this (it keeps its checkpoint)",
 )
 @click.option("--out", default="stagecoach-runs", show_default=True, help="directory for results")
 @click.option(
