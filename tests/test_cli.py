@@ -249,7 +249,17 @@ def no_wait_train(tmp_path, monkeypatch, chosen, *args):
     def run(job, plan, backend, max_cost):
         assert backend is chosen
         arn = "arn:aws:states:eu-west-1:123456789012:execution:st-job:cli-0123abcd"
-        started.append(types.SimpleNamespace(job_id="cli-0123abcd", execution_arn=arn, console_url="https://console/x", wait=wait))
+        started.append(
+            types.SimpleNamespace(
+                job_id="cli-0123abcd",
+                execution_arn=arn,
+                console_url="https://console/x",
+                wait=wait,
+                predictions=[],
+                record_prediction=lambda report: started[-1].predictions.append(report),
+                record_watching=lambda: None,
+            )
+        )
         return started[-1]
 
     monkeypatch.setattr(train, "_backend", lambda *_args: chosen)
@@ -278,6 +288,7 @@ def test_no_wait_starts_the_job_and_says_how_to_follow_it(tmp_path, monkeypatch)
     ):
         assert command in r.output, r.output
     assert "results:" not in r.output and "final loss" not in r.output
+    assert started[0].predictions == [None]  # what _predict_cost returned (stubbed), kept beside the run
 
 
 def test_no_wait_is_refused_where_the_job_would_end_with_the_command(tmp_path, monkeypatch):
