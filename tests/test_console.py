@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -266,3 +267,21 @@ def test_a_prediction_train_recorded_is_shown_beside_the_measured_cost(faulty, r
     cost = create_app(faulty).test_client().get(view).get_json()  # a new console: none of the first's cache
     assert cost["predicted_usd_per_iteration"] == pytest.approx(report.usd / report.iterations)
     assert cost["predicted_usd"] == pytest.approx(report.usd)
+
+
+def test_the_views_follow_a_job_while_it_runs(faulty):
+    """What the page polls every 2 s changes as the job runs: the job's status and iterations done,
+    read again on each request (a running job's records are never kept as final)."""
+    r = recovery_job("console-live").run(stages=2, replicas=1, micro_batches=2, timeout_s=20, backend=faulty)
+    client = create_app(faulty).test_client()
+    seen = []
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        j = client.get(f"/api/jobs/{r.job_id}").get_json()
+        seen.append((j["status"], j["iterations_done"]))
+        if j["status"] != "RUNNING":
+            break
+        time.sleep(0.3)
+    assert seen[0][0] == "RUNNING" and seen[-1] == ("SUCCEEDED", 5), seen
+    done = [n for status, n in seen if status == "RUNNING"]
+    assert done == sorted(done) and len(set(done)) >= 2, seen  # progress seen while it ran
