@@ -178,6 +178,17 @@ class Blocks(nn.Sequential):
 
     flows: tuple[Flow, ...] = ()
 
+    def user_module(self, model: Callable[[], nn.Module], seed: int, default_dtype: torch.dtype) -> nn.Module:
+        """The user's own module (``model``, the factory before the cut, built under ``seed``)
+        holding this chain's parameters and buffers, in their dtype: what a trained run hands back
+        (Job.user_model, and run.StoredModel for a Run without its Job)."""
+        torch.manual_seed(seed)
+        dtype = next((p.dtype for p in self.parameters()), default_dtype)
+        module = model().to(dtype)
+        state = self.original_state_dict()
+        module.load_state_dict({k: state[k] for k in module.state_dict()})
+        return module
+
     def original_state_dict(self, keep_vars: bool = False) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for seg in self:

@@ -659,13 +659,7 @@ class Job:
     def user_model(self, blocks: nn.Sequential) -> nn.Module:
         """The model as the user wrote it, holding ``blocks``' parameters and buffers (for a job
         without ``blocks``, the chain itself): what a trained run hands back."""
-        if not isinstance(blocks, Blocks):
-            return blocks
-        dtype = next((p.dtype for p in blocks.parameters()), self.dtype)
-        model = build_model(self.model, self.seed, dtype)
-        state = blocks.original_state_dict()
-        model.load_state_dict({k: state[k] for k in model.state_dict()})
-        return model
+        return blocks.user_module(self.model, self.seed, self.dtype) if isinstance(blocks, Blocks) else blocks
 
     @property
     def flows(self) -> list[Flow] | None:

@@ -35,7 +35,7 @@ from stagecoach.core.training import (
     stage_layout,
 )
 from stagecoach.deploy.chain import follow
-from stagecoach.deploy.resources import BotoClient, Clients, StackResources, group_state_machine_of
+from stagecoach.deploy.resources import BotoClient, Clients, StackResources, first_execution_arn, group_state_machine_of
 from stagecoach.deploy.resume import job_executions, last_checkpoint
 from stagecoach.errors import StagecoachError
 from stagecoach.evaluation import Evaluation, combine
@@ -225,7 +225,7 @@ class Run:
     def _first_started(self, job_id: str) -> float:
         """When the job's first execution (named after it: deploy/start.py) started, in epoch
         seconds; 0 if Step Functions no longer has it (90 days after it ended)."""
-        arn = self.backend.resources.job_state_machine_arn.replace(":stateMachine:", ":execution:") + ":" + job_id
+        arn = first_execution_arn(self.backend.resources, job_id)
         try:
             return float(self._c.sfn.describe_execution(executionArn=arn)["startDate"].timestamp())
         except self._c.sfn.exceptions.ExecutionDoesNotExist:
@@ -615,7 +615,7 @@ def latest_execution(c: Clients, res: StackResources, job_id: str) -> str:
     execs = job_executions(c, res, job_id)
     if execs:
         return str(execs[-1]["executionArn"])
-    arn = res.job_state_machine_arn.replace(":stateMachine:", ":execution:") + ":" + job_id
+    arn = first_execution_arn(res, job_id)
     c.sfn.describe_execution(executionArn=arn)
     return arn
 
@@ -694,11 +694,7 @@ class StoredModel:
         """As ``Job.user_model``: the user's own module holding the chain's values."""
         if not isinstance(blocks, Blocks) or not isinstance(self.factory, SplitFactory):
             return blocks
-        dtype = next((p.dtype for p in blocks.parameters()), self.dtype)
-        model = build_model(self.factory.factory, self.seed, dtype)
-        state = blocks.original_state_dict()
-        model.load_state_dict({k: state[k] for k in model.state_dict()})
-        return model
+        return blocks.user_module(self.factory.factory, self.seed, self.dtype)
 
     def load_initial_buffers(self, s3: BotoClient, bucket: str, job_id: str, stage: int, layers: list[nn.Module], first: int) -> None:
         """A job started from ``init_from``: its stage's frozen weights and buffers as uploaded

@@ -19,6 +19,7 @@ from stagecoach.deploy.resources import (
     Clients,
     DeployError,
     StackResources,
+    first_execution_arn,
     function_name,
     group_state_machine_name,
     job_id_from,
@@ -163,7 +164,7 @@ def _window_state_machine(res: StackResources, job_id: str, spec: JobSpec | None
 
 def _stop_job_execution(res: StackResources, c: Clients, job_id: str, stop_running: bool, removed: Removed, log: Log) -> None:
     """Stop the job's latest execution (it continues as new ones) if it runs and we may; refuse if not."""
-    execution = res.job_state_machine_arn.replace(":stateMachine:", ":execution:") + f":{job_id}"
+    execution = first_execution_arn(res, job_id)
     try:
         links, latest = follow(c.sfn, execution)
     except c.sfn.exceptions.ExecutionDoesNotExist:

@@ -85,6 +85,11 @@ def state_machine_arn(res: StackResources, name: str) -> str:
     return res.job_state_machine_arn.rsplit(":", 1)[0] + ":" + name
 
 
+def first_execution_arn(res: StackResources, job_id: str) -> str:
+    """The ARN of the job's first execution, which deploy/start.py names after the job."""
+    return res.job_state_machine_arn.replace(":stateMachine:", ":execution:") + ":" + job_id
+
+
 def new_job_id(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
