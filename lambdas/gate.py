@@ -175,7 +175,7 @@ def _nonfinite_request(ch: Channel, spec: JobSpec, ev: GateEvent) -> StopRequest
     return request
 
 
-def next_iteration_usd(tally: CostTally, previous_usd: float, ev: GateEvent) -> float:
+def next_iteration_usd(tally: CostTally, ev: GateEvent) -> float:
     """What iteration ``ev.t`` will cost, by the one before it: this gate's increment when it
     metered exactly that one (the window's later gates), else the mean of the iterations so far
     (a window's first gate, whose increment also holds the window's fixed states; the mean holds
@@ -183,7 +183,7 @@ def next_iteration_usd(tally: CostTally, previous_usd: float, ev: GateEvent) -> 
     first iteration nothing is known: 0 (the job stops there only if its launch passed the cap)."""
     first = ev.window_start if ev.first is None else ev.first
     if ev.t > first:
-        return tally.usd - previous_usd
+        return tally.usd - tally.previous_usd
     return tally.usd / tally.through if tally.through else 0.0
 
 
@@ -193,7 +193,7 @@ def _cap_request(ch: Channel, spec: JobSpec, ev: GateEvent, tally: CostTally) ->
     would pass the cap, not after it, keeps the measured cost within the cap but for the estimate's
     error and what the tally cannot see (docs/cost.md): a user's cap is a limit, not a trigger."""
     assert spec.max_cost_usd is not None
-    step = next_iteration_usd(tally, tally.previous_usd, ev)
+    step = next_iteration_usd(tally, ev)
     if tally.usd + step <= spec.max_cost_usd:
         return None
     request = StopRequest(

@@ -310,8 +310,8 @@ def test_the_cap_s_estimate_of_the_next_iteration():
     window_first = ev(4, window_start=4)  # a window's first gate: its increment holds the window's fixed states
     later = ev(5, window_start=4)
     tally = CostTally(through=4, last_gate="w:4", usage={}, usd=0.010, previous_usd=0.004)
-    assert next_iteration_usd(tally, tally.previous_usd, window_first) == pytest.approx(0.010 / 4)
+    assert next_iteration_usd(tally, window_first) == pytest.approx(0.010 / 4)
     tally = CostTally(through=5, last_gate="w:5", usage={}, usd=0.0125, previous_usd=0.010)
-    assert next_iteration_usd(tally, tally.previous_usd, later) == pytest.approx(0.0025)
+    assert next_iteration_usd(tally, later) == pytest.approx(0.0025)
     start = CostTally(through=0, last_gate="w:0", usage={}, usd=0.0004, previous_usd=0.0)
-    assert next_iteration_usd(start, 0.0, ev(0)) == 0.0
+    assert next_iteration_usd(start, ev(0)) == 0.0
