@@ -312,6 +312,18 @@ class Run:
         arns = [execution_arn] if execution_arn else self.executions()
         if windows and not execution_arn:
             arns += self.window_executions() + self.group_executions()
+        return self._events(arns)
+
+    def job_executions(self) -> list[str]:
+        """Every job execution of the job, oldest first: its first, each resumption (`resume`
+        starts a new chain), and each link they continued as; this Run's own chain too where
+        ListExecutions does not show it yet (eventually consistent). ``executions()`` is this
+        Run's chain only: a job stopped and resumed has two."""
+        listed = [str(e["executionArn"]) for e in job_executions(self._c, self.backend.resources, self.job_id)]
+        return listed + [a for a in self.executions() if a not in listed]
+
+    def _events(self, arns: list[str]) -> list[dict[str, Any]]:
+        """The events of these executions' histories, one after the other (paged)."""
         events: list[dict[str, Any]] = []
         for arn in arns:
             paginator = self._c.sfn.get_paginator("get_execution_history")
@@ -478,7 +490,8 @@ class Run:
         source of `train`'s, `inspect`'s and ``Run.cost()``'s."""
         metrics = self.metrics()
         watched = recorded_watching(self._c.s3, self.bucket, self.job_id)
-        return costs.measure(self.spec(), metrics, [self.history(windows=True)], self.iterations_done(), watched)
+        histories = self._events(self.job_executions() + self.window_executions() + self.group_executions())
+        return costs.measure(self.spec(), metrics, [histories], self.iterations_done(), watched)
 
     def predicted_cost(self) -> costs.CostReport:
         """The performance model's cost of the whole run on AWS, for this plan (docs/cost.md).

@@ -106,6 +106,7 @@ def test_a_stopped_and_resumed_job_has_one_status_and_one_cost_everywhere(backen
     assert r.exit_code == 0, r.output
     assert f"after {total} iterations" in r.output and "cost on AWS: measured $" in r.output, r.output
     resumed_cost = next(line for line in r.output.splitlines() if line.startswith("cost on AWS: measured $"))
+    resumed_report = r.output
     saved = load_file(str(tmp_path / run.job_id / "model.safetensors"))
     attached = backend.attach(run.job_id)  # no Job either
     assert attached.job is None and all(torch.equal(v, attached.trained_model().state_dict()[k]) for k, v in saved.items())
@@ -119,8 +120,18 @@ def test_a_stopped_and_resumed_job_has_one_status_and_one_cost_everywhere(backen
         r = cli.invoke(main, ["inspect", ref])
         assert r.exit_code == 0 and f"job {run.job_id}: SUCCEEDED" in r.output, r.output
         # one cost: what resume reported ("cost on AWS: measured ...; predicted" where train predicts)
-        assert "cost: measured " + resumed_cost.removeprefix("cost on AWS: measured ") in r.output, (resumed_cost, r.output)
+        lines = r.output.splitlines()
+        at = next((i for i, line in enumerate(lines) if line.startswith("cost: measured ")), 0)
+        shown = "\n".join(lines[at : at + 2])
+        assert shown.startswith("cost: measured " + resumed_cost.removeprefix("cost on AWS: measured ")), (ref, resumed_report, shown)
     assert f"the job went on as {run.execution_arn}-r1" in cli.invoke(main, ["inspect", run.execution_arn]).output
+    # the cost counts both chains (the stopped first and the resumed), whichever Run asks: each
+    # Run's own chain alone made the two inspects above agree only when the chains had as many states
+    assert run.job_executions() == [run.execution_arn, run.execution_arn + "-r1"]
+    events = [e for arn in run.job_executions() + run.window_executions() for e in run.history(execution_arn=arn)]
+    entered = sum(e["type"].endswith("StateEntered") for e in events)
+    retries = sum(e["type"] == "TaskScheduled" for e in events) - sum(e["type"] == "TaskStateEntered" for e in events)
+    assert run.cost().total.transitions == attached.cost().total.transitions == entered + retries
     # a stopped job cleaned up: its stop record is gone, its execution's error is not
     gone = make_job("life-gone", 1000).run(backend=backend, stages=1)
     while not gone.metrics():
