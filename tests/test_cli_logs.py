@@ -62,6 +62,32 @@ def test_the_workers_log_gives_the_jobs_records_and_counts_what_names_no_job(tmp
     assert "injected kill" in lines[1].message
 
 
+def test_the_local_runtimes_notes_belong_to_the_task_they_name(tmp_path):
+    """An injected fault's note names where it struck; a kill for memory, its invocation's request
+    id: a task filter keeps both with the task's own records (the console's failed-task panel)."""
+    log = tmp_path / "workers.log"
+    log.write_text(
+        "\n".join(
+            [
+                record(PREFIX + "0", "forward", 0, 0, rid="a"),
+                f"[runtime] {PREFIX}0: injected fail {{'phase': 'forward', 't': 1, 'stage': 0, 'replica': 0}}",
+                record(PREFIX + "0", "forward", 1, 0, rid="b", message="task started"),
+                f"[runtime] {PREFIX}0 b: killed, memory 300 MB > configured 128 MB",
+                f"[runtime] {PREFIX}0: injected hang {{'phase': 'backward', 't': 1, 'stage': 0}}",
+            ]
+        )
+        + "\n"
+    )
+    lines, _ = workers_log_lines(str(log), "lg-0123abcd", PREFIX)
+    assert {x.function for x in lines} == {PREFIX + "0"}
+    got = select(lines, TaskFilter("forward", 0, None, 1), per_worker=False)
+    assert [x.message.split(":", 1)[-1].split("{")[0].strip() for x in got if x.message.startswith("[runtime]")] == [
+        "injected fail",
+        "killed, memory 300 MB > configured 128 MB",
+    ]
+    assert [x.request_id for x in got] == [None, "b", "b"]
+
+
 def test_a_task_filter_keeps_the_tasks_records_and_their_reports():
     report = json.dumps({"type": "platform.report", "record": {"requestId": "b", "status": "success", "metrics": {"durationMs": 12.5}}})
     lines = [

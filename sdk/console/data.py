@@ -22,7 +22,7 @@ from typing import Any
 
 from stagecoach.backend import Backend
 from stagecoach.console.graph import elements, state_statuses
-from stagecoach.console.logs import worker_log
+from stagecoach.console.logs import worker_logs
 from stagecoach.deploy.resume import job_executions
 from stagecoach.inspect.events import FailedTask, failed_tasks
 from stagecoach.inspect.plots import gantt_rows
@@ -219,7 +219,8 @@ class ConsoleData:
             found: list[FailedTask] = []
             for w in self._windows(run):
                 found += failed_tasks(self._history(w["arn"], w["status"]), w["arn"])
-            return [{**dataclasses.asdict(f), "log": worker_log(self.backend, f)} for f in found]
+            logs = worker_logs(self.backend, job_id, found)
+            return [{**dataclasses.asdict(f), "log": log} for f, log in zip(found, logs, strict=True)]
 
     def execution(self, arn: str) -> dict[str, Any]:
         """One execution (a job link or a window): its state machine's graph with each state's

@@ -22,6 +22,7 @@ request id (the Powertools records' ``function_request_id``), so a task filter k
 
 from __future__ import annotations
 
+import ast
 import datetime
 import json
 import re
@@ -154,8 +155,7 @@ def workers_log_lines(path: str, job: str, function_prefix: str) -> tuple[list[L
             record = _parse_record(text)
             if record is None:
                 if text.startswith("[runtime] ") and function_prefix in text:
-                    function = text[len("[runtime] ") :].split(":", 1)[0]
-                    out.append(LogLine(out[-1].time if out else 0.0, function, text.rstrip("\n")))
+                    out.append(_runtime_note(text, out[-1].time if out else 0.0))
                 elif text.strip() and not text.startswith("[runtime] "):
                     unlabelled += 1
                 continue
@@ -164,6 +164,22 @@ def workers_log_lines(path: str, job: str, function_prefix: str) -> tuple[list[L
             when = datetime.datetime.strptime(str(record.get("timestamp")), "%Y-%m-%d %H:%M:%S,%f%z").timestamp()
             out.append(_line(when, str(record.get("function_name", "")), text))
     return out, unlabelled
+
+
+def _runtime_note(text: str, when: float) -> LogLine:
+    """A local runtime's note, "[runtime] <function>[ <request id>]: <what> [{task fields}]"
+    (local/runtime.py: an injected fault with where it struck, a kill for memory with the
+    invocation's request id), tied to its task as a handler's record is."""
+    head, _, what = text[len("[runtime] ") :].rstrip("\n").partition(":")
+    function, _, request_id = head.partition(" ")
+    task: dict[str, Any] = {}
+    if what.rstrip().endswith("}") and "{" in what:
+        try:
+            fields = ast.literal_eval(what[what.index("{") :].strip())
+        except (ValueError, SyntaxError):
+            fields = {}
+        task = {k: fields[k] for k in ("phase", "t", "stage") if isinstance(fields, dict) and k in fields}
+    return LogLine(when, function, text.rstrip("\n"), task, request_id or None)
 
 
 def select(lines: Iterable[LogLine], want: TaskFilter, per_worker: bool) -> list[LogLine]:
