@@ -13,6 +13,11 @@ usual (each BatchNorm normalising it with its own statistics); afterwards the ru
 are put back as they were before the iteration, and each BatchNorm is run once more, in train mode
 and without a gradient, on the concatenation of every input it saw in the iteration — so PyTorch
 itself updates them once with the whole global batch's mean and unbiased variance.
+
+It runs one intra-op thread, as every worker does (Lambda gives a function below 1,769 MB one vCPU;
+the local stack sets OMP_NUM_THREADS=1): a matmul's reduction split across threads may round
+differently (5.6e-17 in float64 with two threads on a 2-core AMD EPYC machine), and the
+reference's bits must not depend on the machine's core count.
 """
 
 from __future__ import annotations
@@ -30,6 +35,22 @@ from stagecoach.job import Job
 
 
 def train_reference(job: Job, replicas: int = 1, micro_batches: int = 1) -> nn.Sequential:
+    with _one_thread():
+        return _train(job, replicas, micro_batches)
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch's intra-op threads at 1 for the block, as a worker runs (see the module's docstring)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train(job: Job, replicas: int, micro_batches: int) -> nn.Sequential:
     model = job.build_model().train()
     layers = list(model)
     optimizer = job.optimizer(list(model.parameters()))
