@@ -122,6 +122,13 @@ def gshard(job: str, t: int, stage: int, replica: int, shard: int, chunk: int) -
     return f"{_spread(job, replica)}iter/{t}/gshard/s{stage}/r{replica}/k{shard}/c{chunk}"
 
 
+def gradient(job: str, t: int, stage: int, replica: int) -> str:
+    """Replica ``replica``'s whole gradient of a small stage as one object (one flat tensor, its
+    shards one after the other), each shard read by its owner with a ranged GET
+    (planner/model/syncmodel.py ``one_gradient_object``): in place of the K ``gshard`` objects."""
+    return f"{_spread(job, replica)}iter/{t}/gshard/s{stage}/r{replica}/all"
+
+
 def partial(job: str, t: int, stage: int, block: int, shard: int, chunk: int) -> str:
     """A level-1 aggregator's running prefix: chunk ``chunk`` of shard ``shard`` summed over every
     replica through block ``block`` (the hierarchical chain, lambdas/collectives.py ``reduce_block``),

@@ -86,7 +86,20 @@ _DTYPES = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
+DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}  # torch -> safetensors' name
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
+
+
+def flat_safetensors(name: str, flat: torch.Tensor, header_bytes: int) -> bytes:
+    """``{name: flat}`` as safetensors with its header padded to ``header_bytes`` (the format pads
+    headers with spaces), so the data of a 1-D tensor starts at a known offset, 8 + header_bytes:
+    a reader can fetch any part of it with one ranged GET and no look at the header first."""
+    data = flat.contiguous().view(torch.uint8).numpy().tobytes()
+    info = {name: {"dtype": DTYPE_NAMES[flat.dtype], "shape": [flat.numel()], "data_offsets": [0, len(data)]}}
+    header = json.dumps(info, separators=(",", ":")).encode()
+    if len(header) > header_bytes:
+        raise ValueError(f"a safetensors header of {len(header)} bytes does not fit {header_bytes}")
+    return struct.pack("<Q", header_bytes) + header.ljust(header_bytes, b" ") + data
 
 
 def load_tensors(body: bytes) -> dict[str, torch.Tensor]:
@@ -270,12 +283,15 @@ class Channel:
             t0 = time.perf_counter()
             resp = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=prefix, MaxKeys=1)
             self.net.latency(time.perf_counter() - t0)
-        self.stats.count(gets=1)
+        # S3 bills a LIST at the PUT class's price, not a GET's (https://aws.amazon.com/s3/pricing/,
+        # "PUT, COPY, POST, LIST requests"): counted with the PUTs, so the measured cost prices it so
+        self.stats.count(puts=1)
         return bool(resp.get("KeyCount", 0))
 
-    def wait_bytes(self, key: str, deadline: float, producer: str | None = None) -> bytes:
-        """GET until the object exists; back off exponentially up to ``poll_cap`` with jitter (so
-        a job's waiters together stay within its GET budget); give up at ``deadline`` (epoch s).
+    def wait_bytes(self, key: str, deadline: float, producer: str | None = None, byte_range: tuple[int, int] | None = None) -> bytes:
+        """GET until the object exists (``byte_range``: [start, end) of it, each GET a ranged one);
+        back off exponentially up to ``poll_cap`` with jitter (so a job's waiters together stay
+        within its GET budget); give up at ``deadline`` (epoch s).
 
         Every ``ABORT_CHECK_S`` of waiting (not every poll: a GET costs money), and once more at
         the deadline, it also looks for the window's abort marker and, given ``producer`` (the
@@ -283,30 +299,30 @@ class Channel:
         with self._waiting_lock:
             self._waiting += 1
         try:
-            return self._wait_bytes(key, deadline, producer)
+            return self._wait_bytes(key, deadline, producer, byte_range)
         finally:
             with self._waiting_lock:
                 self._waiting -= 1
 
-    def _wait_bytes(self, key: str, deadline: float, producer: str | None) -> bytes:
+    def _wait_bytes(self, key: str, deadline: float, producer: str | None, byte_range: tuple[int, int] | None = None) -> bytes:
         delay = WAIT_FIRST_S
         next_check = time.time() + ABORT_CHECK_S
         while True:
-            body = self.get_bytes(key)
+            body = self.get_bytes(key, byte_range)
             if body is not None:
                 return body
             if self._aborted.is_set():
                 raise ObjectWaitTimeout(f"s3://{self.bucket}/{key}: the task failed elsewhere, stopped waiting")
             if time.time() >= next_check:
                 next_check = time.time() + ABORT_CHECK_S
-                body = self._look_around(key, producer)
+                body = self._look_around(key, producer, byte_range)
                 if body is not None:
                     return body
             pause = delay * random.uniform(0.75, 1.25)
             if time.time() + pause > deadline:
                 # a last look first: a deadline shorter than a check's period (a learnt timeout,
                 # lambdas/timeouts.py) still tells a lost object from a late one
-                body = self._look_around(key, producer)
+                body = self._look_around(key, producer, byte_range)
                 if body is not None:
                     return body
                 raise ObjectWaitTimeout(f"s3://{self.bucket}/{key} did not appear before the task's deadline")
@@ -315,7 +331,7 @@ class Channel:
             # the task's waiters together poll no faster than one: the cap grows with their number
             delay = min(max(WAIT_MAX_S, self.poll_cap * self._waiting), delay * 1.6)
 
-    def _look_around(self, key: str, producer: str | None) -> bytes | None:
+    def _look_around(self, key: str, producer: str | None, byte_range: tuple[int, int] | None = None) -> bytes | None:
         """While waiting for ``key``: WindowAborted if another task of the window attempt failed
         (its abort marker exists); ObjectLost if ``producer``'s metrics say it finished in this
         attempt and the object is still missing; the object if it landed meanwhile."""
@@ -324,7 +340,7 @@ class Channel:
         if producer is None or not self.attempt or not self._finished_here(producer):
             return None
         # GET once more after the metrics: the object may have landed just before them
-        body = self.get_bytes(key)
+        body = self.get_bytes(key, byte_range)
         if body is None:
             raise ObjectLost(
                 f"s3://{self.bucket}/{key} is lost: the task that writes it finished in this window attempt "
@@ -382,6 +398,18 @@ class Channel:
     def submit_wait(self, key: str, deadline: float, producer: str | None = None) -> Future[dict[str, torch.Tensor]]:
         """Wait for and download an object in the background; requests start in submission order."""
         return self._submit("down", self.wait_tensors, key, deadline, producer)
+
+    def submit_wait_range(
+        self, key: str, byte_range: tuple[int, int], dtype: torch.dtype, deadline: float
+    ) -> Future[dict[str, torch.Tensor]]:
+        """Wait for an object of raw tensor bytes and download [start, end) of it (one ranged GET
+        per poll) as ``{"g": tensor}`` of ``dtype``, in the background (keys.gradient)."""
+        return self._submit("down", self.wait_raw, key, byte_range, dtype, deadline)
+
+    def wait_raw(self, key: str, byte_range: tuple[int, int], dtype: torch.dtype, deadline: float) -> dict[str, torch.Tensor]:
+        body = self.wait_bytes(key, deadline, byte_range=byte_range)
+        # a view of the downloaded bytes, as load_tensors gives (the reduction clones what it changes)
+        return {"g": torch.frombuffer(body, dtype=dtype) if body else torch.empty(0, dtype=dtype)}
 
     def submit_get_bytes(self, key: str, byte_range: tuple[int, int] | None = None) -> Future[bytes | None]:
         return self._submit("down", self.get_bytes, key, byte_range)

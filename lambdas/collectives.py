@@ -52,7 +52,7 @@ from torch import nn
 from stagecoach.core import keys
 from stagecoach.core.optim_state import apply_update, chunk_segments
 from stagecoach.core.versions import optimizer_keeps_state
-from stagecoach.lambdas.channel import Channel, results
+from stagecoach.lambdas.channel import Channel, flat_safetensors, results
 from stagecoach.lambdas.clipping import Clip
 from stagecoach.planner.plan import reduction_blocks
 
@@ -79,6 +79,9 @@ class SyncSpec:
     clip: Clip | None = None  # clip the global gradient norm before updating (lambdas/clipping.py)
     norms: list[float] = field(default_factory=list)  # the global norm this task computed (metrics)
     fan_in: int = 0  # a hierarchical stage's block (plan.fan_in[stage]); 0: one block. Changes no bits.
+    # the gradient's dtype when each replica writes it as one object (keys.gradient, one shard of
+    # one chunk after the other: syncmodel.one_gradient_object); None: one object per chunk (keys.gshard)
+    one_object: torch.dtype | None = None
 
     @property
     def shards(self) -> int:
@@ -370,10 +373,46 @@ def write_order(spec: SyncSpec) -> list[tuple[int, int]]:
 
 
 def gradient_writer(ch: Channel, spec: SyncSpec, replica: int) -> Callable[[int, int, torch.Tensor], None]:
+    """Where the stream's final chunks go: each to its own object, or (``spec.one_object``) kept
+    until the last is final, then all in one object (``one_object_range`` says where each is)."""
+    if spec.one_object is not None:
+        return _OneObject(ch, spec, replica).emit
+
     def emit(k: int, c: int, g: torch.Tensor) -> None:
         ch.submit_put(keys.gshard(spec.job, spec.t, spec.stage, replica, k, c), {"g": g})
 
     return emit
+
+
+class _OneObject:
+    """A replica's gradient as one object: one flat tensor, the shards in shard order (the stage's
+    flat order), PUT once the last chunk is final (the stream emits every chunk exactly once)."""
+
+    def __init__(self, ch: Channel, spec: SyncSpec, replica: int) -> None:
+        self.ch, self.spec, self.replica = ch, spec, replica
+        self.kept: dict[int, torch.Tensor] = {}
+
+    def emit(self, k: int, c: int, g: torch.Tensor) -> None:
+        assert c == 0 and g.dtype == self.spec.one_object, "one object: one chunk per shard, of the gradient's dtype"
+        self.kept[k] = g
+        if len(self.kept) == self.spec.shards:
+            flat = torch.cat([self.kept[i].reshape(-1) for i in range(self.spec.shards)])
+            body = flat_safetensors("g", flat, ONE_OBJECT_HEADER)
+            self.ch.submit_put_bytes(keys.gradient(self.spec.job, self.spec.t, self.spec.stage, self.replica), body)
+
+
+# A one-object gradient is a safetensors file of one flat tensor whose header is padded to this
+# many bytes (``flat_safetensors``): its shard k starts at a known offset, for one ranged GET.
+ONE_OBJECT_HEADER = 120
+
+
+def one_object_range(spec: SyncSpec, shard: int) -> tuple[int, int]:
+    """Shard ``shard``'s bytes [start, end) in a replica's one-object gradient (``_OneObject``)."""
+    assert spec.one_object is not None
+    size = torch.empty(0, dtype=spec.one_object).element_size()
+    a, b = spec.layout[shard][0]
+    base = 8 + ONE_OBJECT_HEADER
+    return base + a * size, base + b * size
 
 
 WINDOW_EXTRA = 1
@@ -388,10 +427,19 @@ class ShardInputs:
     total: Callable[[Sequence[torch.Tensor]], torch.Tensor]
     count: int  # objects per chunk
     producer: str | None = None  # the metrics key of the one task that writes them (Channel.wait_bytes)
+    byte_range: tuple[int, int] | None = None  # each object's part to read (one-object gradients)
 
 
 def replica_inputs(spec: SyncSpec, shard: int) -> ShardInputs:
-    """The d replicas' chunks of ``shard``, summed left to right (``left_fold``)."""
+    """The d replicas' chunks of ``shard``, summed left to right (``left_fold``); from their
+    one-object gradients by ranged GETs when they write one (``spec.one_object``)."""
+    if spec.one_object is not None:
+        return ShardInputs(
+            lambda c: [keys.gradient(spec.job, spec.t, spec.stage, r) for r in range(spec.replicas)],
+            left_fold,
+            spec.replicas,
+            byte_range=one_object_range(spec, shard),
+        )
     return ShardInputs(
         lambda c: [keys.gshard(spec.job, spec.t, spec.stage, r, shard, c) for r in range(spec.replicas)],
         left_fold,
@@ -478,7 +526,11 @@ def _shard_requests(
     parameters (if not in this container)."""
     calls: list[Callable[[], Future[Any]]] = []
     for c in spec.chunks(shard):
-        calls += [functools.partial(ch.submit_wait, key, spec.deadline, inputs.producer) for key in inputs.keys(c)]
+        if inputs.byte_range is not None and spec.one_object is not None:
+            part = inputs.byte_range
+            calls += [functools.partial(ch.submit_wait_range, key, part, spec.one_object, spec.deadline) for key in inputs.keys(c)]
+        else:
+            calls += [functools.partial(ch.submit_wait, key, spec.deadline, inputs.producer) for key in inputs.keys(c)]
         if stateful_opt:
             calls.append(functools.partial(ch.submit_get_bytes, keys.optim(spec.job, spec.t, spec.stage, shard, c)))
         if download_params:

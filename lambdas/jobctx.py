@@ -6,6 +6,7 @@ stage's parameters are downloaded once per version, not once per phase.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,7 @@ from stagecoach.lambdas.clipping import Clip
 from stagecoach.lambdas.collectives import Layout, SyncSpec, gather, read_range
 from stagecoach.lambdas.datafetch import RemoteSamples
 from stagecoach.lambdas.stageio import ChainIO, KeyedIO, StageIO
+from stagecoach.planner.model.syncmodel import one_gradient_object
 from stagecoach.planner.plan import Plan
 from stagecoach.planner.profile.flows import routes
 
@@ -218,7 +220,26 @@ class JobContext:
             groups=self.runs[stage],
             group_hparams=tuple(self.schedule.at(t) if self.schedule is not None else self.spec.optimizer_groups or ()),
             clip=self.clip,
+            one_object=self.one_gradient_object(stage),
         )
+
+    def one_gradient_object(self, stage: int) -> torch.dtype | None:
+        """The gradient's dtype if each replica writes ``stage``'s gradient as one object (the
+        performance model's rule, syncmodel.one_gradient_object, on this stage's layout), else None.
+        Every parameter must be of the job's dtype: the readers view the bytes as that.
+        ``GRADIENT_OBJECTS_ENV`` = "chunks" turns it off (benchmarks/requests.py measures both)."""
+        plan = self.plan
+        if plan.replicas == 1 or os.environ.get(GRADIENT_OBJECTS_ENV) == "chunks":
+            return None
+        layout = self.layout(stage)
+        chunks = max(len(shard) for shard in layout)
+        nonempty = all(len(shard) == 1 and shard[0][1] > shard[0][0] for shard in layout)
+        numel = sum(b - a for shard in layout for a, b in shard)
+        size = torch.empty(0, dtype=self.dtype).element_size()
+        same = all(p.dtype == self.dtype for p in self.stage_params(stage))
+        blocks = plan.blocks(stage) if plan.sync[stage] == "hierarchical" else 1
+        one = one_gradient_object(plan.sync[stage], len(layout), chunks, numel * size, blocks)
+        return self.dtype if (one and nonempty and same) else None
 
     @property
     def clip(self) -> Clip | None:
@@ -357,6 +378,10 @@ class JobContext:
 class WarmStateLost(StagecoachError, RuntimeError):
     """A warm stage's task found neither its state in memory nor a checkpoint of that version."""
 
+
+# "chunks": every replica writes its gradient as one object per chunk, also where one object would
+# do (JobContext.one_gradient_object): the layout before the cut, for benchmarks/requests.py
+GRADIENT_OBJECTS_ENV = "STAGECOACH_GRADIENT_OBJECTS"
 
 _CACHE: dict[tuple[str, str], JobContext] = {}
 

@@ -441,7 +441,10 @@ def _forget_iteration(ctx: JobContext, ch: Channel, t: int, stage: int, replica:
     if ctx.deferred_batch_norm and ctx.running_stats(stage):
         ks.append(keys.bn_stats(job, t, stage, replica))
     layout = ctx.layout(stage)
-    ks += [keys.gshard(job, t, stage, replica, k, c) for k in range(len(layout)) for c in range(len(layout[k]))]
+    if ctx.one_gradient_object(stage) is not None:
+        ks.append(keys.gradient(job, t, stage, replica))
+    else:
+        ks += [keys.gshard(job, t, stage, replica, k, c) for k in range(len(layout)) for c in range(len(layout[k]))]
     ch.submit_delete(ks)
 
 

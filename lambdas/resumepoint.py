@@ -26,7 +26,7 @@ from stagecoach.lambdas.channel import Channel
 def _listed(ch: Channel, prefix: str) -> list[str]:
     out: list[str] = []
     for page in ch.s3.get_paginator("list_objects_v2").paginate(Bucket=ch.bucket, Prefix=prefix):
-        ch.stats.count(gets=1)
+        ch.stats.count(puts=1)  # a LIST is billed at the PUT class's price (lambdas/channel.py any_under)
         out += [o["Key"] for o in page.get("Contents", [])]
     return out
 

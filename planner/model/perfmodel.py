@@ -268,10 +268,14 @@ def _stage_requests(
     poll_in = plat.polls_while_waiting(lat + io.in_b / w + poll + (fwd_s if io.prefetch else 0.0))
     poll_back = plat.polls_while_waiting(lat + io.og_b / w + poll)
     gets = puts = 0.0
+    # the first stage's inputs are its rows of the data set, in the container (or streamed: below),
+    # not GETs; the last stage's targets likewise; every other input is a GET per micro-batch
+    inputs = 0 if first else m
     if not last:  # forward task per replica: parameter shards, m inputs (+ waits), m outputs
-        gets += d * (shard_gets + m + (0 if first else m * poll_in))
+        gets += d * (shard_gets + inputs + (0 if first else m * poll_in))
         puts += d * m
-    gets += d * (2 * m + (0 if last else m * poll_back) + (shard_gets if last else 0) + sy.tail_gets)
+    # backward task per replica: its inputs again, its output's gradients (+ waits)
+    gets += d * (inputs + (0 if last else m + m * poll_back) + (shard_gets if last else 0) + sy.tail_gets)
     puts += d * ((0 if first else m) + sy.tail_puts)
     gets += sy.tasks * sy.task_gets
     if data_streamed:  # one ranged GET per sample: inputs in the first stage's tasks, targets in the last's

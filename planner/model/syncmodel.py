@@ -123,6 +123,24 @@ def chunks_per_shard(d: int, k: int, stored_bytes: float) -> int:
     return chunk_count(stored_bytes / (4 * k), 4, d)
 
 
+# A replica's gradient of a small stage goes to S3 as one object, not K shards (docs/runtime.md
+# "S3 requests"): every sync task reads its shard of it with one ranged GET
+# (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html, "Range"), so a backward task
+# makes one PUT instead of K. Only where each shard is one chunk and the whole gradient is at most
+# this many bytes: the upload then waits for the last backward pass's last chunk (at ~80 MB/s a
+# MiB is ~13 ms), where K objects could leave as each shard became final.
+ONE_OBJECT_GRADIENT_BYTES = 1 << 20
+ONE_OBJECT_SYNC = ("scatter_reduce", "k_reduce", "all_reduce", "hierarchical")
+
+
+def one_gradient_object(algo: str, k: int, chunks: int, grad_bytes: float, blocks: int = 1) -> bool:
+    """Whether each replica writes its gradient of a stage as one object (``ONE_OBJECT_GRADIENT_BYTES``):
+    a sync Map whose K > 1 owners read the replicas' gradients themselves (hierarchical: one
+    block), one chunk per shard, a small gradient. The runtime (lambdas/jobctx.py) and this model
+    decide it by this one function."""
+    return algo in ONE_OBJECT_SYNC and blocks == 1 and k > 1 and chunks == 1 and grad_bytes <= ONE_OBJECT_GRADIENT_BYTES
+
+
 def _stateful(plat: Platform) -> int:
     return 1 if plat.optimizer_state_ratio > 0 else 0
 
@@ -133,10 +151,20 @@ def _state_share(plat: Platform, shard_bytes: float) -> float:
     holds its state between iterations and loads and stores it once per window checkpoint, 1/N;
     without, every iteration; and every iteration for a shard of at most
     ``WRITE_THROUGH_BYTES`` stored parameter bytes (planner/plan.py ``writes_through``): the
-    runtime stores it at every version, and the model charges it as a stored shard, its download
-    included, which a container that keeps the state skips (an overcharge of one GET per shard)."""
+    runtime stores it at every version, and the model charges it as a stored shard; its download,
+    which a container that keeps the state skips, is ``_state_reads``'s (until issue 26 charged
+    every iteration: one GET per shard too many)."""
     n = plat.warm_checkpoint_every
     return 1.0 / n if n > 0 and not writes_through(shard_bytes) else 1.0
+
+
+def _state_reads(plat: Platform) -> float:
+    """The share of iterations whose optimizer state an updating task GETs: with warm state, only
+    a container that does not hold it (a window's checkpoint reloaded), 1/N like its checkpoint,
+    also for a shard written through (``_state_share``: it is stored every iteration, and its
+    container keeps it, so nothing reads it back); without warm state, every iteration."""
+    n = plat.warm_checkpoint_every
+    return _stateful(plat) * (1.0 / n if n > 0 else 1.0)
 
 
 class NoSync(SyncAlgorithm):
@@ -150,7 +178,8 @@ class NoSync(SyncAlgorithm):
     is in memory too and both go to S3 once per N iterations (the window's checkpoint): per
     iteration opt + (t_lat + (1+rho) P/w) / N, and (2 + sf) / N requests (the restart's reload of
     the checkpoint is a fault's cost, not an iteration's). A stage of at most ``WRITE_THROUGH_BYTES``
-    stored parameter bytes is written every iteration (``_state_share``): charged as without.
+    stored parameter bytes is written every iteration (``_state_share``): charged as without,
+    but for the state's GET, which its container, holding the state, skips (``_state_reads``).
     """
 
     name = "none"
@@ -188,7 +217,7 @@ class NoSync(SyncAlgorithm):
             tail_s=prefetch + opt_s + store,
             shards=1,
             tail_puts=1 + sf,
-            tail_gets=sf,
+            tail_gets=_state_reads(plat),
             backward_extra_bytes=p_bytes + 2 * rho * pm,
         )
 
@@ -212,6 +241,10 @@ class ScatterReduce(SyncAlgorithm):
 
     name = "scatter_reduce"
 
+    def blocks(self, d: int) -> int:
+        """The reduction's blocks of replicas: one, but for the hierarchical chain."""
+        return 1
+
     def stage(
         self,
         d: int,
@@ -229,7 +262,9 @@ class ScatterReduce(SyncAlgorithm):
         chunk = p_bytes / (k * c)  # a gradient chunk; a parameter chunk is master_ratio times it
         sf = _stateful(plat) * _state_share(plat, pm / k)
         rho_io = rho * _state_share(plat, pm / k)  # the state's bytes that cross S3 per iteration
-        tail = lat + max(chunk / w, p_bytes / w - last_backward_s)
+        one = one_gradient_object(self.name, k, c, p_bytes, self.blocks(d))
+        # one object: it leaves after the last backward pass, whole; else chunks leave as they are final
+        tail = lat + (p_bytes / w if one else max(chunk / w, p_bytes / w - last_backward_s))
         up = 1 + rho_io + read_copies(d)  # per updated chunk: its parameters, state, read copy
         task = 2 * lat + (d * p_bytes + rho_io * pm) / (k * w) + opt_s / (k * c) + min(2, c) * up * pm / (k * c * w)
         return StageSync(
@@ -239,10 +274,10 @@ class ScatterReduce(SyncAlgorithm):
             task_s=task,
             tasks=k,
             shards=k * c,
-            tail_puts=k * c,
+            tail_puts=1 if one else k * c,
             tail_gets=0,
             task_puts=c * (1 + sf + read_copies(d)),
-            task_gets=c * (d + sf),
+            task_gets=c * (d + _state_reads(plat)),
             task_bytes=(d * p_bytes + (1 + 2 * rho) * pm) / k,
         )
 
@@ -292,6 +327,9 @@ class Hierarchical(ScatterReduce):
     def __init__(self, fan_in: int = DEFAULT_FAN_IN) -> None:
         self.fan_in = fan_in
 
+    def blocks(self, d: int) -> int:
+        return reduction_blocks(d, self.fan_in)
+
     def stage(
         self,
         d: int,
@@ -327,7 +365,7 @@ class Hierarchical(ScatterReduce):
             task_s=root,
             tasks=tasks,
             task_puts=(blocks * k * c + k * c * (1 + sf + read_copies(d))) / tasks,
-            task_gets=((d + blocks - 1) * k * c + k * c * (1 + sf)) / tasks,
+            task_gets=((d + blocks - 1) * k * c + k * c * (1 + _state_reads(plat))) / tasks,
             task_bytes=max((f * p_bytes + 2 * pm) / k, (2 + 2 * rho) * pm / k),
         )
 
@@ -395,7 +433,7 @@ class PipelinedScatterReduce(SyncAlgorithm):
             tail_s=tail,
             shards=d * c,
             tail_puts=(d - 1) * c + c * (1 + sf),
-            tail_gets=2 * (d - 1) * c * (1 + polls) + c * sf,
+            tail_gets=2 * (d - 1) * c * (1 + polls) + c * _state_reads(plat),
             backward_extra_bytes=((d - 1) * p_bytes + (d + 2 * rho) * pm) / d,
         )
 
@@ -453,7 +491,7 @@ class LambdaMLScatterReduce(SyncAlgorithm):
             tail_s=tail,
             shards=d * c,
             tail_puts=(d - 1) * c + c * (1 + sf),
-            tail_gets=2 * (d - 1) * c * (1 + polls) + c * sf,
+            tail_gets=2 * (d - 1) * c * (1 + polls) + c * _state_reads(plat),
             backward_extra_bytes=((d - 1) * p_bytes + (d + 2 * rho) * pm) / d,
         )
 
