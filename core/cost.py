@@ -46,6 +46,9 @@ class Prices:
     put: float
     get: float
     as_of: str = ""
+    # Step Functions Express (windows run as EXPRESS: planner/emit/workflow.py): per request, per GB-s
+    express_request: float = 1.00 / 1e6
+    express_gb_s: float = 0.00001667
 
     @classmethod
     def of(cls, platform: Any) -> Prices:
@@ -57,6 +60,8 @@ class Prices:
             put=platform.price_put,
             get=platform.price_get,
             as_of=platform.prices_as_of,
+            express_request=getattr(platform, "price_express_request", cls.express_request),
+            express_gb_s=getattr(platform, "price_express_gb_s", cls.express_gb_s),
         )
 
 
@@ -80,6 +85,8 @@ class Usage:
     transitions: int = 0
     puts: int = 0  # PUT, COPY, POST and LIST requests (S3's first price class)
     gets: int = 0  # GET and HEAD
+    express_requests: int = 0  # Express executions started (windows run as EXPRESS)
+    express_gb_s: float = 0.0  # their billed duration x billed memory (GB = 1,024 MB)
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -91,6 +98,8 @@ class Usage:
             + self.transitions * prices.transition
             + self.puts * prices.put
             + self.gets * prices.get
+            + self.express_requests * prices.express_request
+            + self.express_gb_s * prices.express_gb_s
         )
 
 

@@ -32,6 +32,9 @@ MAP_MAX_TASKS = INLINE_MAP_MAX_CONCURRENCY * GROUP_SIZE
 # events in one execution's history, and the bytes of an execution's input (StartExecution)
 HISTORY_MAX_EVENTS = 25_000
 EXECUTION_INPUT_MAX_BYTES = 262_144
+# An Express execution runs at most five minutes (same page; Standard vs Express:
+# https://docs.aws.amazon.com/step-functions/latest/dg/choosing-workflow-type.html)
+EXPRESS_MAX_DURATION_S = 300
 # S3 request rates per partitioned prefix, beyond which S3 answers 503 SlowDown
 # (https://docs.aws.amazon.com/AmazonS3/latest/userguide/optimizing-performance.html)
 S3_GET_PER_PREFIX_PER_S = 5_500

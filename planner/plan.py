@@ -119,6 +119,8 @@ class Plan:
     fan_in:         per stage, f >= 2: a hierarchical stage runs a level-1 aggregator per block of f
                     consecutive replicas (DEFAULT_FAN_IN: d <= 40 is one block); it bounds an
                     aggregator's inputs and changes no bits (every algorithm sums as PyTorch does).
+    workflow:       the windows' workflow type, "auto", "standard" or "express" (planner/emit/
+                    workflow.py); empty: the job's (Job.workflow).
     """
 
     balance: tuple[int, ...]
@@ -131,6 +133,8 @@ class Plan:
     timeouts_s: tuple[Mapping[str, int], ...] = ()
     prediction: Prediction | None = None
     fan_in: tuple[int, ...] = ()
+    # the windows' workflow type ("auto", "standard", "express": planner/emit/workflow.py); "": the job's
+    workflow: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "balance", _int_tuple("balance", self.balance))
@@ -164,6 +168,8 @@ class Plan:
             object.__setattr__(self, "timeouts_s", tuple({p: 300 for p in PHASES} for _ in range(n)))
         else:
             object.__setattr__(self, "timeouts_s", tuple(dict(t) for t in self.timeouts_s))
+        if self.workflow not in ("", "auto", "standard", "express"):
+            raise PlanError(f"plan.workflow={self.workflow!r}: choose one of auto, standard, express (or leave it empty: the job's)")
         if isinstance(self.prediction, Mapping):  # from JSON
             object.__setattr__(self, "prediction", Prediction.from_dict(self.prediction))
         self.validate()
@@ -385,6 +391,7 @@ class Plan:
             "timeouts_s",
             "prediction",
             "fan_in",
+            "workflow",
         }
         unknown = sorted(set(data) - known)
         if unknown:

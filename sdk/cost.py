@@ -97,6 +97,7 @@ class CostReport:
         return (
             f"Lambda {t.gb_s:,.1f} GB-s and {t.invocations:,} invocations, {t.transitions:,} state transitions, "
             f"{t.puts:,} PUT/LIST and {t.gets:,} GET requests"
+            + (f", {t.express_requests:,} Express executions of {t.express_gb_s:,.1f} GB-s" if t.express_requests else "")
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,12 +156,15 @@ def predict(
     saves: Sequence[int] = (),
     evaluate: PassEstimate | None = None,
     checkpoint: PassEstimate | None = None,
+    windows: WindowRun | None = None,
 ) -> CostReport:
     """The whole run's predicted cost from the performance model's per-iteration ``estimate`` of
     ``plan``: the tasks' billed seconds per phase, the states, the gate, per window and per job.
     ``evals``/``saves``: the versions the job evaluates and checkpoints (Job.eval_versions,
     checkpoint_versions), each a pass priced by ``evaluate``/``checkpoint``; with either, every
-    iteration also enters its Due and Choice states, and a window holds fewer iterations."""
+    iteration also enters its Due and Choice states, and a window holds fewer iterations.
+    ``windows``: how the windows run (default: STANDARD, of ``asl.window_length``); as EXPRESS no
+    state of a window is a billed transition, each window is a request and its duration instead."""
     S, d = plan.stages, plan.replicas
     per_s = [m / 1024.0 for m in plan.memory_mb]
     gbs = {
@@ -169,34 +173,57 @@ def predict(
         "sync": sum(plan.sync_tasks(s) * estimate.stage_sync_s[s] * per_s[s] for s in range(S)),
     }
     inv = {"forward": (S - 1) * d, "backward": S * d, "sync": sum(plan.sync_tasks(s) for s in range(S))}
+    windows = windows or WindowRun(asl.STANDARD, asl.window_length(plan, evals=evals, saves=saves))
+    billed = windows.workflow == asl.STANDARD  # Express windows' states are not billed per transition
     tr = asl.phase_transitions(plan)
     n = iterations
     # each task also PUTs its metrics object (lambdas/handler.py), which the model's requests leave out
     phases = {
-        p: Usage(gb_s=gbs[p] * n, invocations=inv[p] * n, transitions=tr[p] * n, puts=inv[p] * n) for p in ("forward", "backward", "sync")
+        p: Usage(gb_s=gbs[p] * n, invocations=inv[p] * n, transitions=tr[p] * n * billed, puts=inv[p] * n)
+        for p in ("forward", "backward", "sync")
     }
-    windows = math.ceil(iterations / asl.window_length(plan, evals=evals, saves=saves))
-    gate = gate_usage(plan, platform, capped)
-    gates = iterations + windows  # one before each iteration and one at each window's end
-    orchestration = Usage(
-        gb_s=gate.gb_s * gates,
-        invocations=gates,
-        transitions=(tr["orchestration"] + asl.TRANSITIONS_DUE_CHECK * (bool(evals) + bool(saves))) * n
-        + windows * (asl.TRANSITIONS_WINDOW_FIXED + asl.TRANSITIONS_JOB_PER_WINDOW)
-        + asl.TRANSITIONS_JOB_FIXED,
-        puts=gate.puts * gates,
-        gets=gate.gets * gates,
-    )
-    phases["orchestration"] = orchestration
+    phases["orchestration"] = _orchestration(plan, estimate, n, platform, capped, windows, checks=bool(evals) + bool(saves))
     for name, versions, p in (("evaluate", evals, evaluate), ("checkpoint", saves, checkpoint)):
         if versions and p is None:
             raise ValueError(f"{name} versions given without the {name} pass's estimate (planner/model/passes.py)")
         if versions and p is not None:
-            phases[name] = pass_usage(plan, p, len(versions))
+            u = pass_usage(plan, p, len(versions))
+            phases[name] = u if billed else replace(u, transitions=0)
     phases["client"] = Usage()
     phases = {p: phases[p] for p in PHASES if p in phases}  # in the measured report's order
     unsplit = Usage(puts=round(estimate.s3_puts * n), gets=round(estimate.s3_gets * n))
     return CostReport("predicted", iterations, phases, Prices.of(platform), unsplit=unsplit)
+
+
+@dataclass(frozen=True)
+class WindowRun:
+    """How a run's windows run: ``workflow`` STANDARD or EXPRESS (planner/emit/workflow.py), of
+    ``length`` iterations; an Express window billed at ``memory_mb``."""
+
+    workflow: str
+    length: int
+    memory_mb: int = 64
+
+
+def _orchestration(plan: Plan, estimate: Estimate, n: int, platform: Platform, capped: bool, windows: WindowRun, checks: int) -> Usage:
+    """The gates, the windows' bookkeeping states and the job's (STANDARD windows), or the
+    windows' requests and duration and the job's states (EXPRESS)."""
+    count = math.ceil(n / windows.length)
+    gate = gate_usage(plan, platform, capped)
+    gates = n + count  # one before each iteration and one at each window's end
+    usage = Usage(gb_s=gate.gb_s * gates, invocations=gates, puts=gate.puts * gates, gets=gate.gets * gates)
+    if windows.workflow == asl.STANDARD:
+        per_iteration = asl.phase_transitions(plan)["orchestration"] + asl.TRANSITIONS_DUE_CHECK * checks
+        transitions = per_iteration * n + count * (asl.TRANSITIONS_WINDOW_FIXED + asl.TRANSITIONS_JOB_PER_WINDOW)
+        return usage + Usage(transitions=transitions + asl.TRANSITIONS_JOB_FIXED)
+    full, last = divmod(n, windows.length)
+    durations = [windows.length * estimate.time_s] * full + ([last * estimate.time_s] if last else [])
+    billed_s = sum(math.ceil(round(t * 10, 6)) / 10 for t in durations)  # 100 ms steps
+    return usage + Usage(
+        transitions=count * asl.TRANSITIONS_JOB_PER_EXPRESS_WINDOW + asl.TRANSITIONS_JOB_FIXED,
+        express_requests=count,
+        express_gb_s=billed_s * windows.memory_mb / 1024.0,
+    )
 
 
 # -- measured --------------------------------------------------------------------------------------
@@ -240,13 +267,30 @@ def history_usage(events: Iterable[Mapping[str, Any]]) -> dict[str, Usage]:
         elif kind == "TaskScheduled":
             scheduled += 1
         elif kind == "TaskSucceeded":
-            report = _gate_report(ev.get("taskSucceededEventDetails", {}).get("output"))
+            details = ev.get("taskSucceededEventDetails", {})
+            report = _gate_report(details.get("output"))
+            if report is None and details.get("resource") == "startSyncExecution":
+                report = express_usage(details.get("output"))
             if report is not None:
                 out["orchestration"] = out.get("orchestration", Usage()) + report
     retries = max(0, scheduled - entered_tasks)
     if retries:
         out["orchestration"] = out.get("orchestration", Usage()) + Usage(transitions=retries)
     return out
+
+
+def express_usage(output: str | None) -> Usage | None:
+    """An Express window as billed, from the answer its startSyncExecution Task recorded in the
+    job's history (planner/emit/asl.py RunExpressWindow): a request, and its BillingDetails' billed
+    duration x billed memory. A start whose answer was lost is not counted (nothing says what ran)."""
+    try:
+        billing = json.loads(output or "").get("BillingDetails")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(billing, dict):
+        return None
+    seconds = float(billing.get("BilledDurationInMilliseconds", 0)) / 1000.0
+    return Usage(express_requests=1, express_gb_s=seconds * float(billing.get("BilledMemoryUsedInMB", 0)) / 1024.0)
 
 
 def _gate_report(output: str | None) -> Usage | None:

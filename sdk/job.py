@@ -31,9 +31,12 @@ from stagecoach.core.schedule import MakeScheduler, Schedule, stand_in
 from stagecoach.core.training import DTYPE_NAMES, build_model, master_dtype
 from stagecoach.deploy.upload import JobCodeError, pickle_job_code
 from stagecoach.errors import StagecoachError
+from stagecoach.planner.emit.workflow import CHOICES as WORKFLOWS
+from stagecoach.planner.emit.workflow import WorkflowChoice
+from stagecoach.planner.emit.workflow import choose as choose_workflow
 from stagecoach.planner.limits import EXECUTION_INPUT_MAX_BYTES
 from stagecoach.planner.model.fits import lambda_refusal, least_stage_bytes, smallest_stage_count
-from stagecoach.planner.model.passes import checkpoint_pass, evaluate_pass
+from stagecoach.planner.model.passes import PassEstimate, checkpoint_pass, evaluate_pass
 from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate
 from stagecoach.planner.model.platforms import Platform, aws_platform
 from stagecoach.planner.model.syncmodel import SyncChoice
@@ -127,6 +130,12 @@ class Job:
                   (then every replica and sync task gets a function of its own) each shard's
                   optimizer state. False: store every iteration's, one function per stage (the
                   earlier behaviour, also what a restart-heavy run may prefer).
+    workflow:     the window state machines' type (docs/runtime.md "Express windows"): "standard"
+                  (billed per state transition), "express" (billed per request and duration, at
+                  most five minutes a window: the windows are sized to fit, with room to spare;
+                  refused for a plan whose phases run in groups, past 40 tasks) or "auto" (Express
+                  where it fits and the planner predicts it cheaper). The job's own execution stays
+                  Standard: it chains the windows and restarts, remediates and stops them.
     stop_on_nonfinite_loss: end the job at the iteration boundary after an iteration whose loss
                   is NaN or infinite on any replica (status STOPPED, reason "nonfinite_loss",
                   its checkpoint kept, as ``Run.stop()`` ends it; docs/cost.md "Stopping"), as
@@ -157,6 +166,7 @@ class Job:
     deferred_batch_norm: bool = False
     warm_state: bool = True
     stop_on_nonfinite_loss: bool = False
+    workflow: str = "standard"
     _facts: exactness.ModelFacts | None = field(default=None, init=False, repr=False)
     _samples: LocalSamples | None = field(default=None, init=False, repr=False)
 
@@ -415,6 +425,8 @@ class Job:
             raise JobError(f"job.warm_state={self.warm_state!r}: must be True or False")
         if not isinstance(self.stop_on_nonfinite_loss, bool):
             raise JobError(f"job.stop_on_nonfinite_loss={self.stop_on_nonfinite_loss!r}: must be True or False")
+        if self.workflow not in WORKFLOWS:
+            raise JobError(f"job.workflow={self.workflow!r}: choose one of {', '.join(WORKFLOWS)}")
         if self.dtype not in DTYPE_NAMES:
             raise JobError(
                 f"job.dtype={self.dtype}: use torch.float32, torch.float64, or torch.bfloat16 (mixed precision: bf16 compute "
@@ -709,25 +721,51 @@ class Job:
         the plan's micro-batch size (one thread = one vCPU), as ``plan()`` times them."""
         return evaluate(*self._model_of(plan, platform))
 
-    def predict_cost(self, plan: Plan, platform: Platform | None = None, capped: bool = False) -> costs.CostReport:
+    def predict_cost(
+        self, plan: Plan, platform: Platform | None = None, capped: bool = False, workflow: str | None = None
+    ) -> costs.CostReport:
         """The whole run's predicted cost on AWS (or ``platform``): its iterations (``predict``),
         and the evaluations and checkpoints the job asks for (planner/model/passes.py), each
         per phase as ``Run.cost()`` measures it. ``capped``: the job runs under a cost cap,
-        whose gate reads the iteration's metrics (docs/cost.md)."""
+        whose gate reads the iteration's metrics (docs/cost.md). ``workflow``: the windows' type
+        (default: the plan's, else the job's; ``window_choice``)."""
         profile, cfg, platform = self._model_of(plan, platform)
         evals, saves = self.eval_versions(), self.checkpoint_versions()
         samples = len(self._evaluation_samples()) if evals else 0
+        estimate = evaluate(profile, cfg, platform)
+        ev = evaluate_pass(profile, cfg, platform, samples) if evals else None
+        ck = checkpoint_pass(profile, cfg, platform) if saves else None
+        choice = self._choose(plan, platform, workflow, estimate, [p for p in (ev, ck) if p is not None])
+        windows = costs.WindowRun(choice.workflow, choice.window_length, choice.memory_mb)
         return costs.predict(
-            plan,
-            evaluate(profile, cfg, platform),
-            self.iterations,
-            platform,
-            capped=capped,
-            evals=evals,
-            saves=saves,
-            evaluate=evaluate_pass(profile, cfg, platform, samples) if evals else None,
-            checkpoint=checkpoint_pass(profile, cfg, platform) if saves else None,
+            plan, estimate, self.iterations, platform, capped=capped, evals=evals, saves=saves, evaluate=ev, checkpoint=ck, windows=windows
         )
+
+    def window_choice(self, plan: Plan, platform: Platform | None = None, workflow: str | None = None) -> WorkflowChoice:
+        """How the job's windows run (planner/emit/workflow.py): ``workflow`` or the plan's or the
+        job's, for "auto" and "express" from the predicted seconds of an iteration, with an
+        evaluation and a checkpoint pass as a bound if the job has them. Refuses an "express" that
+        cannot run."""
+        requested = workflow or plan.workflow or self.workflow
+        if requested == "standard":
+            return self._choose(plan, platform or aws_platform(), requested, None, [])
+        profile, cfg, platform = self._model_of(plan, platform)
+        passes = [checkpoint_pass(profile, cfg, platform)] if self.checkpoint_versions() else []
+        if self.eval_versions():
+            passes.append(evaluate_pass(profile, cfg, platform, len(self._evaluation_samples())))
+        return self._choose(plan, platform, requested, evaluate(profile, cfg, platform), passes)
+
+    def _choose(
+        self, plan: Plan, platform: Platform, workflow: str | None, estimate: Estimate | None, passes: Sequence[PassEstimate]
+    ) -> WorkflowChoice:
+        requested = workflow or plan.workflow or self.workflow
+        seconds = None
+        if estimate is not None:
+            seconds = (plan.prediction.s_per_iteration if plan.prediction else estimate.time_s) + sum(
+                max(p.task_s, default=0.0) for p in passes
+            )
+        evals, saves = self.eval_versions(), self.checkpoint_versions()
+        return choose_workflow(requested, plan, self.iterations, seconds, platform, evals=evals, saves=saves)
 
     def _model_of(self, plan: Plan, platform: Platform | None) -> tuple[ModelProfile, Config, Platform]:
         """What the performance model evaluates ``plan`` from: the model's layers timed here at the

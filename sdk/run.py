@@ -304,6 +304,8 @@ class Run:
                 arns += [e["executionArn"] for e in page["executions"]]
         except self._c.sfn.exceptions.StateMachineDoesNotExist:  # a plan without groups has no group machine
             pass
+        except self._c.sfn.exceptions.StateMachineTypeNotSupported:  # Express windows: no ListExecutions (local/express.py)
+            pass
         return arns
 
     def history(self, windows: bool = False, execution_arn: str | None = None) -> list[dict[str, Any]]:

@@ -109,14 +109,17 @@ def test_every_task_retries_lambda_service_errors_and_has_a_timeout():
     for t in tasks:
         # the gate's learnt timeout (lambdas/timeouts.py; the plan's 300 s its ceiling), handed on
         assert t["TimeoutSecondsPath"] == "$.timeout" and t["Parameters"]["Payload"]["timeout.$"] == "$.timeout"
-        assert t["Retry"][1] == WAIT_RETRY and all("States.Timeout" not in r["ErrorEquals"] for r in t["Retry"])
+        # a wait in vain, like a kill or a timeout, runs again at once (the loop below), not after a Retry's wait
+        assert len(t["Retry"]) == 1 and all("States.Timeout" not in r["ErrorEquals"] for r in t["Retry"])
+        assert all(WAIT_RETRY["ErrorEquals"][0] not in r["ErrorEquals"] for r in t["Retry"])
         # the retrier AWS's Step Functions guide recommends ("Handle Lambda service exceptions")
         assert {"Lambda.TooManyRequestsException", "Lambda.ClientExecutionTimeoutException"} <= set(t["Retry"][0]["ErrorEquals"])
         assert t["Retry"][0]["JitterStrategy"] == "FULL"
         # every name AWS reports a killed worker under is caught for the remediation step, and a
         # timeout, like an ambiguous kill, first runs the task again at once
         caught = {e for c in t.get("Catch", []) for e in c["ErrorEquals"]}
-        assert caught == {"Runtime.OutOfMemory", "Runtime.ExitError", "Lambda.Unknown", "States.Timeout", "Sandbox.Timedout"}
+        killed = {"Runtime.OutOfMemory", "Runtime.ExitError", "Lambda.Unknown", "States.Timeout", "Sandbox.Timedout"}
+        assert caught == killed | {"ObjectWaitTimeout"}  # and a wait in vain, like a timeout, runs again at once
 
 
 @pytest.mark.parametrize("fused", ["pipelined_scatter_reduce", "lambdaml_scatter_reduce"])
@@ -240,11 +243,12 @@ def test_the_job_definition_reads_from_its_input_only_fields_of_job_input():
     states = asl.job_definition()["States"]
     read = _input_paths(states, set())
     fields = set(JobInput.model_fields)
-    # what the states add along the way (Bounds: end, first, attempt, restarts; the Catch path: failure, child, ...)
-    added = {"end", "first", "attempt", "restarts", "failure", "child", "killed", "resumed", "next"}
+    # what the states add along the way (Bounds: end, first, attempt, restarts; an Express window: run;
+    # the Catch path: failure, child, ...)
+    added = {"end", "first", "attempt", "restarts", "failure", "run", "child", "killed", "resumed", "next"}
     assert read - added <= fields, read - added - fields
     assert fields <= read, f"JobInput fields no state reads: {fields - read}"
     # every state that reshapes the input carries every JobInput field on
-    for name in ("Bounds", "Advance", "NextLink", "FullWindow", "ReadFailure", "NextAttempt"):
+    for name in ("Bounds", "Advance", "NextLink", "FullWindow", "ReadFailure", "ExpressFailed", "NextAttempt"):
         carried = {k.removesuffix(".$") for k in states[name]["Parameters"]}
         assert fields <= carried, (name, fields - carried)

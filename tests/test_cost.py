@@ -124,8 +124,8 @@ def test_measured_cost_is_what_the_metrics_and_histories_add_up_to(backend):
     task_usd = lam_gbs * GB_S + n * REQUEST + sum(m.puts + 1 for m in metrics) * PUT + sum(m.gets for m in metrics) * GET
     # the states, counted from the ASL by hand: per iteration Gate, Go?, BackwardSync, Backward0,
     # Backward0Task, Advance; the window's Init, last Gate, last Go?, Done; the job's Next?,
-    # Bounds, Clamp, LastWindow, RunWindow, Advance, the last Next?, Done
-    transitions = 6 * n + 4 + 8
+    # Bounds, Clamp, LastWindow, WindowType?, RunWindow, Advance, the last Next?, Done
+    transitions = 6 * n + 4 + 9
     gates = []
     for ev in run.history(windows=True):
         if ev["type"] == "TaskSucceeded":

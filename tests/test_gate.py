@@ -117,7 +117,7 @@ def test_a_stop_request_stops_before_the_iteration_and_records_the_version():
 
 def test_the_cap_meters_each_iteration_once_and_stops_past_it():
     s3 = MemoryS3()
-    first = 10 * PUT + 2 * GET + (2 + 4 + 6) * TRANSITION  # launch; the job's and the window's fixed states
+    first = 10 * PUT + 2 * GET + (2 + 4 + 7) * TRANSITION  # launch; the job's and the window's fixed states (WindowType? among them)
     # the gates, 11 ms at 1 GB each: the first GETs the spec, the stop request and the (missing)
     # tally; a later one the stop request, the tally and the iteration's 10 metrics; each PUTs the tally
     gate0 = 0.011 * GB_S + REQUEST + 3 * GET + PUT
@@ -132,7 +132,7 @@ def test_the_cap_meters_each_iteration_once_and_stops_past_it():
     put_iteration(s3, 1)
     out = run_gate(s3, ev(2))
     after2 = tally(s3)
-    assert after2["through"] == 2 and after2["usage"]["transitions"] == 12 + 2 * TRANSITIONS_PER_ITERATION
+    assert after2["through"] == 2 and after2["usage"]["transitions"] == 13 + 2 * TRANSITIONS_PER_ITERATION
     assert after2["usage"]["invocations"] == 3 + 2 * 10
     assert after2["usd"] == pytest.approx(first + gate0 + 2 * (ITERATION_USD + gate), rel=1e-9)
     # within the cap, but the third iteration (estimated by the second: ITERATION_USD + gate) is not
@@ -156,7 +156,7 @@ def test_a_restarted_window_is_metered_again_and_the_last_iteration_never_stops(
     run_gate(s3, ev(1, end=3, attempt="w0-retry"))
     again = tally(s3)
     # a window's fixed states and a window's worth of the job's (the restart path's, roughly), iteration 0's
-    assert again["usage"]["transitions"] == before["usage"]["transitions"] + 4 + 6 + TRANSITIONS_PER_ITERATION
+    assert again["usage"]["transitions"] == before["usage"]["transitions"] + 4 + 7 + TRANSITIONS_PER_ITERATION
     assert again["usage"]["invocations"] == before["usage"]["invocations"] + 2 + 10
     # past the cap at the job's end: no stop request (nothing is left to stop)
     s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=spec(max_cost=1e-9, iterations=3).model_dump_json().encode())

@@ -186,6 +186,8 @@ def grants(statements, action, arn, context=TAGGED):
 
 def test_no_wildcard_actions_or_resources_beyond_the_design(template):
     justified_star = {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}  # no resource-level permissions
+    # CloudWatch Logs' log delivery (an Express window's logging): no resource-level permissions either
+    justified_star |= LOG_DELIVERY
     for logical, res in template["Resources"].items():
         if res["Type"] not in ("AWS::IAM::Role", "AWS::IAM::ManagedPolicy"):
             continue
@@ -358,6 +360,17 @@ SYNC_ACTIONS = {
     "events:PutRule",
     "events:DescribeRule",
 }
+# an Express window's logging: CloudWatch Logs' log delivery (Step Functions guide, cw-logs.html)
+LOG_DELIVERY = {
+    "logs:CreateLogDelivery",
+    "logs:GetLogDelivery",
+    "logs:UpdateLogDelivery",
+    "logs:DeleteLogDelivery",
+    "logs:ListLogDeliveries",
+    "logs:PutResourcePolicy",
+    "logs:DescribeResourcePolicies",
+    "logs:DescribeLogGroups",
+}
 
 
 def test_roles_grant_what_the_state_machines_call(template):
@@ -373,6 +386,8 @@ def test_roles_grant_what_the_state_machines_call(template):
         # a window's abort marker (aws-sdk integration: the S3 action itself)
         "arn:aws:states:::aws-sdk:s3:putObject": {"s3:PutObject"},
         "arn:aws:states:::states:startExecution.sync:2": SYNC_ACTIONS,
+        # an Express window (aws-sdk integration: the API action itself)
+        "arn:aws:states:::aws-sdk:sfn:startSyncExecution": {"states:StartSyncExecution"},
     }
 
     def resources(d):
@@ -399,7 +414,7 @@ def test_roles_grant_what_the_state_machines_call(template):
 
 def test_window_role_invokes_only_stack_functions_writes_only_abort_markers_and_starts_only_groups(template):
     got = allowed(role_statements(template, "WindowStatesRole"))
-    assert {a for a, _ in got} == {"lambda:InvokeFunction", "s3:PutObject"} | SYNC_ACTIONS
+    assert {a for a, _ in got} == {"lambda:InvokeFunction", "s3:PutObject"} | SYNC_ACTIONS | LOG_DELIVERY
     # a phase past 40 workers runs its groups as child executions of the job's group machine
     # (planner/emit/groups.py), and of nothing else: not the windows, not the job machine
     states = "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}"
@@ -422,7 +437,10 @@ def test_job_role_runs_only_stack_windows_the_sync_rule_and_remediation(template
     by_action = {}
     for a, r in got:
         by_action.setdefault(a, set()).add(r)
-    assert set(by_action) == SYNC_ACTIONS | {"lambda:InvokeFunction"}
+    assert set(by_action) == SYNC_ACTIONS | {"lambda:InvokeFunction", "states:StartSyncExecution"}
+    assert by_action["states:StartSyncExecution"] == {
+        "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}:stateMachine:${AWS::StackName}-*-window"
+    }
     # remediation runs on the stack's own worker function only, never on a job's stage function
     assert by_action["lambda:InvokeFunction"] == {
         "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-worker"

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from stagecoach.planner.emit.groups import group_bounds, grouped_map
 from stagecoach.planner.emit.tasks import KILLED_ERROR, KILLED_RETRY, LAMBDA_RETRY, WORKER_RETRY, worker_map, worker_task
-from stagecoach.planner.limits import GROUP_SIZE, HISTORY_MAX_EVENTS, map_groups, map_transitions
+from stagecoach.planner.limits import EXPRESS_MAX_DURATION_S, GROUP_SIZE, HISTORY_MAX_EVENTS, map_groups, map_transitions
 from stagecoach.planner.plan import Plan, worker_function
 
 HISTORY_LIMIT = HISTORY_MAX_EVENTS
@@ -66,13 +66,22 @@ EV_WINDOW_FIXED = 1 + EV_PASS + EV_TASK + EV_PASS + EV_PASS + 1  # started, Init
 STOPPED_ERROR = "Stagecoach.Stopped"
 GATE_TIMEOUT_S = 60
 
+# The window's workflow type (JobInput.windowType; the job's ``workflow``, docs/runtime.md "Express
+# windows"): a STANDARD window is billed per state transition, an EXPRESS one per request and
+# duration, runs at most EXPRESS_MAX_DURATION_S, has no history API and no .sync integration inside
+STANDARD: Final = "STANDARD"
+EXPRESS: Final = "EXPRESS"
+# The job's startSyncExecution Task waits for the Express window: its five minutes, and slack
+EXPRESS_TASK_TIMEOUT_S = EXPRESS_MAX_DURATION_S + 60
+
 # State transitions (what Step Functions Standard bills: one per state entered, and one per
 # retry): the window's per-iteration bookkeeping (Gate, Go?, Advance) and its fixed states (Init,
 # the last Gate and Go?, Done); the job's per window (Next?, Bounds, Clamp, Full/LastWindow,
-# RunWindow, Advance) and fixed (the last Next?, Done). planner/model/perfmodel.py mirrors the first.
+# WindowType?, RunWindow or RunExpressWindow and ExpressEnded?, Advance) and fixed (the last Next?, Done). planner/model/perfmodel.py mirrors the first.
 TRANSITIONS_ITERATION_BOOKKEEPING = 3
 TRANSITIONS_WINDOW_FIXED = 4
-TRANSITIONS_JOB_PER_WINDOW = 6
+TRANSITIONS_JOB_PER_WINDOW = 7  # ... WindowType?, RunWindow, Advance
+TRANSITIONS_JOB_PER_EXPRESS_WINDOW = 8  # ... WindowType?, RunExpressWindow, ExpressEnded?, Advance
 TRANSITIONS_JOB_FIXED = 2
 # a job that evaluates (or checkpoints) asks after every iteration whether this version is due:
 # the EvaluateDue Pass and EvaluateChoice Choice (CheckpointDue, CheckpointChoice), due or not
@@ -502,9 +511,12 @@ def window_definition(
 
 # Events the job state machine adds to its own history (counted on moto's recorded histories by
 # tests/test_asl.py): a window that succeeds first time, and each restart of a failed window.
-EV_JOB_WINDOW = 3 * EV_PASS + 2 * EV_PASS + 6  # Next?/Clamp Choices, Bounds/Full-or-Last/Advance Passes, the .sync:2 Task
+# Next?/Clamp/WindowType? Choices, Bounds/Full-or-Last/Advance Passes, and the .sync:2 Task (6 events);
+# an Express window: the startSyncExecution Task and ExpressEnded? (7) instead
+EV_JOB_WINDOW = 3 * EV_PASS + 3 * EV_PASS + 6
+EV_JOB_EXPRESS_WINDOW = 3 * EV_PASS + 3 * EV_PASS + EV_TASK + EV_PASS
 # the Catch path's states, the remediation, the resume point (Task, Progress?, Progressed), the Task again
-EV_JOB_RESTART = 4 * EV_PASS + EV_PASS + EV_PASS + 6 + EV_TASK + EV_TASK + 2 * EV_PASS
+EV_JOB_RESTART = 4 * EV_PASS + EV_PASS + EV_PASS + 6 + EV_TASK + EV_TASK + 2 * EV_PASS + EV_PASS + 1  # + WindowType?, the Express run's 7th
 # A window's restarts in all (however far each attempt got): bounds a job execution's history
 WINDOW_RESTARTS = 12
 # started, the last Next?, NextLink, ContinueAsNew, Continued, succeeded (the last link: Done instead, fewer)
@@ -514,7 +526,7 @@ EV_JOB_FIXED = 1 + EV_PASS + EV_PASS + EV_TASK + EV_PASS + 1
 def windows_per_execution(limit: int = HISTORY_LIMIT) -> int:
     """Windows one job execution runs before it continues as a new execution: enough that even if
     every window restarted ``WINDOW_RESTARTS`` times, the execution's history stays within the budget."""
-    worst = EV_JOB_WINDOW + WINDOW_RESTARTS * EV_JOB_RESTART
+    worst = max(EV_JOB_WINDOW, EV_JOB_EXPRESS_WINDOW) + WINDOW_RESTARTS * EV_JOB_RESTART
     return max(1, (int(limit * HISTORY_BUDGET) - EV_JOB_FIXED) // worst)
 
 
@@ -528,6 +540,7 @@ def _job_carry() -> dict[str, Any]:
         "iterations.$": "$.iterations",
         "windowLength.$": "$.windowLength",
         "windowTimeout.$": "$.windowTimeout",
+        "windowType.$": "$.windowType",
         "windowsPerExecution.$": "$.windowsPerExecution",
         "functionPrefix.$": "$.functionPrefix",
         "controlFunction.$": "$.controlFunction",
@@ -559,34 +572,74 @@ def _job_window_loop(carry: dict[str, Any], window: dict[str, Any]) -> dict[str,
             "Choices": [{"Variable": "$.end", "NumericGreaterThanPath": "$.iterations", "Next": "LastWindow"}],
             "Default": "FullWindow",
         },
-        "LastWindow": {"Type": "Pass", "Parameters": {**window, "end.$": "$.iterations"}, "Next": "RunWindow"},
-        "FullWindow": {"Type": "Pass", "Parameters": window, "Next": "RunWindow"},
-        "RunWindow": {
-            "Type": "Task",
-            "Resource": "arn:aws:states:::states:startExecution.sync:2",
-            "Parameters": {
-                "StateMachineArn.$": "$.windowStateMachineArn",
-                # unique per attempt: a restarted window is a new execution
-                "Name.$": "States.Format('w{}-{}', $.start, States.UUID())",
-                "Input": {
-                    "job.$": "$.job",
-                    "bucket.$": "$.bucket",
-                    "start.$": "$.start",
-                    "end.$": "$.end",
-                    "first.$": "$.first",
-                    "AWS_STEP_FUNCTIONS_STARTED_BY_EXECUTION_ID.$": "$$.Execution.Id",
-                },
-            },
-            "TimeoutSecondsPath": "$.windowTimeout",
-            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.failure", "Next": "HowDidItFail"}],
-            "ResultPath": None,
-            "Next": "Advance",
-        },
+        "LastWindow": {"Type": "Pass", "Parameters": {**window, "end.$": "$.iterations"}, "Next": "WindowType?"},
+        "FullWindow": {"Type": "Pass", "Parameters": window, "Next": "WindowType?"},
+        **_run_window_states(window),
         "Advance": {
             "Type": "Pass",
             "Parameters": {**carry, "start.$": "$.end", "windowsHere.$": "States.MathAdd($.windowsHere, 1)"},
             "Next": "Next?",
         },
+    }
+
+
+def _window_start_parameters() -> dict[str, Any]:
+    """StateMachineArn, Name and Input of a window execution, however it is started."""
+    return {
+        "StateMachineArn.$": "$.windowStateMachineArn",
+        # unique per attempt: a restarted window is a new execution
+        "Name.$": "States.Format('w{}-{}', $.start, States.UUID())",
+        "Input": {
+            "job.$": "$.job",
+            "bucket.$": "$.bucket",
+            "start.$": "$.start",
+            "end.$": "$.end",
+            "first.$": "$.first",
+            "AWS_STEP_FUNCTIONS_STARTED_BY_EXECUTION_ID.$": "$$.Execution.Id",
+        },
+    }
+
+
+def _run_window_states(window: dict[str, Any]) -> dict[str, Any]:
+    """WindowType? .. ExpressFailed: run the window as the job's ``windowType`` says. A STANDARD
+    window is a child execution the job waits for with startExecution.sync:2; an EXPRESS one runs
+    synchronously through the aws-sdk integration startSyncExecution (AWS: "For nested Express
+    Workflows, arn:aws:states:::states:startExecution.sync isn't currently supported. Use
+    arn:aws:states:::aws-sdk:sfn:startSyncExecution instead", docs/runtime.md), whose call succeeds
+    whatever the window's end: its result's Status says (SUCCEEDED, FAILED, TIMED_OUT) and, for a
+    failure, its Error and Cause, which ExpressFailed hands to Killed? as a failed Standard
+    window's DescribeExecution is. A start that fails (a synchronous Express execution is
+    at-most-once: it may be lost) is caught as any other failure: the window restarts."""
+    return {
+        "WindowType?": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.windowType", "StringEquals": EXPRESS, "Next": "RunExpressWindow"}],
+            "Default": "RunWindow",
+        },
+        "RunWindow": {
+            "Type": "Task",
+            "Resource": "arn:aws:states:::states:startExecution.sync:2",
+            "Parameters": _window_start_parameters(),
+            "TimeoutSecondsPath": "$.windowTimeout",
+            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.failure", "Next": "HowDidItFail"}],
+            "ResultPath": None,
+            "Next": "Advance",
+        },
+        "RunExpressWindow": {
+            "Type": "Task",
+            "Resource": "arn:aws:states:::aws-sdk:sfn:startSyncExecution",
+            "Parameters": _window_start_parameters(),
+            "TimeoutSeconds": EXPRESS_TASK_TIMEOUT_S,
+            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.failure", "Next": "HowDidItFail"}],
+            "ResultPath": "$.run",
+            "Next": "ExpressEnded?",
+        },
+        "ExpressEnded?": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.run.Status", "StringEquals": "SUCCEEDED", "Next": "Advance"}],
+            "Default": "ExpressFailed",
+        },
+        "ExpressFailed": {"Type": "Pass", "Parameters": {**window, "child.$": "$.run"}, "Next": "Killed?"},
     }
 
 
@@ -723,7 +776,7 @@ def _job_restart(window: dict[str, Any], window_attempts: int, backoff_s: int) -
         "NextAttempt": {
             "Type": "Pass",
             "Parameters": {**window, "attempt.$": "States.MathAdd($.attempt, 1)", "restarts.$": "States.MathAdd($.restarts, 1)"},
-            "Next": "RunWindow",
+            "Next": "WindowType?",
         },
         "WindowFailed": {
             "Type": "Fail",

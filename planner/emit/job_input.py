@@ -8,6 +8,8 @@ itself, and continues as a new execution (``link`` + 1) every ``windowsPerExecut
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -20,6 +22,8 @@ class JobInput(BaseModel):
     iterations: int = Field(gt=0)
     windowLength: int = Field(gt=0)  # iterations per window execution (asl.window_length)
     windowTimeout: int = Field(gt=0)  # seconds a window execution may take
+    # the window state machine's type: STANDARD (startExecution.sync:2) or EXPRESS (startSyncExecution)
+    windowType: Literal["STANDARD", "EXPRESS"] = "STANDARD"
     windowsPerExecution: int = Field(gt=0)  # before continuing as a new execution (asl.windows_per_execution)
     functionPrefix: str  # a stage's function is functionPrefix + its index
     controlFunction: str  # where the remediation step runs (the stack's own worker)

@@ -131,6 +131,10 @@ class Platform:
     price_gb_s: float = 0.0000166667  # Lambda x86 per GB-s (GB = 1,024 MB); arm64 is 0.0000133334
     price_request: float = 0.20 / 1e6  # Lambda invocations
     price_transition: float = 0.025 / 1000  # Step Functions Standard
+    # Step Functions Express: per request (each execution started) and per GB-second of duration,
+    # rounded up to 100 ms, at memory billed in 64 MB chunks (first tier; planner/emit/workflow.py)
+    price_express_request: float = 1.00 / 1e6
+    price_express_gb_s: float = 0.00001667
     price_put: float = 0.005 / 1000  # S3 PUT/COPY/POST/LIST
     price_get: float = 0.0004 / 1000  # S3 GET/HEAD
     prices_as_of: str = PRICES_AS_OF

@@ -18,6 +18,7 @@ from stagecoach.core.boundary import map_leaves
 from stagecoach.core.profiling import measure_model
 from stagecoach.exactness import split_batch_refusal
 from stagecoach.job import JobError
+from stagecoach.planner.emit import asl, workflow
 from stagecoach.planner.limits import LAMBDA_ACCOUNT_CONCURRENCY
 from stagecoach.planner.model.platforms import aws_platform, local_platform
 from stagecoach.planner.plan import SYNC_ALGORITHMS
@@ -54,6 +55,20 @@ def _load(target: str, meta: bool, sizes: tuple[int, ...]) -> tuple[ModelProfile
             raise click.ClickException(f"{target}: job.model() cannot build on the meta device; plan it without --meta")
         return job.with_job_bytes(profile_meta(model, sample, name=job.name, batch=2 if coupled else 1)), job.global_batch, whole, sizes
     return job.with_job_bytes(measure_model(job.build_model(), sample, sizes, name=job.name)), job.global_batch, whole, sizes
+
+
+def workflow_line(res: PlanningResult, iterations: int = 1000) -> str:
+    """The recommended plan's windows as Step Functions Standard and as Express (planner/emit/
+    workflow.py): what orchestrating ``iterations`` of it costs each way, and what
+    ``workflow="auto"`` would pick (docs/runtime.md "Express windows")."""
+    plan, rec = res.recommended.to_plan(), res.recommended
+    c = workflow.choose("auto", plan, iterations, rec.time_s, rec.platform)
+    length = asl.window_length(plan)
+    std = f"Standard ${c.standard_usd:.4f} (windows of {length} iterations)"
+    if c.express_usd is None:
+        return f"Step Functions per {iterations:,} iterations: {std}; Express cannot run it ({c.why_not}); auto: Standard"
+    express = f"Express ${c.express_usd:.4f} (windows of {min(length, workflow.express_fit(rec.time_s))})"
+    return f"Step Functions per {iterations:,} iterations: {std}, {express}; auto: {c.workflow.title()}"
 
 
 def _write_plan(res: PlanningResult, path: str, train: str | None) -> None:
@@ -157,6 +172,7 @@ def plan_command(
     )
     click.echo(result_table(res, samples_per_epoch))
     click.echo(table_legend())
+    click.echo(workflow_line(res))
     png = pareto_png(res, plot or f"plan-{prof.name}.png")
     click.echo(f"Pareto plot: {png}")
     if json_out:

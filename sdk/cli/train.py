@@ -63,6 +63,13 @@ from stagecoach.run import Run, RunFailed
     "instead of the planner's recommendation and FILE's `defaults`",
 )
 @click.option(
+    "--workflow",
+    type=click.Choice(["auto", "standard", "express"]),
+    default=None,
+    help="the windows' Step Functions workflow type (default: the job's; docs/runtime.md 'Express windows'): "
+    "express is billed per request and duration instead of per state transition",
+)
+@click.option(
     "--wait/--no-wait",
     default=True,
     help="follow the run to its end and report it (default), or print its job id and how to follow it and return once it has started",
@@ -85,6 +92,7 @@ def train_command(
     max_cost: float | None,
     out: str,
     plan_file: str | None,
+    workflow: str | None,
     wait: bool,
 ) -> None:
     """Train the `job` defined in FILE; print progress, final loss, test accuracy and where results are.
@@ -103,6 +111,7 @@ def train_command(
         options = ", ".join(f"--{k.split('_mb')[0].replace('_', '-')}" for k in given) or "--recommended"
         raise click.BadParameter(f"--plan gives the whole plan: drop {options} (or --plan)", param_hint="--plan")
     job, manual = _job_and_manual(file, iterations, recommended, given)
+    job.workflow = workflow or job.workflow
     try:
         plan = _plan(job, manual, sync, aggregators, fan_in, _read_plan(plan_file, job, file) if plan_file else None)
         chosen = _backend(backend, stack, region, emulate_network)

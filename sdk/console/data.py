@@ -25,6 +25,7 @@ from stagecoach.console.graph import elements, state_statuses
 from stagecoach.console.logs import worker_logs
 from stagecoach.deploy.resume import job_executions
 from stagecoach.inspect.events import FailedTask, failed_tasks
+from stagecoach.inspect.express import express_windows
 from stagecoach.inspect.plots import gantt_rows
 from stagecoach.run import TERMINAL, Run, job_status
 
@@ -84,15 +85,17 @@ class ConsoleData:
         spec = run.spec()
         if spec.window_state_machine is None:
             return []
-        sfn, out = self.backend.clients.sfn, []
+        sfn, out, express = self.backend.clients.sfn, [], False
         try:
             for page in sfn.get_paginator("list_executions").paginate(stateMachineArn=spec.window_state_machine):
                 out += page["executions"]
         except sfn.exceptions.StateMachineDoesNotExist:  # cleaned up
             return []
+        except sfn.exceptions.StateMachineTypeNotSupported:  # Express windows: from the job's history
+            out, express = express_windows(run.history()), True  # in the order they started
         rows = []
-        for e in sorted(out, key=lambda e: e["startDate"]):
-            inp = self._input(e["executionArn"])
+        for e in out if express else sorted(out, key=lambda e: e["startDate"]):
+            inp = json.loads(e["input"]) if express else self._input(e["executionArn"])
             rows.append(
                 {
                     "arn": e["executionArn"],

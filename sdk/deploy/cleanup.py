@@ -186,8 +186,8 @@ def _stop_windows(c: Clients, sm_arn: str, removed: Removed) -> None:
             for e in page["executions"]:
                 c.sfn.stop_execution(executionArn=e["executionArn"], error="Stagecoach.Cleanup", cause="stopped by stagecoach cleanup")
                 removed.stopped.append(e["executionArn"])
-    except c.sfn.exceptions.StateMachineDoesNotExist:
-        pass
+    except (c.sfn.exceptions.StateMachineDoesNotExist, c.sfn.exceptions.StateMachineTypeNotSupported):
+        pass  # gone, or an Express window: no ListExecutions, and nothing to stop (it ends with its caller's call)
 
 
 def _functions(res: StackResources, c: Clients, job_id: str, spec: JobSpec | None) -> list[str]:

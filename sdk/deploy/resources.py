@@ -80,6 +80,14 @@ def group_state_machine_of(window_arn: str) -> str:
     return window_arn.removesuffix("-window") + "-group"
 
 
+def window_log_group_arn(res: StackResources) -> str:
+    """The stack's log group of Express windows (template.yaml WindowLogGroup), as a logging
+    destination names it (with ":*")."""
+    head = res.job_state_machine_arn.split(":states:", 1)[0]  # arn:<partition>
+    region, account = res.job_state_machine_arn.split(":")[3:5]
+    return f"{head}:logs:{region}:{account}:log-group:/aws/vendedlogs/states/{res.prefix}-windows:*"
+
+
 def state_machine_arn(res: StackResources, name: str) -> str:
     """The ARN of the state machine ``name`` in the stack's region and account (as the job machine's)."""
     return res.job_state_machine_arn.rsplit(":", 1)[0] + ":" + name

@@ -142,6 +142,7 @@ def resume_job(
         iterations=total,
         windowLength=length,
         windowTimeout=int(first["windowTimeout"]),
+        windowType=first.get("windowType", "STANDARD"),  # as the job's window state machine was created
         windowsPerExecution=int(first["windowsPerExecution"]),
         functionPrefix=function_name(res, job, 0)[:-1],
         controlFunction=res.control_function,

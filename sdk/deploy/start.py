@@ -23,14 +23,15 @@ from stagecoach.deploy.resources import (
     group_state_machine_name,
     new_job_id,
     state_machine_arn,
+    window_log_group_arn,
     window_state_machine_name,
 )
 from stagecoach.deploy.roles import JOB_TAG, STACK_TAG, create_function_when_role_ready, create_job_role
 from stagecoach.deploy.upload import upload_job
-from stagecoach.planner.emit import asl, groups
+from stagecoach.planner.emit import asl, groups, workflow
 from stagecoach.planner.emit.asl_check import check_definition
 from stagecoach.planner.emit.job_input import JobInput
-from stagecoach.planner.limits import concurrency_needed, map_groups
+from stagecoach.planner.limits import concurrency_needed
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.plan import Plan, per_worker_functions, stage_functions
 
@@ -151,19 +152,25 @@ def _checked(what: str, definition: dict[str, Any]) -> dict[str, Any]:
     return definition
 
 
-def needs_groups(plan: Plan) -> bool:
-    """Whether a phase Map of the plan runs its tasks in groups of child executions (limits.map_groups)."""
-    return any(map_groups(n) for n in (plan.replicas, *(plan.sync_tasks(s) for s in range(plan.stages))))
-
-
-def _create_state_machine(res: StackResources, c: Clients, job_id: str, name: str, definition: dict[str, Any]) -> str:
-    """Create one of the job's state machines (its window, its group), tagged with the stack and the job."""
+def _create_state_machine(
+    res: StackResources, c: Clients, job_id: str, name: str, definition: dict[str, Any], kind: str = asl.STANDARD
+) -> str:
+    """Create one of the job's state machines (its window, its group), tagged with the stack and the
+    job; ``kind``: STANDARD, or EXPRESS for a window (planner/emit/workflow.py)."""
+    # an Express window keeps no history in Step Functions: it logs every event with its data to
+    # the stack's log group, which the console shows an Express execution from (docs/runtime.md)
+    logging = {
+        "level": "ALL",
+        "includeExecutionData": True,
+        "destinations": [{"cloudWatchLogsLogGroup": {"logGroupArn": window_log_group_arn(res)}}],
+    }
     arn: str = c.sfn.create_state_machine(
         name=name,
         definition=json.dumps(definition),
         roleArn=res.states_role_arn,
-        type="STANDARD",
+        type=kind,
         tags=[{"key": STACK_TAG, "value": res.prefix}, {"key": JOB_TAG, "value": job_id}],
+        **({"loggingConfiguration": logging} if kind == asl.EXPRESS else {}),
     )["stateMachineArn"]
     return arn
 
@@ -177,10 +184,12 @@ def deploy_and_start(
     job_id = new_job_id(job.name)
     per_worker = per_worker_functions(plan, job.warm_state)  # warm state with d > 1: one per worker
     functions = [function_name(res, job_id, s) for s in range(plan.stages)]
-    group = _checked("group", groups.group_definition(per_worker)) if needs_groups(plan) else None
+    group = _checked("group", groups.group_definition(per_worker)) if workflow.needs_groups(plan) else None
     # the window's definition names the group machine's ARN, which its name gives before it exists
     group_arn = state_machine_arn(res, group_state_machine_name(res, job_id)) if group else None
     definition = _checked("window", _window_definition(job, plan, functions, per_worker, group_arn))
+    # the windows' type and length (planner/emit/workflow.py); refuses Express windows that cannot run
+    choice = job.window_choice(plan, aws_platform("x86_64" if res.architecture == "x86_64" else "arm64"))
     created_functions: list[str] = []
     created_sm: list[str] = []
     try:
@@ -189,9 +198,9 @@ def deploy_and_start(
         # new role meanwhile (Lambda refuses a role it cannot assume yet, deploy/roles.py).
         if group is not None:
             created_sm.append(_create_state_machine(res, c, job_id, group_state_machine_name(res, job_id), group))
-        window = _create_state_machine(res, c, job_id, window_state_machine_name(res, job_id), definition)
+        window = _create_state_machine(res, c, job_id, window_state_machine_name(res, job_id), definition, choice.workflow)
         created_sm.append(window)
-        length = asl.window_length(plan, evals=job.eval_versions(), saves=job.checkpoint_versions())
+        length = choice.window_length
         with RequestCounter(c.s3) as launched:
             spec = upload_job(job, plan, res, c, job_id, length, window)
         for s in range(plan.stages):
@@ -214,6 +223,7 @@ def deploy_and_start(
             iterations=job.iterations,
             windowLength=length,
             windowTimeout=window_timeout_s(plan, length, evaluates=bool(job.eval_versions()) or bool(job.checkpoint_versions())),
+            windowType=choice.workflow,
             windowsPerExecution=asl.windows_per_execution(),
             functionPrefix=function_name(res, job_id, 0)[:-1],
             controlFunction=res.control_function,

@@ -22,6 +22,7 @@ from stagecoach.deploy.resources import group_state_machine_of
 from stagecoach.errors import StagecoachError
 from stagecoach.evaluation import Evaluation
 from stagecoach.inspect.events import FailedTask, failed_tasks
+from stagecoach.inspect.express import express_windows, window_failures
 from stagecoach.metrics import _losses, iteration_breakdown, phase_timings
 from stagecoach.planner.plan import FUSED_SYNC
 from stagecoach.run import Run, read_spec
@@ -150,8 +151,12 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
     # given is an earlier one (a stopped job's first execution, resumed since)
     status, d = run.job_state()
     execs = _window_executions(backend, spec.window_state_machine)
+    if execs is None:  # Express windows: from the job's own history (inspect/express.py)
+        execs = express_windows(run.history())
+        failures = window_failures(execs)[:max_failures]
+    else:
+        failures = _failures(run, execs + _failed_groups(backend, spec.window_state_machine), max_failures)
     window = _window(backend, execs, length)
-    failures = _failures(run, execs + _failed_groups(backend, spec.window_state_machine), max_failures)
     r = backend.resources
     if status == "SUCCEEDED":
         run.learn_if_newest()  # a run nobody waited on (train --no-wait): its next run's timeouts
@@ -183,8 +188,9 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
     )
 
 
-def _window_executions(backend: Backend, window_state_machine: str | None) -> list[dict[str, Any]]:
-    """The job's window executions, oldest first (none once it is cleaned up)."""
+def _window_executions(backend: Backend, window_state_machine: str | None) -> list[dict[str, Any]] | None:
+    """The job's window executions, oldest first (none once it is cleaned up); None for Express
+    windows, which ListExecutions does not list."""
     sfn = backend.clients.sfn
     execs: list[dict[str, Any]] = []
     if window_state_machine is None:
@@ -194,6 +200,8 @@ def _window_executions(backend: Backend, window_state_machine: str | None) -> li
             execs += page["executions"]
     except sfn.exceptions.StateMachineDoesNotExist:
         return []
+    except sfn.exceptions.StateMachineTypeNotSupported:
+        return None
     return sorted(execs, key=lambda e: e["startDate"])
 
 
@@ -219,7 +227,8 @@ def _window(backend: Backend, execs: list[dict[str, Any]], length: int) -> dict[
     if not execs:
         return None
     last = execs[-1]
-    wd = backend.clients.sfn.describe_execution(executionArn=last["executionArn"])
+    # an Express window's row carries what DescribeExecution would say (it cannot describe one)
+    wd = last if "input" in last else backend.clients.sfn.describe_execution(executionArn=last["executionArn"])
     wi = json.loads(wd.get("input") or "{}")
     idx = int(wi["start"]) // length if isinstance(wi.get("start"), int) else None
     return {

@@ -31,6 +31,8 @@ emulates (docs/local-stack.md has the table with sources):
 - ``account_concurrency``: at most this many invocations run at once in the "account"; one more is
   throttled as Lambda throttles it (HTTP 429 TooManyRequestsException, Reason
   ConcurrentInvocationLimitExceeded). AWS's default quota is 1,000; new accounts may have 10.
+- ``express_max_s``: an Express execution runs at most this long, then ends TIMED_OUT (Step
+  Functions' Express limit, five minutes; local/express.py). A test may shorten it to reach it.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import random
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from stagecoach.planner.limits import EXECUTION_INPUT_MAX_BYTES, HISTORY_MAX_EVENTS, LAMBDA_ACCOUNT_CONCURRENCY
+from stagecoach.planner.limits import EXECUTION_INPUT_MAX_BYTES, EXPRESS_MAX_DURATION_S, HISTORY_MAX_EVENTS, LAMBDA_ACCOUNT_CONCURRENCY
 
 ENV = "STAGECOACH_FIDELITY"
 
@@ -50,6 +52,7 @@ TIMEOUT_SHAPES = ("Sandbox.Timedout", "Lambda.Unknown")
 HISTORY_LIMIT = HISTORY_MAX_EVENTS
 INPUT_LIMIT = EXECUTION_INPUT_MAX_BYTES
 ACCOUNT_CONCURRENCY = LAMBDA_ACCOUNT_CONCURRENCY
+EXPRESS_MAX_S = float(EXPRESS_MAX_DURATION_S)
 
 
 ENVIRONMENT_BYTES = 300 * 2**20  # a worker process's resident set, torch imported (measured: 270-290 MB)
@@ -76,12 +79,13 @@ class Fidelity:
     role_propagation_s: float = 1.0
     idle_reclaim_s: float = 120.0
     max_environments: int = 0  # 0: no cap; default_max_environments() gives what this machine's memory holds
+    express_max_s: float = EXPRESS_MAX_S
 
     def __post_init__(self) -> None:
         allowed = ("seeded", *OOM_SHAPES, *TIMEOUT_SHAPES)
         if self.error_shapes not in allowed:
             raise ValueError(f"error_shapes must be one of {sorted(set(allowed))}, got {self.error_shapes!r}")
-        for name in ("history_limit", "input_limit", "account_concurrency", "idle_reclaim_s"):
+        for name in ("history_limit", "input_limit", "account_concurrency", "idle_reclaim_s", "express_max_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 

@@ -257,7 +257,8 @@ class StackArchive:
     def _save_executions(self, final: bool) -> None:
         """Every execution not saved as ended yet; ``final``: with its history, and then never again."""
         machines = self.c.sfn.get_paginator("list_state_machines").paginate()
-        arns = [sm["stateMachineArn"] for page in machines for sm in page["stateMachines"]]
+        # an EXPRESS machine's executions have no ListExecutions, describe or history (local/express.py)
+        arns = [sm["stateMachineArn"] for page in machines for sm in page["stateMachines"] if sm.get("type") != "EXPRESS"]
         pages = (page for arn in arns for page in self.c.sfn.get_paginator("list_executions").paginate(stateMachineArn=arn))
         for page in pages:
             for e in page["executions"]:

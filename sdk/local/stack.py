@@ -14,7 +14,6 @@ TYPE_CHECKING only name moto's types for the patches' annotations).
 from __future__ import annotations
 
 import copy
-import datetime
 import functools
 import json
 import logging
@@ -29,6 +28,7 @@ import boto3
 from botocore.config import Config
 
 from stagecoach.local.access import AccessControl, moto_lookups
+from stagecoach.local.express import install_express, pascal
 from stagecoach.local.faults import FaultInjector
 from stagecoach.local.fidelity import Fidelity
 from stagecoach.local.persist import ENV as STATE_ENV
@@ -214,6 +214,9 @@ def install_client_cache() -> None:
                 connect_timeout=boto_client.TimeoutSeconds.DEFAULT_TIMEOUT_SECONDS,
                 read_timeout=boto_client.TimeoutSeconds.DEFAULT_TIMEOUT_SECONDS,
                 max_pool_connections=2_000,
+                # StartSyncExecution's hostPrefix ("sync-") would name a host that does not resolve
+                # locally; on AWS it is the same service behind another name
+                inject_host_prefix=False,
             ),
         )
 
@@ -244,21 +247,6 @@ def install_error_lookup_cache() -> None:
     errors.ErrorLookupFactory.__init__ = init  # type: ignore[method-assign]
 
 
-def _pascal(value: Any) -> Any:
-    """DescribeExecution's fields in Step Functions' casing, recursively; the execution's own
-    ``Input``/``Output`` documents are user data and keep theirs. Dates become epoch milliseconds,
-    as Step Functions writes them into a state's JSON."""
-    if isinstance(value, datetime.datetime):
-        return int(value.timestamp() * 1000)
-    if not isinstance(value, dict):
-        return value
-    out = {}
-    for k, v in value.items():
-        key = k[:1].upper() + k[1:]
-        out[key] = v if key in ("Input", "Output") else _pascal(v)
-    return out
-
-
 def install_sync_casing() -> None:
     """.sync/.sync:2 results and failure Causes in AWS's PascalCase (fidelity.sync_casing).
 
@@ -276,7 +264,7 @@ def install_sync_casing() -> None:
     def _normalise_response(self: Any, response: Any, *args: Any, **kwargs: Any) -> None:
         normalise(self, response, *args, **kwargs)
         if kwargs.get("service_action_name") == "describe_execution" and isinstance(response, dict):
-            cased = _pascal(response)
+            cased = pascal(response)
             response.clear()
             response.update(cased)
 
@@ -373,7 +361,7 @@ def install_input_limit(limit: int) -> None:
         cls.start_execution = start_execution  # type: ignore[method-assign]
 
 
-def install_moto_fixes(runtime: LocalLambdaRuntime, fidelity: Fidelity) -> None:
+def install_moto_fixes(runtime: LocalLambdaRuntime, fidelity: Fidelity, log_path: str | None = None) -> None:
     install_lambda_hook(runtime)
     install_jsonpath_cache()
     install_client_cache()
@@ -385,6 +373,7 @@ def install_moto_fixes(runtime: LocalLambdaRuntime, fidelity: Fidelity) -> None:
     install_unknown_lambda_error()
     install_history_limit(fidelity.history_limit)
     install_input_limit(fidelity.input_limit)
+    install_express(fidelity, log_path)  # EXPRESS state machines, StartSyncExecution (local/express.py)
 
 
 LISTEN_BACKLOG = 4096
@@ -424,7 +413,7 @@ def main() -> None:
 
     fidelity = Fidelity.from_env()
     runtime = LocalLambdaRuntime(f"http://127.0.0.1:{port}", log_path=log_path, faults=FaultInjector.from_env(), fidelity=fidelity)
-    install_moto_fixes(runtime, fidelity)
+    install_moto_fixes(runtime, fidelity, log_path)
     serve(port, fidelity)
     state_dir = os.environ.get(STATE_ENV)
     archive = StackArchive(state_dir, f"http://127.0.0.1:{port}") if state_dir else None

@@ -1,0 +1,167 @@
+"""Express state machines on the embedded stack answer as Step Functions does (stagecoach.local.express).
+
+Each test drives the stack through boto3 and state machines run by its interpreter, and checks what
+AWS documents (sources in docs/local-stack.md, "Express workflows"): StartSyncExecution's answer
+(HTTP 200 whatever the execution's status), the five-minute limit (shortened here through
+Fidelity.express_max_s), no history API for Express executions, and lost synchronous starts.
+"""
+
+import json
+import time
+import uuid
+
+import boto3
+import botocore.exceptions
+import pytest
+from botocore.config import Config
+
+from stagecoach.local.backend import LocalBackend
+from stagecoach.local.express import ENV as FAULTS_ENV
+from stagecoach.local.fidelity import Fidelity
+
+LIMIT_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def stack():
+    """A stack of its own with a short Express limit, and its scripted lost starts: name
+    prefixes, each fired once (the env is read when the stack process starts)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv(FAULTS_ENV, json.dumps({"lose_before": ["lost-before"], "lose_after": ["lost-after"], "repeat": ["twice"]}))
+    try:
+        backend = LocalBackend(fidelity=Fidelity(express_max_s=LIMIT_S))
+    finally:
+        mp.undo()
+    return backend
+
+
+def _client(backend):
+    """A Step Functions client that sends StartSyncExecution to the local endpoint itself (boto3
+    would prefix the host with "sync-"), and does not retry."""
+    return boto3.client(
+        "stepfunctions",
+        endpoint_url=backend.stack.endpoint_url,
+        region_name=backend.resources.region,
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+        config=Config(inject_host_prefix=False, read_timeout=120, retries={"max_attempts": 0}),
+    )
+
+
+def _machine(backend, definition: dict, kind: str = "EXPRESS") -> str:
+    return backend.clients.sfn.create_state_machine(
+        name=f"test-{uuid.uuid4().hex[:8]}", definition=json.dumps(definition), roleArn=backend.resources.states_role_arn, type=kind
+    )["stateMachineArn"]
+
+
+PASS = {"StartAt": "P", "States": {"P": {"Type": "Pass", "Parameters": {"doubled.$": "States.MathAdd($.x, $.x)"}, "End": True}}}
+FAIL = {"StartAt": "F", "States": {"F": {"Type": "Fail", "Error": "My.Error", "Cause": "it broke"}}}
+WAIT = {"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 60, "End": True}}}
+
+
+def test_an_express_machine_keeps_its_type(stack):
+    arn = _machine(stack, PASS)
+    assert stack.clients.sfn.describe_state_machine(stateMachineArn=arn)["type"] == "EXPRESS"
+    listed = [m for p in stack.clients.sfn.get_paginator("list_state_machines").paginate() for m in p["stateMachines"]]
+    assert {m["stateMachineArn"]: m["type"] for m in listed}[arn] == "EXPRESS"
+    standard = _machine(stack, PASS, "STANDARD")
+    assert stack.clients.sfn.describe_state_machine(stateMachineArn=standard)["type"] == "STANDARD"
+
+
+def test_start_sync_execution_answers_the_ended_execution(stack):
+    sfn = _client(stack)
+    arn = _machine(stack, PASS)
+    out = sfn.start_sync_execution(stateMachineArn=arn, name="ok-1", input=json.dumps({"x": 21}))
+    assert out["status"] == "SUCCEEDED"
+    assert json.loads(out["output"]) == {"doubled": 42}
+    assert out["executionArn"].startswith(arn.replace(":stateMachine:", ":express:") + ":ok-1:")
+    billed = out["billingDetails"]
+    assert billed["billedMemoryUsedInMB"] == 64 and billed["billedDurationInMilliseconds"] % 100 == 0
+    assert billed["billedDurationInMilliseconds"] >= 100
+
+
+def test_a_failed_sync_execution_is_a_successful_call_with_status_failed(stack):
+    out = _client(stack).start_sync_execution(stateMachineArn=_machine(stack, FAIL), input="{}")
+    assert out["ResponseMetadata"]["HTTPStatusCode"] == 200
+    assert (out["status"], out["error"], out["cause"]) == ("FAILED", "My.Error", "it broke")
+    assert "output" not in out
+
+
+def test_an_express_execution_past_the_limit_times_out(stack):
+    started = time.monotonic()
+    out = _client(stack).start_sync_execution(stateMachineArn=_machine(stack, WAIT), input="{}")
+    took = time.monotonic() - started
+    assert out["status"] == "TIMED_OUT" and out["error"] == "States.Timeout"
+    assert LIMIT_S <= took < LIMIT_S + 10
+
+
+def test_start_sync_execution_refuses_a_standard_machine(stack):
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        _client(stack).start_sync_execution(stateMachineArn=_machine(stack, PASS, "STANDARD"), input="{}")
+    assert e.value.response["Error"]["Code"] == "StateMachineTypeNotSupported"
+
+
+def test_there_is_no_history_api_for_express(stack):
+    arn = _machine(stack, PASS)
+    ex = _client(stack).start_sync_execution(stateMachineArn=arn, input=json.dumps({"x": 1}))["executionArn"]
+    sfn = stack.clients.sfn
+    for call in (
+        lambda: sfn.describe_execution(executionArn=ex),
+        lambda: sfn.get_execution_history(executionArn=ex),
+        lambda: sfn.stop_execution(executionArn=ex),
+    ):
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            call()
+        assert e.value.response["Error"]["Code"] == "InvalidArn"
+        assert "Resource type not valid in this context: express" in e.value.response["Error"]["Message"]
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        sfn.list_executions(stateMachineArn=arn)
+    assert e.value.response["Error"]["Code"] == "StateMachineTypeNotSupported"
+
+
+def _express_log(stack) -> list[str]:
+    with open(stack.stack.log_path) as f:
+        return [line for line in f if line.startswith("[express]")]
+
+
+@pytest.mark.parametrize("prefix, ran", [("lost-before", 0), ("lost-after", 1)])
+def test_a_lost_sync_start_fails_the_call_whether_or_not_it_ran(stack, prefix, ran):
+    arn = _machine(stack, PASS)
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        _client(stack).start_sync_execution(stateMachineArn=arn, name=f"{prefix}-1", input=json.dumps({"x": 1}))
+    assert e.value.response["Error"]["Code"] == "InternalFailure"
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500
+    lines = [line for line in _express_log(stack) if f"{prefix}-1:" in line]
+    assert sum("SUCCEEDED after" in line for line in lines) == ran
+    # each fault fires once: the next start of the same name runs
+    out = _client(stack).start_sync_execution(stateMachineArn=arn, name=f"{prefix}-1", input=json.dumps({"x": 1}))
+    assert out["status"] == "SUCCEEDED"
+
+
+def test_a_repeated_start_runs_the_execution_twice(stack):
+    arn = _machine(stack, PASS)
+    out = _client(stack).start_sync_execution(stateMachineArn=arn, name="twice-1", input=json.dumps({"x": 2}))
+    assert json.loads(out["output"]) == {"doubled": 4}
+    assert sum("twice-1: SUCCEEDED after" in line for line in _express_log(stack)) == 2
+
+
+def test_a_standard_parent_gets_the_sync_result_through_the_aws_sdk_integration(stack):
+    """What a Standard execution's aws-sdk:sfn:startSyncExecution task returns: the API's answer in
+    PascalCase (Status, Output as a JSON string, Error/Cause when the child failed)."""
+    from helpers import run_state_machine
+
+    child_ok, child_failed = _machine(stack, PASS), _machine(stack, FAIL)
+    task = {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:sfn:startSyncExecution", "TimeoutSeconds": 60}
+    parent = {
+        "StartAt": "Ok",
+        "States": {
+            "Ok": {**task, "Parameters": {"StateMachineArn": child_ok, "Input": {"x": 5}}, "ResultPath": "$.ok", "Next": "Failed"},
+            "Failed": {**task, "Parameters": {"StateMachineArn": child_failed, "Input": {}}, "ResultPath": "$.failed", "End": True},
+        },
+    }
+    d, _ = run_state_machine(stack, parent, {})
+    assert d["status"] == "SUCCEEDED", d
+    out = json.loads(d["output"])
+    assert out["ok"]["Status"] == "SUCCEEDED" and json.loads(out["ok"]["Output"]) == {"doubled": 10}
+    assert out["ok"]["BillingDetails"]["BilledMemoryUsedInMB"] == 64
+    assert (out["failed"]["Status"], out["failed"]["Error"], out["failed"]["Cause"]) == ("FAILED", "My.Error", "it broke")
