@@ -154,8 +154,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     ch.poll_cap = poll_cap_s(ctx.plan.peak_invocations())
     ch.abort_key = keys.window_abort(ev.job, ev.attempt) if ev.attempt else None
     ch.attempt = ev.attempt
-    task_timeout = _task_timeout(ctx, ev)
-    deadline = t0 + min(context.get_remaining_time_in_millis() / 1000.0 - 0.5, task_timeout - 1.0)
+    deadline = t0 + wait_budget(context.get_remaining_time_in_millis() / 1000.0, _task_timeout(ctx, ev))
     try:
         with MemoryWatch(_client(), ev.bucket, ev.job, ev.stage, int(context.memory_limit_in_mb)):
             result = run_phase(ctx, ch, ev, deadline)
@@ -188,6 +187,14 @@ def _gate(event: dict[str, Any], context: Any) -> dict[str, Any]:
         "gets": gch.stats.gets,
     }
     return {"phase": "gate", **out, "work": work}
+
+
+def wait_budget(remaining_s: float, task_timeout_s: float) -> float:
+    """Seconds a task may wait for other workers' objects: until just before its Task's timeout
+    (``_task_timeout``), so a wait in vain is an ObjectWaitTimeout its Map runs again at once, not a
+    timeout; by a second, or a quarter of a learnt timeout under 4 s (the least is 1 s:
+    lambdas/timeouts.py; a second before it would be at once); and within the function's own time."""
+    return min(remaining_s - 0.5, task_timeout_s - min(1.0, task_timeout_s / 4))
 
 
 def _task_timeout(ctx: JobContext, ev: AnyTaskEvent) -> float:

@@ -14,10 +14,20 @@ Before each iteration the gate returns, per phase key (``"f"`` the Forward Map, 
 s's backward Map, ``"s{s}"`` its sync Map), the TimeoutSeconds the window's Tasks then take
 (``TimeoutSecondsPath``, planner/emit/asl.py), and ``"cold"``, what a re-run adds to it::
 
-    timeout = min(planned, max(MIN_S, ceil(FACTOR * median_low(slowest) + SLACK_S)))
+    timeout = min(planned, max(MIN_S, ceil(FACTOR * median_low(slowest) + SLACK_S)))  # >= 3 x slowest
     cold    = ceil(longest cold task)
 
-(``FACTOR_WARM`` instead of ``FACTOR`` while the window attempt keeps state warm: below.)
+(``FACTOR_WARM`` and ``SLACK_WARM_S`` while the window attempt keeps state warm: below.) With
+``FACTOR`` 3, ``SLACK_S`` 0.25 s and ``MIN_S`` 1 s, the demo's forward and sync Maps get 1-2 s and
+its backward Maps 2-4 s (docs/reliability.md "Fault benchmark").
+
+A hung task costs its timeout, and Step Functions counts it in whole seconds (``TimeoutSeconds``,
+at least 1): on tasks of a few tenths of a second the timeout is mostly its rounding. So the slack
+is a quarter second (what the worker cannot see of a warm invocation: tens of milliseconds) and
+the least is 1 s, which a Map gets where its median slowest task takes a quarter second or less;
+every Map keeps at least three times it. (Twice the slowest plus a quarter second was tried and
+reverted: a fault-free run on a loaded machine timed out a 0.3 s task at 1 s.) A task timed out
+only because it was slow runs again at once with ``cold`` more: a re-run, never a failure.
 
 ``slowest``: the slowest task of that key in each of the last ``SAMPLES`` sampled iterations (the
 median keeps an iteration a fault slowed down, such as a consumer that waited for a re-run
@@ -56,9 +66,10 @@ FACTOR = 3.0
 # container, which does not hold that state, and the whole window restarts (WarmStateLost); so
 # such an attempt's timeouts leave S3's and Lambda's tails far more room
 FACTOR_WARM = 10.0
-SLACK_S = 1.0
+SLACK_WARM_S = 1.0
+SLACK_S = 0.25
 COLD_DEFAULT_S = 10.0  # plan.timeouts_from's margin: a Lambda cold start with torch takes seconds
-MIN_S = 2
+MIN_S = 1
 SAMPLES = 5
 RESAMPLE_EVERY = 5
 
@@ -85,11 +96,11 @@ def timeouts(plan: Plan, learnt: LearntTimeouts | None, warm: bool = False) -> d
     out = planned(plan)
     if learnt is None:
         return {**out, "cold": 0}
-    factor = FACTOR_WARM if warm else FACTOR
+    factor, slack = (FACTOR_WARM, SLACK_WARM_S) if warm else (FACTOR, SLACK_S)
     for k, ceiling in out.items():
         xs = learnt.samples.get(k)
         if xs:
-            out[k] = min(ceiling, max(MIN_S, math.ceil(factor * statistics.median_low(xs) + SLACK_S)))
+            out[k] = min(ceiling, max(MIN_S, math.ceil(factor * statistics.median_low(xs) + slack)))
     return {**out, "cold": math.ceil(COLD_DEFAULT_S if learnt.cold_s is None else learnt.cold_s)}
 
 

@@ -33,8 +33,11 @@ WORKER_RETRY = {
 }
 
 # A consumer that waited in vain until just before its Task's (learnt) timeout: usually its producer
-# hung and is being run again, so waiting once more is what helps; a lost object is told apart
-# (ObjectLost, lambdas/channel.py) and fails the window at once.
+# hung or was killed and is being run again, so waiting once more is what helps; a lost object is
+# told apart (ObjectLost, lambdas/channel.py) and fails the window at once. A training task under a
+# learnt timeout now waits once more at once, through its Map's re-run loop (``WAIT_AGAIN_AT_ONCE``):
+# its producer's lateness is no load to back off from. No Task takes this Retry any more;
+# planner/emit/groups.py's bound on a group's child still counts its attempts (a bound above the loop's).
 WAIT_RETRY = {
     "ErrorEquals": ["ObjectWaitTimeout"],
     "IntervalSeconds": 1,
@@ -71,8 +74,12 @@ KILLED_ERROR = "Stagecoach.WorkerKilled"
 # (30%: 0.07%, where 3 retries left 0.8%: a window restart every ~8 iterations of the demo).
 KILL_RETRIES = 5
 # ...and so does a training task that timed out: a hung invocation is no load to back off from
-# either, and a Retry's least wait (0.5 s on average) would add to every hang's timeout
+# either, and a Retry's least wait (0.5 s on average) would add to every hang's timeout; and so
+# does a consumer that waited in vain for a late producer (``ObjectWaitTimeout``, at the learnt
+# timeout's end: a producer killed twice, or hung, is late by about that much), which waits again
+# in the container it ran in (an error reply leaves it warm)
 RERUN_AT_ONCE = [*AMBIGUOUS_KILLS, "States.Timeout", "Sandbox.Timedout"]
+WAIT_AGAIN_AT_ONCE = ["ObjectWaitTimeout"]
 
 
 def worker_task(
@@ -98,11 +105,11 @@ def worker_task(
     else:
         params["FunctionName"] = function
     limit: dict[str, Any] = {"TimeoutSeconds": timeout}
-    retry = [dict(LAMBDA_RETRY)]  # a kill or a timeout: run again at once (``worker_map``'s loop)
+    # a kill, a timeout, and under a learnt timeout a wait in vain: run again at once (``worker_map``'s loop)
+    retry = [dict(LAMBDA_RETRY)]
     if timeout is None:
         payload["timeout.$"] = "$.timeout"
         limit = {"TimeoutSecondsPath": "$.timeout"}
-        retry.append(dict(WAIT_RETRY))
     return {
         "Type": "Task",
         "Resource": "arn:aws:states:::lambda:invoke",
@@ -148,13 +155,19 @@ def worker_map(
     return state
 
 
+def _rerun_errors(task: dict[str, Any]) -> list[str]:
+    """What a task's loop runs again at once: kills and timeouts, and under a learnt timeout
+    (``TimeoutSecondsPath``, which the worker's waits end just before) a wait in vain."""
+    return [*RERUN_AT_ONCE, *(WAIT_AGAIN_AT_ONCE if "TimeoutSecondsPath" in task else [])]
+
+
 def _kill_loop(name: str, task: dict[str, Any], carried: dict[str, Any]) -> dict[str, Any]:
     """A Map item's states: the task, and its kill loop (``carried``: what the loop's Pass keeps)."""
     return {
         f"{name}Task": {
             **task,
             "Catch": [
-                {"ErrorEquals": list(RERUN_AT_ONCE), "ResultPath": "$.caught", "Next": f"{name}Again?"},
+                {"ErrorEquals": _rerun_errors(task), "ResultPath": "$.caught", "Next": f"{name}Again?"},
                 {"ErrorEquals": [e for e in KILLED_ERRORS if e not in AMBIGUOUS_KILLS], "ResultPath": "$.caught", "Next": f"{name}Killed"},
             ],
         },
