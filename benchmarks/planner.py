@@ -27,6 +27,7 @@ hard-coded. Run: python benchmarks/planner.py (--quick: ResNet-101 at 64 only; -
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 import warnings
@@ -59,7 +60,7 @@ def solve_times(
         f"    {'d':>3} {'m':>3} {'stages':>7} {'kept':>5} {'MILPs':>5} {'vars':>5} {'rows':>5}  {'time ' + W_LABEL[headline]:>14}  status    objective  "
         + "  ".join(f"{W_LABEL[w]:>9}" for w in FUNCPIPE_WEIGHTS)
     )
-    head, per_w, statuses, cpu = [], {w: [] for w in FUNCPIPE_WEIGHTS}, [], []
+    head, per_w, statuses, cpu, slow = [], {w: [] for w in FUNCPIPE_WEIGHTS}, [], [], []
     for d in replica_candidates(G, (b,), plat):
         m = G // (b * d)
         row = {}
@@ -71,6 +72,8 @@ def solve_times(
             per_w[w].append(row[w][0])
             cpu.append(time.process_time() - c0)
             statuses.append(r.status)
+            if row[w][0] > 10 or r.status != "optimal":
+                slow.append(f"d={d} {W_LABEL[w]} {row[w][0]:.1f} s ({cpu[-1]:.1f} s CPU) {r.status}")
         t, r, cands = row[headline]
         head.append(t)
         print(
@@ -83,6 +86,8 @@ def solve_times(
         + ", ".join(f"median {W_LABEL[w]}: {statistics.median(v):.2f} s" for w, v in per_w.items())
         + f"; max of all {max(max(v) for v in per_w.values()):.2f} s ({max(cpu):.2f} s of CPU; over 10 s: {sum(t > 10 for v in per_w.values() for t in v)}); proven optimal: {sum(s == 'optimal' for s in statuses)}/{len(statuses)}"
     )
+    # wall seconds on a shared machine are several times the CPU's: the load says how much
+    print(f"    over 10 s or not proven: {'; '.join(slow) or 'none'}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(
         "    (stages = candidate (interval, tier, sync) stages; kept = left after the bound test; MILPs = MILPs solved; vars/rows = of the last)\n"
     )

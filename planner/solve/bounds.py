@@ -236,6 +236,14 @@ class LowerBounds:
         mid = float(inside[(len(inside) - 1) // 2])
         return [(lo, hi)] if mid >= hi else [(lo, mid), (mid, hi)]
 
+    def split_pair(self, pair: tuple[float, float, float, float]) -> tuple[np.ndarray, ...]:
+        """A band pair (aLo, aHi, bLo, bHi) cut at the middle candidate value of each band (2 or 4
+        pairs; 1 if neither band holds two values): together they cover the pair exactly, so a
+        plan of the pair lies in one of them, and each has bounds at least the pair's."""
+        al, ah, bl, bh = pair
+        new = [(a0, a1, b0, b1) for a0, a1 in self._split(self.va, al, ah) for b0, b1 in self._split(self.vb, bl, bh)]
+        return tuple(np.array(v) for v in zip(*new))
+
     def refine(self, P: tuple[np.ndarray, ...], cutoff: float, rounds: int = 8, budget: int = 600) -> tuple[np.ndarray, ...]:
         """Discard the band pairs that cannot beat ``cutoff`` and split the others, repeatedly."""
         for _ in range(rounds):
