@@ -265,7 +265,7 @@ def test_a_nonfinite_loss_in_a_windows_last_iteration_stops_the_next_window():
 def test_a_window_attempt_that_keeps_state_warm_gets_roomier_timeouts_than_a_restarted_one():
     """Iteration 0's tasks took 0.1005 s: a warm attempt's Maps get ceil(10 x 0.1005 + 1) = 3 s (a
     slow task timed out there would restart the window: its state is in no other container), an
-    attempt after a failed one (its abort marker exists; every version is stored) ceil(3 x 0.1005 + 0.25) = 1 s."""
+    attempt after a failed one (its abort marker exists; every version is stored) 2 s."""
     from stagecoach.lambdas import gate as gate_module
 
     s3 = MemoryS3()
@@ -281,19 +281,19 @@ def test_a_window_attempt_that_keeps_state_warm_gets_roomier_timeouts_than_a_res
     }  # every Map 3 s; a re-run 10 s more (no cold task seen)
     s3.put_object(Bucket="bucket", Key=keys.window_abort(JOB, "w0-first"), Body=b"{}")
     gate_module._SPECS.clear()
-    assert set(run_gate(s3, ev(1, attempt="w0-second"))["timeouts"].values()) == {1, 10}
+    assert set(run_gate(s3, ev(1, attempt="w0-second"))["timeouts"].values()) == {2, 10}
 
 
 def test_a_warm_attempt_whose_every_stage_writes_through_gets_a_restarted_ones_timeouts():
     """Every stage's state is small and stored at every version (JobSpec.write_through): a slow
     task timed out there reloads it in its new container, the window goes on, so the warm attempt
-    needs no roomier timeouts: ceil(3 x 0.1005 + 0.25) = 1 s, as after a failed attempt. One stage
+    needs no roomier timeouts: ceil(3 x 0.1005 + 1) = 2 s, as after a failed attempt. One stage
     that keeps its state only in memory brings the warm factor back (3 s)."""
     s3 = MemoryS3()
     warm = spec().model_copy(update={"warm_state": True, "window_length": 10, "write_through": [True, True]})
     s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=warm.model_dump_json().encode())
     put_iteration(s3, 0)
-    assert set(run_gate(s3, ev(1, attempt="w0-first"))["timeouts"].values()) == {1, 10}
+    assert set(run_gate(s3, ev(1, attempt="w0-first"))["timeouts"].values()) == {2, 10}
 
     from stagecoach.lambdas import gate as gate_module
 
