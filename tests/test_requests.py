@@ -95,22 +95,26 @@ def counted(tmp_path_factory):
     """The demo-shaped job, run on a stack of its own that logs every S3 request it serves."""
     log = str(tmp_path_factory.mktemp("requests") / "s3.log")
     saved = {k: os.environ.get(k) for k in (REQUEST_LOG_ENV, "STAGECOACH_LOCAL_ATTACH")}
+    # set while the stack starts (its server inherits it) and the module's runs go
     os.environ.update({REQUEST_LOG_ENV: log, "STAGECOACH_LOCAL_ATTACH": "0"})
+    shared, LocalBackend._shared = LocalBackend._shared, None  # the session's, started without the log
     try:
-        backend = LocalBackend()  # the stack starts now and inherits the variables
+        backend = LocalBackend()  # a stack of its own: its process starts now, with the variable
+        job = demo_like("requests-demo")
+        run = job.run(backend=backend, **SHAPE)
+        # the same job whose gradients travel as chunk objects: the pipelined sync exchanges them itself
+        chunked = demo_like("requests-chunked").run(backend=backend, sync="pipelined_scatter_reduce", **SHAPE)
+        assert run.wait(progress=False, timeout_s=900) == "SUCCEEDED"
+        assert chunked.wait(progress=False, timeout_s=900) == "SUCCEEDED"
+        counts = per_iteration(log, run.job_id)
     finally:
+        LocalBackend._shared = shared
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    job = demo_like("requests-demo")
-    run = job.run(backend=backend, **SHAPE)
-    # the same job whose gradients travel as chunk objects: the pipelined sync exchanges them itself
-    chunked = demo_like("requests-chunked").run(backend=backend, sync="pipelined_scatter_reduce", **SHAPE)
-    assert run.wait(progress=False, timeout_s=900) == "SUCCEEDED"
-    assert chunked.wait(progress=False, timeout_s=900) == "SUCCEEDED"
-    yield job, run, per_iteration(log, run.job_id), chunked
+    yield job, run, counts, chunked
     backend.stack.close()
 
 
