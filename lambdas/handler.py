@@ -192,8 +192,9 @@ def _gate(event: dict[str, Any], context: Any) -> dict[str, Any]:
 def wait_budget(remaining_s: float, task_timeout_s: float) -> float:
     """Seconds a task may wait for other workers' objects: until just before its Task's timeout
     (``_task_timeout``), so a wait in vain is an ObjectWaitTimeout its Map runs again at once, not a
-    timeout; by a second, or a quarter of a learnt timeout under 4 s (the least is 1 s:
-    lambdas/timeouts.py; a second before it would be at once); and within the function's own time."""
+    timeout; by a second, or a quarter of a timeout under 4 s (a learnt one is at least 2 s:
+    lambdas/timeouts.py; Step Functions takes 1 s, where a second before would be at once); and
+    within the function's own time."""
     return min(remaining_s - 0.5, task_timeout_s - min(1.0, task_timeout_s / 4))
 
 
