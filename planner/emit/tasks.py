@@ -139,7 +139,10 @@ def worker_map(
     carried = {(k if k.endswith(".$") else k + ".$"): "$." + k.removesuffix(".$") for k in item}
     if "timeout.$" in item:  # the gate's learnt timeout: a re-run, likely cold, gets ``cold`` more
         item["cold.$"] = cold_path
-        carried.update({"cold.$": "$.cold", "timeout.$": "States.MathAdd($.timeout, $.cold)"})
+        # once: each re-run starts one cold container, not a colder one each time; adding ``cold``
+        # at every pass let a task killed three times and then hung hold its Map for 10 s, not 4
+        carried.pop("cold.$", None)
+        carried.update({"cold": 0, "timeout.$": "States.MathAdd($.timeout, $.cold)"})
     state: dict[str, Any] = {
         "Type": "Map",
         "ItemsPath": items_path,
