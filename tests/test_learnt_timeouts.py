@@ -53,12 +53,12 @@ def test_before_any_iteration_the_plans_timeouts_hold_the_forward_map_under_its_
     assert keys.learnt_timeouts(JOB) not in s3.objects
 
 
-def test_after_an_iteration_each_map_gets_three_times_its_slowest_task_and_a_second_and_a_rerun_a_cold_task_more():
+def test_after_an_iteration_each_map_gets_three_times_its_slowest_task_and_a_quarter_second_and_a_rerun_a_cold_task_more():
     s3 = MemoryS3()
     put_iteration(s3, 0, SECONDS, init_s=INIT)
     got = timeouts.learn(channel(s3), JOB, PLAN, 1)
-    # f: 3*1.0+1 = 4; b0: 6+1 = 7; b1: 4.5+1 -> 6; s0: 0.6+1 -> 2; s1: 1.5+1 -> 3; cold: 1.8 -> 2
-    assert got == {"f": 4, "b0": 7, "b1": 6, "s0": 2, "s1": 3, "cold": 2}
+    # f: 3*1.0+0.25 -> 4; b0: 6.25 -> 7; b1: 4.75 -> 5; s0: 0.85 -> 2; s1: 1.75 -> 2; cold: 1.8 -> 2
+    assert got == {"f": 4, "b0": 7, "b1": 5, "s0": 2, "s1": 2, "cold": 2}
     stored = LearntTimeouts.model_validate_json(s3.objects[keys.learnt_timeouts(JOB)])
     assert stored.through == 0 and stored.cold_s == pytest.approx(1.8) and stored.samples["b0"] == [2.0]
 
@@ -76,7 +76,7 @@ def test_without_a_cold_task_seen_a_rerun_is_allowed_ten_seconds_more_and_the_pl
     put_iteration(s3, 4, {**SECONDS, "b1": 30.0})
     got = timeouts.learn(channel(s3), JOB, PLAN, 5)
     # as above, b1: 90+1 > 50 -> 50; a re-run gets 10 s more
-    assert got == {"f": 4, "b0": 7, "b1": 50, "s0": 2, "s1": 3, "cold": 10}
+    assert got == {"f": 4, "b0": 7, "b1": 50, "s0": 2, "s1": 2, "cold": 10}
 
 
 def test_an_iteration_a_fault_slowed_down_does_not_raise_the_timeouts():
@@ -87,7 +87,7 @@ def test_an_iteration_a_fault_slowed_down_does_not_raise_the_timeouts():
     put_iteration(s3, 2, SECONDS)
     c = channel(s3)
     timeouts.learn(c, JOB, PLAN, 2)
-    assert timeouts.learn(c, JOB, PLAN, 3)["b0"] == 7  # median_low of [2, 9, 2]: 2 -> 3*2+1 = 7
+    assert timeouts.learn(c, JOB, PLAN, 3)["b0"] == 7  # median_low of [2, 9, 2]: 2 -> 3*2+0.25 -> 7
     # with two samples the lower one counts: [2, 9] -> 2, never their mean
     assert timeouts.timeouts(PLAN, LearntTimeouts(samples={"b0": [2.0, 9.0]}, cold_s=1.8))["b0"] == 7
 
