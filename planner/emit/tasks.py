@@ -136,7 +136,7 @@ def worker_map(
         **selector,
     }
     # what the kill loop's Pass carries of an item's state (a Pass's Parameters replace it all)
-    carried = {(k if k.endswith(".$") else k + ".$"): "$." + k.removesuffix(".$") for k in item}
+    carried: dict[str, Any] = {(k if k.endswith(".$") else k + ".$"): "$." + k.removesuffix(".$") for k in item}
     if "timeout.$" in item:  # the gate's learnt timeout: a re-run, likely cold, gets ``cold`` more
         item["cold.$"] = cold_path
         # once: each re-run starts one cold container, not a colder one each time; adding ``cold``
