@@ -433,8 +433,13 @@ def _highs(time_limit: float, gap: float, threads: int | None, objective_bound: 
     """HiGHS as measured fastest on these models: restarts re-presolve the root again and again,
     and the sub-MIP heuristics (RINS, RENS, root reduced cost) take most of the time while the
     incumbent from the heuristic plan is already good; without them the same proofs take 2-10x
-    less time. Quiet: no log and no banner (_QuietHighs)."""
+    less time. Presolve is off: on these path MILPs it removes little (1.5% of the columns of an
+    AmoebaNet-D36 MILP, after 26 s of probing); without it the same MILPs of the slowest solves
+    proved the same optima in 0.6-0.75x the CPU time, though not every MILP gains (L = 12, d = 64:
+    twice as long; docs/performance-model.md §7.4).
+    Quiet: no log and no banner (_QuietHighs)."""
     opts: dict[str, Any] = {
+        "presolve": "off",
         "mip_allow_restart": False,
         "mip_heuristic_run_rins": False,
         "mip_heuristic_run_rens": False,
