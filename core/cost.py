@@ -109,6 +109,25 @@ def task_usage(m: TaskMetrics) -> Usage:
     return Usage(gb_s=gb_seconds(m.duration_s, m.memory_mb), invocations=1, puts=m.puts + 1, gets=m.gets)
 
 
+# Step Functions Express (https://aws.amazon.com/step-functions/pricing/): each execution is one
+# request, and its duration is billed rounded up to the next 100 ms, at its memory rounded up to
+# the next 64 MB (docs/cost.md "Express windows")
+EXPRESS_STEP_S = 0.1
+EXPRESS_MEMORY_STEP_MB = 64
+
+
+def express_billed_s(duration_s: float) -> float:
+    """An Express execution's billed duration: rounded up to 100 ms (noise below 1 us is not 100 ms more)."""
+    return math.ceil(round(duration_s * 10, 6)) / 10  # in steps of EXPRESS_STEP_S
+
+
+def express_gb_s(duration_s: float, memory_mb: int) -> float:
+    """GB-seconds of an Express execution of ``duration_s`` at ``memory_mb``, both in billed steps.
+    The gate's cost cap and the predicted cost (sdk/cost.py) price Express windows with it."""
+    mb = EXPRESS_MEMORY_STEP_MB * math.ceil(memory_mb / EXPRESS_MEMORY_STEP_MB)
+    return express_billed_s(duration_s) * mb / 1024.0
+
+
 def usage_by_phase(metrics: Iterable[TaskMetrics]) -> dict[str, Usage]:
     """Per phase ("forward", "backward", "sync"), the tasks' summed usage (no transitions: those
     come from the state machines, sdk/cost.py)."""

@@ -113,6 +113,10 @@ class JobSpec(_Record):
     prices: dict[str, Any] | None = None
     # the client's S3 requests while launching the job ("puts", "gets"): part of its cost
     launch_requests: dict[str, int] | None = None
+    # the windows run as EXPRESS state machines billed at this memory (MB, planner/emit/workflow.py
+    # window_memory_mb): the iteration gate's cost cap prices them per request and duration
+    # (lambdas/gate.py); None: STANDARD windows, billed per state transition
+    express_memory_mb: int | None = None
 
     def to_plan(self) -> Plan:
         return Plan.from_dict(self.plan)
@@ -198,6 +202,10 @@ class CostTally(_Record):
     usage: dict[str, float]  # core/cost.py Usage fields
     usd: float
     previous_usd: float = 0.0  # ``usd`` before the gate that wrote this (the cap's next-iteration estimate)
+    # Express windows (JobSpec.express_memory_mb): when the current window attempt's first gate ran,
+    # and the GB-seconds of its duration metered so far (billed in 100 ms steps of the whole execution)
+    window_started: float = 0.0
+    window_gb_s: float = 0.0
 
 
 class LearntTimeouts(_Record):

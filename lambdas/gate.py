@@ -38,7 +38,7 @@ from dataclasses import asdict
 from typing import Any
 
 from stagecoach.core import keys
-from stagecoach.core.cost import Prices, Usage, gb_seconds, task_usage
+from stagecoach.core.cost import Prices, Usage, express_gb_s, gb_seconds, task_usage
 from stagecoach.core.events import GateEvent
 from stagecoach.core.records import CostTally, JobSpec, StopRecord, StopRequest, TaskMetrics
 from stagecoach.lambdas.channel import Channel
@@ -66,14 +66,15 @@ def iteration_usage(ch: Channel, job: str, plan: Plan, t: int, spec: JobSpec | N
     job's ``spec``, also what the window ran after it before the next gate (``after_iteration``):
     the Due and Choice states asking for an evaluation or a checkpoint, and version t+1's
     Evaluate or Checkpoint pass if it ran one. Without those a job that evaluates ran on past its
-    cap by more than an iteration's cost: two transitions an iteration went unmetered."""
+    cap by more than an iteration's cost: two transitions an iteration went unmetered. An Express
+    window's states are no billed transitions (its duration is: ``meter``)."""
     keys_, transitions = task_keys(job, plan, t), asl.transitions_per_iteration(plan)
     if spec is not None:
         more_keys, more_transitions = after_iteration(spec, plan, t + 1)
         keys_, transitions = keys_ + more_keys, transitions + more_transitions
     with ThreadPoolExecutor(max_workers=16) as pool:
         bodies = list(pool.map(ch.get_bytes, keys_))
-    usage = Usage(transitions=transitions)
+    usage = Usage(transitions=0 if spec is not None and spec.express_memory_mb is not None else transitions)
     for body in bodies:
         if body is not None:
             usage = usage + task_usage(TaskMetrics.model_validate_json(body))
@@ -105,6 +106,48 @@ def launch_usage(spec: JobSpec) -> Usage:
     return Usage(puts=int(req.get("puts", 0)), gets=int(req.get("gets", 0)))
 
 
+def _window_usage(spec: JobSpec) -> Usage:
+    """What a window attempt costs once, beyond its iterations, counted at its first gate: as
+    STANDARD its own fixed states and the job's per window; as EXPRESS the job's states per window
+    and the execution's request (its duration is metered gate by gate, ``_express_duration``)."""
+    if spec.express_memory_mb is None:
+        return Usage(transitions=asl.TRANSITIONS_WINDOW_FIXED + asl.TRANSITIONS_JOB_PER_WINDOW)
+    return Usage(transitions=asl.TRANSITIONS_JOB_PER_EXPRESS_WINDOW, express_requests=1)
+
+
+def _express_duration(spec: JobSpec, tally: CostTally | None, window_first: bool, now: float) -> tuple[Usage, float, float]:
+    """An Express window's duration so far, as billed (core/cost.py ``express_gb_s``: the whole
+    execution in 100 ms steps), less what earlier gates of this attempt metered: the usage to add,
+    and the attempt's start and metered GB-seconds for the tally. The start is the attempt's first
+    gate's clock (the execution began a few ms before it: those stay unmetered)."""
+    if spec.express_memory_mb is None:
+        return Usage(), 0.0, 0.0
+    started = now if window_first or tally is None else tally.window_started
+    metered = 0.0 if window_first or tally is None else tally.window_gb_s
+    total = express_gb_s(max(0.0, now - started), spec.express_memory_mb)
+    return Usage(express_gb_s=total - metered), started, total
+
+
+def _stored_usage(stored: dict[str, float]) -> Usage:
+    """A tally's usage as stored (``asdict``; a tally written before Express windows lacks their fields)."""
+
+    def count(name: str) -> int:
+        return int(stored.get(name, 0))
+
+    def amount(name: str) -> float:
+        return float(stored.get(name, 0.0))
+
+    return Usage(
+        gb_s=amount("gb_s"),
+        invocations=count("invocations"),
+        transitions=count("transitions"),
+        puts=count("puts"),
+        gets=count("gets"),
+        express_requests=count("express_requests"),
+        express_gb_s=amount("express_gb_s"),
+    )
+
+
 def meter(ch: Channel, spec: JobSpec, ev: GateEvent, started: float, memory_mb: int) -> CostTally:
     """Add what the job used since the last gate to its tally, and store it."""
     plan = spec.to_plan()
@@ -114,14 +157,7 @@ def meter(ch: Channel, spec: JobSpec, ev: GateEvent, started: float, memory_mb: 
     if tally is not None and tally.last_gate == gate_id:  # this gate, retried: counted already
         return tally
     if tally is not None:
-        u = tally.usage
-        usage = Usage(
-            gb_s=float(u["gb_s"]),
-            invocations=int(u["invocations"]),
-            transitions=int(u["transitions"]),
-            puts=int(u["puts"]),
-            gets=int(u["gets"]),
-        )
+        usage = _stored_usage(tally.usage)
     else:  # the first gate: the launch's requests and the job execution's fixed transitions
         usage = launch_usage(spec) + Usage(transitions=asl.TRANSITIONS_JOB_FIXED)
     through = tally.through if tally else 0
@@ -132,16 +168,26 @@ def meter(ch: Channel, spec: JobSpec, ev: GateEvent, started: float, memory_mb: 
         # the previous window's last, unless its final gate counted it; for an attempt resuming a
         # failed one (lambdas/resumepoint.py), what that attempt ran after its last gate
         metered = list(range(through, ev.t))
-        usage = usage + Usage(transitions=asl.TRANSITIONS_WINDOW_FIXED + asl.TRANSITIONS_JOB_PER_WINDOW)
+        usage = usage + _window_usage(spec)
     for t in metered:
         usage = usage + iteration_usage(ch, ev.job, plan, t, spec)
+    now = time.time()
+    duration, window_started, window_gb_s = _express_duration(spec, tally, ev.t <= first, now)
     # the gate itself: its invocation, its requests so far and the one PUT to come, its time so far
     st = ch.stats
-    usage = usage + Usage(gb_s=gb_seconds(time.time() - started, memory_mb), invocations=1, puts=st.puts + 1, gets=st.gets)
+    usage = usage + duration + Usage(gb_s=gb_seconds(now - started, memory_mb), invocations=1, puts=st.puts + 1, gets=st.gets)
     prices = Prices(**spec.prices) if spec.prices else None
     usd = usage.usd(prices) if prices else 0.0
     previous = tally.usd if tally is not None else 0.0
-    tally = CostTally(through=max(through, ev.t), last_gate=gate_id, usage=asdict(usage), usd=usd, previous_usd=previous)
+    tally = CostTally(
+        through=max(through, ev.t),
+        last_gate=gate_id,
+        usage=asdict(usage),
+        usd=usd,
+        previous_usd=previous,
+        window_started=window_started,
+        window_gb_s=window_gb_s,
+    )
     ch.put_bytes(keys.cost_tally(ev.job), tally.model_dump_json().encode())
     return tally
 

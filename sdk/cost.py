@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from stagecoach.core.cost import Prices, Usage, gb_seconds, usage_by_phase
+from stagecoach.core.cost import Prices, Usage, express_billed_s, gb_seconds, usage_by_phase
 from stagecoach.core.records import JobSpec, TaskMetrics
 from stagecoach.planner.emit import asl
 from stagecoach.planner.model.passes import PassEstimate
@@ -218,7 +218,7 @@ def _orchestration(plan: Plan, estimate: Estimate, n: int, platform: Platform, c
         return usage + Usage(transitions=transitions + asl.TRANSITIONS_JOB_FIXED)
     full, last = divmod(n, windows.length)
     durations = [windows.length * estimate.time_s] * full + ([last * estimate.time_s] if last else [])
-    billed_s = sum(math.ceil(round(t * 10, 6)) / 10 for t in durations)  # 100 ms steps
+    billed_s = sum(express_billed_s(t) for t in durations)  # 100 ms steps
     return usage + Usage(
         transitions=count * asl.TRANSITIONS_JOB_PER_EXPRESS_WINDOW + asl.TRANSITIONS_JOB_FIXED,
         express_requests=count,

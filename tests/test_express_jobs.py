@@ -146,3 +146,26 @@ def test_a_lost_failed_or_repeated_window_changes_nothing(standard):
         assert seen.cost is not None and seen.cost.total.express_requests == 3
     finally:
         faulty.stack.close()
+
+
+def test_a_capped_express_job_is_metered_as_express(backend):
+    """The gate's cost cap prices Express windows per request and duration (lambdas/gate.py): the
+    tally of a capped Express job holds one Express request per window, the job's own states only
+    (2 + 8 per Express window), and a duration no longer than the windows' billed one; no window
+    state is counted as a Standard transition, so a cap the run fits does not stop it."""
+    job = dataclasses.replace(recovery_job("cap"), workflow="express")
+    r = job.run(stages=2, replicas=1, micro_batches=2, timeout_s=TIMEOUT_S, backend=backend, max_cost=1.0)
+    assert r.wait(progress=False, poll_s=1.0, timeout_s=900) == "SUCCEEDED", r.failure()
+    assert r.stopped() is None and r.spec().express_memory_mb is not None
+    tally = read_json(r._c.s3, r.bucket, keys.cost_tally(r.job_id))
+    windows = len(window_runs(r))
+    assert windows == 3  # [0, 2), [2, 4), [4, 5): none lost here
+    usage = tally["usage"]
+    assert usage["express_requests"] == windows
+    assert usage["transitions"] == asl.TRANSITIONS_JOB_FIXED + windows * asl.TRANSITIONS_JOB_PER_EXPRESS_WINDOW
+    billed = r.cost().total
+    assert billed.express_requests == windows
+    assert 0 < usage["express_gb_s"] <= billed.express_gb_s
+    # every task the measured cost counts, the tally counts too (it also has the 8 gates: Run.cost()
+    # does not count them yet with Express windows, docs/cost.md)
+    assert usage["invocations"] >= billed.invocations + 5 + windows

@@ -214,7 +214,10 @@ def deploy_and_start(
         # the job is metered at the prices of its functions' architecture, as of now
         prices = Prices.of(aws_platform("x86_64" if res.architecture == "x86_64" else "arm64"))
         requests = {"puts": launched.puts + 1, "gets": launched.gets}  # + the spec's own PUT
-        spec = spec.model_copy(update={"max_cost_usd": max_cost_usd, "prices": asdict(prices), "launch_requests": requests})
+        express_mb = choice.memory_mb if choice.workflow == asl.EXPRESS else None  # what the gate's cap prices
+        spec = spec.model_copy(
+            update={"max_cost_usd": max_cost_usd, "prices": asdict(prices), "launch_requests": requests, "express_memory_mb": express_mb}
+        )
         c.s3.put_object(Bucket=res.bucket, Key=keys.job_spec(job_id), Body=spec.model_dump_json(indent=2).encode())
         job_input = JobInput(
             job=job_id,
