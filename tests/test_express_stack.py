@@ -165,3 +165,51 @@ def test_a_standard_parent_gets_the_sync_result_through_the_aws_sdk_integration(
     assert out["ok"]["Status"] == "SUCCEEDED" and json.loads(out["ok"]["Output"]) == {"doubled": 10}
     assert out["ok"]["BillingDetails"]["BilledMemoryUsedInMB"] == 64
     assert (out["failed"]["Status"], out["failed"]["Error"], out["failed"]["Cause"]) == ("FAILED", "My.Error", "it broke")
+
+
+SYNC_CHILD = {
+    "StartAt": "Outer",
+    "States": {
+        "Outer": {
+            "Type": "Parallel",
+            "Branches": [
+                {
+                    "StartAt": "Child",
+                    "States": {
+                        "Child": {
+                            "Type": "Task",
+                            "Resource": "arn:aws:states:::states:startExecution.sync:2",
+                            "Parameters": {"StateMachineArn": "arn:aws:states:us-east-1:123456789012:stateMachine:x"},
+                            "End": True,
+                        }
+                    },
+                }
+            ],
+            "End": True,
+        }
+    },
+}
+
+
+def test_an_express_machine_refuses_sync_and_callback_integrations(stack):
+    """AWS: "Express Workflows do not support Run a Job (.sync) or Wait for Callback
+    (.waitForTaskToken)": refused at CreateStateMachine and UpdateStateMachine with
+    InvalidDefinition, also inside a Parallel's branch; a STANDARD machine takes them."""
+    sfn = stack.clients.sfn
+    for resource in ("arn:aws:states:::states:startExecution.sync:2", "arn:aws:states:::lambda:invoke.waitForTaskToken"):
+        definition = json.loads(json.dumps(SYNC_CHILD))
+        definition["States"]["Outer"]["Branches"][0]["States"]["Child"]["Resource"] = resource
+        with pytest.raises(botocore.exceptions.ClientError) as refused:
+            _machine(stack, definition)
+        error = refused.value.response["Error"]
+        assert error["Code"] == "InvalidDefinition" and resource in error["Message"]
+        assert "/States/Outer/Branches[0]/States/Child" in error["Message"]
+        _machine(stack, definition, kind="STANDARD")  # Standard: fine
+    express = _machine(stack, PASS)
+    with pytest.raises(botocore.exceptions.ClientError) as refused:
+        sfn.update_state_machine(stateMachineArn=express, definition=json.dumps(SYNC_CHILD))
+    assert refused.value.response["Error"]["Code"] == "InvalidDefinition"
+    # the request-response form of the same integration is what an Express machine may run
+    request_response = json.loads(json.dumps(SYNC_CHILD).replace("startExecution.sync:2", "startExecution"))
+    sfn.update_state_machine(stateMachineArn=express, definition=json.dumps(request_response))
+    assert json.loads(sfn.describe_state_machine(stateMachineArn=express)["definition"]) == request_response

@@ -4,6 +4,11 @@ moto 5.2.1 accepts ``type="EXPRESS"`` but forgets it (every state machine descri
 runs as one) and has no StartSyncExecution. Here, as on AWS:
 
 - CreateStateMachine keeps the type; DescribeStateMachine and ListStateMachines report it.
+- An EXPRESS state machine takes only Request Response integrations: CreateStateMachine and
+  UpdateStateMachine refuse a Task whose Resource is a ``.sync`` (Run a Job) or
+  ``.waitForTaskToken`` (Wait for Callback) integration with InvalidDefinition (AWS: "Express
+  Workflows do not support Run a Job (.sync) or Wait for Callback (.waitForTaskToken)",
+  docs/local-stack.md; AWS's exact message is undocumented, ``UNSUPPORTED_MESSAGE`` is ours).
 - StartSyncExecution runs an EXPRESS execution and answers when it has ended, HTTP 200 whether it
   succeeded or not (``status`` SUCCEEDED, FAILED or TIMED_OUT, ``output`` a JSON string only when
   it succeeded, ``error``/``cause`` when it failed, ``billingDetails``); on a STANDARD state
@@ -48,6 +53,11 @@ BILLED_STEP_MS = 100
 BILLED_MEMORY_MB = 64
 POLL_S = 0.02
 KINDS = ("lose_before", "lose_after", "repeat")
+UNSUPPORTED_PATTERNS = (".sync", ".waitForTaskToken")
+UNSUPPORTED_MESSAGE = (
+    "Invalid State Machine Definition: 'SCHEMA_VALIDATION_FAILED: The resource provided {resource} "
+    "is not supported for EXPRESS state machines at {path}/Resource'"
+)
 
 
 def express_arn(state_machine_arn: str, name: str) -> str:
@@ -64,6 +74,26 @@ def invalid_arn_message(arn: str) -> str:
     """What Step Functions answers for an ARN of a kind the action does not take."""
     kind = arn.split(":")[5] if arn.count(":") >= 6 else arn
     return f"Invalid Arn: 'Resource type not valid in this context: {kind}'"
+
+
+def unsupported_in_express(definition: dict[str, Any], path: str = "") -> str | None:
+    """The first Task (by its path, as AWS's definition errors name it) that an EXPRESS state
+    machine cannot run: a ``.sync`` or ``.waitForTaskToken`` integration, also inside a Parallel's
+    branches or a Map's processor; None if it has none."""
+    for name, state in (definition.get("States") or {}).items():
+        here = f"{path}/States/{name}"
+        resource = str(state.get("Resource", "")) if state.get("Type") == "Task" else ""
+        if resource.startswith("arn:aws:states:::") and any(p in resource.split(":::", 1)[1] for p in UNSUPPORTED_PATTERNS):
+            return UNSUPPORTED_MESSAGE.format(resource=resource, path=here)
+        inner = [(f"{here}/Branches[{i}]", b) for i, b in enumerate(state.get("Branches") or [])]
+        for key in ("ItemProcessor", "Iterator"):
+            if isinstance(state.get(key), dict):
+                inner.append((f"{here}/{key}", state[key]))
+        for inner_path, sub in inner:
+            found = unsupported_in_express(sub, inner_path)
+            if found is not None:
+                return found
+    return None
 
 
 @dataclass
@@ -228,9 +258,9 @@ def _install_type() -> None:
 
     create = StepFunctionResponse.create_state_machine
     listing = StepFunctionResponse.list_state_machines
+    update = StepFunctionResponse.update_state_machine
 
     def create_state_machine(self: StepFunctionResponse) -> ActionResult:
-        result = create(self)
         kind = self._get_param("type") or "STANDARD"
         if kind not in ("STANDARD", EXPRESS):
             # moto: the `local` extra (see above)
@@ -239,6 +269,9 @@ def _install_type() -> None:
             raise ValidationException(
                 f"Value '{kind}' at 'type' failed to satisfy constraint: Member must satisfy enum value set: [STANDARD, EXPRESS]"
             )
+        if kind == EXPRESS:
+            _refuse_unsupported(self._get_param("definition"))
+        result = create(self)
         machine = self.stepfunction_backend.describe_state_machine(_result(result)["stateMachineArn"])
         machine.type = machine.sm_type = kind
         return result
@@ -249,8 +282,32 @@ def _install_type() -> None:
             item["type"] = getattr(self.stepfunction_backend.describe_state_machine(item["stateMachineArn"]), "type", "STANDARD")
         return result
 
+    def update_state_machine(self: StepFunctionResponse) -> ActionResult:
+        definition = self._get_param("definition")
+        if definition is not None:
+            machine = self.stepfunction_backend.describe_state_machine(self._get_param("stateMachineArn"))
+            if getattr(machine, "type", "STANDARD") == EXPRESS:
+                _refuse_unsupported(definition)
+        return update(self)
+
     StepFunctionResponse.create_state_machine = create_state_machine  # type: ignore[method-assign]
+    StepFunctionResponse.update_state_machine = update_state_machine  # type: ignore[method-assign]
     StepFunctionResponse.list_state_machines = list_state_machines  # type: ignore[method-assign]
+
+
+def _refuse_unsupported(definition: str | None) -> None:
+    """InvalidDefinition for an EXPRESS definition with a .sync or .waitForTaskToken Task (a
+    definition that is no JSON is left to moto's own checks)."""
+    # moto: the `local` extra, heavy and optional; imported on use, in the stack process only
+    from moto.stepfunctions.exceptions import AWSError
+
+    try:
+        parsed = json.loads(definition or "")
+    except ValueError:
+        return
+    found = unsupported_in_express(parsed) if isinstance(parsed, dict) else None
+    if found is not None:
+        raise AWSError(found, "InvalidDefinition")
 
 
 def _result(result: Any) -> dict[str, Any]:
