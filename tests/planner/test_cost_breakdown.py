@@ -2,25 +2,12 @@
 the Step Functions part agrees with the workflow choice's own arithmetic (planner/emit/workflow.py),
 so the benchmark's table cannot drift from what ``stagecoach train`` predicts or ``auto`` picks."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
 from stagecoach.core.cost import Usage
 from stagecoach.planner.emit import asl
-
-
-@pytest.fixture(scope="module")
-def bench():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "cost.py"
-    spec = importlib.util.spec_from_file_location("cost_benchmark", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["cost_benchmark"] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")

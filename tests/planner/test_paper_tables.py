@@ -1,22 +1,8 @@
 """benchmarks/paper_tables.py: the seed papers' measured numbers against the model (issue 14, item 2)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from stagecoach.planner.model.platforms import aws_platform
-
-
-@pytest.fixture(scope="module")
-def tables():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "paper_tables.py"
-    spec = importlib.util.spec_from_file_location("paper_tables", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["paper_tables"] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_rows_fitted_to_score_nothing_and_the_scored_error_is_within_target(tables):
