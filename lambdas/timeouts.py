@@ -33,7 +33,7 @@ median keeps an iteration a fault slowed down, such as a consumer that waited fo
 producer, from raising the timeout); ``SLACK_S`` what the worker cannot see of an invocation (the
 call, the sandbox). A task's first run finds its container warm (the window's tasks run on the
 same functions every iteration); a task run again after a kill or a timeout usually starts a new
-container, so the Map's re-run loop adds ``cold`` to its timeout each time (asl ``{name}Again``):
+container, so the Map's re-run loop adds ``cold`` to its timeout once (asl ``{name}Again``):
 the longest a cold task has worked, its Init included and its waits for other workers' objects
 left out (``init_s + duration_s - wait_s`` of its metrics: a cold task also loads its job, model
 and data; the waits are in ``slowest``, and a re-run consumer that waited for a hung producer must
