@@ -194,15 +194,21 @@ SYNC_CHILD = {
 def test_an_express_machine_refuses_sync_and_callback_integrations(stack):
     """AWS: "Express Workflows do not support Run a Job (.sync) or Wait for Callback
     (.waitForTaskToken)": refused at CreateStateMachine and UpdateStateMachine with
-    InvalidDefinition, also inside a Parallel's branch; a STANDARD machine takes them."""
+    InvalidDefinition, also inside a Parallel's branch, and so is an activity; a STANDARD machine
+    takes them."""
     sfn = stack.clients.sfn
-    for resource in ("arn:aws:states:::states:startExecution.sync:2", "arn:aws:states:::lambda:invoke.waitForTaskToken"):
+    for resource in (
+        "arn:aws:states:::states:startExecution.sync:2",
+        "arn:aws:states:::lambda:invoke.waitForTaskToken",
+        "arn:aws:states:us-east-1:123456789012:activity:work",
+    ):
         definition = json.loads(json.dumps(SYNC_CHILD))
         definition["States"]["Outer"]["Branches"][0]["States"]["Child"]["Resource"] = resource
         with pytest.raises(botocore.exceptions.ClientError) as refused:
             _machine(stack, definition)
         error = refused.value.response["Error"]
-        assert error["Code"] == "InvalidDefinition" and resource in error["Message"]
+        assert error["Code"] == "InvalidDefinition" and "Express state machine does not support" in error["Message"]
+        assert ("Activity ARN" if ":activity:" in resource else resource) in error["Message"]
         assert "/States/Outer/Branches[0]/States/Child" in error["Message"]
         _machine(stack, definition, kind="STANDARD")  # Standard: fine
     express = _machine(stack, PASS)

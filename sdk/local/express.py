@@ -6,9 +6,11 @@ runs as one) and has no StartSyncExecution. Here, as on AWS:
 - CreateStateMachine keeps the type; DescribeStateMachine and ListStateMachines report it.
 - An EXPRESS state machine takes only Request Response integrations: CreateStateMachine and
   UpdateStateMachine refuse a Task whose Resource is a ``.sync`` (Run a Job) or
-  ``.waitForTaskToken`` (Wait for Callback) integration with InvalidDefinition (AWS: "Express
-  Workflows do not support Run a Job (.sync) or Wait for Callback (.waitForTaskToken)",
-  docs/local-stack.md; AWS's exact message is undocumented, ``UNSUPPORTED_MESSAGE`` is ours).
+  ``.waitForTaskToken`` (Wait for Callback) integration, or an activity, with InvalidDefinition
+  (AWS: "Express Workflows do not support Run a Job (.sync) or Wait for Callback
+  (.waitForTaskToken)", docs/local-stack.md). AWS does not publish the message; ours is the one of
+  LocalStack's Express static analyser (which moto vendors unused, moto/stepfunctions/parser/asl/
+  static_analyser/express_static_analyser.py), with the state's path added.
 - StartSyncExecution runs an EXPRESS execution and answers when it has ended, HTTP 200 whether it
   succeeded or not (``status`` SUCCEEDED, FAILED or TIMED_OUT, ``output`` a JSON string only when
   it succeeded, ``error``/``cause`` when it failed, ``billingDetails``); on a STANDARD state
@@ -55,9 +57,9 @@ POLL_S = 0.02
 KINDS = ("lose_before", "lose_after", "repeat")
 UNSUPPORTED_PATTERNS = (".sync", ".waitForTaskToken")
 UNSUPPORTED_MESSAGE = (
-    "Invalid State Machine Definition: 'SCHEMA_VALIDATION_FAILED: The resource provided {resource} "
-    "is not supported for EXPRESS state machines at {path}/Resource'"
+    "Invalid State Machine Definition: 'SCHEMA_VALIDATION_FAILED: Express state machine does not support {what} at {path}/Resource'"
 )
+ACTIVITY_ARN = ":activity:"
 
 
 def express_arn(state_machine_arn: str, name: str) -> str:
@@ -82,9 +84,9 @@ def unsupported_in_express(definition: dict[str, Any], path: str = "") -> str | 
     branches or a Map's processor; None if it has none."""
     for name, state in (definition.get("States") or {}).items():
         here = f"{path}/States/{name}"
-        resource = str(state.get("Resource", "")) if state.get("Type") == "Task" else ""
-        if resource.startswith("arn:aws:states:::") and any(p in resource.split(":::", 1)[1] for p in UNSUPPORTED_PATTERNS):
-            return UNSUPPORTED_MESSAGE.format(resource=resource, path=here)
+        what = _unsupported(str(state.get("Resource", ""))) if state.get("Type") == "Task" else None
+        if what is not None:
+            return UNSUPPORTED_MESSAGE.format(what=what, path=here)
         inner = [(f"{here}/Branches[{i}]", b) for i, b in enumerate(state.get("Branches") or [])]
         for key in ("ItemProcessor", "Iterator"):
             if isinstance(state.get(key), dict):
@@ -93,6 +95,18 @@ def unsupported_in_express(definition: dict[str, Any], path: str = "") -> str | 
             found = unsupported_in_express(sub, inner_path)
             if found is not None:
                 return found
+    return None
+
+
+def _unsupported(resource: str) -> str | None:
+    """What of a Task's Resource an EXPRESS machine cannot run, in LocalStack's words: an activity,
+    or a ``.sync`` / ``.waitForTaskToken`` service integration (naming the resource)."""
+    if resource.startswith("arn:aws:states:") and ACTIVITY_ARN in resource:
+        return "Activity ARN"
+    if resource.startswith("arn:aws:states:::"):
+        pattern = next((p for p in UNSUPPORTED_PATTERNS if p in resource.split(":::", 1)[1]), None)
+        if pattern is not None:
+            return f"'{pattern}' service integration ({resource})"
     return None
 
 
