@@ -277,6 +277,8 @@ def main() -> None:
     print_before_after(cases)
     runs: list[Measured] = []
     if not args.predicted_only:
+        # a stack of its own: never this project's daemon's (its other jobs would share the cores)
+        os.environ["STAGECOACH_LOCAL_ATTACH"] = "0"
         backend = LocalBackend()
         try:
             for name in [n for n in args.local.split(",") if n]:
