@@ -98,6 +98,7 @@ def counted(tmp_path_factory):
     # set while the stack starts (its server inherits it) and the module's runs go
     os.environ.update({REQUEST_LOG_ENV: log, "STAGECOACH_LOCAL_ATTACH": "0"})
     shared, LocalBackend._shared = LocalBackend._shared, None  # the session's, started without the log
+    backend = None
     try:
         backend = LocalBackend()  # a stack of its own: its process starts now, with the variable
         job = demo_like("requests-demo")
@@ -107,6 +108,10 @@ def counted(tmp_path_factory):
         assert run.wait(progress=False, timeout_s=900) == "SUCCEEDED"
         assert chunked.wait(progress=False, timeout_s=900) == "SUCCEEDED"
         counts = per_iteration(log, run.job_id)
+    except BaseException:
+        if backend is not None:
+            backend.stack.close()  # the stack it started, also when its runs fail
+        raise
     finally:
         LocalBackend._shared = shared
         for k, v in saved.items():
