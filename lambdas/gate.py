@@ -161,8 +161,8 @@ def meter(ch: Channel, spec: JobSpec, ev: GateEvent, started: float, memory_mb: 
     else:  # the first gate: the launch's requests and the job execution's fixed transitions
         usage = launch_usage(spec) + Usage(transitions=asl.TRANSITIONS_JOB_FIXED)
     through = tally.through if tally else 0
-    first = ev.window_start if ev.first is None else ev.first
-    if ev.t > first:
+    window_first = ev.t <= (ev.window_start if ev.first is None else ev.first)  # the attempt's first gate
+    if not window_first:
         metered = [ev.t - 1]  # just run by this window attempt (again, if the window restarted)
     else:
         # the previous window's last, unless its final gate counted it; for an attempt resuming a
@@ -172,7 +172,7 @@ def meter(ch: Channel, spec: JobSpec, ev: GateEvent, started: float, memory_mb: 
     for t in metered:
         usage = usage + iteration_usage(ch, ev.job, plan, t, spec)
     now = time.time()
-    duration, window_started, window_gb_s = _express_duration(spec, tally, ev.t <= first, now)
+    duration, window_started, window_gb_s = _express_duration(spec, tally, window_first, now)
     # the gate itself: its invocation, its requests so far and the one PUT to come, its time so far
     st = ch.stats
     usage = usage + duration + Usage(gb_s=gb_seconds(now - started, memory_mb), invocations=1, puts=st.puts + 1, gets=st.gets)

@@ -287,7 +287,7 @@ def test_a_window_attempt_that_keeps_state_warm_gets_roomier_timeouts_than_a_res
 def test_a_warm_attempt_whose_every_stage_writes_through_gets_a_restarted_ones_timeouts():
     """Every stage's state is small and stored at every version (JobSpec.write_through): a slow
     task timed out there reloads it in its new container, the window goes on, so the warm attempt
-    needs no roomier timeouts: ceil(3 x 0.1005 + 1) = 2 s, as after a failed attempt. One stage
+    needs no roomier timeouts: ceil(3 x 0.1005 + 0.25) = 1, at least 2 s, as after a failed attempt. One stage
     that keeps its state only in memory brings the warm factor back (3 s)."""
     s3 = MemoryS3()
     warm = spec().model_copy(update={"warm_state": True, "window_length": 10, "write_through": [True, True]})
