@@ -4,7 +4,8 @@ Runs examples/digits.py's job (3 stages x 2 replicas x 2 micro-batches, Adam, dr
 evaluation left out) for ``--iterations`` iterations on the embedded local stack, once fault-free and
 once per fault mix, each on a stack of its own with the local runtime's seeded fault injection
 (stagecoach/local/faults.py): 10/20/30/40% of training tasks killed (at a random point of the task,
-mid-upload included), and 20% kills with 5% throttles, 2% hangs and 2% lost activations.
+mid-upload included), and 20% kills with 5% throttles, 2% hangs (``--hangs``: one mix per rate) and
+2% lost activations.
 
 For each run it prints the job execution's time (Step Functions' start to stop date, the job alone:
 deploy and upload are the same with and without faults) and the time from launch (deploy, upload,
@@ -22,7 +23,7 @@ over a smaller base). And, per fault, what it cost where it struck ("profile"): 
 a Map item's whole run (first start to last success, re-runs included) that met it, against the
 items that met none (a hang's timeout, a kill's cut work and cold re-run, a throttle's Retry wait).
 
-Run: python benchmarks/faults.py [--iterations 20] [--seed 1] [--only 30 -1] [--dump DIR]
+Run: python benchmarks/faults.py [--iterations 20] [--seed 1] [--only 30 -1] [--hangs 0.01 0.02] [--dump DIR]
 """
 
 from __future__ import annotations
@@ -53,10 +54,15 @@ def demo_job(iterations: int) -> tuple[Job, dict[str, Any]]:
     return dataclasses.replace(job, iterations=iterations, test=None, metrics={}), dict(ns["defaults"])
 
 
-def mixes(seed: int) -> list[tuple[str, dict[str, Any] | None]]:
+def mixes(seed: int, hangs: list[float]) -> list[tuple[str, dict[str, Any] | None]]:
+    """Fault-free, 10-40% kills, and one mix per hang rate in ``hangs`` (a hang costs at least the
+    learnt timeouts' 2 s floor, several of the demo's ~0.3 s tasks: docs/reliability.md)."""
     kills = [(f"{int(p * 100)}% killed", {"seed": seed, "kill": p}) for p in (0.1, 0.2, 0.3, 0.4)]
-    mixed = {"seed": seed, "kill": 0.2, "throttle": 0.05, "hang": 0.02, "delete": 0.02}
-    return [("fault-free", None), *kills, ("20% killed + 5% throttled, 2% hung, 2% lost", mixed)]
+    mixed = [
+        (f"20% killed + 5% throttled, {h * 100:g}% hung, 2% lost", {"seed": seed, "kill": 0.2, "throttle": 0.05, "hang": h, "delete": 0.02})
+        for h in hangs
+    ]
+    return [("fault-free", None), *kills, *mixed]
 
 
 @dataclasses.dataclass
@@ -181,8 +187,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--only", type=int, nargs="*", help="kill percentages to run besides fault-free (and 'mixed' if -1)")
     ap.add_argument("--dump", type=Path, help="write each run's window execution histories here (JSON, for profiling)")
+    ap.add_argument("--hangs", type=float, nargs="+", default=[0.02], help="the mixes' hang rates (one mix each; default 0.02)")
     args = ap.parse_args()
-    rows = mixes(args.seed)
+    rows = mixes(args.seed, args.hangs)
     if args.only is not None:
         wanted = {f"{p}% killed" for p in args.only if p >= 0}
         rows = [r for r in rows if r[0] == "fault-free" or r[0] in wanted or (-1 in args.only and r[0].startswith("20% killed +"))]

@@ -3,7 +3,9 @@ the planner's worst case.
 
 Step Functions has no heartbeat for a ``lambda:invoke`` Task (``SendTaskHeartbeat`` is for
 activity workers and the callback and job-run patterns: Step Functions API Reference,
-SendTaskHeartbeat), so a worker that never answers is noticed only when its Task's timeout fires.
+SendTaskHeartbeat; and a callback Task's heartbeat is not enforced while its synchronous Lambda
+invocation runs: docs/reliability.md "Fault benchmark"), so a worker that never answers is noticed
+only when its Task's timeout fires.
 ``TimeoutSecondsPath`` takes the timeout from the state's input, which must hold a positive integer
 there (Amazon States Language, Task state; the CDK's ``Timeout.at`` says the same). The planner's
 timeouts must hold a phase's predicted time with room to spare (``plan.timeouts_from``: twice the
