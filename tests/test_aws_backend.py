@@ -66,7 +66,7 @@ def make_stack(name=STACK, region=REGION, python=None):
     boundary = iam.create_policy(
         PolicyName=f"{name}-JobRoleBoundary-ABC123",
         Path=role_path(name),
-        PolicyDocument=json.dumps(job_boundary_policy(f"arn:aws:s3:::{name}-bucket", log_group)),
+        PolicyDocument=json.dumps(job_boundary_policy(f"arn:aws:s3:::{name}-bucket", log_group, name)),
     )["Policy"]["Arn"]
     sfn = boto3.client("stepfunctions", region_name=region)
     with open(os.path.join(ROOT, "statemachines", "job.asl.json")) as f:

@@ -146,7 +146,10 @@ def test_cleanup_removes_the_jobs_role(backend):
 def test_the_job_role_grants_its_own_objects_and_its_own_data_sets_only(backend):
     res = backend.resources
     own_set, val_set, other_set = "0123456789abcdef" * 2, "fedcba9876543210" * 2, "00112233445566778899aabbccddeeff"
-    policy, boundary = job_worker_policy(res, "a-1a2b3c4d"), job_boundary_policy("arn:aws:s3:::" + res.bucket, res.log_group_arn)
+    policy, boundary = (
+        job_worker_policy(res, "a-1a2b3c4d"),
+        job_boundary_policy("arn:aws:s3:::" + res.bucket, res.log_group_arn, res.prefix),
+    )
     datasets = job_dataset_policy(res, [own_set, val_set])
     b = f"arn:aws:s3:::{res.bucket}"
 
@@ -175,6 +178,17 @@ def test_the_job_role_grants_its_own_objects_and_its_own_data_sets_only(backend)
     assert not can("s3:GetObject", f"arn:aws:s3:::other-bucket/{keys.job_code('a-1a2b3c4d')}")
     for action in ("lambda:UpdateFunctionConfiguration", "lambda:InvokeFunction", "iam:PassRole", "states:StartExecution"):
         assert not can(action, "*")
+    # the phase watcher runs its own job's tasks again (lambdas/watcher.py): its job's functions by
+    # name and tag; not another job's, even one whose name extends this one's, nor an untagged one
+    fn = f"arn:aws:lambda:{res.region}:{res.log_group_arn.split(':')[4]}:function:{res.prefix}-"
+    own = {"aws:ResourceTag/stagecoach:stack": res.prefix, "aws:ResourceTag/stagecoach:job": "a-1a2b3c4d"}
+    for name in ("a-1a2b3c4d-s0", "a-1a2b3c4d-s2-r3", "a-1a2b3c4d-s1-k0"):
+        assert can("lambda:InvokeFunction", fn + name, **own), name
+    extended = {**own, "aws:ResourceTag/stagecoach:job": "a-1a2b3c4d-s1-deadbeef"}
+    assert not can("lambda:InvokeFunction", fn + "a-1a2b3c4d-s1-deadbeef-s0", **extended)
+    assert not can("lambda:InvokeFunction", fn + "a-1a2b3c4d-s0", **{"aws:ResourceTag/stagecoach:stack": res.prefix})
+    assert not can("lambda:InvokeFunction", fn + "b-1a2b3c4d-s0", **{**own, "aws:ResourceTag/stagecoach:job": "b-1a2b3c4d"})
+    assert not can("lambda:UpdateFunctionCode", fn + "a-1a2b3c4d-s0", **own)
     # a policy beyond the boundary grants nothing more (what the deployer cannot escalate to)
     wide = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
     assert not evaluate("s3:GetObject", f"{b}/history/x", [wide], boundary).allowed

@@ -218,7 +218,7 @@ def test_the_template_states_the_sdks_role_policies(template):
 
     b, logs = f"arn:aws:s3:::{BUCKET}", render("GetAtt:WorkerLogGroup.Arn")
     assert rendered(role_statements(template, "ControlRole")) == control_policy(b, logs, STACK, "aws", REGION, ACCOUNT)["Statement"]
-    assert rendered(role_statements(template, "JobRoleBoundary")) == job_boundary_policy(b, logs)["Statement"]
+    assert rendered(role_statements(template, "JobRoleBoundary")) == job_boundary_policy(b, logs, STACK)["Statement"]
     for logical in ("ControlRole", "WindowStatesRole", "JobStatesRole"):
         assert template["Resources"][logical]["Properties"]["Path"] == {SUB: "/stagecoach/${AWS::StackName}/"}
     assert template["Resources"]["JobRoleBoundary"]["Properties"]["Path"] == {SUB: "/stagecoach/${AWS::StackName}/"}
@@ -297,7 +297,12 @@ def test_job_roles_cover_every_key_the_workers_use_and_nothing_else(template):
         assert not grants(sts, "s3:GetObject", f"arn:aws:s3:::another-bucket/{keys.job_spec(job)}")
         # the iteration objects are tagged (the lifecycle rule's filter), which needs PutObjectTagging
         assert grants(sts, "s3:PutObjectTagging", f"arn:aws:s3:::{BUCKET}/{keys.act(job, 3, 1, 0, 1)}")
-        assert not any(a.startswith(("lambda:", "iam:", "states:")) for st in sts for a in _strings(st["Action"]))
+        # beyond S3, logs and traces: only the phase watcher's invocation of the job's own functions
+        # (lambdas/watcher.py), by name and tag (tests/test_isolation.py checks whose)
+        others = {a for st in sts for a in _strings(st["Action"]) if a.startswith(("lambda:", "iam:", "states:"))}
+        assert others == {"lambda:InvokeFunction"}
+        (invoke,) = [st for st in sts if "lambda:InvokeFunction" in _strings(st["Action"])]
+        assert invoke["Condition"]["StringEquals"], invoke
     assert not grants(own, "s3:GetObject", f"arn:aws:s3:::{BUCKET}/{keys.job_code('other-1a2b3c4d')}")
     # a job reads only the data sets it uses (issue 24 item 6): not another's, and it lists no data/
     other = "f" * 32

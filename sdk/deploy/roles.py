@@ -56,7 +56,14 @@ def bucket_arn(res: StackResources) -> str:
     return f"arn:{res.control_role_arn.split(':')[1]}:s3:::{res.bucket}"
 
 
-def _job_statements(bucket: str, log_group_arn: str, jobs: str, data: list[str]) -> list[dict[str, Any]]:
+def _functions_arn(log_group_arn: str, prefix: str, jobs: str) -> str:
+    """The job's stage functions (deploy/resources.py function_name: "<prefix>-<job>-s<stage>"),
+    in the log group's partition, region and account."""
+    partition, region, account = log_group_arn.split(":")[1], log_group_arn.split(":")[3], log_group_arn.split(":")[4]
+    return f"arn:{partition}:lambda:{region}:{account}:function:{prefix}-{jobs}-s*"
+
+
+def _job_statements(bucket: str, log_group_arn: str, jobs: str, data: list[str], prefix: str) -> list[dict[str, Any]]:
     """What a job's workers do: their job's objects, data sets, logs, traces. ``jobs``: one job id,
     or "*" for the boundary that covers every job role of the stack; ``data``: the data-set key
     patterns they read ("data/*" in the boundary; none in a job's own "job" policy, whose data sets
@@ -84,6 +91,21 @@ def _job_statements(bucket: str, log_group_arn: str, jobs: str, data: list[str])
         {"Sid": "Logs", "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"], "Resource": log_group_arn},
         # X-Ray's PutTraceSegments/PutTelemetryRecords support no resource-level permissions
         {"Sid": "XRay", "Effect": "Allow", "Action": ["xray:PutTraceSegments", "xray:PutTelemetryRecords"], "Resource": "*"},
+        # the phase watcher runs a late task again on its own job's functions (lambdas/watcher.py).
+        # A name pattern alone could match another job whose name extends this one's ("<job>-s1-..."):
+        # the tag every function carries from its launch (deploy/start.py) says whose it is, and
+        # Lambda decides InvokeFunction on aws:ResourceTag (Lambda guide, "Secure your functions
+        # by tag": https://docs.aws.amazon.com/lambda/latest/dg/attribute-based-access-control-example.html).
+        # The boundary names the stack; each job's own policy narrows it to the job.
+        {
+            "Sid": "RunOwnTasksAgain",
+            "Effect": "Allow",
+            "Action": ["lambda:InvokeFunction"],
+            "Resource": _functions_arn(log_group_arn, prefix, jobs),
+            "Condition": {
+                "StringEquals": {f"aws:ResourceTag/{STACK_TAG}": prefix} if jobs == "*" else {f"aws:ResourceTag/{JOB_TAG}": jobs}
+            },
+        },
     ]
 
 
@@ -99,13 +121,13 @@ def job_worker_policy(res: StackResources, job_id: str) -> dict[str, Any]:
         "Action": ["s3:PutObject", "s3:PutObjectTagging", "s3:DeleteObject"],
         "Resource": f"{b}/{keys.job_spec(job_id)}",
     }
-    return {"Version": "2012-10-17", "Statement": [*_job_statements(b, res.log_group_arn, job_id, []), spec]}
+    return {"Version": "2012-10-17", "Statement": [*_job_statements(b, res.log_group_arn, job_id, [], res.prefix), spec]}
 
 
-def job_boundary_policy(bucket: str, log_group_arn: str) -> dict[str, Any]:
+def job_boundary_policy(bucket: str, log_group_arn: str, prefix: str) -> dict[str, Any]:
     """The stack's permissions boundary of every job role (template.yaml JobRoleBoundary): the most
     any job's role may do, every data set included; each role's own policies narrow it."""
-    return {"Version": "2012-10-17", "Statement": _job_statements(bucket, log_group_arn, "*", ["data/*"])}
+    return {"Version": "2012-10-17", "Statement": _job_statements(bucket, log_group_arn, "*", ["data/*"], prefix)}
 
 
 _DATASET_ID = re.compile(r"[0-9a-f]{32}")  # Manifest.dataset_id: no character IAM reads as a wildcard
