@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from stagecoach.core.records import TaskMetrics
+from stagecoach.core.records import TaskMetrics, WatcherUsage
 
 # The phases a cost is broken down into: the three of an iteration, the iteration gate (which
 # checks for a stop request and the cost cap before each iteration, lambdas/gate.py) and the
@@ -107,6 +107,13 @@ def task_usage(m: TaskMetrics) -> Usage:
     """One task: its invocation, its billed GB-seconds and its S3 requests, plus the PUT of its own
     metrics object (written after the channel's counters are read)."""
     return Usage(gb_s=gb_seconds(m.duration_s, m.memory_mb), invocations=1, puts=m.puts + 1, gets=m.gets)
+
+
+def watcher_usage(w: WatcherUsage) -> Usage:
+    """One phase watcher's invocation (lambdas/watcher.py) as it recorded itself. Its re-runs are
+    task invocations, counted by their own metrics: a task that ran twice and wrote its metrics
+    twice counts once, as a killed or timed-out invocation is not counted (docs/cost.md)."""
+    return Usage(gb_s=gb_seconds(w.duration_s, w.memory_mb), invocations=1, puts=w.puts, gets=w.gets)
 
 
 # Step Functions Express (https://aws.amazon.com/step-functions/pricing/): each execution is one

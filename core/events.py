@@ -79,6 +79,25 @@ class GateEvent(BaseModel):
     attempt: str = Field(default="", pattern=r"^[A-Za-z0-9_-]{0,80}$")
 
 
+class WatchEvent(BaseModel):
+    """From the window state machine beside a phase (planner/emit/asl.py ``_watched``): watch its
+    tasks and run again, beside its Map, a task late past what the gate learnt (lambdas/watcher.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    phase: Literal["watch"]
+    watch: Literal["forward", "backward"]  # Forward's tasks, or BackwardSync's (backward and sync)
+    job: str = Field(pattern=_NAME)
+    bucket: str = Field(pattern=_BUCKET)
+    t: int = Field(ge=0)
+    window_start: int = Field(ge=0)
+    attempt: str = Field(default="", pattern=r"^[A-Za-z0-9_-]{0,80}$")
+    functions: list[str]  # each stage's function, as the phase's Tasks name them
+    per_worker: bool = False  # each worker on a function of its own (planner/plan.py worker_function)
+    timeouts: dict[str, int]  # the gate's learnt timeouts (lambdas/timeouts.py), which a task's payload carries
+    expect: dict[str, float] = Field(default_factory=dict)  # the gate's expected seconds per phase key
+
+
 class RemediateEvent(BaseModel):
     """From the job state machine after a window failed with a stage's worker killed: ``error``
     and ``cause`` are what Step Functions reported for the killed task."""

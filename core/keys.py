@@ -249,6 +249,15 @@ def predicted_cost(job: str) -> str:
     return f"jobs/{job}/cost/predicted.json"
 
 
+def watcher_usage_prefix(job: str) -> str:
+    return f"jobs/{job}/cost/phase-watcher/"
+
+
+def watcher_usage(job: str, t: int, watch: str, attempt: str) -> str:
+    """What the phase watcher of iteration t's ``watch`` phase used in a window attempt (records.WatcherUsage)."""
+    return f"{watcher_usage_prefix(job)}{t}-{watch}-{attempt or 'none'}.json"
+
+
 def cost_tally(job: str) -> str:
     """The engine's running cost count of a job with a cost cap (records.CostTally)."""
     return f"jobs/{job}/cost/tally.json"

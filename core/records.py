@@ -208,6 +208,21 @@ class CostTally(_Record):
     window_gb_s: float = 0.0
 
 
+class WatcherUsage(_Record):
+    """``jobs/{job}/cost/phase-watcher/...``: what one phase watcher's invocation used (lambdas/watcher.py).
+    Step Functions usually abandons the watcher's Task when its phase ends first, so its output
+    never reaches the window's history: the watcher writes this itself, as its last act."""
+
+    t: int
+    watch: Literal["forward", "backward"]
+    attempt: str
+    duration_s: float
+    memory_mb: int
+    puts: int  # this record's own PUT included
+    gets: int
+    again: int  # tasks it ran again (each a task invocation that writes its own metrics)
+
+
 class LearntTimeouts(_Record):
     """``jobs/{job}/timeouts.json``: how long the job's tasks take, as the iteration gate has seen
     them (lambdas/timeouts.py), so every window attempt's gate sets the same learnt timeouts.

@@ -42,9 +42,9 @@ from stagecoach.core.cost import Prices, Usage, express_gb_s, gb_seconds, task_u
 from stagecoach.core.events import GateEvent
 from stagecoach.core.records import CostTally, JobSpec, StopRecord, StopRequest, TaskMetrics
 from stagecoach.lambdas.channel import Channel
-from stagecoach.lambdas.timeouts import learn, task_keys
+from stagecoach.lambdas.timeouts import expected, learn, learnt_for, task_keys
 from stagecoach.planner.emit import asl
-from stagecoach.planner.limits import map_transitions
+from stagecoach.planner.limits import WATCH_GRACE_S, map_transitions
 from stagecoach.planner.plan import Plan
 
 _SPECS: dict[tuple[str, str], JobSpec] = {}
@@ -75,10 +75,28 @@ def iteration_usage(ch: Channel, job: str, plan: Plan, t: int, spec: JobSpec | N
     with ThreadPoolExecutor(max_workers=16) as pool:
         bodies = list(pool.map(ch.get_bytes, keys_))
     usage = Usage(transitions=0 if spec is not None and spec.express_memory_mb is not None else transitions)
-    for body in bodies:
-        if body is not None:
-            usage = usage + task_usage(TaskMetrics.model_validate_json(body))
-    return usage
+    metrics = [TaskMetrics.model_validate_json(body) for body in bodies if body is not None]
+    for m in metrics:
+        usage = usage + task_usage(m)
+    return usage + watchers_usage(plan, [m for m in metrics if m.t == t])
+
+
+def watchers_usage(plan: Plan, metrics: list[TaskMetrics]) -> Usage:
+    """Iteration t's phase watchers (lambdas/watcher.py) from its tasks' ``metrics``, without
+    waiting for their own records (one may still be in its grace when this gate runs): each
+    lasts its phase (first task's start to last task's end) and WATCH_GRACE_S at stage 0's
+    memory, with an invocation, its record's PUT and a look per task. A watcher with nothing to
+    watch ends at once: this errs high, as a cap's tally should."""
+    n = asl.watched_phases(plan)
+    if not n or not metrics:
+        return Usage()
+    memory = next((m.memory_mb for m in metrics if m.stage == 0), plan.memory_mb[0])
+    gb_s = 0.0
+    for phases in ((("forward",), ("backward", "sync")))[2 - n :]:
+        ms = [m for m in metrics if m.phase in phases]
+        if ms:
+            gb_s += gb_seconds(max(m.end for m in ms) - min(m.start for m in ms) + WATCH_GRACE_S, memory)
+    return Usage(gb_s=gb_s, invocations=n, puts=n, gets=len(task_keys("", plan, 0)))
 
 
 def after_iteration(spec: JobSpec, plan: Plan, version: int) -> tuple[list[str], int]:
@@ -267,7 +285,11 @@ def gate(ev: GateEvent, ch: Channel, started: float, memory_mb: int) -> dict[str
         ch.put_bytes(keys.stopped(ev.job), record.model_dump_json().encode())
         out["stop"] = True
     # after the meter: the tally leaves out these few requests, the client's measured cost does not
-    out["timeouts"] = learn(ch, ev.job, spec.to_plan(), ev.t, _warm_attempt(ch, spec, ev))
+    warm = _warm_attempt(ch, spec, ev)
+    out["timeouts"] = learn(ch, ev.job, spec.to_plan(), ev.t, warm)
+    # the phase watcher's expectations; none while state stays warm in containers, where a task run
+    # again in another container would not find it (WarmStateLost restarts the window)
+    out["expect"] = {} if warm else expected(learnt_for(ch.bucket, ev.job))
     return out
 
 

@@ -30,6 +30,7 @@ from stagecoach.core.events import (
     ResumeEvent,
     SyncEvent,
     TaskEvent,
+    WatchEvent,
 )
 from stagecoach.core.optim_state import warm_up
 from stagecoach.core.profiling import profile_phase
@@ -43,6 +44,7 @@ from stagecoach.lambdas.phases import run_phase
 from stagecoach.lambdas.remediate import remediate
 from stagecoach.lambdas.resumepoint import resume_point
 from stagecoach.lambdas.watchdog import MemoryWatch
+from stagecoach.lambdas.watcher import lambda_invoke, watch_and_record
 
 logger = Logger(service="stagecoach-worker")
 _TASK_EVENT: TypeAdapter[AnyTaskEvent] = TypeAdapter(TaskEvent)
@@ -66,6 +68,7 @@ _LOADED = time.time()  # the end of this module's import: of the container's Ini
 _container: tuple[int, str, float] | None = None  # (pid, id, started): set on the first invocation
 _invocations = 0
 _s3 = None
+_lambda_client = None
 E = TypeVar("E")
 
 
@@ -111,6 +114,14 @@ def _client() -> Any:
     return _s3
 
 
+def _lambda() -> Any:
+    """Lambda's client, for the phase watcher's re-runs: a re-run's read timeout covers the task."""
+    global _lambda_client
+    if _lambda_client is None:
+        _lambda_client = boto3.client("lambda", config=Config(read_timeout=900, retries={"mode": "standard", "max_attempts": 3}))
+    return _lambda_client
+
+
 def profile(ev: ProfileEvent) -> dict[str, Any]:
     """The profile phase: time the job's layers at this function's memory (its vCPU share), so the
     planner learns each tier as measured rather than from the vCPU model (core/profiling.py)."""
@@ -136,6 +147,11 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     phase = event.get("phase") if isinstance(event, dict) else None
     if phase == "gate":
         return _gate(event, context)
+    if phase == "watch":  # beside a phase (lambdas/watcher.py): not a task either
+        wev = _parsed(event, "watch", lambda e: parse(event=e, model=WatchEvent))
+        wch = Channel(_client(), wev.bucket)
+        plan = job_context(wch, wev.job, wev.t).plan
+        return watch_and_record(wev, wch, plan, lambda_invoke(_lambda()), int(context.memory_limit_in_mb))
     if phase == "resume":  # the job state machine's ResumePoint, on the control function
         rsv = _parsed(event, "resume", lambda e: parse(event=e, model=ResumeEvent))
         return resume_point(rsv, Channel(_client(), rsv.bucket))

@@ -109,6 +109,19 @@ def timeouts(plan: Plan, learnt: LearntTimeouts | None, warm: bool = False) -> d
     return {**out, "cold": math.ceil(COLD_DEFAULT_S if learnt.cold_s is None else learnt.cold_s)}
 
 
+def expected(learnt: LearntTimeouts | None) -> dict[str, float]:
+    """Per phase key, the seconds its slowest task usually takes (the median the timeouts are
+    built on), for the phase watcher (lambdas/watcher.py); empty before anything is learnt."""
+    if learnt is None:
+        return {}
+    return {k: statistics.median_low(xs) for k, xs in learnt.samples.items() if xs}
+
+
+def learnt_for(bucket: str, job: str) -> LearntTimeouts | None:
+    """The record ``learn`` just kept for this job (the gate's container)."""
+    return _CACHE.get((bucket, job))
+
+
 def task_keys(job: str, plan: Plan, t: int) -> list[str]:
     """The metrics objects every task of iteration t writes (handler.py), from the plan alone."""
     out = [keys.metrics(job, t, "forward", s, r) for s in range(plan.stages - 1) for r in range(plan.replicas)]

@@ -53,6 +53,20 @@ def map_groups(tasks: int) -> int:
     return 0 if tasks <= GROUP_SIZE else -(-tasks // GROUP_SIZE)
 
 
+def watchable(replicas: int, sync_tasks: Sequence[int]) -> bool:
+    """Whether a plan's phases run beside a phase watcher (lambdas/watcher.py, planner/emit/asl.py
+    ``_watched``): not when a Map runs in groups (the watcher would have to re-run a task inside a
+    group's child execution, which names its functions itself)."""
+    return not map_groups(replicas) and not any(map_groups(k) for k in sync_tasks)
+
+
+# How long a phase watcher waits, once every task of its phase has written its metrics, before it
+# ends a phase whose Map is still open (on an invocation killed or hung after its metrics' PUT):
+# Step Functions closes a finished Map in tens of milliseconds, so a fault-free phase's own end
+# comes first. The watcher is billed for this too: the cost prediction charges it (sdk/cost.py).
+WATCH_GRACE_S = 0.5
+
+
 # A group's child execution enters three states besides its tasks: Items (Pass), Kind? (Choice)
 # and its Map (planner/emit/groups.py group_definition).
 GROUP_TRANSITIONS = 3

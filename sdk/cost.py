@@ -35,9 +35,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from stagecoach.core.cost import Prices, Usage, express_billed_s, gb_seconds, usage_by_phase
-from stagecoach.core.records import JobSpec, TaskMetrics
+from stagecoach.core.cost import Prices, Usage, express_billed_s, gb_seconds, usage_by_phase, watcher_usage
+from stagecoach.core.records import JobSpec, TaskMetrics, WatcherUsage
 from stagecoach.planner.emit import asl
+from stagecoach.planner.limits import WATCH_GRACE_S
 from stagecoach.planner.model.passes import PassEstimate
 from stagecoach.planner.model.perfmodel import Estimate
 from stagecoach.planner.model.platforms import Platform
@@ -123,6 +124,18 @@ def gate_usage(plan: Plan, platform: Platform, capped: bool) -> Usage:
     puts = 1 if capped else 0
     rounds = 1 + (2 + math.ceil(tasks / 16) if capped else 0)
     return Usage(gb_s=gb_seconds(rounds * platform.storage_latency_s, plan.memory_mb[0]), invocations=1, puts=puts, gets=gets)
+
+
+def watchers_predicted(plan: Plan, estimate: Estimate) -> Usage:
+    """An iteration's phase watchers (lambdas/watcher.py), which the planner's estimate leaves out
+    (a constant per phase but for stage 0's memory x the phase's time, not linear in the MILP's
+    variables): per watched phase an invocation on stage 0's function for the phase's time and
+    WATCH_GRACE_S (its first look at a task is when the task usually has ended), its record's PUT,
+    a look (GET) per task. Their states are in asl.phase_transitions."""
+    n = asl.watched_phases(plan)
+    spans = [estimate.forward_s, estimate.backward_sync_s][2 - n :] if n else []
+    gb_s = sum(gb_seconds(span + WATCH_GRACE_S, plan.memory_mb[0]) for span in spans)
+    return Usage(gb_s=gb_s, invocations=n, puts=n, gets=len(_task_counts(plan)) if n else 0)
 
 
 def _task_counts(plan: Plan) -> list[tuple[str, int]]:
@@ -212,6 +225,8 @@ def _orchestration(plan: Plan, estimate: Estimate, n: int, platform: Platform, c
     gate = gate_usage(plan, platform, capped)
     gates = n + count  # one before each iteration and one at each window's end
     usage = Usage(gb_s=gate.gb_s * gates, invocations=gates, puts=gate.puts * gates, gets=gate.gets * gates)
+    w = watchers_predicted(plan, estimate)
+    usage = usage + Usage(gb_s=w.gb_s * n, invocations=w.invocations * n, puts=w.puts * n, gets=w.gets * n)
     if windows.workflow == asl.STANDARD:
         per_iteration = asl.phase_transitions(plan)["orchestration"] + asl.TRANSITIONS_DUE_CHECK * checks
         transitions = per_iteration * n + count * (asl.TRANSITIONS_WINDOW_FIXED + asl.TRANSITIONS_JOB_PER_WINDOW)
@@ -314,6 +329,7 @@ def measure(
     iterations_done: int,
     client_requests: Mapping[str, int] | None = None,
     prices: Prices | None = None,
+    watchers: Iterable[WatcherUsage] = (),
 ) -> CostReport:
     """The measured cost of a run so far: ``metrics`` of its tasks, the ``histories`` of its job
     and window executions, and what the client did (the launch's requests from the spec, plus
@@ -324,6 +340,8 @@ def measure(
     for events in histories:
         for p, u in history_usage(events).items():
             phases[p] = phases[p] + u
+    for w in watchers:  # orchestration: the phase watchers (lambdas/watcher.py), as each recorded itself
+        phases["orchestration"] = phases["orchestration"] + watcher_usage(w)
     launch = spec.launch_requests or {}
     watch = client_requests or {}
     phases["client"] = Usage(

@@ -22,7 +22,7 @@ from stagecoach import cost as costs
 from stagecoach import history as learnt
 from stagecoach.core import keys
 from stagecoach.core.graph_split import Blocks, SplitFactory
-from stagecoach.core.records import EvalResult, JobSpec, StopRecord, StopRequest, TaskMetrics
+from stagecoach.core.records import EvalResult, JobSpec, StopRecord, StopRequest, TaskMetrics, WatcherUsage
 from stagecoach.core.stagebuild import load_buffers
 from stagecoach.core.training import (
     DTYPES,
@@ -40,7 +40,7 @@ from stagecoach.deploy.resume import job_executions, last_checkpoint
 from stagecoach.errors import StagecoachError
 from stagecoach.evaluation import Evaluation, combine
 from stagecoach.metrics import iteration_breakdown, mean_loss
-from stagecoach.planner.emit.asl import STOPPED_ERROR
+from stagecoach.planner.emit.asl import PHASE_DONE, STOPPED_ERROR
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.plan import Plan
 from stagecoach.summaries import write_summaries
@@ -70,6 +70,7 @@ class Run:
         self._metrics: list[TaskMetrics] = []
         self._seen: set[str] = set()
         self._evals: dict[str, EvalResult] = {}
+        self._watchers: dict[str, WatcherUsage] = {}  # phase watchers' records read so far (written once each)
         self._watch_requests = {"puts": 0, "gets": 0}  # this Run's own S3 requests (list, get): part of the cost
         # where wait() records them, so that every reader of the job prices them alike (``cost``)
         self._watch_key = watch_key(job_id, uuid.uuid4().hex)
@@ -280,7 +281,7 @@ class Run:
         for arn in self.window_executions():
             for ev in self.history(execution_arn=arn):
                 det = ev.get("taskFailedEventDetails") or ev.get("taskTimedOutEventDetails")
-                if det and det.get("error"):
+                if det and det.get("error") and det["error"] != PHASE_DONE:  # a watcher's, no failure
                     first = f"{det.get('error')}: {str(det.get('cause', ''))[:500]}"
                     break
             if first:
@@ -493,7 +494,8 @@ class Run:
         metrics = self.metrics()
         watched = recorded_watching(self._c.s3, self.bucket, self.job_id)
         histories = self._events(self.job_executions() + self.window_executions() + self.group_executions())
-        return costs.measure(self.spec(), metrics, [histories], self.iterations_done(), watched)
+        watchers = phase_watchers(self._c.s3, self.bucket, self.job_id, self._watchers)
+        return costs.measure(self.spec(), metrics, [histories], self.iterations_done(), watched, watchers=watchers)
 
     def predicted_cost(self) -> costs.CostReport:
         """The performance model's cost of the whole run on AWS, for this plan (docs/cost.md).
@@ -646,6 +648,17 @@ def watch_key(job_id: str, watcher: str) -> str:
     """Where a watching Run records its S3 requests (``Run.record_watching``); under the job's
     prefix, so `stagecoach cleanup` removes it with the job."""
     return f"{keys.job_prefix(job_id)}cost/watch/{watcher}.json"
+
+
+def phase_watchers(s3: BotoClient, bucket: str, job_id: str, seen: dict[str, WatcherUsage] | None = None) -> list[WatcherUsage]:
+    """What the job's phase watchers used (lambdas/watcher.py), each as it recorded it; ``seen``
+    keeps the records read before (each is written once), so a Run asked again GETs only new ones."""
+    seen = {} if seen is None else seen
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=keys.watcher_usage_prefix(job_id)):
+        for o in page.get("Contents", []):
+            if o["Key"] not in seen:
+                seen[o["Key"]] = WatcherUsage.model_validate_json(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read())
+    return list(seen.values())
 
 
 def recorded_watching(s3: BotoClient, bucket: str, job_id: str) -> dict[str, int]:

@@ -49,7 +49,9 @@ def test_structural_check_catches_broken_graphs():
     d = asl.window_definition(PLANS[3], ["a", "b", "c"], abort_key_format=keys.WINDOW_ABORT)
     d["States"]["Go?"]["Default"] = "Nowhere"
     d["States"]["Orphan"] = {"Type": "Pass", "End": True}
-    del d["States"]["BackwardSync"]["Branches"][0]["States"]["Backward0"]["ItemProcessor"]["States"]["Backward0Task"]["TimeoutSecondsPath"]
+    del asl.phase_parallel(d["States"], "BackwardSync")["Branches"][0]["States"]["Backward0"]["ItemProcessor"]["States"]["Backward0Task"][
+        "TimeoutSecondsPath"
+    ]
     problems = "\n".join(check_definition(d))
     assert "'Nowhere' does not exist" in problems
     assert "Orphan: unreachable" in problems
@@ -105,6 +107,14 @@ def test_every_task_retries_lambda_service_errors_and_has_a_timeout():
     tasks.remove(gate)  # the iteration gate: no task of the window runs while it does
     assert gate["TimeoutSeconds"] == asl.GATE_TIMEOUT_S and gate["Retry"][0] == asl.LAMBDA_RETRY
     assert gate["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.caught", "Next": "Failed"}]
+    # the phase watchers (lambdas/watcher.py): no Retry (a watcher that fails leaves the phase to its
+    # own timeouts: quietly), a timeout, and PhaseDone ends its phase
+    watchers = [t for t in tasks if t["Parameters"]["Payload"]["phase"] == "watch"]
+    assert [w["Parameters"]["Payload"]["watch"] for w in watchers] == ["forward", "backward"]
+    for w in watchers:
+        tasks.remove(w)
+        assert "Retry" not in w and w["TimeoutSeconds"] >= max(max(p.values()) for p in PLANS[3].timeouts_s)
+        assert [c["ErrorEquals"] for c in w["Catch"]] == [[asl.PHASE_DONE], ["States.ALL"]]
     assert len(tasks) == 2 + 3 * 2  # forward per stage but the last, and backward + sync per stage
     for t in tasks:
         # the gate's learnt timeout (lambdas/timeouts.py; the plan's 300 s its ceiling), handed on
@@ -125,7 +135,9 @@ def test_every_task_retries_lambda_service_errors_and_has_a_timeout():
 @pytest.mark.parametrize("fused", ["pipelined_scatter_reduce", "lambdaml_scatter_reduce"])
 def test_a_stage_whose_backward_tasks_reduce_among_themselves_has_no_sync_map(fused):
     plan = Plan(balance=[1, 2], replicas=2, micro_batches=2, global_batch=8, sync=[fused, "scatter_reduce"])
-    branches = asl.window_definition(plan, ["a", "b"], abort_key_format=keys.WINDOW_ABORT)["States"]["BackwardSync"]["Branches"]
+    branches = asl.phase_parallel(asl.window_definition(plan, ["a", "b"], abort_key_format=keys.WINDOW_ABORT)["States"], "BackwardSync")[
+        "Branches"
+    ]
     assert set(branches[0]["States"]) == {"Backward0"} and branches[0]["States"]["Backward0"]["End"]
     assert set(branches[1]["States"]) == {"Backward1", "Sync1"}
     assert plan.sync_tasks(0) == 0 and plan.sync_tasks(1) == 2
@@ -146,8 +158,10 @@ def test_a_lost_object_runs_the_iteration_again_up_to_the_windows_redos_then_abo
     short to afford a redo has none (a 100-event history holds no twentieth of an iteration)."""
     d = asl.window_definition(PLANS[3], ["a", "b", "c"], abort_key_format=keys.WINDOW_ABORT)
     st = d["States"]
-    for phase in ("Forward", "BackwardSync"):
-        assert st[phase]["Catch"][0] == {"ErrorEquals": ["ObjectLost"], "ResultPath": "$.caught", "Next": "Redo?"}
+    for phase, nxt in (("Forward", "BackwardSync"), ("BackwardSync", "Advance")):
+        # the watcher's PhaseDone first (a phase catch of States.ALL would take it), then the phase's own
+        assert st[phase]["Catch"][0] == {"ErrorEquals": [asl.PHASE_DONE], "ResultPath": None, "Next": nxt}
+        assert st[phase]["Catch"][1] == {"ErrorEquals": ["ObjectLost"], "ResultPath": "$.caught", "Next": "Redo?"}
         assert st[phase]["Catch"][-1]["Next"] == "Abort"
     assert st["Redo?"]["Choices"][0]["NumericLessThan"] == asl.redo_limit(PLANS[3]) and st["Redo?"]["Default"] == "Abort"
     redo = st["Redo"]["Parameters"]

@@ -367,7 +367,9 @@ def test_the_performance_model_counts_the_transitions_and_invocations_the_emitte
     job = tiny_job("model-tr", 1)
     plan = job.manual_plan(**manual)
     est = job.predict(plan)
-    assert est.transitions == asl.transitions_per_iteration(plan)
+    # the phase watchers' own states: the cost prediction's (sdk/cost.py watcher_usage_predicted)
+    watchers = asl.watched_phases(plan) * (asl.TRANSITIONS_WATCHED_PHASE + asl.TRANSITIONS_WATCHER)
+    assert est.transitions + watchers == asl.transitions_per_iteration(plan) and watchers == 3 * (1 + (plan.stages > 1))
     tasks = (plan.stages - 1) * plan.replicas + plan.stages * plan.replicas + sum(plan.sync_tasks(s) for s in range(plan.stages))
     assert est.invocations == tasks
 

@@ -19,8 +19,10 @@ from stagecoach.lambdas.gate import gate
 
 EXPRESS_REQUEST, EXPRESS_GB_S = 1.00 / 1e6, 0.00001667
 EXPRESS_PRICES = {**PRICES, "express_request": EXPRESS_REQUEST, "express_gb_s": EXPRESS_GB_S}
-# one iteration's tasks, as tests/test_gate.py's ITERATION_USD, without its 20 Standard transitions
+# one iteration's tasks and phase watchers, as tests/test_gate.py's ITERATION_USD, without its 26
+# Standard transitions
 TASKS_USD = (2 * 0.101 + 2 * (2 * 0.101 + 2 * 0.101 * 2)) * GB_S + 10 * REQUEST + 40 * PUT + 50 * GET
+TASKS_USD += 2 * (0.601 * GB_S + REQUEST + PUT) + 10 * GET
 
 
 class Clock:
@@ -88,7 +90,7 @@ def test_the_cap_does_not_stop_an_express_job_at_what_standard_would_have_cost(f
     gate_usd = 0.011 * GB_S + REQUEST + 12 * GET + PUT
     express_cost = express_gb_s(5 * 1.234, 64) * EXPRESS_GB_S
     cap = launch + 5 * gate_usd + 4 * TASKS_USD + express_cost + 1e-7
-    standard_would = 4 * 20 * TRANSITION  # the window's states, were they billed
+    standard_would = 4 * 26 * TRANSITION  # the window's states, were they billed
     assert standard_would > 1e-6 + 1e-7  # well past the cap's margin
     s3.put_object(
         Bucket="bucket", Key=keys.job_spec(JOB), Body=express_spec(max_cost=cap, memory_mb=64, iterations=4).model_dump_json().encode()

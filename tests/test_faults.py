@@ -53,16 +53,51 @@ def test_killed_tasks_mid_exchange_of_the_fused_pipelined_sync_are_retried_bit_i
         faulty.stack.close()
 
 
+HANG = {"kind": "hang", "phase": "sync", "t": 1, "stage": 1, "shard": 0}
+
+
+def _entered(events, name):
+    return [e for e in events if (e.get("stateEnteredEventDetails") or {}).get("name") == name]
+
+
+def test_a_hung_task_is_ended_by_its_phase_watcher_before_its_timeout(clean):
+    """The phase watcher (lambdas/watcher.py) sees the sync task hung in iteration 1 late past what
+    the gate learnt, runs it again beside its Map and ends the phase (PhaseDone) before the Task's
+    own learnt timeout fires; the window goes on, and the result is bit-identical."""
+    faulty = LocalBackend(faults={"once": [HANG]})
+    try:
+        r = recovery_job("watched", warm=False).run(stages=2, replicas=2, micro_batches=2, timeout_s=60, backend=faulty)
+        r.wait(progress=False, poll_s=1.0, timeout_s=900)
+        assert len(r.window_executions()) == 1
+        events = r.history(execution_arn=r.window_executions()[0])
+        (ended,) = _entered(events, "WatchBackwardSyncEnded")
+        phase = max((e for e in _entered(events, "BackwardSync") if e["id"] < ended["id"]), key=lambda e: e["id"])
+        cause = next(e for e in events if e["type"] == "TaskFailed" and "ran again" in e["taskFailedEventDetails"]["cause"])
+        assert "('sync', 1, 0)" in cause["taskFailedEventDetails"]["cause"]
+        # the hung task's own timeout (at least 2 s, from its start after the backward tasks) never
+        # came first (moto goes on running a Parallel's abandoned branch and records its timeout
+        # after the Parallel failed; AWS stops it: docs/local-stack.md)
+        timed_out = [e for e in events if e["type"] == "TaskTimedOut"]
+        assert all(e["id"] > ended["id"] for e in timed_out)
+        assert (ended["timestamp"] - phase["timestamp"]).total_seconds() < 2 + 1
+        assert same_parameters(r.trained_model(), clean.trained_model())
+    finally:
+        faulty.stack.close()
+
+
 def test_a_hung_task_is_timed_out_after_the_learnt_timeout_and_retried(clean):
     """The plan gives each Task 60 s; after iteration 0 the gate has learnt how long the tasks take
-    (lambdas/timeouts.py), so the task hung in iteration 1 is timed out within seconds. Without warm
-    state (every version through S3) the retry recovers it in another container. With it, that
+    (lambdas/timeouts.py), so the task hung in iteration 1 is timed out within seconds. Its phase's
+    watcher is killed (scripted), and fails quietly: the Task's timeout is what ends the hang. Without
+    warm state (every version through S3) the retry recovers it in another container. With it, that
     container would not hold the shard's state: a window restart (tests/test_warm_state.py)."""
-    faulty = LocalBackend(faults={"once": [{"kind": "hang", "phase": "sync", "t": 1, "stage": 1, "shard": 0}]})
+    killed_watcher = {"kind": "kill", "phase": "watch", "watch": "backward", "t": 1}
+    faulty = LocalBackend(faults={"once": [HANG, killed_watcher]})
     try:
         r = recovery_job("hung", warm=False).run(stages=2, replicas=2, micro_batches=2, timeout_s=60, backend=faulty)
         r.wait(progress=False, poll_s=1.0, timeout_s=900)
         assert "States.Timeout" in task_errors(r)
+        assert len(_entered(r.history(execution_arn=r.window_executions()[0]), "WatchBackwardSyncQuiet")) == 1
         assert len(r.window_executions()) == 1, "the task retry, not a window restart, recovered it"
         events = r.history(execution_arn=r.window_executions()[0])
         scheduled = [e["taskScheduledEventDetails"] for e in events if e["type"] == "TaskScheduled"]

@@ -22,8 +22,9 @@ GB_S, REQUEST, TRANSITION, PUT, GET = 0.0000166667, 0.20 / 1e6, 0.025 / 1000, 0.
 PRICES = {"gb_s": GB_S, "request": REQUEST, "transition": TRANSITION, "put": PUT, "get": GET, "as_of": "test"}
 # 2 stages x 2 replicas, scatter-reduce: 2 forward, 4 backward, 4 sync tasks per iteration
 PLAN = Plan(balance=[1, 1], replicas=2, micro_batches=1, global_batch=4, memory_mb=[1024, 2048])
-# Gate, Go?, Advance; Forward Parallel + stage 0's Map + 2 items; Parallel; 2 x (Backward Map + 2); 2 x (Sync Map + 2)
-TRANSITIONS_PER_ITERATION = 3 + 4 + 1 + 6 + 6
+# Gate, Go?, Advance; Forward Parallel + stage 0's Map + 2 items; Parallel; 2 x (Backward Map + 2); 2 x (Sync Map + 2);
+# both phases beside their watchers (the phase's inner Parallel and Fail, the watcher's Task: 3 each)
+TRANSITIONS_PER_ITERATION = 3 + 4 + 1 + 6 + 6 + 2 * 3
 
 
 @pytest.fixture(autouse=True)
@@ -74,13 +75,16 @@ def put_iteration(s3, t):
         s3.put_object(Bucket="bucket", Key=keys.metrics(JOB, t, phase, stage, index), Body=m.model_dump_json().encode())
 
 
-# one iteration's tasks: forward 2 x 101 ms at 1 GB, backward and sync 2 x 101 ms at 1 GB + 2 at 2 GB each
+# one iteration's tasks: forward 2 x 101 ms at 1 GB, backward and sync 2 x 101 ms at 1 GB + 2 at 2 GB each;
+# its two phase watchers as the gate meters them (lambdas/gate.py watchers_usage): each phase's span
+# (0.1005 s) and the 0.5 s grace at stage 0's 1 GB, billed 601 ms, an invocation, a PUT, a GET per task
 ITERATION_USD = (
     (2 * 0.101 * 1 + 2 * (2 * 0.101 * 1 + 2 * 0.101 * 2)) * GB_S
     + 10 * REQUEST
     + 10 * (3 + 1) * PUT  # + each task's metrics object
     + 10 * 5 * GET
     + TRANSITIONS_PER_ITERATION * TRANSITION
+    + 2 * (0.601 * GB_S + REQUEST + PUT) + 10 * GET
 )
 
 
@@ -99,7 +103,8 @@ def run_gate(s3, e):
 def test_without_a_request_the_job_goes_on_and_nothing_is_metered():
     s3 = MemoryS3()
     s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=spec().model_dump_json().encode())
-    assert run_gate(s3, ev(0)) == {"stop": False, "timeouts": {**planned(PLAN), "cold": 0}}  # nothing learnt yet: the plan's
+    # nothing learnt yet: the plan's timeouts, and nothing for the phase watchers to expect
+    assert run_gate(s3, ev(0)) == {"stop": False, "timeouts": {**planned(PLAN), "cold": 0}, "expect": {}}
     assert keys.cost_tally(JOB) not in s3.objects and keys.stopped(JOB) not in s3.objects
 
 
@@ -133,7 +138,7 @@ def test_the_cap_meters_each_iteration_once_and_stops_past_it():
     out = run_gate(s3, ev(2))
     after2 = tally(s3)
     assert after2["through"] == 2 and after2["usage"]["transitions"] == 13 + 2 * TRANSITIONS_PER_ITERATION
-    assert after2["usage"]["invocations"] == 3 + 2 * 10
+    assert after2["usage"]["invocations"] == 3 + 2 * (10 + 2)  # the gates, and each iteration's tasks and watchers
     assert after2["usd"] == pytest.approx(first + gate0 + 2 * (ITERATION_USD + gate), rel=1e-9)
     # within the cap, but the third iteration (estimated by the second: ITERATION_USD + gate) is not
     assert out["stop"] is True and out["usd"] <= cap < out["usd"] + ITERATION_USD + gate
@@ -157,7 +162,7 @@ def test_a_restarted_window_is_metered_again_and_the_last_iteration_never_stops(
     again = tally(s3)
     # a window's fixed states and a window's worth of the job's (the restart path's, roughly), iteration 0's
     assert again["usage"]["transitions"] == before["usage"]["transitions"] + 4 + 7 + TRANSITIONS_PER_ITERATION
-    assert again["usage"]["invocations"] == before["usage"]["invocations"] + 2 + 10
+    assert again["usage"]["invocations"] == before["usage"]["invocations"] + 2 + 10 + 2
     # past the cap at the job's end: no stop request (nothing is left to stop)
     s3.put_object(Bucket="bucket", Key=keys.job_spec(JOB), Body=spec(max_cost=1e-9, iterations=3).model_dump_json().encode())
     from stagecoach.lambdas import gate as gate_module

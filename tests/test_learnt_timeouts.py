@@ -122,7 +122,7 @@ def test_every_training_map_takes_its_timeout_from_the_gate_and_evaluate_and_che
     st = d["States"]
     assert st["Gate"]["ResultSelector"]["timeouts.$"] == "$.Payload.timeouts"
     maps = {}
-    for b in [*st["Forward"]["Branches"], *st["BackwardSync"]["Branches"]]:
+    for b in [*asl.phase_parallel(st, "Forward")["Branches"], *asl.phase_parallel(st, "BackwardSync")["Branches"]]:
         maps.update({k: v for k, v in b["States"].items() if v["Type"] == "Map"})
     assert sorted(maps) == ["Backward0", "Backward1", "Backward2", "Forward0", "Forward1", "Sync0", "Sync1", "Sync2"]
     for name, m in maps.items():

@@ -25,6 +25,7 @@ from typing import Any, Final
 from stagecoach.planner.emit.groups import group_bounds, grouped_map
 from stagecoach.planner.emit.tasks import KILLED_ERROR, KILLED_RETRY, LAMBDA_RETRY, WORKER_RETRY, worker_map, worker_task
 from stagecoach.planner.limits import EXPRESS_MAX_DURATION_S, GROUP_SIZE, HISTORY_MAX_EVENTS, map_groups, map_transitions
+from stagecoach.planner.limits import watchable as limits_watchable
 from stagecoach.planner.plan import Plan, worker_function
 
 HISTORY_LIMIT = HISTORY_MAX_EVENTS
@@ -58,6 +59,11 @@ EV_TASK = 5  # TaskStateEntered, TaskScheduled, TaskStarted, TaskSucceeded, Task
 EV_MAP_ITEM = 2  # MapIterationStarted, MapIterationSucceeded
 EV_MAP = 4  # MapStateEntered, MapStateStarted, MapStateSucceeded, MapStateExited
 EV_PARALLEL = 4  # ParallelStateEntered, ParallelStateStarted, ParallelStateSucceeded, ParallelStateExited
+# a phase beside its watcher (``_watched``): the outer Parallel's four (it ends Failed with
+# PhaseDone, then Exited, on moto), the phase's Fail state, and the watcher's Task (five when it
+# ends before the phase, as when it has no expectations; on AWS an abandoned Task records
+# TaskStateAborted in place of its last two): an upper bound
+EV_WATCHED_PHASE = EV_PARALLEL + 1 + EV_TASK
 EV_PASS = 2  # PassStateEntered, PassStateExited (Choice: ChoiceStateEntered/Exited, likewise)
 EV_WINDOW_FIXED = 1 + EV_PASS + EV_TASK + EV_PASS + EV_PASS + 1  # started, Init, last Gate and Go?, Done, succeeded
 
@@ -83,6 +89,12 @@ TRANSITIONS_WINDOW_FIXED = 4
 TRANSITIONS_JOB_PER_WINDOW = 7  # ... WindowType?, RunWindow, Advance
 TRANSITIONS_JOB_PER_EXPRESS_WINDOW = 8  # ... WindowType?, RunExpressWindow, ExpressEnded?, Advance
 TRANSITIONS_JOB_FIXED = 2
+# a phase beside its watcher (``_watched``): the outer Parallel takes the phase's name, and the phase's
+# own Parallel ("<name>Phase") and its Fail ("<name>Ended") are entered too; the watcher's Task
+# ("Watch<name>") counts to the orchestration. Its Catch states are entered only when it ended the
+# phase (a fault) or failed.
+TRANSITIONS_WATCHED_PHASE = 2
+TRANSITIONS_WATCHER = 1
 # a job that evaluates (or checkpoints) asks after every iteration whether this version is due:
 # the EvaluateDue Pass and EvaluateChoice Choice (CheckpointDue, CheckpointChoice), due or not
 TRANSITIONS_DUE_CHECK = 2
@@ -100,16 +112,25 @@ def _map_events(items: int) -> int:
     return EV_MAP + (g * (EV_MAP_ITEM + EV_GROUP_TASK) if g else items * (EV_MAP_ITEM + EV_TASK))
 
 
+def watched_phases(plan: Plan) -> int:
+    """How many of an iteration's phases run beside a watcher (``_watched``): Forward (S > 1) and
+    BackwardSync, when the plan is ``watchable``."""
+    return (1 + (plan.stages > 1)) if watchable(plan) else 0
+
+
 def phase_transitions(plan: Plan) -> dict[str, int]:
     """Per phase, the state transitions of one fault-free iteration: Forward (a Parallel of a Map
     per stage but the last), BackwardSync (the Parallel and each stage's backward Map), the sync
-    Maps, and the bookkeeping (Gate, Go?, Advance); each Map's as limits.map_transitions."""
+    Maps, and the bookkeeping (Gate, Go?, Advance); each Map's as limits.map_transitions. A watched
+    phase (``_watched``) adds its inner Parallel and its Fail to the phase, and the watcher's Task
+    to the orchestration."""
     s, d = plan.stages, plan.replicas
+    w = TRANSITIONS_WATCHED_PHASE if watchable(plan) else 0
     return {
-        "forward": (1 + (s - 1) * map_transitions(d)) if s > 1 else 0,
-        "backward": 1 + s * map_transitions(d),
+        "forward": (1 + (s - 1) * map_transitions(d) + w) if s > 1 else 0,
+        "backward": 1 + s * map_transitions(d) + w,
         "sync": sum(map_transitions(plan.sync_tasks(st)) for st in range(s) if plan.sync_tasks(st)),
-        "orchestration": TRANSITIONS_ITERATION_BOOKKEEPING,
+        "orchestration": TRANSITIONS_ITERATION_BOOKKEEPING + TRANSITIONS_WATCHER * watched_phases(plan),
     }
 
 
@@ -131,6 +152,7 @@ def events_per_iteration(plan: Plan, evals: Sequence[int] = (), saves: Sequence[
     if s > 1:
         n += EV_PARALLEL + (s - 1) * _map_events(d)  # Forward
     n += EV_PARALLEL + s * _map_events(d)  # backward Maps
+    n += EV_WATCHED_PHASE * watched_phases(plan)
     n += sum(_map_events(plan.sync_tasks(st)) for st in range(s) if plan.sync_tasks(st))  # sync Maps
     n += EV_PASS  # Next
     return n
@@ -251,7 +273,7 @@ def _gate_states(plan: Plan, gate_function: str) -> dict[str, Any]:
             },
             "TimeoutSeconds": GATE_TIMEOUT_S,
             "Retry": [dict(LAMBDA_RETRY), dict(WORKER_RETRY), dict(KILLED_RETRY)],
-            "ResultSelector": {"stop.$": "$.Payload.stop", "timeouts.$": "$.Payload.timeouts"},
+            "ResultSelector": {"stop.$": "$.Payload.stop", "timeouts.$": "$.Payload.timeouts", "expect.$": "$.Payload.expect"},
             "ResultPath": "$.gate",
             # no task of the window is running: fail without the abort marker
             "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.caught", "Next": "Failed"}],
@@ -366,6 +388,77 @@ def _redo_states(plan: Plan, carry: dict[str, Any], redos: int) -> dict[str, Any
             "Next": "Forward" if plan.stages > 1 else "BackwardSync",
         },
     }
+
+
+# lambdas/watcher.py PhaseDone (a Lambda error's name is its exception's class name): every task of
+# the phase is done, one through the watcher; the phase's own branch ends in a Fail of this name too
+PHASE_DONE = "PhaseDone"
+
+
+def watchable(plan: Plan) -> bool:
+    """Whether a window of ``plan`` runs its phases beside a watcher (limits.watchable)."""
+    return limits_watchable(plan.replicas, [plan.sync_tasks(s) for s in range(plan.stages)])
+
+
+def _watcher(name: str, watch: str, functions: Sequence[str], per_worker: bool, timeout_s: int) -> dict[str, Any]:
+    """The watcher's branch: its Task on stage 0's function; it fails with PhaseDone only when it
+    ran a task again, and fails quietly on any other error (the phase's own timeouts then hold)."""
+    payload = {
+        "phase": "watch",
+        "watch": watch,
+        **{f"{k}.$": f"$.{k}" for k in ("job", "bucket", "t", "window_start", "attempt")},
+        "functions": list(functions),
+        "per_worker": per_worker,
+        "timeouts.$": "$.gate.timeouts",
+        "expect.$": "$.gate.expect",
+    }
+    task = {
+        "Type": "Task",
+        "Resource": "arn:aws:states:::lambda:invoke",
+        "Parameters": {"FunctionName": functions[0], "Payload": payload},
+        "TimeoutSeconds": timeout_s,
+        "ResultPath": None,
+        "Catch": [
+            {"ErrorEquals": [PHASE_DONE], "ResultPath": "$.caught", "Next": f"Watch{name}Ended"},
+            {"ErrorEquals": ["States.ALL"], "ResultPath": "$.caught", "Next": f"Watch{name}Quiet"},
+        ],
+        "End": True,
+    }
+    states = {f"Watch{name}": task, f"Watch{name}Ended": {"Type": "Fail", "Error": PHASE_DONE}, f"Watch{name}Quiet": {"Type": "Succeed"}}
+    return {"StartAt": f"Watch{name}", "States": states}
+
+
+def _watched(name: str, phase: dict[str, Any], watch: str, functions: Sequence[str], per_worker: bool, timeout_s: int) -> dict[str, Any]:
+    """``phase`` (a Parallel named ``name``, with its Catch and Next) beside its watcher
+    (lambdas/watcher.py): a Parallel of the phase, which ends in a Fail named PHASE_DONE, and the
+    watcher, which ends the Parallel early the same way; the window catches PHASE_DONE and goes on,
+    and every other error as the phase alone would have raised it."""
+    catch, nxt = phase.pop("Catch"), phase.pop("Next")
+    own = {
+        "StartAt": f"{name}Phase",
+        "States": {f"{name}Phase": {**phase, "Next": f"{name}Ended"}, f"{name}Ended": {"Type": "Fail", "Error": PHASE_DONE}},
+    }
+    return {
+        "Type": "Parallel",
+        "Branches": [own, _watcher(name, watch, functions, per_worker, timeout_s)],
+        "ResultPath": None,
+        # the phase's end: its input goes on unchanged (no error to keep)
+        "Catch": [{"ErrorEquals": [PHASE_DONE], "ResultPath": None, "Next": nxt}, *catch],
+        "Next": nxt,  # never taken: the phase's branch always ends in its Fail
+    }
+
+
+def phase_parallel(states: dict[str, Any], name: str) -> dict[str, Any]:
+    """A window's phase Parallel ("Forward", "BackwardSync") among its ``states``, inside its
+    watcher's Parallel when it has one (``_watched``)."""
+    state: dict[str, Any] = states[name]
+    own: dict[str, Any] | None = state["Branches"][0]["States"].get(f"{name}Phase") if state.get("Branches") else None
+    return own if own is not None and own.get("Type") == "Parallel" else state
+
+
+def _watch_timeout_s(plan: Plan) -> int:
+    """The watcher Task's bound: it gives up by the phase's longest timeout and a cold allowance."""
+    return max(max(p.values()) for p in plan.timeouts_s) + 60
 
 
 def _stage_branch(maps: _Maps, s: int) -> dict[str, Any]:
@@ -497,6 +590,10 @@ def window_definition(
         states["Forward"] = _forward_state(maps, redos)
     branches = [_stage_branch(maps, s) for s in range(s_count)]
     states["BackwardSync"] = {"Type": "Parallel", "Branches": branches, "ResultPath": None, "Catch": _phase_catch(redos), "Next": "Advance"}
+    if watchable(plan):
+        for name, watch in (("Forward", "forward"), ("BackwardSync", "backward")):
+            if name in states:
+                states[name] = _watched(name, states[name], watch, functions, per_worker, _watch_timeout_s(plan))
     states.update(_abort_states(abort_key_format))
     states.update(_redo_states(plan, carry, redos))
     states.update(_after_iteration_states(maps, carry, evals, saves))

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from stagecoach.planner.emit.asl import PHASE_DONE
+
 _FAIL_EVENTS = {
     "TaskFailed",
     "TaskTimedOut",
@@ -80,6 +82,8 @@ def failed_tasks(events: list[dict[str, Any]], execution_arn: str) -> list[Faile
         if e["type"] not in _FAIL_EVENTS:
             continue
         det = next((v for k, v in e.items() if k.endswith("EventDetails") and isinstance(v, dict)), {})
+        if det.get("error") == PHASE_DONE:  # a phase watcher ending its phase (lambdas/watcher.py): no failure
+            continue
         sched = _walk_to(by_id, e, {"TaskScheduled", "LambdaFunctionScheduled"})
         entered = _walk_to(by_id, e, {"TaskStateEntered"})
         p = _payload(_sched_params(sched)) if sched else {}

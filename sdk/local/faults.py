@@ -19,7 +19,8 @@ Every injected fault is noted in the stack's workers.log (``[runtime] <function>
 {phase, t, stage, ...}``), so a run can be told what it survived (benchmarks/faults.py counts them).
 
 ``once`` scripts faults for tests: a list of {"kind", and event fields to match such as "phase",
-"t", "stage", "replica", "shard"}; each fires on the first invocation that matches it.
+"t", "stage", "replica", "shard"; a phase watcher's: "phase": "watch", "watch": "forward" or
+"backward"}; each fires on the first invocation that matches it.
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ class FaultInjector:
             raise ValueError(f"STAGECOACH_FAULTS={raw!r} is not a valid fault spec ({e}); see stagecoach/local/faults.py") from None
 
     def draw(self, event: object) -> Fault | None:
-        """The fault (if any) to inject into this invocation; only training tasks are hit."""
-        if not isinstance(event, dict) or event.get("phase") not in ("forward", "backward", "sync"):
+        """The fault (if any) to inject into this invocation: training tasks, and the phase watchers
+        beside them (lambdas/watcher.py: a Lambda invocation like any, which AWS's faults do not spare)."""
+        if not isinstance(event, dict) or event.get("phase") not in ("forward", "backward", "sync", "watch"):
             return None
         with self._lock:
             for i, f in enumerate(self.once):
@@ -91,7 +93,7 @@ class FaultInjector:
             for kind in KINDS:
                 edge += getattr(self, kind)
                 if u < edge:
-                    if kind == "delete" and event["phase"] != "forward":
+                    if kind == "delete" and event["phase"] != "forward":  # a watcher writes no activation
                         return None
                     self.counts[kind] += 1
                     return Fault(kind, delay)

@@ -80,11 +80,14 @@ def test_a_grouped_map_pays_its_child_executions_start_and_end_and_their_transit
 def test_the_models_transitions_are_the_emitted_state_machines():
     plat, prof = aws_platform(), toy()
     tree = SyncChoice("hierarchical", 20)  # 100 replicas in 3 blocks: 20 roots and 60 level-1 aggregators
-    for cfg in (_cfg(2, 80), _cfg(4, 64, SyncChoice("k_reduce", 50)), _cfg(1, 100), _cfg(2, 8), _cfg(2, 100, tree)):
+    for cfg in (_cfg(2, 80), _cfg(4, 64, SyncChoice("k_reduce", 50)), _cfg(1, 100), _cfg(2, 8), _cfg(1, 8), _cfg(2, 100, tree)):
         e = evaluate(prof, cfg, plat)
         assert e.feasible, e.violations
         plan = PlannedConfig(e, (1, 0), "milp", 0.0, prof, plat).to_plan()
-        assert e.transitions == asl.transitions_per_iteration(plan)
+        # the phase watchers' states are the cost prediction's (sdk/cost.py), not the planner's
+        watchers = asl.watched_phases(plan) * (asl.TRANSITIONS_WATCHED_PHASE + asl.TRANSITIONS_WATCHER)
+        assert e.transitions + watchers == asl.transitions_per_iteration(plan)
+        assert (watchers > 0) == (cfg.replicas <= 40 and all(plan.sync_tasks(s) <= 40 for s in range(plan.stages)))
         assert [t.sync.tasks for t in config_terms(prof, cfg, plat)] == [plan.sync_tasks(s) for s in range(plan.stages)]
 
 

@@ -1,0 +1,199 @@
+"""The phase watcher (lambdas/watcher.py) on a simulated clock: what it looks at and when, which
+task it runs again and where, when it ends its phase, and the record of what it used. The
+end-to-end case (a hung task ended by the watcher before its Task's timeout, bit-identical) is
+tests/test_faults.py."""
+
+import time
+
+import pytest
+from memory_s3 import MemoryS3
+
+from stagecoach.core import keys
+from stagecoach.core.cost import watcher_usage
+from stagecoach.core.events import WatchEvent
+from stagecoach.core.records import TaskMetrics, WatcherUsage
+from stagecoach.lambdas import watcher
+from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.gate import watchers_usage
+from stagecoach.planner.emit import asl
+from stagecoach.planner.limits import WATCH_GRACE_S
+from stagecoach.planner.plan import Plan
+
+JOB, ATTEMPT = "w-0123abcd", "w0-a"
+PLAN = Plan(balance=[1, 1], replicas=2, micro_batches=1, global_batch=4)  # 2 stages x 2 replicas, a sync Map each
+EXPECT = {"f": 0.4, "b0": 0.5, "b1": 0.5, "s0": 0.2, "s1": 0.2}
+
+
+def event(watch: str, expect: dict | None = None, per_worker: bool = True) -> WatchEvent:
+    return WatchEvent(
+        phase="watch",
+        watch=watch,
+        job=JOB,
+        bucket="bucket",
+        t=3,
+        window_start=0,
+        attempt=ATTEMPT,
+        functions=["fn-s0", "fn-s1"],
+        per_worker=per_worker,
+        timeouts={"f": 2, "b0": 2, "b1": 2, "s0": 2, "s1": 2, "cold": 1},
+        expect=EXPECT if expect is None else expect,
+    )
+
+
+def metrics(phase: str, stage: int, index: int, attempt: str = ATTEMPT, t: int = 3, start: float = 0.0, end: float = 0.4) -> TaskMetrics:
+    return TaskMetrics(
+        phase=phase, t=t, stage=stage, index=index, start=start, end=end, duration_s=end - start,
+        upload_s=0.0, download_s=0.0, transfer_s=0.0, wait_s=0.0, bytes_up=0, bytes_down=0, puts=1, gets=1,
+        compute_s=end - start, container="c", container_started=0.0, invocation=1, cold=False,
+        memory_mb=1024, max_rss_mb=100.0, attempt=attempt,
+    )  # fmt: skip
+
+
+class Clock:
+    """Simulated time: ``sleep`` advances it, and writes each task's metrics when its time comes."""
+
+    def __init__(self, s3: MemoryS3, ends: dict[tuple[str, int, int], float]) -> None:
+        self.now, self.s3, self.ends, self.sleeps = 0.0, s3, dict(ends), []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        time.sleep(0.005)  # real time for the watcher's re-run threads to run in
+        self.now += s
+        for (phase, stage, index), end in list(self.ends.items()):
+            if end <= self.now:
+                self.write(phase, stage, index)
+                del self.ends[(phase, stage, index)]
+
+    def write(self, phase: str, stage: int, index: int, attempt: str = ATTEMPT) -> None:
+        body = metrics(phase, stage, index, attempt).model_dump_json().encode()
+        self.s3.put_object(Bucket="bucket", Key=keys.metrics(JOB, 3, phase, stage, index), Body=body)
+
+
+def tasks_of(watch: str) -> list[tuple[str, int, int]]:
+    if watch == "forward":
+        return [("forward", 0, r) for r in range(2)]
+    return [(p, s, i) for s in range(2) for p in ("backward", "sync") for i in range(2)]
+
+
+def test_nothing_is_watched_before_the_gate_has_learnt_what_to_expect():
+    s3 = MemoryS3()
+    calls = []
+    assert watcher.watch(event("backward", expect={}), Channel(s3, "bucket"), PLAN, lambda f, p: calls.append(f)) == {"again": 0}
+    assert calls == [] and s3.puts == 0
+
+
+def test_a_fault_free_phase_is_looked_at_when_it_usually_ends_and_left_to_end_itself():
+    """Every task done by its expected time: one look each, no re-run, and after the grace the
+    watcher raises PhaseDone (which the phase's own end has usually made moot)."""
+    s3 = MemoryS3()
+    clock = Clock(s3, {t: 0.3 for t in tasks_of("backward")})
+    calls = []
+    with pytest.raises(watcher.PhaseDone, match="every task is done"):
+        watcher.watch(event("backward"), Channel(s3, "bucket"), PLAN, lambda f, p: calls.append(f), clock=clock, sleep=clock.sleep)
+    assert calls == []
+    assert clock.now == pytest.approx(0.5 + 0.2 + WATCH_GRACE_S)  # the sync tasks' look (b + y), then the grace
+
+
+def test_a_task_late_past_its_due_runs_again_on_an_idle_siblings_function_and_ends_the_phase():
+    s3 = MemoryS3()
+    ends = {t: 0.3 for t in tasks_of("forward")}
+    del ends[("forward", 0, 1)]  # hung: never writes its metrics
+    clock = Clock(s3, ends)
+    calls = []
+
+    def rerun(function, payload):
+        calls.append((clock.now, function, payload))
+        clock.write(payload["phase"], payload["stage"], payload["replica"])  # the re-run's work
+
+    with pytest.raises(watcher.PhaseDone, match=r"1 task\(s\) ran again.*\('forward', 0, 1\)"):
+        watcher.watch(event("forward"), Channel(s3, "bucket"), PLAN, rerun, clock=clock, sleep=clock.sleep)
+    ((when, function, payload),) = calls
+    due = watcher.LATE_FACTOR * EXPECT["f"] + watcher.LATE_SLACK_S
+    assert due <= when < due + 2 * watcher.POLL_S
+    # replica 0's function is idle (its task is done) and warm; replica 1's is busy with the hang
+    assert function == "fn-s0"
+    assert payload == {
+        "phase": "forward", "job": JOB, "bucket": "bucket", "t": 3, "window_start": 0, "attempt": ATTEMPT,
+        "stage": 0, "replica": 1, "timeout": 2 + 1,
+    }  # fmt: skip
+
+
+def test_metrics_of_an_earlier_window_attempt_do_not_count_as_done():
+    s3 = MemoryS3()
+    clock = Clock(s3, {})
+    for _, s, r in tasks_of("forward"):
+        clock.write("forward", s, r, attempt="w0-old")
+    calls = []
+    out = watcher.watch(
+        event("forward"), Channel(s3, "bucket"), PLAN, lambda f, p: calls.append(p["replica"]), clock=clock, sleep=clock.sleep
+    )
+    # nothing of this attempt ever came: both ran again once (on the watcher's threads, which it
+    # does not wait for), and the watcher gave up by the Map's own timeout and cold allowance
+    deadline = time.monotonic() + 5
+    while len(calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(calls) == [0, 1] and out == {"again": 2} and clock.now >= 2 + 1
+
+
+def test_with_a_function_per_stage_a_rerun_goes_to_the_stages_function():
+    w = watcher.Watched("sync", 1, 1, 0.7, 1.7)
+    assert watcher.plan_function(event("backward", per_worker=False), w, set()) == "fn-s1"
+    done = {watcher.Watched("sync", 1, 0, 0.7, 1.7), watcher.Watched("backward", 1, 0, 0.5, 1.3)}
+    assert watcher.plan_function(event("backward"), w, done) == "fn-s1-k0"  # the idle sync sibling's
+    assert watcher.plan_function(event("backward"), w, set()) == "fn-s1-k1"  # none idle: its own
+
+
+def test_the_watcher_records_what_it_used_also_when_it_ends_the_phase():
+    s3 = MemoryS3()
+    Clock(s3, {}).write("forward", 0, 0)
+    Clock(s3, {}).write("forward", 0, 1)
+    ev = event("forward", expect={"f": 0.01})
+    with pytest.raises(watcher.PhaseDone):
+        watcher.watch_and_record(ev, Channel(s3, "bucket"), PLAN, lambda f, p: None, memory_mb=1536)
+    got = WatcherUsage.model_validate_json(s3.objects[keys.watcher_usage(JOB, 3, "forward", ATTEMPT)])
+    assert (got.t, got.watch, got.attempt, got.memory_mb, got.again) == (3, "forward", ATTEMPT, 1536, 0)
+    assert got.gets == 2 and got.puts == 1 and got.duration_s >= WATCH_GRACE_S
+    u = watcher_usage(got)
+    assert u.invocations == 1 and u.puts == 1 and u.gets == 2 and u.gb_s == pytest.approx(got.duration_s * 1.5, rel=0.01)
+
+
+def test_the_gate_meters_an_iterations_watchers_from_its_tasks_metrics():
+    ms = [metrics("forward", 0, r, start=10.0, end=10.4) for r in range(2)]
+    ms += [metrics("backward", s, r, start=10.5, end=11.0) for s in range(2) for r in range(2)]
+    ms += [metrics("sync", s, k, start=11.0, end=11.3) for s in range(2) for k in range(2)]
+    u = watchers_usage(PLAN, ms)
+    assert asl.watched_phases(PLAN) == 2 and u.invocations == 2 and u.puts == 2 and u.gets == len(ms)
+    assert u.gb_s == pytest.approx((0.4 + WATCH_GRACE_S) + (0.8 + WATCH_GRACE_S))  # at stage 0's 1,024 MB
+    assert watchers_usage(Plan(balance=[2], replicas=41, micro_batches=1, global_batch=41), ms).invocations == 0  # groups: none
+
+
+def test_a_sync_task_is_due_from_its_stages_backward_end_and_never_before_it():
+    """Stage 1's sync task 0 hangs: due its own 2 x 0.2 + 0.3 s after stage 1's backward tasks were
+    seen done (at their first look, 0.5 s), not from the phase's start; stage 0's backward replica 1
+    hangs too, and stage 0's sync tasks, which wait on it, are not run again before it is done."""
+    s3 = MemoryS3()
+    ends = {t: 0.3 for t in tasks_of("backward")}
+    del ends[("sync", 1, 0)]
+    del ends[("backward", 0, 1)]
+    for k in range(2):
+        ends[("sync", 0, k)] = 10.0  # done only once stage 0's backward is (below)
+    clock = Clock(s3, ends)
+    calls = []
+
+    def rerun(function, payload):
+        calls.append((round(clock.now, 2), payload["phase"], payload["stage"], payload.get("replica", payload.get("shard"))))
+        clock.write(payload["phase"], payload["stage"], payload.get("replica", payload.get("shard")))
+        if payload["phase"] == "backward":  # its sync tasks can now end
+            clock.ends = {("sync", 0, 0): clock.now + 0.2, ("sync", 0, 1): clock.now + 0.2}
+
+    with pytest.raises(watcher.PhaseDone, match="2 task"):
+        watcher.watch(event("backward"), Channel(s3, "bucket"), PLAN, rerun, clock=clock, sleep=clock.sleep)
+    backward_due = watcher.LATE_FACTOR * 0.5 + watcher.LATE_SLACK_S
+    sync_due = 0.5 + watcher.LATE_FACTOR * 0.2 + watcher.LATE_SLACK_S
+    assert [c[1:] for c in calls] == [("sync", 1, 0), ("backward", 0, 1)]
+    assert sync_due <= calls[0][0] < sync_due + 2 * watcher.POLL_S
+    assert sync_due < backward_due + (watcher.LATE_FACTOR * 0.2 + watcher.LATE_SLACK_S) - 0.5  # not from the phase's start
+    assert backward_due <= calls[1][0] < backward_due + 2 * watcher.POLL_S
