@@ -61,6 +61,13 @@ def _spec(ch: Channel, job: str) -> JobSpec:
     return _SPECS[key]
 
 
+def job_plan(ch: Channel, job: str) -> Plan:
+    """The job's plan, from its spec as this container's gate keeps it: the phase watcher
+    (lambdas/watcher.py) runs on the gate's function and needs no more of the job (its code is
+    the tasks')."""
+    return _spec(ch, job).to_plan()
+
+
 def iteration_usage(ch: Channel, job: str, plan: Plan, t: int, spec: JobSpec | None = None) -> Usage:
     """What iteration t's tasks used, from their metrics, plus its state transitions; with the
     job's ``spec``, also what the window ran after it before the next gate (``after_iteration``):

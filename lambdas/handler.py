@@ -38,7 +38,7 @@ from stagecoach.core.records import TaskMetrics
 from stagecoach.core.training import build_model
 from stagecoach.errors import StagecoachError
 from stagecoach.lambdas.channel import Channel, poll_cap_s
-from stagecoach.lambdas.gate import gate
+from stagecoach.lambdas.gate import gate, job_plan
 from stagecoach.lambdas.jobctx import JobContext, job_context
 from stagecoach.lambdas.phases import run_phase
 from stagecoach.lambdas.remediate import remediate
@@ -150,8 +150,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if phase == "watch":  # beside a phase (lambdas/watcher.py): not a task either
         wev = _parsed(event, "watch", lambda e: parse(event=e, model=WatchEvent))
         wch = Channel(_client(), wev.bucket)
-        plan = job_context(wch, wev.job, wev.t).plan
-        return watch_and_record(wev, wch, plan, lambda_invoke(_lambda()), int(context.memory_limit_in_mb))
+        return watch_and_record(wev, wch, job_plan(wch, wev.job), lambda_invoke(_lambda()), int(context.memory_limit_in_mb))
     if phase == "resume":  # the job state machine's ResumePoint, on the control function
         rsv = _parsed(event, "resume", lambda e: parse(event=e, model=ResumeEvent))
         return resume_point(rsv, Channel(_client(), rsv.bucket))
