@@ -166,7 +166,7 @@ def model_counts(iterations: int) -> dict[str, tuple[float, float, float, float]
     for layout, limit in (("before", 0), ("after", syncmodel.ONE_OBJECT_GRADIENT_BYTES)):
         with mock.patch.object(syncmodel, "ONE_OBJECT_GRADIENT_BYTES", limit):
             est = job.predict(plan)
-            with mock.patch.object(Platform, "polls_while_waiting", lambda self, wait_s: 0.0):
+            with mock.patch.object(Platform, "polls_while_waiting", lambda self, wait_s, *_, **__: 0.0):
                 quiet = job.predict(plan)
         out[layout] = (est.s3_puts, est.s3_gets, quiet.s3_gets, est.invocations)
     return out

@@ -44,17 +44,22 @@ from stagecoach.planner.limits import JOB_POLL_BUDGET_PER_S, POLL_BUDGET_ENV, UP
 # Iteration objects carry this tag; the bucket's lifecycle rule expires tagged objects as a safety net
 # (S3 lifecycle filters cannot match jobs/*/iter/ by prefix).
 TRANSIENT_TAG = "stagecoach%3Atransient=true"
+# A waiter's pause between GETs is WAIT_FACTOR x the time it has waited so far, at least WAIT_FIRST_S
+# and at most WAIT_MAX_S (or its budget's cap, ``poll_cap_s``): docs/runtime.md "Waiting for an
+# object" says why these numbers; planner/model/platforms.py counts the same loop.
 WAIT_FIRST_S = 0.005
-WAIT_MAX_S = 0.02
+WAIT_FACTOR = 0.2
+WAIT_MAX_S = 0.04
+WAIT_JITTER = 0.25  # each pause is drawn between 1 -/+ this times it, so waiters do not poll in step
 
 
 def poll_cap_s(waiters: int) -> float:
     """The pause between one waiter's GETs at which ``waiters`` waiting workers together poll at the
     job's budget (planner/limits.py JOB_POLL_BUDGET_PER_S, or the endpoint's own in
-    ``POLL_BUDGET_ENV``): 1 s at 1,000 waiters. A worker's pause backs off up to the larger of
-    20 ms and this times the number of objects it waits for at once (``Channel.wait_bytes``), so a
-    worker waiting for eight objects polls no faster than one waiting for one; each pause is
-    jittered between 3/4 and 5/4 of it."""
+    ``POLL_BUDGET_ENV``): 1 s at 1,000 waiters. A worker's pause grows with its wait up to the
+    larger of WAIT_MAX_S and this times the number of objects it waits for at once
+    (``Channel.wait_bytes``), so a worker waiting for eight objects polls no faster than one
+    waiting for one; each pause is jittered between 3/4 and 5/4 of it."""
     budget = float(os.environ.get(POLL_BUDGET_ENV) or JOB_POLL_BUDGET_PER_S)
     return waiters / budget
 
@@ -290,8 +295,8 @@ class Channel:
 
     def wait_bytes(self, key: str, deadline: float, producer: str | None = None, byte_range: tuple[int, int] | None = None) -> bytes:
         """GET until the object exists (``byte_range``: [start, end) of it, each GET a ranged one);
-        back off exponentially up to ``poll_cap`` with jitter (so a job's waiters together stay
-        within its GET budget); give up at ``deadline`` (epoch s).
+        between GETs pause ``pause_s`` (a fifth of the time waited so far, jittered, capped; a
+        job's waiters together stay within its GET budget); give up at ``deadline`` (epoch s).
 
         Every ``ABORT_CHECK_S`` of waiting (not every poll: a GET costs money), and once more at
         the deadline, it also looks for the window's abort marker and, given ``producer`` (the
@@ -304,9 +309,20 @@ class Channel:
             with self._waiting_lock:
                 self._waiting -= 1
 
+    def pause_s(self, waited_s: float) -> float:
+        """The pause before the next GET after ``waited_s`` of waiting, before jitter: WAIT_FACTOR of
+        the wait so far, within [WAIT_FIRST_S, cap]. Proportional, so a short wait's GETs grow with
+        the log of its length (1 + WAIT_FACTOR more waited per GET) while the object is noticed
+        ~WAIT_FACTOR/2 of the wait late; the cap keeps a long wait's lateness at ~20 ms more than
+        a round trip, because the waits are on the pipeline's critical path, where a millisecond
+        of Lambda costs more than a GET (docs/runtime.md). The task's waiters together poll no
+        faster than one at the job's budget, so the cap grows with their number (``poll_cap_s``)."""
+        cap = max(WAIT_MAX_S, self.poll_cap * self._waiting)
+        return min(cap, max(WAIT_FIRST_S, WAIT_FACTOR * waited_s))
+
     def _wait_bytes(self, key: str, deadline: float, producer: str | None, byte_range: tuple[int, int] | None = None) -> bytes:
-        delay = WAIT_FIRST_S
-        next_check = time.time() + ABORT_CHECK_S
+        start = time.time()
+        next_check = start + ABORT_CHECK_S
         while True:
             body = self.get_bytes(key, byte_range)
             if body is not None:
@@ -318,7 +334,7 @@ class Channel:
                 body = self._look_around(key, producer, byte_range)
                 if body is not None:
                     return body
-            pause = delay * random.uniform(0.75, 1.25)
+            pause = self.pause_s(time.time() - start) * random.uniform(1 - WAIT_JITTER, 1 + WAIT_JITTER)
             if time.time() + pause > deadline:
                 # a last look first: a deadline shorter than a check's period (a learnt timeout,
                 # lambdas/timeouts.py) still tells a lost object from a late one
@@ -328,8 +344,6 @@ class Channel:
                 raise ObjectWaitTimeout(f"s3://{self.bucket}/{key} did not appear before the task's deadline")
             with self.stats.activity("wait"):
                 time.sleep(pause)
-            # the task's waiters together poll no faster than one: the cap grows with their number
-            delay = min(max(WAIT_MAX_S, self.poll_cap * self._waiting), delay * 1.6)
 
     def _look_around(self, key: str, producer: str | None, byte_range: tuple[int, int] | None = None) -> bytes | None:
         """While waiting for ``key``: WindowAborted if another task of the window attempt failed

@@ -140,7 +140,7 @@ def test_the_model_counts_the_requests_the_tasks_make(counted):
     job, run, each, _ = counted
     est = job.predict(run.plan)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Platform, "polls_while_waiting", lambda self, wait_s: 0.0)
+        mp.setattr(Platform, "polls_while_waiting", lambda self, wait_s, *_, **__: 0.0)
         quiet = job.predict(run.plan)
     puts = sum(v for (k, cls), v in each.items() if k in TASK_KINDS and cls == "PUT")
     gets = sum(v for (k, cls), v in each.items() if k in TASK_KINDS and cls in ("GET", "RANGE"))

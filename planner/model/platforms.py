@@ -91,7 +91,8 @@ class Platform:
     # Per iteration, the window's bookkeeping states (the Gate task, Go? Choice, Advance Pass) on the critical path.
     iteration_overhead_s: float = 0.05
     # A worker waiting for another's object notices it this long after it lands, on average: half
-    # a poll cycle (lambdas/channel.py: the longest back-off, 20 ms, plus a 404's round trip).
+    # a poll cycle (lambdas/channel.py: a 404's round trip plus the pause, a fifth of the wait so
+    # far up to 40 ms: 20 ms after a 0.1 s wait; the paper plans' hops average 25-31 ms, §4.4).
     poll_delay_s: float = 0.025
     # -- the account -----------------------------------------------------------------------------
     # Lambda's concurrent executions the plan may use (planner/limits.py: the default quota; plan
@@ -123,10 +124,17 @@ class Platform:
     # window_length: 19,992 history events / events per iteration, ~270 at d = 1 with 4 stages);
     # 200 is a round lower figure. 0: every iteration (Job(warm_state=False), the earlier runtime).
     warm_checkpoint_every: int = 200
-    # A waiting worker's polling (lambdas/channel.py wait_bytes): the first pause, and the longest
-    # (for plans of at most 20 concurrent workers; larger ones poll slower, so fewer GETs).
+    # A waiting worker's polling (lambdas/channel.py wait_bytes, our runtime's code): after each 404
+    # it pauses poll_factor x the time waited so far, at least poll_first_s, at most poll_max_s
+    # (WAIT_FIRST_S, WAIT_FACTOR, WAIT_MAX_S; a plan of more than 40 concurrent workers, or a task
+    # waiting for several objects at once, pauses up to its budget's cap, ``cap_s``, instead);
+    # every poll_look_every_s (ABORT_CHECK_S) it GETs its window's abort marker and the producer's
+    # metrics (``polls_while_waiting``).
     poll_first_s: float = 0.005
-    poll_max_s: float = 0.02
+    poll_factor: float = 0.2
+    poll_max_s: float = 0.04
+    poll_look_every_s: float = 1.0
+    poll_jitter: float = 0.25  # each pause uniform in 1 -/+ this times it (WAIT_JITTER)
     # -- prices (USD), AWS list prices on PRICES_AS_OF ----------------------------------------------
     price_gb_s: float = 0.0000166667  # Lambda x86 per GB-s (GB = 1,024 MB); arm64 is 0.0000133334
     price_request: float = 0.20 / 1e6  # Lambda invocations
@@ -159,21 +167,66 @@ class Platform:
         """Seconds of one pass over ``param_bytes`` of parameters at a tier (``param_pass_s_per_byte``)."""
         return self.param_pass_s_per_byte * param_bytes / self.speedup(memory_mb)
 
-    def polls_while_waiting(self, wait_s: float) -> float:
-        """The extra GETs (404s) a worker makes while it waits ``wait_s`` for an object, by the
-        channel's back-off (x1.6 from poll_first_s to poll_max_s; its jitter averages out)."""
+    def polls_while_waiting(self, wait_s: float, cap_s: float = 0.0, looks: int = 2) -> float:
+        """The extra GETs a worker makes while it waits ``wait_s`` for an object (from its first GET
+        to the object's landing), by the channel's loop (lambdas/channel.py ``_wait_bytes``): 404s
+        a round trip (``storage_latency_s``) plus a pause apart, and ``looks`` GETs (the abort
+        marker, the producer's metrics) about every ``poll_look_every_s``. ``cap_s``: the pause's
+        cap when the job's GET budget raises it (channel.poll_cap_s x the task's waiters).
+        Expected values over the channel's jitter; docs/performance-model.md §4.4."""
         if wait_s <= 0:
             return 0.0
-        n, t, delay = 1, 0.0, self.poll_first_s  # the first GET misses, then one per pause that ends too soon
-        while delay != self.poll_max_s:  # the back-off's ramp (min() lands on poll_max_s exactly): a few pauses
-            if t + delay >= wait_s:
-                return float(n)
-            t += delay
-            n += 1
-            delay = min(self.poll_max_s, delay * 1.6)
-        # then pauses of poll_max_s: one GET per pause that ends before wait_s (closed form: the
-        # planner asks this for every candidate stage, with waits of up to minutes)
-        return float(n + max(0, math.ceil((wait_s - t) / self.poll_max_s) - 1))
+        cap = max(self.poll_max_s, cap_s)
+        looks_made = looks * math.floor((wait_s + self.storage_latency_s) / self._look_period(wait_s, cap, looks))
+        # the looks' round trips delay the polls
+        return self._misses(wait_s - looks_made * self.storage_latency_s, cap) + looks_made
+
+    def _look_period(self, wait_s: float, cap: float, looks: int) -> float:
+        """The mean time between the channel's looks around ``wait_s``: a look comes with the first
+        GET to end ``poll_look_every_s`` after the last one, i.e. the look's own GETs, then the
+        first passage of the cycles (a round trip plus a jittered pause, its mean at ``wait_s``)
+        past the rest of the period: E[cycles] by a normal approximation of their sum, times the
+        mean cycle (Wald). A cycle is a large share of the period, so its lattice matters (the
+        usual half a cycle of overshoot is off by up to ten percent)."""
+        lat = self.storage_latency_s
+        if wait_s + lat < self.poll_look_every_s:
+            return self.poll_look_every_s  # no look before the object lands
+        pause, a = min(cap, max(self.poll_first_s, self.poll_factor * wait_s)), self.poll_jitter
+        mean, sd = lat + pause, pause * a / math.sqrt(3)
+        rest = self.poll_look_every_s - looks * lat
+        # E[N] = sum over j >= 0 of P(the first j cycles end before the rest): one cycle's pause is
+        # uniform in (1 -/+ a) pause, a sum of several about normal
+        cycles = 1.0 + min(1.0, max(0.0, (rest - lat - pause * (1 - a)) / (2 * a * pause + 1e-12)))
+        j = 2
+        while True:
+            below = 0.5 * (1 + math.erf((rest - j * mean) / (sd * math.sqrt(2 * j) + 1e-12)))
+            if below < 1e-6:
+                return looks * lat + cycles * mean
+            cycles, j = cycles + below, j + 1
+
+    def _misses(self, wait_s: float, cap: float) -> float:
+        """The 404s of the channel's loop for an object landing ``wait_s`` after the first GET
+        started, a round trip L apart plus the pause p(t) = min(cap, max(floor, f t)), t the time
+        waited when the pause starts. Three phases, in closed form (the planner asks this for
+        every candidate stage): pauses of ``poll_first_s`` while f t <= floor; then each GET's
+        t grows as t' = (1 + f) t + L, i.e. t + L/f grows by 1 + f a GET; then pauses of ``cap``."""
+        if wait_s <= 0:
+            return 0.0
+        lat, floor, f = self.storage_latency_s, self.poll_first_s, self.poll_factor
+        step = lat + floor
+        if f <= 0:  # a fixed pause
+            return float(math.ceil(wait_s / step))
+        n1 = math.floor((floor / f - lat) / step) + 1 if floor / f >= lat else 0  # GETs followed by the floor's pause
+        start = n1 * step  # the first GET followed by a proportional pause starts here
+        if wait_s <= start:
+            return float(math.ceil(wait_s / step))
+        a = start + lat + lat / f  # GET n1 + j starts at a (1 + f)^j - L/f - L
+        grow = math.log1p(f)
+        n2 = max(0, math.ceil(math.log((cap + lat) / (f * a)) / grow))  # GETs followed by a proportional pause
+        capped = a * (1 + f) ** n2 - lat / f - lat  # the first GET followed by the cap's pause starts here
+        if wait_s <= capped:
+            return float(n1 + math.ceil(math.log((wait_s + lat + lat / f) / a) / grow))
+        return float(n1 + n2 + math.ceil((wait_s - capped) / (lat + cap)))
 
     def usable_bytes(self, memory_mb: float) -> float:
         """Bytes a stage may plan to use at this tier, after headroom and the runtime's base."""
