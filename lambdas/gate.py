@@ -62,9 +62,9 @@ def _spec(ch: Channel, job: str) -> JobSpec:
 
 
 def job_plan(ch: Channel, job: str) -> Plan:
-    """The job's plan, from its spec as this container's gate keeps it: the phase watcher
-    (lambdas/watcher.py) runs on the gate's function and needs no more of the job (its code is
-    the tasks')."""
+    """The job's plan, from its spec as the gate keeps it per container: the phase watcher
+    (lambdas/watcher.py) needs no more of the job (its code is the tasks'), and a container of
+    its own function keeps the spec from one watcher to the next."""
     return _spec(ch, job).to_plan()
 
 

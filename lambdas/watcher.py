@@ -5,8 +5,8 @@ Step Functions notices a worker that never answers only when its Task's ``Timeou
 in whole seconds and at least 2 s here (lambdas/timeouts.py), where the demo's tasks take ~0.4 s;
 a callback Task's heartbeat is not enforced while its Lambda invocation runs (docs/reliability.md
 "Fault benchmark"). So the window runs each phase beside a watcher (planner/emit/asl.py
-``_watched``): a Parallel whose one branch is the phase and whose other is this task, on stage 0's
-function. The watcher knows what the gate learnt (``expect``: per phase key, the seconds its
+``_watched``): a Parallel whose one branch is the phase and whose other is this task, on the job's
+watcher function (plan.watcher_function). The watcher knows what the gate learnt (``expect``: per phase key, the seconds its
 slowest task usually takes) and which tasks the phase runs (the plan). It first looks at a task's
 metrics object (written as the task ends; keys from the plan, no LIST) when the task usually has
 ended, then polls it every POLL_S until the task is done or due::

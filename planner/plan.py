@@ -26,6 +26,7 @@ from stagecoach.planner.limits import (
     fits_lambda_timeout,
     peak_invocations,
     timeout_refusal,
+    watchable,
 )
 
 # Gradient synchronisation per stage (docs/runtime.md "Sync algorithms"):
@@ -541,10 +542,24 @@ def worker_function(stage_function: str, kind: str, index: int) -> str:
     return stage_function if kind == "r" and index == 0 else f"{stage_function}-{kind}{index}"
 
 
+def watcher_function(stage0_function: str) -> str:
+    """The function the phase watcher runs on (lambdas/watcher.py): a job's own, beside stage 0's.
+    Not a worker's: an invocation beside a worker's task would take an execution environment the
+    worker's warm state lives in, and the task would land in another and reload it."""
+    return f"{stage0_function}-w"
+
+
 def stage_functions(plan: Plan, stage: int, stage_function: str, per_worker: bool) -> list[str]:
     """Every function a stage's tasks run on: its own, and with one per worker, the replicas' and
-    the sync tasks' (what deploy creates, the remediation raises and cleanup deletes)."""
+    the sync tasks' (what deploy creates, the remediation raises and cleanup deletes); stage 0's
+    also the phase watcher's, when the plan's phases are watched (limits.watchable)."""
+    watcher = [watcher_function(stage_function)] if stage == 0 and plan_watchable(plan) else []
     if not per_worker:
-        return [stage_function]
+        return [stage_function, *watcher]
     names = [worker_function(stage_function, "r", r) for r in range(plan.replicas)]
-    return names + [worker_function(stage_function, "k", k) for k in range(plan.sync_tasks(stage))]
+    return names + [worker_function(stage_function, "k", k) for k in range(plan.sync_tasks(stage))] + watcher
+
+
+def plan_watchable(plan: Plan) -> bool:
+    """Whether ``plan``'s phases run beside a phase watcher (limits.watchable)."""
+    return watchable(plan.replicas, [plan.sync_tasks(s) for s in range(plan.stages)])

@@ -129,7 +129,7 @@ def gate_usage(plan: Plan, platform: Platform, capped: bool) -> Usage:
 def watchers_predicted(plan: Plan, estimate: Estimate) -> Usage:
     """An iteration's phase watchers (lambdas/watcher.py), which the planner's estimate leaves out
     (a constant per phase but for stage 0's memory x the phase's time, not linear in the MILP's
-    variables): per watched phase an invocation on stage 0's function for the phase's time and
+    variables): per watched phase an invocation of the watcher function, at stage 0's memory, for the phase's time and
     WATCH_GRACE_S (its first look at a task is when the task usually has ended), its record's PUT,
     a look (GET) per task. Their states are in asl.phase_transitions."""
     n = asl.watched_phases(plan)

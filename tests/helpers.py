@@ -14,10 +14,10 @@ from stagecoach import Job
 HANDLERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "handlers")
 
 
-def create_function(backend, handler: str, memory_mb: int = 512, timeout_s: int = 30) -> str:
+def create_function(backend, handler: str, memory_mb: int = 512, timeout_s: int = 30, name: str | None = None) -> str:
     """A Lambda function (image package, like the workers) whose handler lives in tests/handlers."""
     c, res = backend.clients, backend.resources
-    name = f"test-{handler.split('.')[0]}-{uuid.uuid4().hex[:6]}"
+    name = name or f"test-{handler.split('.')[0]}-{uuid.uuid4().hex[:6]}"
     c.lambda_.create_function(
         FunctionName=name,
         Role=res.control_role_arn,

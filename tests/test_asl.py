@@ -10,7 +10,7 @@ from stagecoach.core import keys
 from stagecoach.planner.emit import asl, groups
 from stagecoach.planner.emit.asl_check import check_definition
 from stagecoach.planner.emit.tasks import WAIT_RETRY
-from stagecoach.planner.plan import Plan
+from stagecoach.planner.plan import Plan, watcher_function
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLANS = [
@@ -225,6 +225,7 @@ def test_window_runs_on_motos_interpreter_with_the_history_the_emitter_predicts(
 
     plan = Plan(balance=[1, 1], replicas=2, micro_batches=1, global_batch=2)
     fn = create_function(backend, "noop.handler")
+    create_function(backend, "noop.handler", name=watcher_function(fn))  # the phase watcher's
     d, events = run_state_machine(
         backend,
         asl.window_definition(plan, [fn] * 2, abort_key_format=keys.WINDOW_ABORT),

@@ -17,11 +17,12 @@ from torch import nn
 
 from stagecoach import Job
 from stagecoach.core import keys
-from stagecoach.core.cost import Prices, Usage, billed_ms, gb_seconds
+from stagecoach.core.cost import Prices, Usage, billed_ms, gb_seconds, watcher_usage
 from stagecoach.cost import history_usage, state_phase
 from stagecoach.job import JobError
+from stagecoach.lambdas.gate import watchers_usage
 from stagecoach.reference import train_reference
-from stagecoach.run import recorded_watching
+from stagecoach.run import phase_watchers, recorded_watching
 
 # us-east-1 list prices, written out here rather than read from the code under test
 GB_S, REQUEST, TRANSITION, PUT, GET = 0.0000166667, 0.20 / 1e6, 0.025 / 1000, 0.005 / 1000, 0.0004 / 1000
@@ -123,9 +124,10 @@ def test_measured_cost_is_what_the_metrics_and_histories_add_up_to(backend):
     lam_gbs = sum(math.ceil(m.duration_s * 1000 - 1e-6) / 1000 * m.memory_mb / 1024 for m in metrics)
     task_usd = lam_gbs * GB_S + n * REQUEST + sum(m.puts + 1 for m in metrics) * PUT + sum(m.gets for m in metrics) * GET
     # the states, counted from the ASL by hand: per iteration Gate, Go?, BackwardSync, Backward0,
-    # Backward0Task, Advance; the window's Init, last Gate, last Go?, Done; the job's Next?,
+    # Backward0Task, Advance, and the phase's watcher (BackwardSyncPhase, BackwardSyncEnded,
+    # WatchBackwardSync); the window's Init, last Gate, last Go?, Done; the job's Next?,
     # Bounds, Clamp, LastWindow, WindowType?, RunWindow, Advance, the last Next?, Done
-    transitions = 6 * n + 4 + 9
+    transitions = 9 * n + 4 + 9
     gates = []
     for ev in run.history(windows=True):
         if ev["type"] == "TaskSucceeded":
@@ -137,12 +139,21 @@ def test_measured_cost_is_what_the_metrics_and_histories_add_up_to(backend):
         math.ceil(w["duration_s"] * 1000 - 1e-6) / 1000 * w["memory_mb"] / 1024 * GB_S + REQUEST + w["puts"] * PUT + w["gets"] * GET
         for w in gates
     )
+    # the phase watchers, one an iteration, each as its record says (read here by hand)
+    s3, bucket = backend.clients.s3, backend.resources.bucket
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"jobs/{run.job_id}/cost/phase-watcher/").get("Contents", [])
+    watchers = [json.loads(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()) for o in listed]
+    assert sorted(w["t"] for w in watchers) == list(range(n)) and all(w["watch"] == "backward" for w in watchers)
+    watcher_usd = sum(
+        math.ceil(w["duration_s"] * 1000 - 1e-6) / 1000 * w["memory_mb"] / 1024 * GB_S + REQUEST + w["puts"] * PUT + w["gets"] * GET
+        for w in watchers
+    )
     spec = run.spec()
     client_usd = (spec.launch_requests["puts"] + report.phases["client"].puts - spec.launch_requests["puts"]) * PUT
     client_usd += report.phases["client"].gets * GET
     # the launch's uploads: the code, the plan, the data set, version 0's chunks, the spec
     assert spec.launch_requests["puts"] >= 5
-    expected = task_usd + transitions * TRANSITION + gate_usd + client_usd
+    expected = task_usd + transitions * TRANSITION + gate_usd + watcher_usd + client_usd
     assert report.total.transitions == transitions
     assert report.usd == pytest.approx(expected, rel=1e-9)
     assert report.phases["sync"] == Usage() and report.phases["forward"] == Usage()
@@ -233,10 +244,20 @@ def test_the_cap_meters_every_state_and_task_the_run_is_billed_for(backend):
     watched = recorded_watching(s3, backend.resources.bucket, run.job_id)
     gates = len([ev for ev in run.history(windows=True) if ev["type"] == "TaskSucceeded" and '"gate"' in str(ev)])
     assert gates >= 4 + 1  # before each iteration and at each window's end
-    late_gb_s = measured.total.gb_s - tally["usage"]["gb_s"]
+    # the phase watchers: the gate meters each from its phase's span and grace, before its record
+    # exists (lambdas/gate.py watchers_usage), which errs high: a watcher with nothing to expect yet
+    # ends at once; the measured cost has their records
+    records = phase_watchers(s3, backend.resources.bucket, run.job_id)
+    assert len(records) == 4 * 2 and all(r.attempt for r in records)
+    by_t = {t: [m for m in run.metrics() if m.t == t] for t in range(4)}
+    metered = sum(watchers_usage(run.plan, ms).gb_s for ms in by_t.values())
+    recorded = sum(watcher_usage(r).gb_s for r in records)
+    assert metered >= recorded
+    late_gb_s = (measured.total.gb_s - recorded) - (tally["usage"]["gb_s"] - metered)
     assert 0 <= late_gb_s <= gates * 0.25  # under 250 ms at 1 GB a gate, on this busy machine
     unmetered = watched["puts"] * PUT + watched["gets"] * GET + gates * (PUT + 13 * GET) + late_gb_s * GB_S
-    assert tally["usd"] <= measured.usd <= tally["usd"] + unmetered + 1e-9
+    overmetered = (metered - recorded) * GB_S
+    assert tally["usd"] - overmetered <= measured.usd <= tally["usd"] - overmetered + unmetered + 1e-9
 
 
 def test_run_stop_ends_the_job_at_the_next_iteration_boundary(backend):

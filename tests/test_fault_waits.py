@@ -23,9 +23,13 @@ def _item_events(events, failed_id):
 def test_a_consumer_whose_producer_hung_twice_waits_again_at_once_and_the_result_is_bit_identical(backend):
     """Stage 1's backward task of replica 0 hangs at t = 2, and so does its first re-run: stage 0's
     backward task, waiting for its input gradient, gives up just before its learnt timeout
-    (ObjectWaitTimeout) and runs again through its Map's loop (Again? and Again), at once."""
+    (ObjectWaitTimeout) and runs again through its Map's loop (Again? and Again), at once. The
+    phase's watcher is killed, so the Maps' own timeouts and loops are what recover it."""
     hang = {"kind": "hang", "phase": "backward", "t": 2, "stage": 1, "replica": 0}
-    faulty = LocalBackend(faults={"once": [hang, dict(hang)]})
+    # the phase's watcher killed (it fails quietly): else it would run the hung task again before
+    # the consumer's wait ran out (tests/test_faults.py has the watcher's own case)
+    killed_watcher = {"kind": "kill", "phase": "watch", "watch": "backward", "t": 2}
+    faulty = LocalBackend(faults={"once": [hang, dict(hang), killed_watcher]})
     try:
         runs = []
         for stack, name in ((backend, "waits-clean"), (faulty, "waits")):

@@ -25,8 +25,7 @@ from typing import Any, Final
 from stagecoach.planner.emit.groups import group_bounds, grouped_map
 from stagecoach.planner.emit.tasks import KILLED_ERROR, KILLED_RETRY, LAMBDA_RETRY, WORKER_RETRY, worker_map, worker_task
 from stagecoach.planner.limits import EXPRESS_MAX_DURATION_S, GROUP_SIZE, HISTORY_MAX_EVENTS, map_groups, map_transitions
-from stagecoach.planner.limits import watchable as limits_watchable
-from stagecoach.planner.plan import Plan, worker_function
+from stagecoach.planner.plan import Plan, plan_watchable, watcher_function, worker_function
 
 HISTORY_LIMIT = HISTORY_MAX_EVENTS
 # Share of the history a window may plan to use; the rest absorbs retries (each retry of a Task
@@ -397,12 +396,13 @@ PHASE_DONE = "PhaseDone"
 
 def watchable(plan: Plan) -> bool:
     """Whether a window of ``plan`` runs its phases beside a watcher (limits.watchable)."""
-    return limits_watchable(plan.replicas, [plan.sync_tasks(s) for s in range(plan.stages)])
+    return plan_watchable(plan)
 
 
 def _watcher(name: str, watch: str, functions: Sequence[str], per_worker: bool, timeout_s: int) -> dict[str, Any]:
-    """The watcher's branch: its Task on stage 0's function; it fails with PhaseDone only when it
-    ran a task again, and fails quietly on any other error (the phase's own timeouts then hold)."""
+    """The watcher's branch: its Task on the job's watcher function (plan.watcher_function); it
+    fails with PhaseDone when it ended the phase, and quietly on any other error (the phase's own
+    timeouts then hold)."""
     payload = {
         "phase": "watch",
         "watch": watch,
@@ -415,7 +415,7 @@ def _watcher(name: str, watch: str, functions: Sequence[str], per_worker: bool, 
     task = {
         "Type": "Task",
         "Resource": "arn:aws:states:::lambda:invoke",
-        "Parameters": {"FunctionName": functions[0], "Payload": payload},
+        "Parameters": {"FunctionName": watcher_function(functions[0]), "Payload": payload},
         "TimeoutSeconds": timeout_s,
         "ResultPath": None,
         "Catch": [

@@ -33,7 +33,7 @@ from stagecoach.planner.emit.asl_check import check_definition
 from stagecoach.planner.emit.job_input import JobInput
 from stagecoach.planner.limits import concurrency_needed
 from stagecoach.planner.model.platforms import aws_platform
-from stagecoach.planner.plan import Plan, per_worker_functions, stage_functions
+from stagecoach.planner.plan import Plan, per_worker_functions, stage_functions, watcher_function
 
 if TYPE_CHECKING:
     from stagecoach.job import Job
@@ -125,10 +125,9 @@ def create_stage_function(res: StackResources, c: Clients, name: str, job_id: st
 def reserved_concurrency(plan: Plan, stage: int, per_worker: bool = False, watcher: bool = False) -> int:
     """What ``reserve_concurrency`` reserves for each of a stage's functions: its most tasks at once
     (the replicas, or the sync Map's K; 1 with a function per worker), twice, for the tasks of a
-    failed window winding down while its restart runs; and on the function the phase watcher runs
-    on (``watcher``: stage 0's own, planner/emit/asl.py ``_watched``) one more, beside its task."""
-    extra = 1 if watcher and asl.watched_phases(plan) else 0
-    return 2 * (1 if per_worker else max(plan.replicas, plan.sync_tasks(stage))) + extra
+    failed window winding down while its restart runs; the phase watcher's function (``watcher``,
+    plan.watcher_function) one watcher at a time, twice likewise."""
+    return 2 * (1 if per_worker or watcher else max(plan.replicas, plan.sync_tasks(stage)))
 
 
 def _window_definition(job: Job, plan: Plan, functions: list[str], per_worker: bool, group_arn: str | None) -> dict[str, Any]:
@@ -211,7 +210,8 @@ def deploy_and_start(
                 created_functions.append(name)
                 if reserve_concurrency:
                     c.lambda_.put_function_concurrency(
-                        FunctionName=name, ReservedConcurrentExecutions=reserved_concurrency(plan, s, per_worker, name == functions[0])
+                        FunctionName=name,
+                        ReservedConcurrentExecutions=reserved_concurrency(plan, s, per_worker, name == watcher_function(functions[0])),
                     )
         # the job is metered at the prices of its functions' architecture, as of now
         prices = Prices.of(aws_platform("x86_64" if res.architecture == "x86_64" else "arm64"))
