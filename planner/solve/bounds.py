@@ -117,6 +117,7 @@ class LowerBounds:
         self.fin = self.J == L
         self.K = K = len(cands.tiers)
         self.wpre, self.wsuf, self.selfw = _stage_weights(cands, wc, wt, plat)
+        self.before, self.after = _least_waits(cands)  # what selfw[0] bills a group's waits at
         self.base = self.wpre[K]
         self.cA = wc * d * (m - 1) * price * (~self.fin)
         self.cB = wc * d * (m - 1) * price

@@ -17,7 +17,8 @@
    variables bounded below; each is billed or timed with a positive weight, so it is tight at an
    optimum. T = T_F + T_BS with T_F the state carried into the last stage and T_BS = o + the
    latest branch end carried to the first stage. HiGHS (pulp.HiGHS) solves it with the incumbent
-   as a cutoff.
+   as a cutoff; given the groups' bounds, one more row per group caps the waits it carries
+   below that cutoff (``WaitSlack``).
 """
 
 from __future__ import annotations
@@ -73,6 +74,22 @@ class _Caps:
     ULL: float  # the last stage's parameter load
     UW: list[float]  # the latest branch end after a node
     fcap: list[float]  # per group from the bill: d * price * (its task's duration) <= cost <= cutoff / wc
+
+
+@dataclass
+class WaitSlack:
+    """What a plan below the cutoff may carry into each group beyond its least waits
+    (search._Search.slack; docs/performance-model.md §7.3). A group's bound without context bills
+    its own waits at their least over every path (before[i] forward, after[j] backward), its own
+    load and not the last stage's load in its backward task; the objective bills each excess at
+    d x the group's price. So a plan through q below the cutoff has ea + xb + ll + ml <= before[i]
+    + after[j] + l_o + slack[q], slack = (cutoff - bound) / (wc d price): a row per group, where
+    the LP relaxation otherwise loads the carried waits onto whichever fractional stage bills
+    them least."""
+
+    before: Sequence[float]  # per node: the least forward steps and hops of any path 0 -> node
+    after: Sequence[float]  # ... the least backward ones node -> L
+    slack: dict[int, float]  # per group (by its identity, id(group)): its excess cap in seconds
 
 
 @dataclass
@@ -340,6 +357,16 @@ class _PathMilp:
                 f"lastL_{n}",
             )
 
+    def wait_caps(self, ws: WaitSlack) -> None:
+        """The rows of ``WaitSlack``: every group but a last stage's, where its slack is finite."""
+        for q, g in enumerate(self.groups):
+            sl = ws.slack.get(id(g), math.inf)
+            if g.j == self.L or not math.isfinite(sl):
+                continue
+            base = ws.before[g.i] + ws.after[g.j] + sl
+            terms = [(self.ml[q], 1.0), (self.xb[q], 1.0), (self.ll[q], 1.0)] + ([(self.ea[q], 1.0)] if q in self.ea else [])
+            self.prob += _lin(terms + [(v, -(base + op.load_s)) for v, op in zip(self.x[q], g.options)]) <= 0
+
     # -- backward and sync: the branches (§3.3) -------------------------------------------------
     def branches(self, cap: _Caps) -> Any:
         """T_BS = o + max over stages of (BT_s + its branch's extra): the running maximum is
@@ -463,8 +490,10 @@ def solve_milp(
     cutoff: float | None,
     relax: bool = False,
     floors: tuple[float, float] = (0.0, 0.0),
+    slack: WaitSlack | None = None,
 ) -> MilpSolution:
-    """Build and solve the path MILP over ``groups`` (module docstring, step 3)."""
+    """Build and solve the path MILP over ``groups`` (module docstring, step 3); ``slack``: valid
+    caps of the carried waits for the plans below ``cutoff`` (``WaitSlack``)."""
     if any(not any(g.i <= l < g.j for g in groups) for l in range(cands.layers)):
         return MilpSolution(None, math.inf, "infeasible", 0, 0)
     milp = _PathMilp(cands, groups, plat, relax)
@@ -472,6 +501,8 @@ def solve_milp(
     single = milp.path(smax)
     TF = milp.forward(cap, single)
     milp.backward(cap, floors)
+    if slack is not None:
+        milp.wait_caps(slack)
     TBS = milp.branches(cap)
     cost = milp.cost(single)
     prob = milp.prob

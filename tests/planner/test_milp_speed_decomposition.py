@@ -28,6 +28,12 @@ def test_split_bands_equal_bruteforce(case, monkeypatch):
     monkeypatch.setattr(search, "BAND_SPLIT_DEPTH", 50)
     monkeypatch.setattr(search, "BANDS_ALL_MAX", 0)
     monkeypatch.setattr(search, "PAIR_BUDGET", 0)  # coarse bands: the refinement would leave nothing to split
+    assert_bruteforce_optimum(case)
+
+
+def assert_bruteforce_optimum(case) -> None:
+    """solve_fixed on ``case`` (with whatever search settings the caller patched) proves brute
+    force's optimum."""
     prof, d, b, m, tiers, (a1, a2), smax, algos = case
     plat = aws_platform()
     r = solve_fixed(prof, plat, d, b, m, a1, a2, tiers=tiers, max_stages=smax, sync_algos=algos, first_groups=2)
@@ -40,14 +46,20 @@ def test_split_bands_equal_bruteforce(case, monkeypatch):
     assert est.feasible and objective_value(est.cost, est.time_s, a1, a2) == pytest.approx(obj, rel=2e-6)
 
 
-def test_the_split_path_is_taken():
-    """At least one of the cases above really splits a band pair (else the test proves nothing)."""
-    splits = 0
+def band_case_infos() -> list[dict]:
+    """Each band case's solve record, bands split as far as they go (for tests that the cases
+    really take a path)."""
+    infos = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(search, "BAND_SPLIT_GROUPS", 2)
         mp.setattr(search, "BANDS_ALL_MAX", 0)
         mp.setattr(search, "PAIR_BUDGET", 0)
         for prof, d, b, m, tiers, (a1, a2), smax, algos in BAND_CASES:
             r = solve_fixed(prof, aws_platform(), d, b, m, a1, a2, tiers=tiers, max_stages=smax, sync_algos=algos, first_groups=2)
-            splits += r.info.get("band_splits", 0)
-    assert splits > 0
+            infos.append(r.info)
+    return infos
+
+
+def test_the_split_path_is_taken():
+    """At least one of the cases above really splits a band pair (else the test proves nothing)."""
+    assert sum(info.get("band_splits", 0) for info in band_case_infos()) > 0
