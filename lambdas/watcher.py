@@ -54,6 +54,7 @@ from stagecoach.planner.plan import Plan, worker_function
 LATE_FACTOR = 2.0
 LATE_SLACK_S = 0.3
 POLL_S = 0.05
+MIN_OWN_S = 0.05  # the least of a task's own time once its inputs are there
 GRACE_S = WATCH_GRACE_S  # planner/limits.py says why
 
 Invoke = Callable[[str, dict[str, Any]], None]
@@ -72,7 +73,11 @@ class Watched:
     index: int  # the replica, or the sync task's shard
     look_s: float  # seconds after the phase's start: when it usually has ended (its first look)
     due_s: float  # ... and when it is late (a sync task: once its stage's backward is done, ``_synced``)
-    own_s: float = 0.0  # a sync task's own expected seconds
+    own_s: float = 0.0  # its expected seconds once its inputs are there (``_after_inputs``)
+
+    @property
+    def ident(self) -> tuple[str, int, int]:
+        return (self.phase, self.stage, self.index)
 
     def key(self, ev: WatchEvent) -> str:
         return keys.metrics(ev.job, ev.t, self.phase, self.stage, self.index)
@@ -111,24 +116,32 @@ def watched(plan: Plan, ev: WatchEvent) -> list[Watched]:
         b = e.get(f"b{s}")
         if b is None:
             continue
-        out += [Watched("backward", s, r, b, _due(b)) for r in range(d)]
+        after = e.get(f"b{s + 1}")  # a backward task waits for the next stage's gradients
+        own = b if after is None else max(b - after, MIN_OWN_S)
+        out += [Watched("backward", s, r, b, _due(b), own) for r in range(d)]
         y = e.get(f"s{s}")
         if y is not None:
             out += [Watched("sync", s, k, b + y, math.inf, y) for k in range(plan.sync_tasks(s))]
     return out
 
 
-def _synced(pending: list[Watched], finished: set[Watched], replicas: int, now: float) -> list[Watched]:
-    """Sync tasks are due from when their stage's backward tasks are all done (their Map starts
-    then), not from the phase's start: a sync task is late ``_due`` of its own expected seconds
-    after that; before it, a late backward task is what the watcher runs again."""
+def _after_inputs(pending: list[Watched], finished: set[Watched], rerun: set[int], plan: Plan, now: float) -> list[Watched]:
+    """A task is due from when what it waits for was seen done, not only from the phase's start:
+    a backward task from the next stage's backward tasks (its gradients; its own part of the
+    expected time is the difference of the two), a sync task from its stage's (its Map starts
+    then; never before). A stage whose backward task the watcher ran again (``rerun``) has a
+    backward Map still waiting on the hung invocation, so its sync Map never starts: its sync
+    tasks are due at once."""
     done = Counter(w.stage for w in finished if w.phase == "backward")
-    return [
-        replace(w, look_s=min(w.look_s, now + w.own_s), due_s=now + _due(w.own_s))
-        if w.phase == "sync" and w.due_s == math.inf and done[w.stage] == replicas
-        else w
-        for w in pending
-    ]
+
+    def ready(w: Watched) -> bool:
+        waits_on = w.stage + 1 if w.phase == "backward" else w.stage
+        return w.phase != "forward" and waits_on < plan.stages and done[waits_on] == plan.replicas
+
+    def due(w: Watched) -> float:
+        return now if w.phase == "sync" and w.stage in rerun else now + _due(w.own_s)
+
+    return [replace(w, look_s=min(w.look_s, now + w.own_s), due_s=min(w.due_s, due(w))) if ready(w) else w for w in pending]
 
 
 def _done(ch: Channel, ev: WatchEvent, w: Watched) -> bool:
@@ -175,7 +188,7 @@ def watch(
         return {"again": 0}
     start = clock()
     give_up = start + max(ev.timeouts.get(phase_key(w.phase, w.stage), 0) for w in pending) + ev.timeouts.get("cold", 0)
-    again: dict[Watched, Future[None]] = {}
+    again: dict[tuple[str, int, int], Future[None]] = {}  # by Watched.ident: its times may be tightened since
     finished: set[Watched] = set()
     # not a context manager: its exit would wait for a re-run that hung in turn
     pool = ThreadPoolExecutor(max_workers=8)
@@ -186,10 +199,11 @@ def watch(
         looked = [w for w in pending if now >= w.look_s]
         done = {w for w in looked if _done(ch, ev, w)}
         finished |= done
-        pending = _synced([w for w in pending if w not in done], finished, plan.replicas, now)
+        rerun = {stage for (phase, stage, _) in again if phase == "backward"}
+        pending = _after_inputs([w for w in pending if w not in done], finished, rerun, plan, now)
         for w in looked:
-            if w not in done and now >= w.due_s and w not in again:
-                again[w] = pool.submit(invoke, plan_function(ev, w, finished), w.payload(ev))
+            if w not in done and now >= w.due_s and w.ident not in again:
+                again[w.ident] = pool.submit(invoke, plan_function(ev, w, finished), w.payload(ev))
                 counter[0] += 1
         if pending:  # poll what was looked at; else sleep until the next look
             sleep(POLL_S if any(w in pending for w in looked) else max(0.0, min(w.look_s for w in pending) - now))
@@ -197,9 +211,7 @@ def watch(
     if pending:
         return {"again": len(again)}
     if again:
-        raise PhaseDone(
-            f"iteration {ev.t}: {len(again)} task(s) ran again beside their Map: {sorted((w.phase, w.stage, w.index) for w in again)}"
-        )
+        raise PhaseDone(f"iteration {ev.t}: {len(again)} task(s) ran again beside their Map: {sorted(again)}")
     # every task's work is done; a Map still open after GRACE_S waits on an invocation that wrote
     # its metrics and then died or hung (a kill can land after the last PUT), or on its re-run
     sleep(GRACE_S)

@@ -170,30 +170,31 @@ def test_the_gate_meters_an_iterations_watchers_from_its_tasks_metrics():
     assert watchers_usage(Plan(balance=[2], replicas=41, micro_batches=1, global_batch=41), ms).invocations == 0  # groups: none
 
 
-def test_a_sync_task_is_due_from_its_stages_backward_end_and_never_before_it():
+def test_tasks_are_due_from_when_their_inputs_were_seen_done():
     """Stage 1's sync task 0 hangs: due its own 2 x 0.2 + 0.3 s after stage 1's backward tasks were
-    seen done (at their first look, 0.5 s), not from the phase's start; stage 0's backward replica 1
-    hangs too, and stage 0's sync tasks, which wait on it, are not run again before it is done."""
+    seen done (at their first look, 0.5 s), not from the phase's start. Stage 0's backward replica 1
+    hangs: due 2 x 0.05 (its own part: b0 - b1, at least MIN_OWN_S) + 0.3 s after stage 1's
+    backward tasks were seen done; and as its Map still waits on the hung invocation, stage 0's
+    sync Map never starts: its sync tasks run again as soon as stage 0's backward tasks are done."""
     s3 = MemoryS3()
     ends = {t: 0.3 for t in tasks_of("backward")}
-    del ends[("sync", 1, 0)]
-    del ends[("backward", 0, 1)]
-    for k in range(2):
-        ends[("sync", 0, k)] = 10.0  # done only once stage 0's backward is (below)
+    for gone in (("sync", 1, 0), ("backward", 0, 1), ("sync", 0, 0), ("sync", 0, 1)):
+        del ends[gone]
     clock = Clock(s3, ends)
     calls = []
 
     def rerun(function, payload):
-        calls.append((round(clock.now, 2), payload["phase"], payload["stage"], payload.get("replica", payload.get("shard"))))
-        clock.write(payload["phase"], payload["stage"], payload.get("replica", payload.get("shard")))
-        if payload["phase"] == "backward":  # its sync tasks can now end
-            clock.ends = {("sync", 0, 0): clock.now + 0.2, ("sync", 0, 1): clock.now + 0.2}
+        index = payload.get("replica", payload.get("shard"))
+        calls.append((round(clock.now, 2), payload["phase"], payload["stage"], index))
+        clock.write(payload["phase"], payload["stage"], index)
 
-    with pytest.raises(watcher.PhaseDone, match="2 task"):
+    with pytest.raises(watcher.PhaseDone, match="4 task"):
         watcher.watch(event("backward"), Channel(s3, "bucket"), PLAN, rerun, clock=clock, sleep=clock.sleep)
-    backward_due = watcher.LATE_FACTOR * 0.5 + watcher.LATE_SLACK_S
+    backward_due = 0.5 + watcher.LATE_FACTOR * watcher.MIN_OWN_S + watcher.LATE_SLACK_S
     sync_due = 0.5 + watcher.LATE_FACTOR * 0.2 + watcher.LATE_SLACK_S
-    assert [c[1:] for c in calls] == [("sync", 1, 0), ("backward", 0, 1)]
-    assert sync_due <= calls[0][0] < sync_due + 2 * watcher.POLL_S
-    assert sync_due < backward_due + (watcher.LATE_FACTOR * 0.2 + watcher.LATE_SLACK_S) - 0.5  # not from the phase's start
-    assert backward_due <= calls[1][0] < backward_due + 2 * watcher.POLL_S
+    assert [c[1:] for c in calls] == [("backward", 0, 1), ("sync", 0, 0), ("sync", 0, 1), ("sync", 1, 0)]
+    assert backward_due <= calls[0][0] < backward_due + 2 * watcher.POLL_S
+    assert calls[1][0] == calls[2][0] < calls[0][0] + 3 * watcher.POLL_S  # at once, once backward is done
+    assert sync_due <= calls[3][0] < sync_due + 2 * watcher.POLL_S
+    # both well before the phase-start rules (2 x 0.5 + 0.3 s; the sync tasks' had no bound at all)
+    assert calls[0][0] < watcher.LATE_FACTOR * 0.5 + watcher.LATE_SLACK_S - 0.3
