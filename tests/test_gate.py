@@ -84,7 +84,8 @@ ITERATION_USD = (
     + 10 * (3 + 1) * PUT  # + each task's metrics object
     + 10 * 5 * GET
     + TRANSITIONS_PER_ITERATION * TRANSITION
-    + 2 * (0.601 * GB_S + REQUEST + PUT) + 10 * GET
+    + 2 * (0.601 * GB_S + REQUEST + PUT)
+    + 10 * GET
 )
 
 

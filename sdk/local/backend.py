@@ -120,7 +120,9 @@ class LocalBackend(Backend):
         # not checked locally (docs/local-stack.md), so they carry no policy here
         iam.create_role(RoleName=f"{PREFIX}-states", Path=ROLE_PATH, AssumeRolePolicyDocument=_trust("states.amazonaws.com"))
         iam.create_policy(
-            PolicyName=f"{PREFIX}-job-boundary", Path=ROLE_PATH, PolicyDocument=json.dumps(job_boundary_policy(BUCKET_ARN, LOG_GROUP_ARN, PREFIX))
+            PolicyName=f"{PREFIX}-job-boundary",
+            Path=ROLE_PATH,
+            PolicyDocument=json.dumps(job_boundary_policy(BUCKET_ARN, LOG_GROUP_ARN, PREFIX)),
         )
         s3 = self.clients.s3
         s3.create_bucket(Bucket=BUCKET)
