@@ -346,11 +346,13 @@ def test_deploy_start_inspect_cleanup(aws, tmp_path):
     run = b.launch(job, plan)
     c = b.clients
     # warm state with d = 2: a function per (stage, replica) and per (stage, sync task), from the
-    # stack's image, memory and timeout from the plan (docs/runtime.md "State that stays warm")
+    # stack's image, memory and timeout from the plan (docs/runtime.md "State that stays warm"),
+    # and the phase watcher's beside stage 0's (plan.watcher_function)
     workers = ["", "-r1", "-k0", "-k1"]
+    expected = [(s, w) for s in range(2) for w in workers] + [(0, "-w")]
     job_fns = sorted(f["FunctionName"] for f in c.lambda_.list_functions()["Functions"] if run.job_id in f["FunctionName"])
-    assert job_fns == sorted(f"{STACK}-{run.job_id}-s{s}{w}" for s in range(2) for w in workers)
-    for s, w in [(s, w) for s in range(2) for w in workers]:
+    assert job_fns == sorted(f"{STACK}-{run.job_id}-s{s}{w}" for s, w in expected)
+    for s, w in expected:
         conf = c.lambda_.get_function(FunctionName=f"{STACK}-{run.job_id}-s{s}{w}")
         assert conf["Configuration"]["MemorySize"] == 1536
         assert conf["Configuration"]["Timeout"] == plan.function_timeout_s(s)
@@ -400,7 +402,7 @@ def test_deploy_start_inspect_cleanup(aws, tmp_path):
         b.cleanup(run.job_id)
     out = CliRunner().invoke(cleanup_command, [run.execution_arn, "--stack", STACK, "--region", REGION, "--force"])
     assert out.exit_code == 0, out.output
-    assert "removed 8 functions, 1 state machines" in out.output and "the job's role" in out.output
+    assert "removed 9 functions, 1 state machines" in out.output and "the job's role" in out.output
     assert c.sfn.describe_execution(executionArn=run.execution_arn)["status"] == "ABORTED"
     names = [f["FunctionName"] for f in c.lambda_.list_functions()["Functions"]]
     assert names == [f"{STACK}-worker"]
@@ -497,7 +499,8 @@ def test_deployer_policy_grants_every_call_of_a_job_s_life(aws, enforced_iam):
         run.stop()  # the stop request, as Run.stop() and `stagecoach stop` write it
         assert b.clients.s3.get_object(Bucket=b.resources.bucket, Key=keys.stop_request(run.job_id))
         removed = b.cleanup(run.job_id, stop_running=True)
-    assert len(removed.functions) == 8 and removed.state_machines and removed.objects  # d = 2, warm: one per worker
+    # d = 2, warm: one per worker, and the phase watcher's
+    assert len(removed.functions) == 8 + 1 and removed.state_machines and removed.objects
     assert admin.clients.s3.get_object(Bucket=admin.resources.bucket, Key=history.history_key(job.name))
 
 

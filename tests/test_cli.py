@@ -471,4 +471,4 @@ def test_a_resumed_job_is_reached_by_its_id_or_any_arn_on_the_local_stack(backen
     r = cli.invoke(main, ["inspect", run.job_id])
     assert r.exit_code == 0 and f"job {run.job_id}: STOPPED" in r.output and f"execution {resumed}" in r.output, r.output
     r = cli.invoke(main, ["cleanup", resumed])
-    assert r.exit_code == 0 and "removed 1 functions, 1 state machines" in r.output, r.output
+    assert r.exit_code == 0 and "removed 2 functions, 1 state machines" in r.output, r.output

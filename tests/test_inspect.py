@@ -232,7 +232,7 @@ def test_inspect_a_local_run_through_the_daemon(tmp_path, monkeypatch):
             assert sum(x[k] for k in ("orchestration_s", "compute_s", "transfer_s", "wait_s")) == pytest.approx(x["iteration_s"])
 
         out = runner.invoke(cleanup_command, [run.job_id, "--backend", "local"])
-        assert out.exit_code == 0 and "removed 2 functions, 1 state machines" in out.output, out.output
+        assert out.exit_code == 0 and "removed 3 functions, 1 state machines" in out.output, out.output
     finally:
         r = runner.invoke(local_group, ["stop"])
         assert r.exit_code == 0, r.output

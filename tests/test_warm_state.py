@@ -155,8 +155,8 @@ def test_with_replicas_every_worker_has_a_function_and_keeps_its_shards_state_wa
     assert stored_versions(warm, "optim") == {2, 4, 5}
     names = {n.rsplit("-s", 1)[1] for n in job_functions(warm)}
     sync_fns = {"0-k0", "0-k1", "1-k0", "1-k1"} if sync == "scatter_reduce" else set()
-    assert names == {"0", "0-r1", "1", "1-r1"} | sync_fns
-    assert {n.rsplit("-s", 1)[1] for n in job_functions(stored_replicated)} == {"0", "1"}  # one per stage without warm state
+    assert names == {"0", "0-r1", "1", "1-r1", "0-w"} | sync_fns  # and the phase watcher's (plan.watcher_function)
+    assert {n.rsplit("-s", 1)[1] for n in job_functions(stored_replicated)} == {"0", "1", "0-w"}  # one per stage without warm state
 
     # mid-window (iteration 2 of [2, 4)) the state does not move: fewer bytes than the stored path
     def moved(r, t):
