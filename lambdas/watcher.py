@@ -46,7 +46,7 @@ from stagecoach.core import keys
 from stagecoach.core.events import WatchEvent
 from stagecoach.core.records import TaskMetrics, WatcherUsage
 from stagecoach.errors import StagecoachError
-from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.channel import ABORT_CHECK_S, Channel
 from stagecoach.lambdas.timeouts import phase_key
 from stagecoach.planner.limits import WATCH_GRACE_S
 from stagecoach.planner.plan import Plan, worker_function
@@ -150,6 +150,14 @@ def _done(ch: Channel, ev: WatchEvent, w: Watched) -> bool:
     return body is not None and TaskMetrics.model_validate_json(body).attempt == ev.attempt
 
 
+def _aborted(ch: Channel, ev: WatchEvent) -> bool:
+    """Whether the window attempt failed (its Abort state wrote the marker): its Map already failed
+    with the task that did not answer, so running a task again helps nothing, and the window's
+    waiting tasks must stop on the marker, not on an input a re-run wrote (lambdas/channel.py).
+    Step Functions does not stop a Lambda invocation when its Parallel fails: the watcher must."""
+    return bool(ev.attempt) and ch.get_bytes(keys.window_abort(ev.job, ev.attempt)) is not None
+
+
 def watch_and_record(ev: WatchEvent, ch: Channel, plan: Plan, invoke: Invoke, memory_mb: int) -> dict[str, Any]:
     """``watch``, then what it used written as its last act (records.WatcherUsage), also when it
     ends the phase with PhaseDone: its Task's output rarely reaches the history (docs/cost.md)."""
@@ -180,7 +188,8 @@ def watch(
     counter: list[int] | None = None,
 ) -> dict[str, Any]:
     """Watch the phase until every task is done (or the longest of its timeouts has passed, when
-    the Maps' own timeouts have taken over); raise PhaseDone if a task had to be run again.
+    the Maps' own timeouts have taken over, or the window attempt failed: ``_aborted``); raise
+    PhaseDone if a task had to be run again.
     ``counter`` (a one-item list) counts the re-runs as they start."""
     counter = counter if counter is not None else [0]
     pending = watched(plan, ev)
@@ -192,6 +201,7 @@ def watch(
     finished: set[Watched] = set()
     # not a context manager: its exit would wait for a re-run that hung in turn
     pool = ThreadPoolExecutor(max_workers=8)
+    next_abort_look = ABORT_CHECK_S
     while pending and clock() < give_up:
         now = clock() - start
         # a first look when a task usually has ended, so a fault-free phase's watcher ends with it
@@ -201,10 +211,15 @@ def watch(
         finished |= done
         rerun = {stage for (phase, stage, _) in again if phase == "backward"}
         pending = _after_inputs([w for w in pending if w not in done], finished, rerun, plan, now)
-        for w in looked:
-            if w not in done and now >= w.due_s and w.ident not in again:
-                again[w.ident] = pool.submit(invoke, plan_function(ev, w, finished), w.payload(ev))
-                counter[0] += 1
+        late = [w for w in looked if w not in done and now >= w.due_s and w.ident not in again]
+        if late or now >= next_abort_look:
+            next_abort_look = now + ABORT_CHECK_S
+            if _aborted(ch, ev):
+                pool.shutdown(wait=False)
+                return {"again": len(again), "aborted": True}
+        for w in late:
+            again[w.ident] = pool.submit(invoke, plan_function(ev, w, finished), w.payload(ev))
+            counter[0] += 1
         if pending:  # poll what was looked at; else sleep until the next look
             sleep(POLL_S if any(w in pending for w in looked) else max(0.0, min(w.look_s for w in pending) - now))
     pool.shutdown(wait=False)

@@ -13,7 +13,7 @@ from stagecoach.core.cost import watcher_usage
 from stagecoach.core.events import WatchEvent
 from stagecoach.core.records import TaskMetrics, WatcherUsage
 from stagecoach.lambdas import watcher
-from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.channel import ABORT_CHECK_S, Channel
 from stagecoach.lambdas.gate import watchers_usage
 from stagecoach.planner.emit import asl
 from stagecoach.planner.limits import WATCH_GRACE_S
@@ -119,6 +119,33 @@ def test_a_task_late_past_its_due_runs_again_on_an_idle_siblings_function_and_en
         "phase": "forward", "job": JOB, "bucket": "bucket", "t": 3, "window_start": 0, "attempt": ATTEMPT,
         "stage": 0, "replica": 1, "timeout": 2 + 1,
     }  # fmt: skip
+
+
+def test_a_failed_window_attempts_watcher_runs_nothing_again_and_stops():
+    """A task that failed outright fails its Map and the window writes its abort marker; Step
+    Functions does not stop the watcher's invocation with the Parallel, so the watcher looks for
+    the marker before running a late task again (a re-run would feed the window's waiting tasks,
+    which must stop on the marker: test_faults) and then every ABORT_CHECK_S."""
+    s3 = MemoryS3()
+    clock = Clock(s3, {("forward", 0, 0): 0.3})  # replica 1's task failed: no metrics, ever
+    s3.put_object(Bucket="bucket", Key=keys.window_abort(JOB, ATTEMPT), Body=b"{}")
+    calls = []
+    out = watcher.watch(event("forward"), Channel(s3, "bucket"), PLAN, lambda f, p: calls.append(f), clock=clock, sleep=clock.sleep)
+    assert out == {"again": 0, "aborted": True} and calls == []
+    assert clock.now < watcher.LATE_FACTOR * EXPECT["f"] + watcher.LATE_SLACK_S + 2 * watcher.POLL_S
+    # a marker written while the watcher polls a task not yet due is seen within ABORT_CHECK_S
+    s3b = MemoryS3()
+    clock_b = Clock(s3b, {("forward", 0, 0): 0.3})
+    marked = 5.5  # replica 1 is looked at from 5.0 s and due at 10.3 s
+
+    def sleep(s: float) -> None:
+        clock_b.sleep(s)
+        if clock_b.now >= marked and keys.window_abort(JOB, ATTEMPT) not in s3b.objects:
+            s3b.put_object(Bucket="bucket", Key=keys.window_abort(JOB, ATTEMPT), Body=b"{}")
+
+    ev = event("forward", expect={"f": 5.0}).model_copy(update={"timeouts": {"f": 60, "cold": 1}})
+    out = watcher.watch(ev, Channel(s3b, "bucket"), PLAN, lambda f, p: calls.append(f), clock=clock_b, sleep=sleep)
+    assert out["aborted"] and calls == [] and marked <= clock_b.now <= marked + ABORT_CHECK_S + watcher.POLL_S
 
 
 def test_metrics_of_an_earlier_window_attempt_do_not_count_as_done():
