@@ -23,8 +23,9 @@ one figure, for the measured cost too. The launch's uploads are not predicted (a
 
 Measured (``measure``): every task's metrics (billed duration rounded up to the millisecond x its
 memory, requests), the gate's own report of its work (its invocation's output in the window's
-history), and the state transitions counted in the execution histories: one per state entered,
-one per retry (a Task scheduled again without being entered again).
+history, or for an Express window in its events logged to CloudWatch Logs), and the state
+transitions counted in the execution histories: one per state entered, one per retry (a Task
+scheduled again without being entered again).
 """
 
 from __future__ import annotations
@@ -308,6 +309,18 @@ def express_usage(output: str | None) -> Usage | None:
     return Usage(express_requests=1, express_gb_s=seconds * float(billing.get("BilledMemoryUsedInMB", 0)) / 1024.0)
 
 
+def express_gates(events: Iterable[Mapping[str, Any]]) -> Usage:
+    """The iteration gates of one Express window execution, from its logged events (sdk/
+    express_logs.py): each gate's own report of its work, as in a Standard window's history. Its
+    states are no billed transitions (the window is billed per request and duration instead)."""
+    out = Usage()
+    for ev in events:
+        if ev.get("type") == "TaskSucceeded":
+            report = _gate_report(ev.get("taskSucceededEventDetails", {}).get("output"))
+            out = out + (report or Usage())
+    return out
+
+
 def _gate_report(output: str | None) -> Usage | None:
     """The usage an iteration gate reports in its output (lambdas/gate.py), or None for any other task."""
     if not output:
@@ -330,16 +343,20 @@ def measure(
     client_requests: Mapping[str, int] | None = None,
     prices: Prices | None = None,
     watchers: Iterable[WatcherUsage] = (),
+    express: Iterable[Iterable[Mapping[str, Any]]] = (),
 ) -> CostReport:
     """The measured cost of a run so far: ``metrics`` of its tasks, the ``histories`` of its job
-    and window executions, and what the client did (the launch's requests from the spec, plus
-    ``client_requests`` of the watching Run)."""
+    and window executions, the logged events of its ``express`` window executions (their gates),
+    and what the client did (the launch's requests from the spec, plus ``client_requests`` of the
+    watching Run)."""
     phases: dict[str, Usage] = {p: Usage() for p in PHASES}
     for p, u in usage_by_phase(metrics).items():
         phases[p] = phases[p] + u
     for events in histories:
         for p, u in history_usage(events).items():
             phases[p] = phases[p] + u
+    for events in express:
+        phases["orchestration"] = phases["orchestration"] + express_gates(events)
     for w in watchers:  # orchestration: the phase watchers (lambdas/watcher.py), as each recorded itself
         phases["orchestration"] = phases["orchestration"] + watcher_usage(w)
     launch = spec.launch_requests or {}

@@ -8,7 +8,7 @@ import os
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import cloudpickle
@@ -19,6 +19,7 @@ from torch import nn
 from tqdm import tqdm
 
 from stagecoach import cost as costs
+from stagecoach import express_logs as xlogs
 from stagecoach import history as learnt
 from stagecoach.core import keys
 from stagecoach.core.graph_split import Blocks, SplitFactory
@@ -35,7 +36,14 @@ from stagecoach.core.training import (
     stage_layout,
 )
 from stagecoach.deploy.chain import follow
-from stagecoach.deploy.resources import BotoClient, Clients, StackResources, first_execution_arn, group_state_machine_of
+from stagecoach.deploy.resources import (
+    BotoClient,
+    Clients,
+    StackResources,
+    first_execution_arn,
+    group_state_machine_of,
+    window_log_group_arn,
+)
 from stagecoach.deploy.resume import job_executions, last_checkpoint
 from stagecoach.errors import StagecoachError
 from stagecoach.evaluation import Evaluation, combine
@@ -75,6 +83,11 @@ class Run:
         # where wait() records them, so that every reader of the job prices them alike (``cost``)
         self._watch_key = watch_key(job_id, uuid.uuid4().hex)
         self._model_source: ModelSource | None = job
+        # what never changes once read: a succeeded execution's history, a finished Express
+        # window's logged runs (the local console reads the cost every 2 s)
+        self._ended_histories: dict[str, list[dict[str, Any]]] = {}
+        self._window_logs: dict[xlogs.WindowStart, dict[str, list[dict[str, Any]]]] = {}
+        self._logs: BotoClient | None = None
 
     @property
     def _c(self) -> Clients:
@@ -275,11 +288,12 @@ class Run:
         return "\n".join(lines)
 
     def failure(self) -> str:
-        """The execution's error, and the first failed task's error and cause inside its windows."""
+        """The execution's error, and the first failed task's error and cause inside its windows
+        (an Express window's from its logged events)."""
         d = self.describe()
         first = ""
-        for arn in self.window_executions():
-            for ev in self.history(execution_arn=arn):
+        for events in self._window_histories():
+            for ev in events:
                 det = ev.get("taskFailedEventDetails") or ev.get("taskTimedOutEventDetails")
                 if det and det.get("error") and det["error"] != PHASE_DONE:  # a watcher's, no failure
                     first = f"{det.get('error')}: {str(det.get('cause', ''))[:500]}"
@@ -289,6 +303,39 @@ class Run:
         return f"{d.get('error', '')}: {d.get('cause', '')[:300]} | first failed task: {first or 'none'}"
 
     # -- history ---------------------------------------------------------------------------------
+    def _window_histories(self) -> Iterator[list[dict[str, Any]]]:
+        """Each window execution's events, oldest first, read as they are asked for: a Standard
+        window's history, then each Express window execution's logged events."""
+        for arn in self.window_executions():
+            yield self.history(execution_arn=arn)
+        yield from self.express_window_histories()
+
+    def express_window_histories(self, job_events: list[dict[str, Any]] | None = None) -> list[list[dict[str, Any]]]:
+        """Every run of the job's Express windows, oldest first: its logged events
+        (``express_window_runs``)."""
+        return list(self.express_window_runs(job_events).values())
+
+    def express_window_runs(self, job_events: list[dict[str, Any]] | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Every run of the job's Express windows by its ARN, oldest first: its events as logged
+        to the stack's window log group (sdk/express_logs.py), in GetExecutionHistory's shape; a
+        run whose start's answer was lost too, and both runs of one run twice. ``job_events``: the
+        job's history, if read already. A window is searched until it has finished."""
+        starts = xlogs.window_starts(job_events if job_events is not None else self._events(self.job_executions()))
+        if not starts:
+            return {}  # Standard windows, or none started yet
+        if self._logs is None:
+            self._logs = self.backend.long_call_client("logs")
+        group = xlogs.log_group_name(window_log_group_arn(self.backend.resources))
+        out: dict[str, list[dict[str, Any]]] = {}
+        for start in starts:
+            runs = self._window_logs.get(start)
+            if runs is None:
+                runs = xlogs.read_window(self._logs, group, start)
+                if xlogs.finished(start, runs):
+                    self._window_logs[start] = runs
+            out.update(sorted(runs.items(), key=lambda run: run[1][0]["timestamp"]))
+        return out
+
     def window_executions(self) -> list[str]:
         window = self.spec().window_state_machine
         return [] if window is None else self._executions_of(window)  # a profiling job: no windows
@@ -326,12 +373,23 @@ class Run:
         return listed + [a for a in self.executions() if a not in listed]
 
     def _events(self, arns: list[str]) -> list[dict[str, Any]]:
-        """The events of these executions' histories, one after the other (paged)."""
+        """The events of these executions' histories, one after the other (paged). A succeeded
+        execution's is read once: on AWS a finished execution's history never changes. (moto may
+        record a stopped Parallel branch's events after the end, docs/local-stack.md: after a
+        success only the phase watchers' TaskFailed PhaseDone, which count for nothing; after a
+        failure also a hung task's re-run, so a failed execution's is read again.)"""
         events: list[dict[str, Any]] = []
         for arn in arns:
+            if arn in self._ended_histories:
+                events += self._ended_histories[arn]
+                continue
+            mine: list[dict[str, Any]] = []
             paginator = self._c.sfn.get_paginator("get_execution_history")
             for page in paginator.paginate(executionArn=arn):
-                events += page["events"]
+                mine += page["events"]
+            if any(ev.get("type") == "ExecutionSucceeded" for ev in mine):
+                self._ended_histories[arn] = mine
+            events += mine
         return events
 
     # -- metrics ---------------------------------------------------------------------------------
@@ -486,16 +544,19 @@ class Run:
     # -- cost ------------------------------------------------------------------------------------
     def cost(self) -> costs.CostReport:
         """The measured cost so far, per phase (sdk/cost.py): the tasks' billed GB-seconds and
-        requests, the state transitions in every execution's history, the iteration gates, and the
-        client's S3 requests: the launch's (in the spec) and what watching the job took, as every
+        requests, the state transitions in every execution's history, the iteration gates (an
+        Express window's from its logged events: ``express_window_histories``), and the client's
+        S3 requests: the launch's (in the spec) and what watching the job took, as every
         watching Run recorded it (``record_watching``). Only stored records count, not this
         object's own reading since, so any reader of the job gets the same figure: the one
         source of `train`'s, `inspect`'s and ``Run.cost()``'s."""
         metrics = self.metrics()
         watched = recorded_watching(self._c.s3, self.bucket, self.job_id)
-        histories = self._events(self.job_executions() + self.window_executions() + self.group_executions())
+        jobs = self._events(self.job_executions())
+        histories = jobs + self._events(self.window_executions() + self.group_executions())
+        express = self.express_window_histories(jobs)  # their gates: Express windows keep no history
         watchers = phase_watchers(self._c.s3, self.bucket, self.job_id, self._watchers)
-        return costs.measure(self.spec(), metrics, [histories], self.iterations_done(), watched, watchers=watchers)
+        return costs.measure(self.spec(), metrics, [histories], self.iterations_done(), watched, watchers=watchers, express=express)
 
     def predicted_cost(self) -> costs.CostReport:
         """The performance model's cost of the whole run on AWS, for this plan (docs/cost.md).

@@ -158,6 +158,20 @@ def test_measured_cost_is_what_the_metrics_and_histories_add_up_to(backend):
     assert report.usd == pytest.approx(expected, rel=1e-9)
     assert report.phases["sync"] == Usage() and report.phases["forward"] == Usage()
     assert report.iterations == n
+    # a succeeded execution's history never changes: read once (the local console asks every 2 s)
+    calls = []
+    sfn = run._c.sfn
+    event = "before-parameter-build.sfn.GetExecutionHistory"
+    sfn.meta.events.register(event, lambda params, **kw: calls.append(params["executionArn"]), unique_id="count-histories")
+    try:
+        run._ended_histories.clear()
+        first = run.cost()
+        read = len(calls)
+        assert read >= 2 and set(calls) == set(run.job_executions() + run.window_executions())  # job and window
+        assert run.cost().to_dict() == first.to_dict() == report.to_dict()
+        assert len(calls) == read, calls[read:]
+    finally:
+        sfn.meta.events.unregister(event, unique_id="count-histories")
 
 
 def test_predicted_cost_counts_the_evaluations_checkpoints_and_due_checks_it_measures(backend):

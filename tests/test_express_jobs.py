@@ -17,6 +17,8 @@ import pytest
 from helpers import recovery_job, same_parameters
 
 from stagecoach.core import keys
+from stagecoach.core.cost import Usage, watcher_usage
+from stagecoach.cost import express_gates
 from stagecoach.deploy.resources import read_json
 from stagecoach.inspect.express import express_windows
 from stagecoach.inspect.report import inspect_execution
@@ -25,6 +27,7 @@ from stagecoach.local.express import ENV as FAULTS_ENV
 from stagecoach.planner import plan as plan_module
 from stagecoach.planner.emit import asl
 from stagecoach.reference import train_reference
+from stagecoach.run import phase_watchers
 
 WINDOW = 2  # windows [0, 2), [2, 4), [4, 5)
 TIMEOUT_S = 20
@@ -96,6 +99,16 @@ def test_express_windows_train_bit_identically_to_standard_ones(backend, standar
         sum(b["BilledDurationInMilliseconds"] / 1000 * b["BilledMemoryUsedInMB"] / 1024 for b in billing)
     )
     assert all(cost.phases[p].transitions == 0 for p in ("forward", "backward", "sync"))
+    # the windows' events, from the stack's window log group (no history API for Express): one run
+    # of each, its 8 gates (one before each of the 5 iterations, one at each window's end) counted
+    # as in the Standard run, whose windows' histories show them
+    runs = r.express_window_histories()
+    assert [ev[0]["type"] for ev in runs] == ["ExecutionStarted"] * 3
+    assert [ev[-1]["type"] for ev in runs] == ["ExecutionSucceeded"] * 3
+    gates = sum((express_gates(ev) for ev in runs), Usage())
+    print(f"measured Express gates: {gates.invocations} invocations, {gates.gb_s:.4f} GB-s; {cost.quantities()}")
+    assert gates.invocations == 5 + 3
+    assert cost.phases["orchestration"].invocations == standard.cost().phases["orchestration"].invocations
     job_states = sum(ev["type"].endswith("StateEntered") for ev in job_history(r))
     assert cost.total.transitions == job_states < standard.cost().total.transitions / 3
     # predicted alike: 3 windows, each a request and 8 of the job's transitions, and its 2 fixed ones
@@ -144,6 +157,16 @@ def test_a_lost_failed_or_repeated_window_changes_nothing(standard):
         # measured: the answered starts (the lost [0, 2) run and the repeat's first run of [4, 5)
         # are billed on AWS too, but nothing the job keeps says so: docs/cost.md)
         assert seen.cost is not None and seen.cost.total.express_requests == 3
+        # the windows' logged runs (docs/local-stack.md): also [0, 2)'s whose answer was lost, with
+        # its 3 gates, and both runs of [4, 5); [2, 4)'s first start never ran, so never logged
+        runs = r.express_window_histories()
+        inputs = [json.loads(ev[0]["executionStartedEventDetails"]["input"]) for ev in runs]
+        assert [(i["start"], i["first"]) for i in inputs] == [(0, 0), (0, 2), (2, 2), (4, 4), (4, 4)]
+        assert all(ev[-1]["type"] == "ExecutionSucceeded" for ev in runs)
+        assert express_gates(runs[0]).invocations == 3  # before iterations 0 and 1, and at the window's end
+        gates = sum((express_gates(ev) for ev in runs), Usage())
+        watchers = sum(watcher_usage(w).invocations for w in phase_watchers(r._c.s3, r.bucket, r.job_id))
+        assert seen.cost.phases["orchestration"].invocations == gates.invocations + watchers
     finally:
         faulty.stack.close()
 
@@ -166,6 +189,9 @@ def test_a_capped_express_job_is_metered_as_express(backend):
     billed = r.cost().total
     assert billed.express_requests == windows
     assert 0 < usage["express_gb_s"] <= billed.express_gb_s
-    # every task the measured cost counts, the tally counts too (it also has the 8 gates: Run.cost()
-    # does not count them yet with Express windows, docs/cost.md)
-    assert usage["invocations"] >= billed.invocations + 5 + windows
+    # every invocation the tally counts, the measured cost counts: the tasks' from their metrics,
+    # the 8 gates from the windows' logged events
+    gates = sum((express_gates(ev) for ev in r.express_window_histories()), Usage())
+    print(f"capped: tally {usage['invocations']} invocations, measured {billed.invocations} ({gates.invocations} gates)")
+    assert gates.invocations == 5 + windows
+    assert usage["invocations"] == billed.invocations

@@ -219,3 +219,76 @@ def test_an_express_machine_refuses_sync_and_callback_integrations(stack):
     request_response = json.loads(json.dumps(SYNC_CHILD).replace("startExecution.sync:2", "startExecution"))
     sfn.update_state_machine(stateMachineArn=express, definition=json.dumps(request_response))
     assert json.loads(sfn.describe_state_machine(stateMachineArn=express)["definition"]) == request_response
+
+
+def _logged_machine(backend, definition: dict, level: str = "ALL", data: bool = True) -> tuple[str, str]:
+    """An EXPRESS machine logging to a log group of its own (the ARN form with ":*"); (its ARN, the group)."""
+    group = f"/aws/vendedlogs/states/test-{uuid.uuid4().hex[:8]}"
+    backend.stack.client("logs").create_log_group(logGroupName=group)  # as template.yaml's WindowLogGroup
+    region, account = backend.resources.region, backend.resources.job_state_machine_arn.split(":")[4]
+    logging = {
+        "level": level,
+        "includeExecutionData": data,
+        "destinations": [{"cloudWatchLogsLogGroup": {"logGroupArn": f"arn:aws:logs:{region}:{account}:log-group:{group}:*"}}],
+    }
+    arn = backend.clients.sfn.create_state_machine(
+        name=f"test-{uuid.uuid4().hex[:8]}",
+        definition=json.dumps(definition),
+        roleArn=backend.resources.states_role_arn,
+        type="EXPRESS",
+        loggingConfiguration=logging,
+    )["stateMachineArn"]
+    return arn, group
+
+
+def _logged(backend, group: str, execution_arn: str) -> list[dict]:
+    """The execution's log events, as a reader finds them: FilterLogEvents on its ARN (a quoted term)."""
+    logs = backend.stack.client("logs")
+    pages = logs.get_paginator("filter_log_events").paginate(logGroupName=group, filterPattern=f'"{execution_arn}"')
+    events = [e for p in pages for e in p["events"]]
+    return [json.loads(e["message"]) for e in events]
+
+
+def test_an_express_execution_logs_its_history_as_its_logging_configuration_asks(stack):
+    """Level ALL with execution data: every event, as Step Functions writes it (docs/local-stack.md:
+    id, type, details, previous_event_id, event_timestamp, execution_arn), to a stream states/<machine>/..."""
+    arn, group = _logged_machine(stack, PASS)
+    out = _client(stack).start_sync_execution(stateMachineArn=arn, name="logged", input=json.dumps({"x": 2}))
+    events = _logged(stack, group, out["executionArn"])
+    assert [e["type"] for e in events] == ["ExecutionStarted", "PassStateEntered", "PassStateExited", "ExecutionSucceeded"]
+    first = events[0]
+    assert set(first) == {"id", "type", "details", "previous_event_id", "event_timestamp", "execution_arn"}
+    assert (first["id"], first["previous_event_id"], first["execution_arn"]) == ("1", "0", out["executionArn"])
+    assert json.loads(first["details"]["input"]) == {"x": 2}
+    assert json.loads(events[-1]["details"]["output"]) == {"doubled": 4}
+    assert all(e["event_timestamp"].isdigit() for e in events)
+    assert int(first["event_timestamp"]) >= int(out["startDate"].timestamp() * 1000) - 1000
+    streams = stack.stack.client("logs").describe_log_streams(logGroupName=group)["logStreams"]
+    machine = arn.rsplit(":", 1)[1]
+    assert [s["logStreamName"].split("/")[:2] for s in streams] == [["states", machine]]
+    # another execution of the machine is not among this one's events
+    other = _client(stack).start_sync_execution(stateMachineArn=arn, name="logged-2", input=json.dumps({"x": 1}))
+    assert len(_logged(stack, group, other["executionArn"])) == 4 and len(_logged(stack, group, out["executionArn"])) == 4
+
+
+def test_the_log_level_and_include_execution_data_decide_what_is_logged(stack):
+    """ERROR: the error types only (FailStateEntered, ExecutionFailed); FATAL: the execution's end
+    only; OFF: nothing; includeExecutionData false: no input or output."""
+    sfn = _client(stack)
+    seen = {}
+    for level in ("ALL", "ERROR", "FATAL", "OFF"):
+        arn, group = _logged_machine(stack, FAIL, level=level)
+        out = sfn.start_sync_execution(stateMachineArn=arn, name=f"lvl-{level}", input="{}")
+        seen[level] = [e["type"] for e in _logged(stack, group, out["executionArn"])]
+    assert seen["ALL"] == ["ExecutionStarted", "FailStateEntered", "ExecutionFailed"]
+    assert seen["ERROR"] == ["FailStateEntered", "ExecutionFailed"]
+    assert seen["FATAL"] == ["ExecutionFailed"]
+    assert seen["OFF"] == []
+    arn, group = _logged_machine(stack, PASS, data=False)
+    out = sfn.start_sync_execution(stateMachineArn=arn, name="nodata", input=json.dumps({"x": 2}))
+    events = _logged(stack, group, out["executionArn"])
+    assert len(events) == 4
+    assert not any(k in e["details"] for e in events for k in ("input", "inputDetails", "output", "outputDetails"))
+    assert events[1]["details"]["name"] == "P"  # the rest of the details stay
+    failed = sfn.start_sync_execution(stateMachineArn=_logged_machine(stack, FAIL, data=False)[0], name="nodata-f", input="{}")
+    assert failed["status"] == "FAILED"

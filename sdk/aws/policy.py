@@ -61,6 +61,14 @@ def deployer_policy(
                 "Action": ["logs:FilterLogEvents"],
                 "Resource": f"{arn}:logs:{region}:{account}:log-group:/aws/lambda/{stack}-workers:*",
             },
+            # Run.cost(), Run.failure(): an Express window's events, which Step Functions logs to the
+            # stack's window log group (template.yaml WindowLogGroup) instead of keeping a history
+            {
+                "Sid": "ReadWindowLogs",
+                "Effect": "Allow",
+                "Action": ["logs:FilterLogEvents"],
+                "Resource": f"{arn}:logs:{region}:{account}:log-group:/aws/vendedlogs/states/{stack}-windows:*",
+            },
             # These support no resource-level permissions (IAM's service authorization reference):
             # the lists find a half-created job's functions and an existing window state machine;
             # GetAccountSettings is the account's Lambda concurrency, checked before a job starts.

@@ -7,7 +7,8 @@ RunExpressWindow), and its history keeps the call's answer (TaskSucceeded: the w
 input, dates, status, error and cause) or its failure (TaskFailed: a start lost, the window's name
 and input in the TaskScheduled parameters). These are the window rows `inspect` shows, in
 ListExecutions' shape; a failed window's error and cause are its failed task's (the window's Fail
-state passes them on), reported as that window's failed task.
+state passes them on), reported as that window's failed task; with the window's events logged to
+CloudWatch Logs (sdk/express_logs.py), its failed tasks as a Standard window's history shows them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from stagecoach.inspect.events import FailedTask
+from stagecoach.inspect.events import FailedTask, failed_tasks
 
 RESOURCE = "startSyncExecution"
 
@@ -82,11 +83,19 @@ def _lost_row(ev: Mapping[str, Any], scheduled: Mapping[int, Mapping[str, Any]])
     }
 
 
-def window_failures(rows: Iterable[Mapping[str, Any]]) -> list[FailedTask]:
-    """Each failed Express window's error and cause (its failed task's), or its lost start's."""
-    out = []
+def window_failures(rows: Iterable[Mapping[str, Any]], logged: Mapping[str, list[dict[str, Any]]] | None = None) -> list[FailedTask]:
+    """Each failed Express window's failed tasks, as a Standard window's history shows them
+    (state, phase, stage, iteration, function: inspect/events.py) from its events logged to
+    CloudWatch Logs (``logged``, by execution ARN: Run.express_window_runs()); without them its
+    answer's error and cause (its failed task's, which the window's Fail state passes on), or its
+    lost start's."""
+    out: list[FailedTask] = []
     for r in rows:
         if r["status"] == "SUCCEEDED":
+            continue
+        tasks = failed_tasks(logged[r["executionArn"]], r["executionArn"]) if logged and r["executionArn"] in logged else []
+        if tasks:
+            out += tasks
             continue
         try:
             t = json.loads(r["input"]).get("first")

@@ -152,8 +152,9 @@ def inspect_execution(backend: Backend, execution_arn: str, max_failures: int = 
     status, d = run.job_state()
     execs = _window_executions(backend, spec.window_state_machine)
     if execs is None:  # Express windows: from the job's own history (inspect/express.py)
-        execs = express_windows(run.history())
-        failures = window_failures(execs)[:max_failures]
+        job_events = run.history()
+        execs = express_windows(job_events)
+        failures = window_failures(execs, run.express_window_runs(job_events))[:max_failures]
     else:
         failures = _failures(run, execs + _failed_groups(backend, spec.window_state_machine), max_failures)
     window = _window(backend, execs, length)

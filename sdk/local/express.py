@@ -20,6 +20,15 @@ runs as one) and has no StartSyncExecution. Here, as on AWS:
 - There is no history API for Express: DescribeExecution, GetExecutionHistory and StopExecution
   of an Express execution answer InvalidArn, and ListExecutions of an EXPRESS state machine
   StateMachineTypeNotSupported.
+- An Express execution's history goes to CloudWatch Logs as its state machine's
+  ``loggingConfiguration`` asks (AWS: "Express Workflows don't record execution history in AWS
+  Step Functions. To see execution history and results for an Express Workflow, you must configure
+  logging to Amazon CloudWatch Logs"): each event a JSON message with ``id``, ``type``,
+  ``details`` (the history event's details, camelCase), ``previous_event_id``,
+  ``event_timestamp`` (epoch ms, as strings) and ``execution_arn`` (the ``:express:`` one), of
+  the types the level logs (``LOG_LEVELS``), without ``input``/``output`` when
+  ``includeExecutionData`` is false, written when the execution ends to a stream ``states/
+  <machine>/<date>/<id>`` of the destination log group (``ExpressLogs``; docs/local-stack.md).
 - Synchronous Express is at-most-once: ``ExpressFaults`` (``STAGECOACH_EXPRESS_FAULTS``) loses a
   start before its execution runs, or its answer after it ran (the caller gets HTTP 500
   InternalFailure either way and cannot tell which), or runs an execution twice (what an
@@ -60,6 +69,32 @@ UNSUPPORTED_MESSAGE = (
     "Invalid State Machine Definition: 'SCHEMA_VALIDATION_FAILED: Express state machine does not support {what} at {path}/Resource'"
 )
 ACTIVITY_ARN = ":activity:"
+# the event types each log level writes (AWS's "Log levels" table, cloudwatch-log-level.html): ALL
+# every type, OFF none
+_FATAL_TYPES = frozenset({"ExecutionAborted", "ExecutionFailed", "ExecutionTimedOut"})
+_ERROR_TYPES = _FATAL_TYPES | frozenset(
+    {
+        "FailStateEntered",
+        "LambdaFunctionFailed",
+        "LambdaFunctionScheduleFailed",
+        "LambdaFunctionStartFailed",
+        "LambdaFunctionTimedOut",
+        "MapIterationAborted",
+        "MapIterationFailed",
+        "MapStateAborted",
+        "MapStateFailed",
+        "ParallelStateAborted",
+        "ParallelStateFailed",
+        "TaskFailed",
+        "TaskStartFailed",
+        "TaskStateAborted",
+        "TaskSubmitFailed",
+        "TaskTimedOut",
+        "WaitStateAborted",
+    }
+)
+LOG_LEVELS: dict[str, frozenset[str] | None] = {"ALL": None, "ERROR": _ERROR_TYPES, "FATAL": _FATAL_TYPES, "OFF": frozenset()}
+EXECUTION_DATA = ("input", "inputDetails", "output", "outputDetails")  # what includeExecutionData=false leaves out
 
 
 def express_arn(state_machine_arn: str, name: str) -> str:
@@ -110,6 +145,80 @@ def _unsupported(resource: str) -> str | None:
     return None
 
 
+def is_logged(level: str, event_type: str) -> bool:
+    """Whether a state machine logging at ``level`` writes events of ``event_type`` (LOG_LEVELS)."""
+    types = LOG_LEVELS.get(level, frozenset())
+    return types is None or event_type in types
+
+
+def log_record(event: dict[str, Any], execution_arn: str, include_data: bool) -> dict[str, Any]:
+    """A history event as Step Functions logs it: ids and epoch milliseconds as strings, the
+    event's details (whatever its ``...EventDetails`` key) under ``details`` ({} for an event
+    without), without its input and output unless ``include_data``."""
+    details = next((v for k, v in event.items() if k.endswith("EventDetails") and isinstance(v, dict)), {})
+    if not include_data:
+        details = {k: v for k, v in details.items() if k not in EXECUTION_DATA}
+    when = event["timestamp"]  # moto's interpreter keeps it as ISO 8601 text, its API answers a datetime
+    if not isinstance(when, datetime.datetime):
+        when = datetime.datetime.fromisoformat(str(when))
+    ms = round(when.timestamp() * 1000)
+    return {
+        "id": str(event["id"]),
+        "type": event["type"],
+        "details": details,
+        "previous_event_id": str(event.get("previousEventId", 0)),
+        "event_timestamp": str(ms),
+        "execution_arn": execution_arn,
+    }
+
+
+def log_destination(logging: dict[str, Any] | None) -> tuple[str, str, str] | None:
+    """(account, region, log group name) of a loggingConfiguration's CloudWatch Logs destination
+    (its ARN ``arn:<partition>:logs:<region>:<account>:log-group:<name>:*``), None without one."""
+    destinations = (logging or {}).get("destinations") or []
+    arn = str((destinations[0].get("cloudWatchLogsLogGroup") or {}).get("logGroupArn", "")) if destinations else ""
+    parts = arn.split(":")
+    if len(parts) < 7 or parts[5] != "log-group":
+        return None
+    return parts[4], parts[3], parts[6]
+
+
+class ExpressLogs:
+    """Writes an ended Express execution's history to its machine's log group, through moto's
+    CloudWatch Logs in this process: the group is created when missing (as the stack's worker log
+    group is, local/runtime.py; template.yaml provisions WindowLogGroup on AWS), one stream per
+    execution."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # moto's LogStream.put_log_events is not thread-safe
+
+    def write(self, machine: Any, execution_arn: str, events: list[dict[str, Any]]) -> int:
+        """Log ``events`` of ``execution_arn`` as ``machine``'s loggingConfiguration asks; how many."""
+        # moto: the `local` extra, heavy and optional; imported on use, in the stack process only
+        from moto.logs.exceptions import ResourceAlreadyExistsException
+        from moto.logs.models import logs_backends
+
+        logging = getattr(machine, "loggingConfiguration", None) or {}
+        where = log_destination(logging)
+        level = str(logging.get("level", "OFF"))
+        records = [log_record(e, execution_arn, bool(logging.get("includeExecutionData"))) for e in events if is_logged(level, e["type"])]
+        if where is None or not records:
+            return 0
+        account, region, group = where
+        started = datetime.datetime.fromtimestamp(int(records[0]["event_timestamp"]) / 1000, tz=datetime.UTC)
+        stream = f"states/{machine.name}/{started:%Y-%m-%d-%H-%M}/{uuid.uuid4().hex[:8]}"
+        logs = logs_backends[account][region]
+        with self._lock:
+            try:
+                logs.create_log_group(group, {})
+            except ResourceAlreadyExistsException:
+                pass
+            logs.create_log_stream(group, stream)
+            entries = [{"timestamp": int(r["event_timestamp"]), "message": json.dumps(r, separators=(",", ":"))} for r in records]
+            logs.put_log_events(group, stream, entries)
+        return len(records)
+
+
 @dataclass
 class ExpressFaults:
     """Scripted losses of synchronous Express starts: each entry an execution-name prefix (the
@@ -158,6 +267,7 @@ class ExpressRunner:
         self.faults = faults
         self.log_path = log_path
         self._log_lock = threading.Lock()
+        self.logs = ExpressLogs()
 
     def log(self, line: str) -> None:
         """One line in the stack's workers.log (as the runtime notes injected faults)."""
@@ -203,15 +313,31 @@ class ExpressRunner:
             while _running(execution) and time.monotonic() - started < self.max_s + 10:
                 time.sleep(POLL_S)
         elapsed_ms = (time.monotonic() - started) * 1000.0
-        out = self._answer(execution, state_machine_arn, name, execution_input, elapsed_ms, timed_out)
-        self.log(f"{name}: {out['status']} after {elapsed_ms / 1000:.2f} s ({out['executionArn']})")
+        arn = express_arn(state_machine_arn, name)
+        logged = self._write_logs(backend, state_machine_arn, execution, arn)
+        out = self._answer(execution, arn, state_machine_arn, name, execution_input, elapsed_ms, timed_out)
+        self.log(f"{name}: {out['status']} after {elapsed_ms / 1000:.2f} s ({arn}, {logged} events logged)")
         return out
 
-    def _answer(self, execution: Any, sm_arn: str, name: str, execution_input: str, elapsed_ms: float, timed_out: bool) -> dict[str, Any]:
+    def _write_logs(self, backend: Any, state_machine_arn: str, execution: Any, arn: str) -> int:
+        """The ended execution's history to CloudWatch Logs (ExpressLogs), under its Express ARN;
+        a failure to log is noted in workers.log, never the execution's (AWS: "Publishing logs
+        doesn't block or slow down executions")."""
+        try:
+            history = backend.get_execution_history(execution.execution_arn)
+            events = list(history["events"] if isinstance(history, dict) else history)
+            return self.logs.write(backend.describe_state_machine(state_machine_arn), arn, events)
+        except Exception as e:  # noqa: BLE001 - a log lost is a log lost, never a failed execution
+            self.log(f"{arn}: history not logged: {e!r}")
+            return 0
+
+    def _answer(
+        self, execution: Any, arn: str, sm_arn: str, name: str, execution_input: str, elapsed_ms: float, timed_out: bool
+    ) -> dict[str, Any]:
         status = "TIMED_OUT" if timed_out else ("SUCCEEDED" if _status(execution) == "SUCCEEDED" else "FAILED")
         stop = getattr(execution, "stop_date", None) or datetime.datetime.now(tz=datetime.UTC)
         out: dict[str, Any] = {
-            "executionArn": express_arn(sm_arn, name),
+            "executionArn": arn,
             "stateMachineArn": sm_arn,
             "name": name,
             "startDate": execution.start_date,
