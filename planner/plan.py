@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stagecoach.errors import StagecoachError
+from stagecoach.planner import hap
 from stagecoach.planner.limits import (
     GROUP_SIZE,
     INLINE_MAP_MAX_CONCURRENCY,
@@ -298,6 +299,8 @@ class Plan:
         The fan-in first: a hierarchical stage's default K follows from it."""
         self._check_fan_in()
         for s, algo in enumerate(self.sync):
+            if algo == hap.HAP_SYNC:  # FasDL's HAP: opt-in by name, refused until the runtime runs it (planner/hap.py)
+                raise PlanError(hap.plan_refusal(s, len(self.sync)))
             if algo not in SYNC_ALGORITHMS:
                 raise PlanError(f"plan.sync[{s}]={algo!r} is unknown: choose one of {', '.join(SYNC_ALGORITHMS)}")
             k, d = self.aggregators[s], self.replicas

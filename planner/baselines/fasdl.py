@@ -21,6 +21,11 @@ what is left. Our two stages are exact (tests: same optimum as brute force, fewe
 FasDL's public optimizer prunes W by the time limit at the largest memory, takes the first memory
 that improves the cost, then lowers K greedily while the time falls — fast, but not always the
 optimum; docs/planner-baselines.md compares.
+
+HAP (§IV-B, planner/hap.py): non-aggregators take B^n = B^a + extra samples, extra from Eq. 16
+(T_train(B^n) = T_train(B^a) + T_agg), and do not wait for the aggregation (staleness 1), so an
+iteration takes the BSP time of W B^a samples and trains K B^a + (W - K) B^n. ``hap_prediction``
+puts that beside our model's prediction of the BSP K-reduce plan (the runtime does not run HAP).
 """
 
 from __future__ import annotations
@@ -95,6 +100,35 @@ class FasDLModel:
         """(seconds, USD) of one iteration."""
         t = self.train_s(global_batch / workers, memory_mb) + self.comm_s(workers, k, memory_mb)
         return t, self.price_gb_s * memory_mb / 1024 * workers * t + self.requests_cost(workers, k)
+
+    def agg_s(self, workers: int, k: int, memory_mb: float) -> float:
+        """FasDL's T_agg (Eq. 1b): an aggregator downloads its shard from the W-1 others and
+        uploads the merged one — the time non-aggregators would otherwise wait."""
+        if workers <= 1:
+            return 0.0
+        obj = self.model_bytes / k
+        return (workers - 1) * obj / self.tp_down(memory_mb, obj) + obj / self.tp_up(memory_mb, obj)
+
+    def hap_extra(self, workers: int, k: int, memory_mb: float, batch_a: int) -> int:
+        """B^n - B^a by FasDL's alignment (Eq. 16), T_train(B^n) = T_train(B^a) + T_agg, rounded
+        down so a non-aggregator never makes the aggregators wait: T_agg (M + m) / a samples."""
+        if workers <= 1 or k >= workers:
+            return 0
+        return max(0, math.floor(self.agg_s(workers, k, memory_mb) * (memory_mb + self.m) / self.a))
+
+    def hap_iteration(self, workers: int, k: int, memory_mb: float, batch_a: int, extra: int) -> tuple[float, float, int]:
+        """(seconds, USD, global batch) of one HAP iteration (§IV-B): aggregators train B^a, upload,
+        aggregate and download (BSP among them); non-aggregators train B^a + extra, upload and
+        download the previous iteration's merge without waiting (staleness 1). The iteration is
+        the slower role; the global batch K B^a + (W - K)(B^a + extra)."""
+        if workers <= 1:
+            return *self.iteration(batch_a, 1, 1, memory_mb), batch_a
+        comm = self.comm_s(workers, k, memory_mb)
+        aggregator = self.train_s(batch_a, memory_mb) + comm
+        non = self.train_s(batch_a + extra, memory_mb) + comm - self.agg_s(workers, k, memory_mb) if k < workers else 0.0
+        t = max(aggregator, non)
+        cost = self.price_gb_s * memory_mb / 1024 * workers * t + self.requests_cost(workers, k)
+        return t, cost, k * batch_a + (workers - k) * (batch_a + extra)
 
     def lower_bound(self, global_batch: int, workers: int, memory_mb: float) -> tuple[float, float]:
         """(seconds, USD) no K in 1..W can beat: tp(S_m/K) <= tp(S_m) and tp <= p(M) bound the
@@ -301,3 +335,47 @@ def fasdl_plan(
         if e.feasible:
             out.append(e)
     return recommend(pareto_front(out)) if out else None
+
+
+@dataclass(frozen=True)
+class HapPrediction:
+    """FasDL's HAP iteration (its own model) next to the BSP K-reduce plan of the same W, K, M and
+    B^a as FasDL's model and ours (planner/model/perfmodel.py) predict it. Ours predicts only the
+    BSP plan: the runtime runs K-reduce, not HAP (planner/hap.py), and the model predicts what runs."""
+
+    workers: int
+    k: int
+    memory_mb: int
+    batch_a: int
+    extra: int  # B^n - B^a, Eq. 16
+    hap_s: float  # FasDL: one HAP iteration
+    hap_cost: float
+    hap_batch: int  # K B^a + (W - K) B^n samples per HAP iteration
+    bsp_s: float  # FasDL: one BSP K-reduce iteration of W B^a samples
+    ours_bsp_s: float  # our model: the same BSP K-reduce iteration
+    ours_bsp_cost: float
+
+    @property
+    def hap_samples_per_s(self) -> float:
+        return self.hap_batch / self.hap_s
+
+    @property
+    def bsp_samples_per_s(self) -> float:
+        return self.workers * self.batch_a / self.bsp_s
+
+    @property
+    def ours_bsp_samples_per_s(self) -> float:
+        return self.workers * self.batch_a / self.ours_bsp_s
+
+
+def hap_prediction(profile: ModelProfile, platform: Platform, workers: int, k: int, memory_mb: int, batch_a: int) -> HapPrediction:
+    """FasDL's second search stage for one (W, M, B^a) and K (§VI-B): B^n from Eq. 16, the HAP
+    iteration's time, cost and samples under FasDL's model fitted to ``profile``, beside FasDL's
+    and our prediction of the BSP K-reduce iteration it replaces."""
+    model = fit_fasdl_model(profile, platform)
+    extra = model.hap_extra(workers, k, memory_mb, batch_a)
+    hap_s, hap_cost, hap_batch = model.hap_iteration(workers, k, memory_mb, batch_a, extra)
+    bsp_s, _ = model.iteration(workers * batch_a, workers, k, memory_mb)
+    cfg = Config((len(profile.layers),), (memory_mb,), workers, batch_a, 1, (sync_choice(workers, k),))
+    ours = evaluate(profile, cfg, platform)
+    return HapPrediction(workers, k, memory_mb, batch_a, extra, hap_s, hap_cost, hap_batch, bsp_s, ours.time_s, ours.cost)
