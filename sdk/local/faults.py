@@ -18,6 +18,12 @@ object of probabilities per training-task invocation, e.g.
 Every injected fault is noted in the stack's workers.log (``[runtime] <function>: injected <kind>
 {phase, t, stage, ...}``), so a run can be told what it survived (benchmarks/faults.py counts them).
 
+Each invocation's draw depends on the seed and on the task's identity only (its phase, iteration,
+stage, replica or shard, a watcher's phase, and how many invocations of that identity came before:
+a retry, a watcher's re-run, a restarted window's), not on the order invocations reach the
+runtime: two runs with one seed meet the same faults on the same tasks, however their timing
+differs, so benchmarks/faults.py compares runs on equal terms.
+
 ``once`` scripts faults for tests: a list of {"kind", and event fields to match such as "phase",
 "t", "stage", "replica", "shard"; a phase watcher's: "phase": "watch", "watch": "forward" or
 "backward"}; each fires on the first invocation that matches it.
@@ -33,6 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 KINDS = ("kill", "throttle", "hang", "delete", "fail")
+# what tells one task from another (core/events.py): a training task's, a phase watcher's
+IDENTITY = ("phase", "t", "stage", "replica", "shard", "watch")
 
 
 @dataclass
@@ -52,7 +60,7 @@ class FaultInjector:
     kill_within_s: float = 0.5
     once: list[dict[str, Any]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
-    _rng: random.Random = field(init=False, repr=False)
+    _seen: dict[str, int] = field(default_factory=dict, repr=False)  # invocations per task identity
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -63,7 +71,6 @@ class FaultInjector:
             p = getattr(self, k)
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"STAGECOACH_FAULTS: {k}={p} is not a probability")
-        self._rng = random.Random(self.seed)
 
     @classmethod
     def from_env(cls) -> FaultInjector | None:
@@ -82,13 +89,14 @@ class FaultInjector:
         if not isinstance(event, dict) or event.get("phase") not in ("forward", "backward", "sync", "watch"):
             return None
         with self._lock:
+            rng = self._rng_of(event)
             for i, f in enumerate(self.once):
                 if all(event.get(k) == v for k, v in f.items() if k != "kind"):
                     del self.once[i]
                     self.counts[f["kind"]] += 1
-                    return Fault(f["kind"], self._rng.uniform(0.0, self.kill_within_s))
-            u = self._rng.random()
-            delay = self._rng.uniform(0.0, self.kill_within_s)
+                    return Fault(f["kind"], rng.uniform(0.0, self.kill_within_s))
+            u = rng.random()
+            delay = rng.uniform(0.0, self.kill_within_s)
             edge = 0.0
             for kind in KINDS:
                 edge += getattr(self, kind)
@@ -98,3 +106,11 @@ class FaultInjector:
                     self.counts[kind] += 1
                     return Fault(kind, delay)
         return None
+
+    def _rng_of(self, event: dict[str, Any]) -> random.Random:
+        """The draws of this invocation: seeded by the seed, the task's identity and its count so
+        far (a str seed is hashed by SHA-512: the same in every process and run)."""
+        ident = json.dumps([event.get(k) for k in IDENTITY], separators=(",", ":"))
+        n = self._seen.get(ident, 0)
+        self._seen[ident] = n + 1
+        return random.Random(f"{self.seed}:{ident}:{n}")
