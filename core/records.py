@@ -118,8 +118,10 @@ class JobSpec(_Record):
     # (lambdas/gate.py); None: STANDARD windows, billed per state transition
     express_memory_mb: int | None = None
 
-    def to_plan(self) -> Plan:
-        return Plan.from_dict(self.plan)
+    def to_plan(self, t: int | None = None) -> Plan:
+        """The job's plan; with ``t``, the plan iteration t runs (dynamic workers: its segment's)."""
+        plan = Plan.from_dict(self.plan)
+        return plan if t is None else plan.plan_at(t)
 
 
 class TaskMetrics(_Record):

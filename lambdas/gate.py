@@ -61,11 +61,12 @@ def _spec(ch: Channel, job: str) -> JobSpec:
     return _SPECS[key]
 
 
-def job_plan(ch: Channel, job: str) -> Plan:
+def job_plan(ch: Channel, job: str, t: int | None = None) -> Plan:
     """The job's plan, from its spec as the gate keeps it per container: the phase watcher
     (lambdas/watcher.py) needs no more of the job (its code is the tasks'), and a container of
-    its own function keeps the spec from one watcher to the next."""
-    return _spec(ch, job).to_plan()
+    its own function keeps the spec from one watcher to the next. ``t``: the plan iteration t runs
+    (dynamic workers: its segment's replicas)."""
+    return _spec(ch, job).to_plan(t)
 
 
 def iteration_usage(ch: Channel, job: str, plan: Plan, t: int, spec: JobSpec | None = None) -> Usage:
@@ -195,7 +196,7 @@ def meter(ch: Channel, spec: JobSpec, ev: GateEvent, started: float, memory_mb: 
         metered = list(range(through, ev.t))
         usage = usage + _window_usage(spec)
     for t in metered:
-        usage = usage + iteration_usage(ch, ev.job, plan, t, spec)
+        usage = usage + iteration_usage(ch, ev.job, plan.plan_at(t), t, spec)
     now = time.time()
     duration, window_started, window_gb_s = _express_duration(spec, tally, window_first, now)
     # the gate itself: its invocation, its requests so far and the one PUT to come, its time so far
@@ -238,7 +239,7 @@ def _nonfinite_request(ch: Channel, spec: JobSpec, ev: GateEvent) -> StopRequest
     the previous window's last gate checked its last iteration, and a resumed job goes on."""
     if not spec.stop_on_nonfinite_loss or not ev.window_start < ev.t < spec.iterations:
         return None
-    detail = nonfinite_loss(ch, ev.job, spec.to_plan(), ev.t - 1)
+    detail = nonfinite_loss(ch, ev.job, spec.to_plan(ev.t - 1), ev.t - 1)
     if detail is None:
         return None
     request = StopRequest(reason="nonfinite_loss", time=time.time(), detail=detail)
@@ -293,7 +294,7 @@ def gate(ev: GateEvent, ch: Channel, started: float, memory_mb: int) -> dict[str
         out["stop"] = True
     # after the meter: the tally leaves out these few requests, the client's measured cost does not
     warm = _warm_attempt(ch, spec, ev)
-    out["timeouts"] = learn(ch, ev.job, spec.to_plan(), ev.t, warm)
+    out["timeouts"] = learn(ch, ev.job, spec.to_plan(ev.t), ev.t, warm)
     # the phase watcher's expectations; none while state stays warm in containers, where a task run
     # again in another container would not find it (WarmStateLost restarts the window)
     out["expect"] = {} if warm else expected(learnt_for(ch.bucket, ev.job))

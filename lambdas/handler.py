@@ -150,7 +150,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if phase == "watch":  # beside a phase (lambdas/watcher.py): not a task either
         wev = _parsed(event, "watch", lambda e: parse(event=e, model=WatchEvent))
         wch = Channel(_client(), wev.bucket)
-        return watch_and_record(wev, wch, job_plan(wch, wev.job), lambda_invoke(_lambda()), int(context.memory_limit_in_mb))
+        return watch_and_record(wev, wch, job_plan(wch, wev.job, wev.t), lambda_invoke(_lambda()), int(context.memory_limit_in_mb))
     if phase == "resume":  # the job state machine's ResumePoint, on the control function
         rsv = _parsed(event, "resume", lambda e: parse(event=e, model=ResumeEvent))
         return resume_point(rsv, Channel(_client(), rsv.bucket))

@@ -416,4 +416,7 @@ def job_context(channel: Channel, job: str, t: int | None = None) -> JobContext:
             metric_fns=code.get("metrics") or {},
             make_scheduler=code.get("scheduler"),
         )
-    return _CACHE[key]
+    ctx = _CACHE[key]
+    if t is not None and ctx.spec.plan.get("segments"):  # dynamic workers: the plan iteration t runs
+        ctx.plan = ctx.spec.to_plan(t)
+    return ctx

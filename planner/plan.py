@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from stagecoach.errors import StagecoachError
@@ -137,6 +137,10 @@ class Plan:
     fan_in: tuple[int, ...] = ()
     # the windows' workflow type ("auto", "standard", "express": planner/emit/workflow.py); "": the job's
     workflow: str = ""
+    # dynamic workers (planner/segments.py, docs/runtime.md "Dynamic workers"): (first iteration,
+    # the plan from there on) in order; empty for a fixed d. The fields above are then the largest
+    # d's plan (the functions, memory and timeouts every segment runs on).
+    segments: tuple[tuple[int, Plan], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "balance", _int_tuple("balance", self.balance))
@@ -174,6 +178,7 @@ class Plan:
             raise PlanError(f"plan.workflow={self.workflow!r}: choose one of auto, standard, express (or leave it empty: the job's)")
         if isinstance(self.prediction, Mapping):  # from JSON
             object.__setattr__(self, "prediction", Prediction.from_dict(self.prediction))
+        object.__setattr__(self, "segments", _segment_tuple(self.segments))
         self.validate()
 
     # -- derived -------------------------------------------------------------------------------
@@ -193,6 +198,14 @@ class Plan:
         """Indices (into the nn.Sequential) of the layers stage ``stage`` holds."""
         start = sum(self.balance[:stage])
         return range(start, start + self.balance[stage])
+
+    def plan_at(self, t: int) -> Plan:
+        """The plan iteration ``t`` runs (dynamic workers: its segment's), on this plan's memory
+        and timeouts (the deployed functions'); this plan itself when d is fixed."""
+        if not self.segments:
+            return self
+        seg = [p for first, p in self.segments if first <= t][-1] if t >= self.segments[0][0] else self.segments[0][1]
+        return replace(seg, memory_mb=self.memory_mb, timeouts_s=self.timeouts_s, workflow=self.workflow)
 
     def workers(self) -> Iterator[tuple[int, int]]:
         """Every (stage, replica) worker, stage-major."""
@@ -374,6 +387,9 @@ class Plan:
         d["timeouts_s"] = [dict(t) for t in self.timeouts_s]
         d["fan_in"] = list(self.fan_in)
         d["prediction"] = None if self.prediction is None else self.prediction.to_dict()
+        d.pop("segments")  # a fixed d's plan reads as it always did
+        if self.segments:
+            d["segments"] = [[first, p.to_dict()] for first, p in self.segments]
         return d
 
     def to_json(self) -> str:
@@ -396,6 +412,7 @@ class Plan:
             "prediction",
             "fan_in",
             "workflow",
+            "segments",
         }
         unknown = sorted(set(data) - known)
         if unknown:
@@ -566,3 +583,15 @@ def stage_functions(plan: Plan, stage: int, stage_function: str, per_worker: boo
 def plan_watchable(plan: Plan) -> bool:
     """Whether ``plan``'s phases run beside a phase watcher (limits.watchable)."""
     return watchable(plan.replicas, [plan.sync_tasks(s) for s in range(plan.stages)])
+
+
+def _segment_tuple(segments: Any) -> tuple[tuple[int, Plan], ...]:
+    """``Plan.segments`` as (first iteration, Plan) pairs, from the pairs or from JSON's lists of
+    [first, plan dict]; the schedule's own rules are planner/segments.py's."""
+    out = []
+    for item in segments or ():
+        if not isinstance(item, Sequence) or len(item) != 2:
+            raise PlanError(f"plan.segments: each is [first iteration, plan], got {item!r}")
+        first, seg = item
+        out.append((int(first), seg if isinstance(seg, Plan) else Plan.from_dict(seg)))
+    return tuple(out)

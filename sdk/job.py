@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from stagecoach import cost as costs
-from stagecoach import exactness
+from stagecoach import dynamic, exactness
 from stagecoach import history as learnt
 from stagecoach.backend import Backend
 from stagecoach.backends import get_backend
@@ -57,7 +57,7 @@ class ManualPlan(TypedDict, total=False):
     """A manual plan's settings, as ``Job.run`` takes them without a plan (``Job.manual_plan``)."""
 
     stages: int
-    replicas: int
+    replicas: int | Mapping[int, int]  # a dict: dynamic workers, {first iteration: d} (sdk/dynamic.py)
     micro_batches: int
     memory_mb: int
     timeout_s: int
@@ -706,11 +706,16 @@ class Job:
         """
         check_max_cost(max_cost)
         self.validate()
-        plan = plan if plan is not None else self.manual_plan(**manual)
+        if plan is None and dynamic.is_schedule(manual.get("replicas")):  # dynamic workers (sdk/dynamic.py)
+            plan = dynamic.manual_scheduled_plan(self, manual, self.manual_plan)
+        plan = plan if plan is not None else self.manual_plan(**manual)  # type: ignore[arg-type]  # replicas: an int here
         plan.validate(layers=self.layers)
         if plan.global_batch != self.global_batch:
             raise PlanError(f"plan.global_batch={plan.global_batch} differs from job.global_batch={self.global_batch}")
         self.check_plan(plan)
+        for _, segment in plan.segments:  # each segment's d is checked as a plan of its own would be
+            self.check_plan(segment)
+        dynamic.check_scheduled(self, plan)
         backend = get_backend(backend)
         plan = learnt.refine(plan, self.name, backend.clients.s3, backend.resources.bucket)
         return backend.launch(self, plan, reserve_concurrency=reserve_concurrency, max_cost_usd=max_cost)
@@ -770,6 +775,10 @@ class Job:
     def _model_of(self, plan: Plan, platform: Platform | None) -> tuple[ModelProfile, Config, Platform]:
         """What the performance model evaluates ``plan`` from: the model's layers timed here at the
         plan's micro-batch size, the plan as a Config, and the platform as this job uses it."""
+        if plan.segments:  # a replica schedule's d per segment (planner/segments.py): not one Config
+            raise PlanError(
+                "predicting a replica schedule (its time and cost per segment) is not supported yet: predict each segment's plan"
+            )
         platform = self.runtime_platform(platform or aws_platform())
         sample = boundary.map_leaves(lambda t: t[0], self.head(1)[0])  # as plan() times it: any data set, numpy too
         b = plan.micro_batch_size

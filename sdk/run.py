@@ -494,12 +494,16 @@ class Run:
     def iterations_done(self) -> int:
         """Iterations whose every stage has finished its last phase: the sync tasks, or the backward
         tasks where there is no sync Map (d = 1, or a sync fused into backward)."""
-        plan = self.plan
-        last = [("sync", plan.sync_tasks(s)) if plan.sync_tasks(s) else ("backward", plan.replicas) for s in range(plan.stages)]
+
+        def last(plan: Plan) -> list[tuple[str, int]]:
+            return [("sync", plan.sync_tasks(s)) if plan.sync_tasks(s) else ("backward", plan.replicas) for s in range(plan.stages)]
+
         done = 0
         by_it = self._by_iteration()
+        # dynamic workers: each iteration by its own segment's plan (planner/segments.py)
         while by_it.get(done) and all(
-            sum(1 for m in by_it[done] if m.stage == s and m.phase == phase) >= need for s, (phase, need) in enumerate(last)
+            sum(1 for m in by_it[done] if m.stage == s and m.phase == phase) >= need
+            for s, (phase, need) in enumerate(last(self.plan.plan_at(done)))
         ):
             done += 1
         return done

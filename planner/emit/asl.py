@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from stagecoach.planner.emit.groups import group_bounds, grouped_map
+from stagecoach.planner.emit.segments import joined_windows
 from stagecoach.planner.emit.tasks import KILLED_ERROR, KILLED_RETRY, LAMBDA_RETRY, WORKER_RETRY, worker_map, worker_task
 from stagecoach.planner.limits import EXPRESS_MAX_DURATION_S, GROUP_SIZE, HISTORY_MAX_EVENTS, map_groups, map_transitions
 from stagecoach.planner.plan import Plan, plan_watchable, watcher_function, worker_function
+from stagecoach.planner.segments import check_segments
 
 HISTORY_LIMIT = HISTORY_MAX_EVENTS
 # Share of the history a window may plan to use; the rest absorbs retries (each retry of a Task
@@ -556,6 +558,31 @@ def _due_states(name: str, versions: str, carry: dict[str, Any], nxt: str) -> di
     }
 
 
+def _segmented_window(
+    plan: Plan,
+    functions: Sequence[str],
+    per_worker: bool,
+    evals: Sequence[int],
+    saves: Sequence[int],
+    abort_key_format: str,
+    group_arn: str | None,
+) -> dict[str, Any]:
+    """The window of a plan with segments: each segment's window as a fixed plan's, joined into one
+    (planner/emit/segments.py) that runs an iteration on its segment's replicas."""
+    check_segments(plan)
+    parts = [
+        (
+            first,
+            window_definition(
+                plan.plan_at(first), functions, per_worker, evals, saves, abort_key_format=abort_key_format, group_arn=group_arn
+            ),
+        )
+        for first, _ in plan.segments
+    ]
+    schedule = ", ".join(f"{seg.replicas} from {first}" for first, seg in plan.segments)
+    return joined_windows(parts, f"Stagecoach window: {plan.stages} stages, replicas {schedule}")
+
+
 def window_definition(
     plan: Plan,
     functions: Sequence[str],
@@ -580,6 +607,8 @@ def window_definition(
     tasks runs its groups on."""
     if len(functions) != plan.stages:
         raise ValueError(f"need one function per stage ({plan.stages}), got {len(functions)}")
+    if plan.segments:  # dynamic workers: each segment's graph, joined (planner/emit/segments.py)
+        return _segmented_window(plan, functions, per_worker, evals, saves, abort_key_format, group_arn)
     s_count, d = plan.stages, plan.replicas
     redos = redo_limit(plan, evals=evals, saves=saves)
     maps = _Maps(plan, functions, per_worker, group_arn)

@@ -1,0 +1,199 @@
+"""Dynamic workers (issue 27 item 1, docs/runtime.md "Dynamic workers"): the data-parallel degree
+changes at given iterations, with the global batch fixed, and the run still ends with the
+parameters of plain single-process PyTorch (float64, 1e-5). What the first slice does not run yet
+is refused before anything is deployed, naming what is not supported."""
+
+import dataclasses
+import json
+import subprocess
+import time
+from collections import Counter
+
+import pytest
+import torch
+from helpers import max_diff
+from torch import nn
+
+from stagecoach import Job
+from stagecoach.core.records import JobSpec
+from stagecoach.planner.emit import asl
+from stagecoach.planner.emit.asl_check import check_definition
+from stagecoach.planner.plan import Plan, PlanError
+from stagecoach.planner.segments import scheduled_plan
+from stagecoach.reference import train_reference
+
+ITERATIONS = 5
+GLOBAL_BATCH = 24
+# (schedule, micro-batches): grow from one replica (no sync Map) to two, shrink from two to one, and
+# 1 -> 4 -> 2 (one aggregator, K = 1, reduces all four replicas' gradients)
+SCHEDULES = [({0: 1, 2: 2}, 1), ({0: 2, 3: 1}, 2), ({0: 1, 2: 4, 4: 2}, 1)]
+
+
+def model() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
+
+
+def make_job(name: str, **options) -> Job:
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(96, 10, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 4, (96,), generator=g)
+    opts = {"warm_state": False, "iterations": ITERATIONS, **options}
+    return Job(
+        model=model,
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
+        train=(x, y),
+        global_batch=GLOBAL_BATCH,
+        seed=3,
+        dtype=torch.float64,
+        name=name,
+        **opts,
+    )
+
+
+def _plan(schedule: dict) -> Plan:
+    return scheduled_plan(
+        schedule, ITERATIONS, lambda d: Plan(balance=(3, 2), replicas=d, global_batch=GLOBAL_BATCH, sync="k_reduce", aggregators=1)
+    )
+
+
+def test_a_schedule_is_one_plan_whose_segments_run_by_iteration():
+    plan = _plan({0: 1, 2: 2, 4: 2})
+    assert plan.replicas == 2 and [(f, p.replicas) for f, p in plan.segments] == [(0, 1), (2, 2)]  # 4: no change
+    assert [plan.plan_at(t).replicas for t in range(ITERATIONS)] == [1, 1, 2, 2, 2]
+    assert Plan.from_dict(plan.to_dict()) == plan
+    spec_plan = JobSpec.model_fields["plan"]  # the spec carries the plan dict as is
+    assert spec_plan is not None
+    assert "segments" not in Plan(balance=(3, 2), replicas=2, global_batch=GLOBAL_BATCH).to_dict()  # a fixed d's plan unchanged
+
+
+def test_the_window_picks_the_segment_of_its_first_iteration_and_switches_at_the_change():
+    plan = _plan({0: 1, 3: 2})
+    definition = asl.window_definition(plan, ["f0", "f1"], abort_key_format="jobs/{}/abort/{}")
+    assert check_definition(definition) == []
+    states = definition["States"]
+    assert definition["StartAt"] == "Init" and states["Init"]["Next"] == "Start"
+    assert states["Start"]["Choices"] == [{"Variable": "$.t", "NumericGreaterThanEquals": 3, "Next": "Enter_s1"}]
+    assert states["Start"]["Default"] == "Enter_s0" and states["Enter_s1"]["Next"] == "Gate_s1"
+    assert states["Enter_s0"]["Parameters"]["ranks"] == [0] and states["Switch_s1"]["Parameters"]["ranks"] == [0, 1]
+    assert {"Variable": "$.t", "NumericGreaterThanEquals": 3, "Next": "Segment"} in states["Go?_s0"]["Choices"]
+    assert states["Switch_s1"]["Next"] == "Go?_s1" and states["Switch_s1"]["Parameters"]["gate.$"] == "$.gate"
+
+
+def test_the_joined_window_is_valid_asl(asl_validator, tmp_path):
+    definition = asl.window_definition(_plan({0: 2, 2: 1, 4: 3}), ["f0", "f1"], abort_key_format="jobs/{}/abort/{}")
+    path = tmp_path / "window.json"
+    path.write_text(json.dumps(definition))
+    r = subprocess.run([asl_validator, "--json-path", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0 and "is valid" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def backward_tasks(run) -> list[int]:
+    """Per iteration, how many backward tasks of the last stage ran: that iteration's d."""
+    counts = Counter(m.t for m in run.metrics() if m.phase == "backward" and m.stage == 1)
+    return [counts[t] for t in range(run.job.iterations)]
+
+
+@pytest.mark.parametrize(
+    "options, run_options, words",
+    [
+        ({}, {"replicas": lambda metrics: 2}, "policy"),
+        ({}, {"replicas": {"epoch:1": 2, 0: 1}}, "by-epoch"),
+        ({}, {"replicas": {1: 2}}, "key 0"),
+        ({}, {"replicas": {0: 1, 2: 2}, "sync": "scatter_reduce"}, "re-cutting"),
+        ({}, {"replicas": {0: 2, 2: 4}, "aggregators": 4}, "aggregators"),
+        ({"warm_state": True}, {"replicas": {0: 1, 2: 2}}, "warm state"),
+        ({"workflow": "express"}, {"replicas": {0: 1, 2: 2}}, "Express"),
+    ],
+)
+def test_what_the_first_slice_does_not_run_is_refused_up_front(options, run_options, words):
+    with pytest.raises(PlanError, match=words):
+        make_job("dyn-refused", **options).run(stages=2, backend="no-such-backend", **run_options)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    from stagecoach.local.backend import LocalBackend  # the embedded stack: moto and a local Lambda runtime
+
+    backend = LocalBackend()
+    started = {
+        str(s): make_job(f"dyn-{i}").run(backend=backend, stages=2, replicas=s, micro_batches=m) for i, (s, m) in enumerate(SCHEDULES)
+    }
+    for run in started.values():
+        run.wait(progress=False, poll_s=2.0, timeout_s=900)
+    yield started
+    backend.stack.close()
+
+
+@pytest.mark.parametrize("schedule", [s for s, _ in SCHEDULES], ids=str)
+def test_a_changing_d_trains_what_plain_pytorch_trains(runs, schedule):
+    run = runs[str(schedule)]
+    expected = train_reference(run.job)  # the whole global batch at once: knows nothing of replicas
+    assert max_diff(run.trained_model(), run.job.build_model()) > 1e-3  # it trained
+    assert max_diff(run.trained_model(), expected) < 1e-5
+    assert backward_tasks(run) == [Plan.from_dict(run.spec().plan).plan_at(t).replicas for t in range(ITERATIONS)]
+
+
+def test_a_change_at_a_window_boundary_and_one_inside_a_window(backend, monkeypatch):
+    # windows of 2 iterations: [0, 2) [2, 4) [4, 6) [6, 7); d changes at 2 (a boundary) and at 5 (inside)
+    monkeypatch.setattr(asl, "window_length", lambda plan, limit=asl.HISTORY_LIMIT, **kw: 2)
+    job = make_job("dyn-windows", iterations=7)
+    run = job.run(backend=backend, stages=2, replicas={0: 1, 2: 3, 5: 2}, micro_batches=2)
+    assert run.wait(progress=False, poll_s=1.0, timeout_s=600) == "SUCCEEDED"
+    assert len(run.window_executions()) == 4
+    assert backward_tasks(run) == [1, 1, 3, 3, 3, 2, 2]
+    assert max_diff(run.trained_model(), train_reference(job)) < 1e-5
+
+
+def test_a_job_stopped_and_resumed_across_a_change_trains_what_plain_pytorch_trains(backend):
+    """Stopped at an iteration boundary with a schedule (checkpoints kept every 2 versions), then
+    resumed to more iterations: the change and the checkpoints' Map run from the resumed window."""
+    long = make_job("dyn-stop", iterations=1000, checkpoint_every=2).run(backend=backend, stages=2, replicas={0: 1, 3: 2})
+    while not long.metrics() or long.iterations_done() < 2:
+        time.sleep(0.5)
+    long.stop()
+    assert long.wait(progress=False, poll_s=1.0, timeout_s=600) == "STOPPED"
+    total = max(long.version() + 3, 6)
+    resumed = backend.resume(long.job_id, iterations=total, job=make_job("dyn-stop", iterations=1000, checkpoint_every=2))
+    assert resumed.wait(progress=False, poll_s=2.0, timeout_s=600) == "SUCCEEDED"
+    assert backward_tasks(resumed)[:total] == [1, 1, 1] + [2] * (total - 3)
+    assert max_diff(resumed.trained_model(), train_reference(make_job("dyn-ref", iterations=total))) < 1e-5
+    assert resumed.checkpoints() == list(range(2, total + 1, 2))
+
+
+def test_a_failed_window_restarts_in_the_segment_of_its_resume_point():
+    """The window fails at t = 2, d's first iteration at 1, and again at t = 3, back at 2: each
+    next attempt starts where the failed one left every object stored (ResumePoint), entering the
+    segment of that iteration (Start, Enter_s{j})."""
+    from stagecoach.local.backend import LocalBackend  # the embedded stack: moto and a local Lambda runtime
+
+    once = [{"kind": "fail", "phase": "backward", "t": t, "stage": 0, "replica": 0} for t in (2, 3)]
+    faulty = LocalBackend(faults={"once": once})
+    try:
+        job = make_job("dyn-restarts")
+        r = job.run(backend=faulty, stages=2, replicas={0: 2, 2: 1, 3: 2}, timeout_s=12)
+        r.wait(progress=False, poll_s=1.0, timeout_s=600)
+        windows = sorted(
+            (faulty.clients.sfn.describe_execution(executionArn=a) for a in r.window_executions()), key=lambda d: d["startDate"]
+        )
+        assert [json.loads(d["input"])["first"] for d in windows] == [0, 2, 3]
+        assert [d["status"] for d in windows] == ["FAILED", "FAILED", "SUCCEEDED"]
+        assert backward_tasks(r) == [2, 2, 1, 2, 2]
+        assert max_diff(r.trained_model(), train_reference(job)) < 1e-5
+    finally:
+        faulty.stack.close()
+
+
+def test_the_schedule_s_time_and_cost_are_not_predicted_yet():
+    job = make_job("dyn-predict")
+    with pytest.raises(PlanError, match="not supported yet"):
+        job.predict_cost(_plan({0: 1, 2: 2}))
+
+
+def test_a_plan_with_segments_given_whole_is_checked_as_a_schedule_is():
+    plan = _plan({0: 1, 2: 2})
+    job = make_job("dyn-plan")
+    with pytest.raises(PlanError, match="largest d"):
+        job.run(plan=dataclasses.replace(plan.segments[0][1], segments=plan.segments), backend="no-such-backend")
+    with pytest.raises(PlanError, match="warm state"):
+        make_job("dyn-plan-warm", warm_state=True).run(plan=plan, backend="no-such-backend")
