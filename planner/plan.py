@@ -123,6 +123,9 @@ class Plan:
                     aggregator's inputs and changes no bits (every algorithm sums as PyTorch does).
     workflow:       the windows' workflow type, "auto", "standard" or "express" (planner/emit/
                     workflow.py); empty: the job's (Job.workflow).
+    phase_watchers: whether each window phase runs beside a phase watcher (lambdas/watcher.py),
+                    where the plan allows one (limits.watchable); False: the phases' learnt Task
+                    timeouts alone end a hung task (Job.phase_watchers).
     """
 
     balance: tuple[int, ...]
@@ -137,6 +140,7 @@ class Plan:
     fan_in: tuple[int, ...] = ()
     # the windows' workflow type ("auto", "standard", "express": planner/emit/workflow.py); "": the job's
     workflow: str = ""
+    phase_watchers: bool = True
     # dynamic workers (planner/segments.py, docs/runtime.md "Dynamic workers"): (first iteration,
     # the plan from there on) in order; empty for a fixed d. The fields above are then the largest
     # d's plan (the functions, memory and timeouts every segment runs on).
@@ -174,6 +178,8 @@ class Plan:
             object.__setattr__(self, "timeouts_s", tuple({p: 300 for p in PHASES} for _ in range(n)))
         else:
             object.__setattr__(self, "timeouts_s", tuple(dict(t) for t in self.timeouts_s))
+        if not isinstance(self.phase_watchers, bool):  # JSON's true/false; no "yes", no 0
+            raise PlanError(f"plan.phase_watchers={self.phase_watchers!r}: true or false")
         if self.workflow not in ("", "auto", "standard", "express"):
             raise PlanError(f"plan.workflow={self.workflow!r}: choose one of auto, standard, express (or leave it empty: the job's)")
         if isinstance(self.prediction, Mapping):  # from JSON
@@ -205,7 +211,9 @@ class Plan:
         if not self.segments:
             return self
         seg = [p for first, p in self.segments if first <= t][-1] if t >= self.segments[0][0] else self.segments[0][1]
-        return replace(seg, memory_mb=self.memory_mb, timeouts_s=self.timeouts_s, workflow=self.workflow)
+        return replace(
+            seg, memory_mb=self.memory_mb, timeouts_s=self.timeouts_s, workflow=self.workflow, phase_watchers=self.phase_watchers
+        )
 
     def workers(self) -> Iterator[tuple[int, int]]:
         """Every (stage, replica) worker, stage-major."""
@@ -388,6 +396,8 @@ class Plan:
         d["fan_in"] = list(self.fan_in)
         d["prediction"] = None if self.prediction is None else self.prediction.to_dict()
         d.pop("segments")  # a fixed d's plan reads as it always did
+        if self.phase_watchers:  # likewise a watched one
+            d.pop("phase_watchers")
         if self.segments:
             d["segments"] = [[first, p.to_dict()] for first, p in self.segments]
         return d
@@ -412,6 +422,7 @@ class Plan:
             "prediction",
             "fan_in",
             "workflow",
+            "phase_watchers",
             "segments",
         }
         unknown = sorted(set(data) - known)
@@ -581,8 +592,9 @@ def stage_functions(plan: Plan, stage: int, stage_function: str, per_worker: boo
 
 
 def plan_watchable(plan: Plan) -> bool:
-    """Whether ``plan``'s phases run beside a phase watcher (limits.watchable)."""
-    return watchable(plan.replicas, [plan.sync_tasks(s) for s in range(plan.stages)])
+    """Whether ``plan``'s phases run beside a phase watcher: asked for (``phase_watchers``) and
+    possible (limits.watchable)."""
+    return plan.phase_watchers and watchable(plan.replicas, [plan.sync_tasks(s) for s in range(plan.stages)])
 
 
 def _segment_tuple(segments: Any) -> tuple[tuple[int, Plan], ...]:

@@ -225,3 +225,55 @@ def test_tasks_are_due_from_when_their_inputs_were_seen_done():
     assert sync_due <= calls[3][0] < sync_due + 2 * watcher.POLL_S
     # both well before the phase-start rules (2 x 0.5 + 0.3 s; the sync tasks' had no bound at all)
     assert calls[0][0] < watcher.LATE_FACTOR * 0.5 + watcher.LATE_SLACK_S - 0.3
+
+
+def test_a_plan_without_phase_watchers_emits_none_and_is_counted_and_billed_without_them():
+    """Plan(phase_watchers=False), what Job(phase_watchers=False) runs: no watcher Task in the
+    window, no watcher function, and the counts every reader uses (events, transitions, the
+    watchers' usage) without them; a watched plan's JSON reads as it always did."""
+    import dataclasses
+    import json
+
+    from helpers import recovery_job
+
+    from stagecoach.planner.plan import Plan as P
+    from stagecoach.planner.plan import stage_functions
+
+    off = dataclasses.replace(PLAN, phase_watchers=False)
+    fns = ["fn-s0", "fn-s1"]
+    on_def = json.dumps(asl.window_definition(PLAN, fns, per_worker=True, abort_key_format="a/{}"))
+    off_def = json.dumps(asl.window_definition(off, fns, per_worker=True, abort_key_format="a/{}"))
+    assert "fn-s0-w" in on_def and asl.PHASE_DONE in on_def
+    assert "fn-s0-w" not in off_def and asl.PHASE_DONE not in off_def
+    assert asl.watched_phases(PLAN) == 2 and asl.watched_phases(off) == 0
+    assert asl.events_per_iteration(PLAN) - asl.events_per_iteration(off) == 2 * asl.EV_WATCHED_PHASE
+    assert asl.transitions_per_iteration(PLAN) > asl.transitions_per_iteration(off)
+    assert "fn-s0-w" in stage_functions(PLAN, 0, "fn-s0", True) and "fn-s0-w" not in stage_functions(off, 0, "fn-s0", True)
+    assert "phase_watchers" not in PLAN.to_dict() and P.from_dict(off.to_dict()) == off
+    with pytest.raises(Exception, match="phase_watchers"):
+        P.from_dict({**PLAN.to_dict(), "phase_watchers": "no"})
+    job = recovery_job("unwatched")
+    assert job.as_run(PLAN) is PLAN  # watched by default
+    job.phase_watchers = False
+    assert job.as_run(PLAN) == off
+
+
+def test_a_job_without_phase_watchers_trains_exactly_with_no_watcher_function_or_task(backend):
+    """Job(phase_watchers=False) on the local stack: stage 0 gets no watcher function, the windows
+    schedule no watcher Task and no watcher writes a usage record, and the job trains what plain
+    PyTorch trains."""
+    from helpers import max_diff, recovery_job
+
+    from stagecoach.reference import train_reference
+    from stagecoach.run import phase_watchers
+
+    job = recovery_job("unwatched", warm=False)
+    job.phase_watchers = False
+    r = job.run(stages=2, replicas=2, micro_batches=2, backend=backend)
+    r.wait(progress=False, poll_s=1.0, timeout_s=600)
+    names = [f["FunctionName"] for f in backend.clients.lambda_.list_functions()["Functions"] if r.job_id in f["FunctionName"]]
+    assert names and not any(n.endswith("-w") for n in names), names
+    scheduled = [e for e in r.history(windows=True) if e["type"] == "TaskScheduled"]
+    assert scheduled and not any('"watch"' in e["taskScheduledEventDetails"]["parameters"] for e in scheduled)
+    assert r.plan.phase_watchers is False and phase_watchers(backend.clients.s3, r.bucket, r.job_id) == []
+    assert max_diff(r.trained_model(), train_reference(job, replicas=2, micro_batches=2)) < 1e-5

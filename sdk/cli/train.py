@@ -70,6 +70,12 @@ from stagecoach.run import Run, RunFailed
     "express is billed per request and duration instead of per state transition",
 )
 @click.option(
+    "--phase-watchers/--no-phase-watchers",
+    default=None,
+    help="run each window phase beside a phase watcher, which ends a hung task within a fraction of a second "
+    "(default: the job's, Job.phase_watchers; docs/reliability.md 'The phase watcher')",
+)
+@click.option(
     "--wait/--no-wait",
     default=True,
     help="follow the run to its end and report it (default), or print its job id and how to follow it and return once it has started",
@@ -93,6 +99,7 @@ def train_command(
     out: str,
     plan_file: str | None,
     workflow: str | None,
+    phase_watchers: bool | None,
     wait: bool,
 ) -> None:
     """Train the `job` defined in FILE; print progress, final loss, test accuracy and where results are.
@@ -112,6 +119,7 @@ def train_command(
         raise click.BadParameter(f"--plan gives the whole plan: drop {options} (or --plan)", param_hint="--plan")
     job, manual = _job_and_manual(file, iterations, recommended, given)
     job.workflow = workflow or job.workflow
+    job.phase_watchers = job.phase_watchers if phase_watchers is None else phase_watchers
     try:
         plan = _plan(job, manual, sync, aggregators, fan_in, _read_plan(plan_file, job, file) if plan_file else None)
         chosen = _backend(backend, stack, region, emulate_network)
