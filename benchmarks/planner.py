@@ -105,7 +105,7 @@ def solve_times(
     # wall seconds on a shared machine are several times the CPU's: the load says how much
     print(f"    over 10 s or not proven: {'; '.join(slow) or 'none'}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(
-        "    (stages = candidate (interval, tier, sync) stages; kept = left after the bound test; MILPs = MILPs solved; vars/rows = of the last)\n"
+        "    (stages = candidate (interval, tier, sync) stages; kept = left after the bound test; MILPs = MILPs solved; vars/rows = of the last; 0: LPs decided)\n"
     )
 
 

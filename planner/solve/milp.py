@@ -16,7 +16,7 @@
    chosen and 0 otherwise, and sum_g price_g d F_g is the exact bill, linear. Maxima are
    variables bounded below; each is billed or timed with a positive weight, so it is tight at an
    optimum. T = T_F + T_BS with T_F the state carried into the last stage and T_BS = o + the
-   latest branch end carried to the first stage. HiGHS (pulp.HiGHS) solves it with the incumbent
+   latest branch end carried to the first stage. HiGHS (highspy, ``_Model``) solves it with the incumbent
    as a cutoff; given the groups' bounds, one more row per group caps the waits it carries
    below that cutoff (``WaitSlack``).
 """
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import highspy
-import pulp
+import numpy as np
 
 from stagecoach.planner.limits import max_peak_invocations
 from stagecoach.planner.model.perfmodel import (
@@ -50,14 +50,163 @@ class MilpSolution:
     status: str  # "optimal", "time_limit", "infeasible" (nothing below the cutoff), or HiGHS's word
     variables: int
     constraints: int
+    path: Config | None = None  # of an LP relaxation: the plan along its heaviest arcs (an LP optimum's, if integral)
 
 
-def _lin(pairs: Any, const: float = 0.0) -> pulp.LpAffineExpression:
+# -- the model handed to HiGHS ---------------------------------------------------------------------
+class _Var:
+    """A column: its name (the columns are ordered by name), bounds, integrality and, after the
+    solve, its value."""
+
+    __slots__ = ("name", "lo", "hi", "integer", "val")
+
+    def __init__(self, name: str, lo: float | None = None, hi: float | None = None, integer: bool = False) -> None:
+        self.name, self.lo, self.hi, self.integer = name, lo, hi, integer
+        self.val: float | None = None
+
+    def value(self) -> float | None:
+        return self.val
+
+
+class _Expr(dict[_Var, float]):
+    """A linear expression: coefficients by column in insertion order, and a constant. The same
+    arithmetic as pulp.LpAffineExpression, operation for operation (so the same floats reach
+    HiGHS as when pulp built the model: identical solves), without pulp's bookkeeping, which took
+    two thirds of a band LP's time (AmoebaNet-D36, L = 30, d = 32: 12 of 18 CPU s for 100 LPs)."""
+
+    def __init__(self, items: Any = (), const: float = 0.0) -> None:
+        super().__init__(items)
+        self.const = const
+
+    def _add(self, other: Any, sign: int) -> _Expr:
+        """pulp's addInPlace on a copy: a column adds sign, an expression its terms, a number its value."""
+        out = _Expr(self, self.const)
+        if isinstance(other, _Var):
+            out[other] = out[other] + sign if other in out else sign
+        elif isinstance(other, _Expr):
+            out.const += other.const * sign
+            for v, x in other.items():
+                out[v] = out[v] + x * sign if v in out else x * sign
+        else:
+            out.const += other * sign
+        return out
+
+    def __add__(self, other: Any) -> _Expr:
+        return self._add(other, 1)
+
+    __radd__ = __add__
+
+    def __sub__(self, other: Any) -> _Expr:
+        return self._add(other, -1)
+
+    def __mul__(self, c: float) -> _Expr:
+        out = _Expr()
+        if c != 0:
+            out.const = self.const * c
+            for v, x in self.items():
+                out[v] = c * x
+        return out
+
+    __rmul__ = __mul__
+
+    def __le__(self, rhs: float) -> _Row:
+        return _Row(self, None, -(self.const - rhs))
+
+    def __ge__(self, rhs: float) -> _Row:
+        return _Row(self, -(self.const - rhs), None)
+
+    def __eq__(self, rhs: float) -> _Row:  # type: ignore[override]
+        return _Row(self, -(self.const - rhs), -(self.const - rhs))
+
+    __hash__ = None
+
+
+@dataclass
+class _Row:
+    """lo <= sum of the expression's terms <= hi (None: unbounded), as pulp's getLb/getUb."""
+
+    expr: _Expr
+    lo: float | None
+    hi: float | None
+
+
+def _lin(pairs: Any, const: float = 0.0) -> _Expr:
     """A linear expression that sums repeated variables (pulp's constructor keeps the last)."""
     acc: dict[Any, float] = {}
     for var, c in pairs:
         acc[var] = acc.get(var, 0.0) + c
-    return pulp.LpAffineExpression(acc, const)
+    return _Expr(acc, const)
+
+
+class _Model:
+    """Rows in the order they are added, an objective, and the solve: the columns sorted by name
+    and the rows in order, handed to HiGHS in one call (as pulp 3.3's HiGHS interface orders
+    them, so the simplex sees the same model)."""
+
+    def __init__(self) -> None:
+        self.rows: list[_Row] = []
+        self.objective = _Expr()
+        self.cols: list[_Var] = []
+
+    def __iadd__(self, item: Any) -> _Model:
+        row = item[0] if isinstance(item, tuple) else item
+        if isinstance(row, _Row):
+            self.rows.append(row)
+        else:
+            self.objective = row
+        return self
+
+    def solve(self, h: highspy.Highs) -> None:
+        """Pass the model to ``h``, run it and read the columns' values."""
+        seen: dict[_Var, float] = dict(self.objective)
+        for row in self.rows:
+            seen.update(row.expr)  # (only the keys matter: every column in a row or the objective)
+        self.cols = sorted(seen, key=lambda v: v.name)
+        index = {v: c for c, v in enumerate(self.cols)}
+        cols: list[int] = []
+        rows: list[int] = []
+        coef: list[float] = []
+        for r, row in enumerate(self.rows):
+            cols.extend(map(index.__getitem__, row.expr.keys()))
+            coef.extend(row.expr.values())
+            rows.extend([r] * len(row.expr))
+        ca, ra, va = np.array(cols, dtype=np.int32), np.array(rows, dtype=np.int32), np.array(coef, dtype=np.float64)
+        nz = va != 0
+        order = np.argsort(ca[nz], kind="stable")  # column-wise, each column's rows ascending
+        ca, ra, va = ca[nz][order], ra[nz][order], va[nz][order]
+        start = np.zeros(len(self.cols) + 1, dtype=np.int32)
+        start[1:] = np.cumsum(np.bincount(ca, minlength=len(self.cols)))
+        inf = highspy.kHighsInf
+        h.passModel(
+            len(self.cols),
+            len(self.rows),
+            int(start[-1]),
+            1,  # MatrixFormat.kColwise
+            1,  # ObjSense.kMinimize
+            0.0,
+            np.array([self.objective.get(v, 0.0) for v in self.cols], dtype=np.float64),
+            np.array([-inf if v.lo is None else v.lo for v in self.cols], dtype=np.float64),
+            np.array([inf if v.hi is None else v.hi for v in self.cols], dtype=np.float64),
+            np.array([-inf if r.lo is None else r.lo for r in self.rows], dtype=np.float64),
+            np.array([inf if r.hi is None else r.hi for r in self.rows], dtype=np.float64),
+            start,
+            ra,
+            va,
+            np.array([1 if v.integer else 0 for v in self.cols], dtype=np.int32),
+        )
+        h.run()
+        values = list(h.getSolution().col_value)
+        for c, v in enumerate(self.cols):
+            v.val = values[c]
+
+    def value(self) -> float | None:
+        """The objective at the columns' values (constant included), as pulp.value sums it."""
+        s = self.objective.const
+        for v, x in self.objective.items():
+            if v.val is None:
+                return None
+            s += v.val * x
+        return s
 
 
 @dataclass
@@ -121,22 +270,21 @@ class _PathMilp:
         for q, g in enumerate(groups):
             self.start[g.i].append(q)
             self.end[g.j].append(q)
-        self.prob = pulp.LpProblem("stagecoach_plan", pulp.LpMinimize)
-        cat = pulp.LpContinuous if relax else pulp.LpBinary
-        self.x = [[pulp.LpVariable(f"x_{g.i}_{g.j}_{g.k}_{op.a}", 0, 1, cat) for op in g.options] for g in groups]
+        self.prob = _Model()
+        self.x = [[_Var(f"x_{g.i}_{g.j}_{g.k}_{op.a}", 0, 1, not relax) for op in g.options] for g in groups]
         # the forward state (ea, em, el: into a group; ma, ml: out of it), each stage's F_s - o
         self.ea: dict[int, Any] = {}
         self.em: dict[int, Any] = {}
         self.el: dict[int, Any] = {}
         self.ma: dict[int, Any] = {}
         self.ml: dict[int, Any] = {}
-        self.F: dict[int, pulp.LpAffineExpression] = {}
+        self.F: dict[int, _Expr] = {}
         # the backward state (xb, xm, ll: into a group from after it; mb: out of it), BT_s - o - tail_s
         self.xb: dict[int, Any] = {}
         self.xm: dict[int, Any] = {}
         self.ll: dict[int, Any] = {}
         self.mb: dict[int, Any] = {}
-        self.BT: dict[int, pulp.LpAffineExpression] = {}
+        self.BT: dict[int, _Expr] = {}
         self.fl = self.floors()
 
     # -- bounds of the carried state --------------------------------------------------------------
@@ -207,7 +355,7 @@ class _PathMilp:
         return _Floors(LA, MA, ML, LB, MB, LL)
 
     # -- the path -----------------------------------------------------------------------------------
-    def path(self, smax: int) -> pulp.LpAffineExpression:
+    def path(self, smax: int) -> _Expr:
         """One stage leaves node 0, one enters node L, flow conserved in between; S <= Smax.
         Returns the expression that is 1 iff the plan has a single stage."""
         L, x, start, end = self.L, self.x, self.start, self.end
@@ -225,7 +373,7 @@ class _PathMilp:
         return _lin([(v, 1.0) for q in start[0] if self.groups[q].j == L for v in x[q]])
 
     # -- forward (§3.1) ---------------------------------------------------------------------------
-    def forward(self, cap: _Caps, single: pulp.LpAffineExpression) -> pulp.LpAffineExpression:
+    def forward(self, cap: _Caps, single: _Expr) -> _Expr:
         """The forward tasks: prefix state, durations, conservation at the nodes. Returns T_F."""
         self._prefix_state(cap)
         self._forward_tasks(cap)
@@ -252,9 +400,9 @@ class _PathMilp:
                 continue
             ua, um, ul = min(cap.UA[g.i], cap.fcap[q]), min(cap.UM[g.i], cap.fcap[q] / m), min(cap.UL[g.i], cap.fcap[q])
             self.ea[q], self.em[q], self.el[q] = (
-                pulp.LpVariable(f"ea_{q}", 0, ua),
-                pulp.LpVariable(f"em_{q}", 0, um),
-                pulp.LpVariable(f"el_{q}", 0, ul),
+                _Var(f"ea_{q}", 0, ua),
+                _Var(f"em_{q}", 0, um),
+                _Var(f"el_{q}", 0, ul),
             )
             for var, u in ((self.ea[q], ua), (self.em[q], um), (self.el[q], ul)):
                 prob += _lin([(var, 1.0)] + [(v, -u) for v in self.x[q]]) <= 0
@@ -269,7 +417,7 @@ class _PathMilp:
         for q, g in enumerate(self.groups):
             if g.j == self.L:
                 continue  # the last stage's forward runs inside its backward task
-            ma[q], ml[q] = pulp.LpVariable(f"ma_{q}", 0), pulp.LpVariable(f"ml_{q}", 0)
+            ma[q], ml[q] = _Var(f"ma_{q}", 0), _Var(f"ml_{q}", 0)
             prob += _lin([(ma[q], 1.0)] + [(v, -g.a) for v in x[q]]) >= 0
             prob += _lin([(ml[q], 1.0)] + [(v, -op.load_s) for v, op in zip(x[q], g.options)]) >= 0
             if q in em:
@@ -312,12 +460,12 @@ class _PathMilp:
         its own parameters) and BT_s - o - tail_s, kept within the task limit where the bounds do
         not already imply it."""
         m, prob, x = self.m, self.prob, self.x[q]
-        self.mb[q] = pulp.LpVariable(f"mb_{q}", 0)
+        self.mb[q] = _Var(f"mb_{q}", 0)
         prob += _lin([(self.mb[q], 1.0)] + [(v, -g.bb) for v in x]) >= 0
         terms = [(self.mb[q], m - 1.0)] + [(v, g.bo) for v in x]
         if g.j < self.L:
             ub, ux, ul = min(cap.UB[g.j], cap.fcap[q]), min(cap.UX[g.j], cap.fcap[q] / m), min(cap.ULL, cap.fcap[q])
-            xb, xm, ll = pulp.LpVariable(f"xb_{q}", 0, ub), pulp.LpVariable(f"xm_{q}", 0, ux), pulp.LpVariable(f"ll_{q}", 0, ul)
+            xb, xm, ll = _Var(f"xb_{q}", 0, ub), _Var(f"xm_{q}", 0, ux), _Var(f"ll_{q}", 0, ul)
             self.xb[q], self.xm[q], self.ll[q] = xb, xm, ll
             for var, u in ((xb, ub), (xm, ux), (ll, ul)):
                 prob += _lin([(var, 1.0)] + [(v, -u) for v in x]) <= 0
@@ -376,15 +524,15 @@ class _PathMilp:
         prob, groups, x = self.prob, self.groups, self.x
         W, xw = {}, {}
         for q, g in enumerate(groups):
-            W[q] = pulp.LpVariable(f"w_{q}", 0)
+            W[q] = _Var(f"w_{q}", 0)
             prob += _lin([(W[q], 1.0)] + self._minus_branch_end(q)) >= 0
             if g.j < self.L:
-                xw[q] = pulp.LpVariable(f"xw_{q}", 0, cap.UW[g.j])
+                xw[q] = _Var(f"xw_{q}", 0, cap.UW[g.j])
                 prob += _lin([(xw[q], 1.0)] + [(v, -cap.UW[g.j]) for v in x[q]]) <= 0
                 prob += _lin([(W[q], 1.0), (xw[q], -1.0)]) >= 0
         for n in range(1, self.L):
             prob += _lin([(W[q], 1.0) for q in self.start[n]] + [(xw[q], -1.0) for q in self.end[n]]) == 0, f"maxBranch_{n}"
-        TBS = pulp.LpVariable("T_backward_sync", 0)
+        TBS = _Var("T_backward_sync", 0)
         prob += _lin([(TBS, 1.0)] + [(W[q], -1.0) for q in self.start[0]]) >= self.o, "branch_0"
         for n in range(1, self.L):  # valid (implied) node rows: cheap, and they help the LP where flows merge
             terms = [(TBS, 1.0)]
@@ -398,7 +546,7 @@ class _PathMilp:
         return [(var, -c) for var, c in self.BT[q].items()] + [(v, -op.extra_s) for v, op in zip(self.x[q], self.groups[q].options)]
 
     # -- cost (§4) ----------------------------------------------------------------------------------
-    def cost(self, single: pulp.LpAffineExpression) -> pulp.LpAffineExpression:
+    def cost(self, single: _Expr) -> _Expr:
         """Own constants + every task's duration at its tier."""
         d = self.d
         cost_terms: list[tuple[Any, float]] = []
@@ -409,6 +557,28 @@ class _PathMilp:
                 cost_terms += [(var, d * g.price * c) for var, c in self.F[q].items()]
         pt = self.plat.price_transition
         return _lin(cost_terms, pt * global_transitions(2)) - pt * (global_transitions(2) - global_transitions(1)) * single
+
+    def heaviest_path(self, cands: Candidates) -> Config | None:
+        """The plan that follows, from node 0, the (group, option) of largest value at each node:
+        of an integral solution its plan, of a fractional one a plan to evaluate (None if the
+        values lead nowhere)."""
+        out: dict[int, tuple[float, Group, Any]] = {}
+        for g, xs in zip(self.groups, self.x):
+            for v, op in zip(xs, g.options):
+                val = v.value() or 0.0
+                if g.i not in out or val > out[g.i][0]:
+                    out[g.i] = (val, g, op)
+        balance, tier_sel, sync_sel = [], [], []
+        n = 0
+        while n < self.L:
+            if n not in out or out[n][0] <= 0:
+                return None
+            _, g, op = out[n]
+            balance.append(g.j - g.i)
+            tier_sel.append(g.tier)
+            sync_sel.append(op.choice)
+            n = g.j
+        return Config(tuple(balance), tuple(tier_sel), self.d, cands.micro_batch, self.m, tuple(sync_sel))
 
     def plan(self, cands: Candidates) -> Config:
         """The chosen stages, read along the path from node 0."""
@@ -443,20 +613,7 @@ class _QuietHighs(highspy.Highs):
         super().enableCallbacks()  # type: ignore[no-untyped-call]  # highspy's Python layer is unannotated
 
 
-class _QuietHiGHS(pulp.HiGHS):  # type: ignore[misc]  # pulp ships no types
-    """pulp.HiGHS on a _QuietHighs model: pulp builds a plain highspy.Highs() (which prints the
-    banner) and only then sets msg=False's output_flag. This is pulp 3.3's
-    createAndConfigureSolver without the callbacks (the planner sets none) and without output."""
-
-    def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:
-        lp.solverModel = model = _QuietHighs()  # type: ignore[no-untyped-call]  # (its __init__ is highspy's)
-        opts = {"mip_rel_gap": self.gapRel, "mip_abs_gap": self.gapAbs, "threads": self.threads, "time_limit": self.timeLimit}
-        for key, value in {**opts, **self.optionsDict}.items():
-            if value is not None:
-                model.setOptionValue(key, float(value) if key == "time_limit" else value)
-
-
-def _highs(time_limit: float, gap: float, threads: int | None, objective_bound: float | None) -> Any:
+def _highs(time_limit: float, gap: float, threads: int | None, objective_bound: float | None) -> highspy.Highs:
     """HiGHS as measured fastest on these models: restarts re-presolve the root again and again,
     and the sub-MIP heuristics (RINS, RENS, root reduced cost) take most of the time while the
     incumbent from the heuristic plan is already good; without them the same proofs take 2-10x
@@ -464,8 +621,14 @@ def _highs(time_limit: float, gap: float, threads: int | None, objective_bound: 
     AmoebaNet-D36 MILP, after 26 s of probing); without it the same MILPs of the slowest solves
     proved the same optima in 0.6-0.75x the CPU time, though not every MILP gains (L = 12, d = 64:
     twice as long; docs/performance-model.md §7.4).
-    Quiet: no log and no banner (_QuietHighs)."""
+    Quiet: no log and no banner (_QuietHighs). The gaps, threads and time limit as pulp 3.3 set
+    them when it built the model (it did until issue 25: ``_Model``)."""
+    model = _QuietHighs()  # type: ignore[no-untyped-call]  # (its __init__ is highspy's)
     opts: dict[str, Any] = {
+        "mip_rel_gap": gap,
+        "mip_abs_gap": 0.0,
+        "threads": threads,
+        "time_limit": float(time_limit),
         "presolve": "off",
         "mip_allow_restart": False,
         "mip_heuristic_run_rins": False,
@@ -474,7 +637,16 @@ def _highs(time_limit: float, gap: float, threads: int | None, objective_bound: 
     }
     if objective_bound is not None:
         opts["objective_bound"] = objective_bound
-    return _QuietHiGHS(msg=False, gapRel=gap, gapAbs=0.0, timeLimit=time_limit, threads=threads, **opts)
+    for key, value in opts.items():
+        if value is not None:
+            model.setOptionValue(key, value)
+    return model
+
+
+# HiGHS's outcomes with a solution to read (pulp 3.3's "Optimal", which the loop below relies on):
+# a time or iteration limit only when it found one
+_ST = highspy.HighsModelStatus
+_SOLVED = {_ST.kOptimal, _ST.kObjectiveBound, _ST.kObjectiveTarget, _ST.kInterrupt, _ST.kTimeLimit, _ST.kIterationLimit}
 
 
 def solve_milp(
@@ -509,15 +681,19 @@ def solve_milp(
     ref = max(1e-12, wc * 1e-4 + wt)  # scale the objective to O(1e4) for HiGHS's tolerances
     prob += weighted_objective(cost, TF + TBS + plat.iteration_overhead_s, wc, wt) * (1.0 / ref)
     bound = cutoff / ref if cutoff is not None and math.isfinite(cutoff) and not relax else None
-    status = prob.solve(_highs(time_limit, gap, threads, bound))
-    nvars, ncons = len(prob.variables()), len(prob.constraints)
-    try:
-        ms = prob.solverModel.modelStatusToString(prob.solverModel.getModelStatus()).lower()
-    except Exception:  # pragma: no cover - older highspy
-        ms = pulp.LpStatus[status].lower()
+    h = _highs(time_limit, gap, threads, bound)
+    prob.solve(h)
+    nvars, ncons = len(prob.cols), len(prob.rows)
+    st = h.getModelStatus()
+    ms = h.modelStatusToString(st).lower()
+    value = prob.value()
     if relax:
-        return MilpSolution(None, pulp.value(prob.objective) * ref if ms == "optimal" else math.inf, ms, nvars, ncons)
-    if pulp.LpStatus[status] != "Optimal":
+        ok = ms == "optimal" and value is not None
+        return MilpSolution(
+            None, value * ref if ok and value is not None else math.inf, ms, nvars, ncons, milp.heaviest_path(cands) if ok else None
+        )
+    limited = st in (_ST.kTimeLimit, _ST.kIterationLimit) and h.getObjectiveValue() == math.inf
+    if st not in _SOLVED or limited or value is None:
         proven_empty = ms in ("infeasible", "objective bound")  # nothing better than the cutoff exists
         return MilpSolution(None, math.inf, "infeasible" if proven_empty else ms, nvars, ncons)
-    return MilpSolution(milp.plan(cands), pulp.value(prob.objective) * ref, "optimal" if ms == "optimal" else "time_limit", nvars, ncons)
+    return MilpSolution(milp.plan(cands), value * ref, "optimal" if ms == "optimal" else "time_limit", nvars, ncons)

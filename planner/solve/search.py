@@ -19,7 +19,10 @@ enumerated by the caller — the plan minimising a1*cost + a2*time under the per
    ("enumerating the bottleneck"; a band whose MILP would hold over 100 groups is split first, and
    bands are used whenever one MILP would hold over 300; a band whose LP relaxation is already at
    or above the incumbent is refuted without its MILP); otherwise one MILP over every surviving
-   group. Every MILP caps the waits its groups carry by their bounds (milp.WaitSlack). Every MILP is exact over its groups and every discarded group or band has a bound above
+   group. Every final MILP is first tried by its LP relaxation, which also decides it when the
+   plan along its heaviest arcs is priced within the gap of the LP (``_Search.lp_refutes``); once
+   the groups' bounds are known, the bound sweeps leave out the groups beyond the cutoff
+   (``LowerBounds.group_bounds``' ``alive``). Every MILP caps the waits its groups carry by their bounds (milp.WaitSlack). Every MILP is exact over its groups and every discarded group or band has a bound above
    the final objective, so the result is optimal over all candidates. HiGHS options: no restarts, no
    RINS/RENS/root-reduced-cost sub-MIPs (measured 2-10x faster on these models), no presolve
    (0.6-0.75x the CPU time of the slowest solves, not of every one; milp._highs).
@@ -309,6 +312,7 @@ class _Search:
     last: MilpSolution = field(default_factory=lambda: MilpSolution(None, math.inf, "none", 0, 0))
     info: dict[str, Any] = field(default_factory=dict)
     milps: list[dict[str, Any]] = field(default_factory=list)
+    mask: np.ndarray | None = None  # the groups alive at some cutoff >= today's (LowerBounds.group_bounds' ``alive``)
     wc: float = field(init=False)
     wt: float = field(init=False)
 
@@ -380,17 +384,27 @@ class _Search:
         )
 
     def lp_refutes(self, qs: Sequence[int], floors: tuple[float, float], slack: WaitSlack | None, tag: str) -> bool:
-        """True if the LP relaxation of the MILP over ``qs`` is already at or above the cutoff:
-        its optimum bounds every plan of the MILP from below, so the MILP can find nothing better
-        (exact; an LP is a fraction of its MILP's time, and most band MILPs end with nothing)."""
+        """True if the LP relaxation of the MILP over ``qs`` decides it: at or above the cutoff
+        (its optimum bounds every plan of the MILP from below, so the MILP can find nothing
+        better), or with a plan along its heaviest arcs that the model prices within the MILP's
+        gap of the LP's optimum (that plan is then as good as the MILP's, and the incumbent if
+        better). Exact either way; an LP is a fraction of its MILP's time, most band MILPs end
+        with nothing, and where the LP is integral (AmoebaNet-D36, L = 30, d = 64, (1, 2^22)) its
+        plan is the optimum."""
         tm = time.perf_counter()
         lp = self._solve(qs, self.gap, self.cut(), relax=True, floors=floors, slack=slack)
         cut = self.cut()
         out = lp.status == "infeasible" or (lp.status == "optimal" and lp.objective > cut + 1e-9 * abs(cut))
+        word = "refuted" if out else "lp"
+        if not out and lp.status == "optimal" and lp.path is not None:
+            e = evaluate(self.profile, lp.path, self.plat)
+            v = objective_value(e.cost, e.time_s, self.a1, self.a2) if e.feasible else math.inf
+            if v < self.best:
+                self.best_cfg, self.best = lp.path, v
+            out = v <= lp.objective * (1 + self.gap) + 1e-9 * abs(lp.objective)
+            word = "lp-plan" if out else word
         took = round(time.perf_counter() - tm, 3)
-        self.milps.append(
-            {"tag": tag + "-lp", "groups": len(qs), "status": "refuted" if out else "lp", "objective": lp.objective, "s": took}
-        )
+        self.milps.append({"tag": tag + "-lp", "groups": len(qs), "status": word, "objective": lp.objective, "s": took})
         return out
 
     def refuted(self, bounds: LowerBounds) -> bool:
@@ -438,6 +452,7 @@ class _Search:
         self.info["bounds_s"] = time.perf_counter() - tb
         alive = self._alive(lbm.min(axis=0) if len(pairs[0]) else np.full(len(groups), np.inf))
         self.info["alive"] = len(alive)
+        self.mask = self._mask(alive)
         size = first_groups
         while len(alive) > max(size, FEW_GROUPS) and time.perf_counter() < self.deadline:
             chosen = set(_prefix_with_path(alive, groups, L, self.smax, size))
@@ -450,12 +465,21 @@ class _Search:
             # twice as many of the groups that survive, improved or not: such a MILP takes seconds
             # and can find what the local search misses, and a better incumbent discards more
             # (AmoebaNet-D36, d = 16, (1, 2^22): the optimum, 0.7% below the heuristic's, at 160)
-            pairs = bounds.refine(pairs, self.cut(), budget=PAIR_BUDGET)
+            pairs = bounds.refine(pairs, self.cut(), budget=PAIR_BUDGET, alive=self.mask)
             alive = self._alive(
-                bounds.group_bounds(pairs, ctx=True, per_pair=True).min(axis=0) if len(pairs[0]) else np.full(len(groups), np.inf)
+                bounds.group_bounds(pairs, ctx=True, per_pair=True, alive=self.mask).min(axis=0)
+                if len(pairs[0])
+                else np.full(len(groups), np.inf)
             )
+            self.mask = self._mask(alive)
             size *= 2
-        return bounds.refine(pairs, self.cut(), budget=PAIR_BUDGET)
+        return bounds.refine(pairs, self.cut(), budget=PAIR_BUDGET, alive=self.mask)
+
+    def _mask(self, alive: Sequence[int]) -> np.ndarray:
+        """``alive`` as a mask over every group."""
+        mask = np.zeros(len(self.cands.groups), bool)
+        mask[list(alive)] = True
+        return mask
 
     def final(self, bounds: LowerBounds, pairs: tuple[np.ndarray, ...]) -> set[int]:
         """The MILPs that decide: one per band pair, or one over every group left (below).
@@ -469,11 +493,11 @@ class _Search:
         (their total many times the union) the MILPs repeat each other's work: then one MILP
         over every group left is faster (measured on the zoo models)."""
         tb = time.perf_counter()
-        lbm = bounds.group_bounds(pairs, ctx=True, per_pair=True)
-        lbn = bounds.group_bounds(pairs, ctx=False, per_pair=True)
+        lbm = bounds.group_bounds(pairs, ctx=True, per_pair=True, alive=self.mask)
+        lbn = bounds.group_bounds(pairs, ctx=False, per_pair=True, alive=self.mask)
         self.info["bounds_s"] += time.perf_counter() - tb
         cut = self.cut()
-        live = np.nonzero(bounds.pair_bounds(pairs) <= cut)[0] if len(pairs[0]) else np.zeros(0, int)
+        live = np.nonzero(bounds.pair_bounds(pairs, self.mask) <= cut)[0] if len(pairs[0]) else np.zeros(0, int)
         union = int((lbm.min(axis=0) <= cut).sum()) if len(pairs[0]) else 0
         repeated = int((lbm[live] <= cut).sum()) if len(live) else 0
         self.info["band_groups_total"], self.info["union_groups"] = repeated, union
@@ -490,7 +514,9 @@ class _Search:
         qs = [int(q) for q in np.nonzero(lbm.min(axis=0) <= self.cut())[0]] if len(pairs[0]) else []
         self.info["band_pairs"] = 0
         if qs and _min_stages([self.cands.groups[q] for q in qs], self.cands.layers) <= self.smax:
-            self.run(qs, tag="all", slack=self.slack(bounds, qs, lbn.min(axis=0)))
+            slack = self.slack(bounds, qs, lbn.min(axis=0))
+            if not self.lp_refutes(qs, (0.0, 0.0), slack, "all"):
+                self.run(qs, tag="all", slack=slack)
         return set(qs)
 
     def _bands(self, bounds: LowerBounds, lbm: np.ndarray, lbn: np.ndarray, pairs: tuple[np.ndarray, ...]) -> set[int]:
@@ -500,7 +526,7 @@ class _Search:
         (``_split_band``): its halves cover it, so nothing is lost, and their MILPs are smaller
         and pinned tighter (AmoebaNet-D36, L = 30, d = 16, (1, 2^22): 36.4 CPU s split, 36.8
         unsplit, on a loaded machine; it keeps any one MILP from holding the whole union)."""
-        pair_lb = bounds.pair_bounds(pairs) if len(pairs[0]) else np.zeros(0)
+        pair_lb = bounds.pair_bounds(pairs, self.mask) if len(pairs[0]) else np.zeros(0)
         self.info["band_pairs"], self.info["band_splits"] = len(pairs[0]), 0
         work = [
             _Band(float(pair_lb[p]), p, _pair(pairs, p), float(bounds.thA[p]), float(bounds.thB[p]), lbm[p], lbn[p])
@@ -537,10 +563,11 @@ class _Search:
         if len(sub[0]) < 2:
             return []
         tb = time.perf_counter()
-        rows = bounds.group_bounds(sub, ctx=True, per_pair=True)
-        nrows = bounds.group_bounds(sub, ctx=False, per_pair=True)
+        alive = band.row <= self.cut()  # a plan of the halves below the cutoff uses only these
+        rows = bounds.group_bounds(sub, ctx=True, per_pair=True, alive=alive)
+        nrows = bounds.group_bounds(sub, ctx=False, per_pair=True, alive=alive)
         thA, thB = bounds.thA.copy(), bounds.thB.copy()
-        plb = bounds.pair_bounds(sub)
+        plb = bounds.pair_bounds(sub, alive)
         self.info["bounds_s"] += time.perf_counter() - tb
         self.info["band_splits"] += 1
         return [

@@ -9,9 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pulp
-
-from stagecoach.planner.solve.milp import _highs
+from stagecoach.planner.solve.milp import _highs, _lin, _Model, _Var
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,16 +39,14 @@ def test_a_planner_solve_prints_no_highs_banner_or_log():
 
 def test_the_quiet_solver_keeps_the_planners_options(capfd):
     """The quiet model still gets every option: limits, gaps, threads and the tuned MIP switches."""
-    prob = pulp.LpProblem("t", pulp.LpMaximize)
-    x = prob.add_variable("x", 0, 3, cat="Integer")
-    prob += x
-    prob += x <= 2.5
-    prob.solve(_highs(12.5, 1e-3, 2, None))
-    assert x.value() == 2
-    got = {
-        k: prob.solverModel.getOptionValue(k)[1]
-        for k in ("output_flag", "time_limit", "mip_rel_gap", "mip_abs_gap", "threads", "mip_allow_restart")
-    }
+    prob = _Model()
+    x = _Var("x", 0, 3, integer=True)
+    prob += _lin([(x, -1.0)])  # maximise x
+    prob += _lin([(x, 1.0)]) <= 2.5, "cap"
+    h = _highs(12.5, 1e-3, 2, None)
+    prob.solve(h)
+    assert x.value() == 2 and prob.value() == -2
+    got = {k: h.getOptionValue(k)[1] for k in ("output_flag", "time_limit", "mip_rel_gap", "mip_abs_gap", "threads", "mip_allow_restart")}
     assert got == {
         "output_flag": False,
         "time_limit": 12.5,
