@@ -48,18 +48,57 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(h, "little") & ((1 << 63) - 1)
 
 
-def epoch_of(t: int, n_samples: int, global_batch: int) -> int:
-    """The epoch iteration t belongs to (each epoch: n_samples // global_batch iterations)."""
+# A growing global batch (dynamic workers, docs/runtime.md "Dynamic workers"): (first iteration,
+# global batch) pairs in order, the first at iteration 0; None or one pair: a fixed global batch.
+BatchSizes = Sequence[tuple[int, int]]
+
+
+def epoch_of(t: int, n_samples: int, global_batch: int, sizes: BatchSizes | None = None) -> int:
+    """The epoch iteration t belongs to (each epoch: n_samples // global_batch iterations; with
+    ``sizes``, see :func:`batch_position`)."""
+    if sizes is not None and len(sizes) > 1:
+        return batch_position(t, n_samples, sizes)[0]
     return t // (n_samples // global_batch)
 
 
-def batch_indices(seed: int, t: int, n_samples: int, global_batch: int) -> torch.Tensor:
-    """Sample indices of iteration t's global batch: epochs of a seeded permutation, last partial batch dropped."""
+def batch_indices(seed: int, t: int, n_samples: int, global_batch: int, sizes: BatchSizes | None = None) -> torch.Tensor:
+    """Sample indices of iteration t's global batch: epochs of a seeded permutation, last partial batch dropped.
+    ``sizes``: a global batch that changes (:func:`batch_position`)."""
+    if sizes is not None and len(sizes) > 1:
+        epoch, start, size = batch_position(t, n_samples, sizes)
+        g = torch.Generator().manual_seed(derive_seed(seed, "data", epoch))
+        return torch.randperm(n_samples, generator=g)[start : start + size]
     steps = n_samples // global_batch
     epoch, i = divmod(t, steps)
     g = torch.Generator().manual_seed(derive_seed(seed, "data", epoch))
     perm = torch.randperm(n_samples, generator=g)
     return perm[i * global_batch : (i + 1) * global_batch]
+
+
+def batch_position(t: int, n_samples: int, sizes: BatchSizes) -> tuple[int, int, int]:
+    """(epoch, first position in the epoch's permutation, global batch) of iteration t when the
+    global batch changes at the iterations ``sizes`` says: each iteration takes the next samples
+    of the epoch's permutation after the previous iteration's (the cumulative offset, not t * G);
+    one whose batch no longer fits in what is left of the epoch starts the next epoch (the rest is
+    dropped, as a fixed batch drops its last partial one). For one size it is :func:`batch_indices`'
+    own rule: epoch t // steps, position (t % steps) * G."""
+    epoch, pos = 0, 0
+    for i, (first, size) in enumerate(sizes):
+        if not 0 < size <= n_samples:
+            raise ValueError(f"global batch {size} from iteration {first}: must be in [1, {n_samples}] (the training set's size)")
+        if pos + size > n_samples:  # a larger batch does not fit in what is left: the next epoch
+            epoch, pos = epoch + 1, 0
+        end = sizes[i + 1][0] if i + 1 < len(sizes) else None
+        count = (end if end is not None and end <= t else t) - first  # this size's iterations before t
+        left = (n_samples - pos) // size
+        if count < left:
+            pos += count * size
+        else:
+            steps = n_samples // size
+            epoch, pos = epoch + 1 + (count - left) // steps, ((count - left) % steps) * size
+        if end is None or t < end:
+            return epoch, pos, size
+    raise ValueError(f"batch sizes {list(sizes)}: iteration {t} is before the first ({sizes[0][0] if sizes else 'none'})")
 
 
 def micro_batch(batch: torch.Tensor, replicas: int, micro_batches: int, replica: int, mb: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ from torch import nn
 from stagecoach.core import keys
 from stagecoach.core.optim_state import group_runs
 from stagecoach.core.records import EvalSpec, JobSpec
-from stagecoach.core.schedule import MakeScheduler, Schedule
+from stagecoach.core.schedule import MakeScheduler, Schedule, hyperparameters, stand_in
 from stagecoach.core.stagebuild import build_stage, held_bytes, load_buffers, stage_buffers
 from stagecoach.core.training import (
     DTYPES,
@@ -196,11 +196,38 @@ class JobContext:
         itemsize = torch.empty(0, dtype=master_dtype(self.dtype)).element_size()  # the stored parameters'
         return stage_layout(numel, itemsize, self.plan.grad_shards(stage), self.plan.replicas)
 
+    @property
+    def batch_sizes(self) -> tuple[tuple[int, int], ...] | None:
+        """A growing global batch's (first iteration, G) pairs (core/training.py batch_position),
+        from the whole plan in the spec; None when it is fixed."""
+        segments = self.spec.plan.get("segments") or ()
+        sizes = [(int(first), int(p["global_batch"])) for first, p in segments]
+        return tuple(sizes) if len({g for _, g in sizes}) > 1 else None
+
+    @property
+    def lr_scaled(self) -> bool:
+        """Whether some segment of the job's plan multiplies the learning rate (Plan.lr_scale)."""
+        return any(float(p.get("lr_scale", 1.0)) != 1.0 for _, p in self.spec.plan.get("segments") or ())
+
+    def hparams(self, t: int) -> tuple[dict[str, Any], ...]:
+        """The parameter groups' hyperparameters of iteration t: the scheduler's, or the factory's;
+        with a learning-rate multiplier (a growing batch's segment, Plan.lr_scale) every group's lr
+        times it, so any task of iteration t — in a restarted or resumed window too — steps alike."""
+        base = self.schedule.at(t) if self.schedule is not None else self.spec.optimizer_groups
+        if not self.lr_scaled:
+            return tuple(base or ())
+        groups = base or hyperparameters(stand_in(self.make_optimizer, None))
+        at_t = [p for first, p in self.spec.plan["segments"] if int(first) <= t]  # the segment iteration t runs
+        factor = float(at_t[-1].get("lr_scale", 1.0))
+        return tuple({**g, "lr": g["lr"] * factor} for g in groups)
+
     def group_runs(self, stage: int) -> tuple[tuple[int, int, int], ...]:
         """The stage's flat vector as (start, end, parameter group) runs; () for one group (unless
-        a scheduler sets its hyperparameters per iteration: then one run of group 0)."""
+        a scheduler or a learning-rate multiplier sets its hyperparameters per iteration: then one
+        run of group 0)."""
         if not self.spec.param_groups:
-            return ((0, self.ownership(stage).numel(stage), 0),) if self.schedule is not None else ()
+            per_iteration = self.schedule is not None or self.lr_scaled
+            return ((0, self.ownership(stage).numel(stage), 0),) if per_iteration else ()
         params = self.stage_params(stage)  # builds the stage (and its param_index) if needed
         index = self.param_index[stage]
         return group_runs([self.spec.param_groups[index[id(p)]] for p in params], [p.numel() for p in params])
@@ -218,7 +245,7 @@ class JobContext:
             window_start,
             deadline,
             groups=self.runs[stage],
-            group_hparams=tuple(self.schedule.at(t) if self.schedule is not None else self.spec.optimizer_groups or ()),
+            group_hparams=self.hparams(t),
             clip=self.clip,
             one_object=self.one_gradient_object(stage),
         )
@@ -368,7 +395,7 @@ class JobContext:
         transformed (augmentation), validation inputs as they are."""
         if split != "train":
             return self.samples(channel, stage, split).inputs(channel, indices, None, self.seed, 0, self.dtype)
-        epoch = epoch_of(t, self.spec.dataset.n_train, self.plan.global_batch)
+        epoch = epoch_of(t, self.spec.dataset.n_train, self.plan.global_batch, self.batch_sizes)
         return self.samples(channel, stage).inputs(channel, indices, self.transform, self.seed, epoch, self.dtype)
 
     def targets(self, channel: Channel, stage: int, indices: torch.Tensor, split: str = "train") -> Any:

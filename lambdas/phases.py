@@ -37,7 +37,7 @@ from stagecoach.planner.plan import FUSED_SYNC
 
 def _rows(ctx: JobContext, t: int, replica: int, mb: int) -> torch.Tensor:
     plan = ctx.plan
-    batch = batch_indices(ctx.seed, t, ctx.spec.dataset.n_train, plan.global_batch)
+    batch = batch_indices(ctx.seed, t, ctx.spec.dataset.n_train, plan.global_batch, ctx.batch_sizes)
     return micro_batch(batch, plan.replicas, plan.micro_batches, replica, mb)
 
 

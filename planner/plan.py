@@ -145,6 +145,9 @@ class Plan:
     # the plan from there on) in order; empty for a fixed d. The fields above are then the largest
     # d's plan (the functions, memory and timeouts every segment runs on).
     segments: tuple[tuple[int, Plan], ...] = ()
+    # a segment's learning-rate multiplier (a growing global batch, planner/segments.py): every
+    # parameter group's lr is the optimizer factory's times this, from the segment's first iteration
+    lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "balance", _int_tuple("balance", self.balance))
@@ -185,6 +188,9 @@ class Plan:
         if isinstance(self.prediction, Mapping):  # from JSON
             object.__setattr__(self, "prediction", Prediction.from_dict(self.prediction))
         object.__setattr__(self, "segments", _segment_tuple(self.segments))
+        if isinstance(self.lr_scale, bool) or not isinstance(self.lr_scale, (int, float)) or not 0 < self.lr_scale < float("inf"):
+            raise PlanError(f"plan.lr_scale={self.lr_scale!r}: a positive, finite learning-rate multiplier")
+        object.__setattr__(self, "lr_scale", float(self.lr_scale))
         self.validate()
 
     # -- derived -------------------------------------------------------------------------------
@@ -214,6 +220,12 @@ class Plan:
         return replace(
             seg, memory_mb=self.memory_mb, timeouts_s=self.timeouts_s, workflow=self.workflow, phase_watchers=self.phase_watchers
         )
+
+    def batch_sizes(self) -> tuple[tuple[int, int], ...]:
+        """(first iteration, global batch) per segment, in order; one pair when it never changes
+        (core/training.py batch_position: the data order continues across a change)."""
+        pairs = [(first, p.global_batch) for first, p in self.segments] or [(0, self.global_batch)]
+        return tuple(p for i, p in enumerate(pairs) if i == 0 or p[1] != pairs[i - 1][1])
 
     def workers(self) -> Iterator[tuple[int, int]]:
         """Every (stage, replica) worker, stage-major."""
@@ -400,6 +412,8 @@ class Plan:
             d.pop("phase_watchers")
         if self.segments:
             d["segments"] = [[first, p.to_dict()] for first, p in self.segments]
+        if self.lr_scale == 1.0:  # a plan without a learning-rate rule reads as it always did
+            d.pop("lr_scale")
         return d
 
     def to_json(self) -> str:
@@ -424,6 +438,7 @@ class Plan:
             "workflow",
             "phase_watchers",
             "segments",
+            "lr_scale",
         }
         unknown = sorted(set(data) - known)
         if unknown:

@@ -1,19 +1,22 @@
 """Dynamic workers (issue 27): the data-parallel degree d changes at iteration boundaries.
 
 A schedule ``{first iteration: d}`` becomes one Plan whose ``segments`` hold each segment's plan
-(docs/runtime.md "Dynamic workers"). This first slice is exact by keeping everything the stored
-state depends on fixed across segments: the stages, the global batch, and per stage K (how many
-shards the parameters and the elementwise optimizer state are cut into, and how many sync tasks
-update them), so a version written by one segment is read unchanged by the next; only the replicas
-(and with them the micro-batch size) change. What would need the state re-cut (a changing K or
-chunk layout), a policy callable, a growing global batch with a learning-rate rule, by-epoch keys,
-and the planner's per-segment prediction are refused here, each named.
+(docs/runtime.md "Dynamic workers"). It is exact by keeping everything the stored state depends
+on fixed across segments: the stages and per stage K (how many shards the parameters and the
+elementwise optimizer state are cut into, and how many sync tasks update them), so a version
+written by one segment is read unchanged by the next; only the replicas (and with them the
+micro-batch size) change, and optionally the global batch (``global_batch={first iteration: G}``,
+the data order continuing: core/training.py batch_position) with a learning-rate multiplier
+(``lr_scale={first iteration: factor}``, cumulative, each segment's ``Plan.lr_scale``): Hydrozoa's
+AdaBatch policy. What would need the state re-cut (a changing K or chunk layout), a policy
+callable, by-epoch keys, and the planner's per-segment prediction are refused here, each named.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from stagecoach.planner.limits import GROUP_SIZE
 from stagecoach.planner.plan import Plan, PlanError
@@ -22,7 +25,9 @@ from stagecoach.planner.plan import Plan, PlanError
 SCHEDULED_SYNC = ("k_reduce", "all_reduce")
 
 
-def replica_schedule(schedule: object, iterations: int) -> list[tuple[int, int]]:
+def replica_schedule(
+    schedule: object, iterations: int, what: str = "replicas", value: str = "data-parallel degree"
+) -> list[tuple[int, int]]:
     """``schedule`` as sorted (first iteration, d) pairs, checked: a dict of int iteration keys,
     starting at 0, each below ``iterations``, to a positive int d. Refuses, by name, what this slice
     does not run yet."""
@@ -36,34 +41,81 @@ def replica_schedule(schedule: object, iterations: int) -> list[tuple[int, int]]
     pairs: list[tuple[int, int]] = []
     for first, d in schedule.items():
         if isinstance(first, str):
-            raise PlanError(f"replicas key {first!r}: by-epoch (or any non-iteration) keys are not supported yet; key by first iteration")
+            raise PlanError(f"{what} key {first!r}: by-epoch (or any non-iteration) keys are not supported yet; key by first iteration")
         if not isinstance(first, int) or isinstance(first, bool) or not 0 <= first < iterations:
-            raise PlanError(f"replicas key {first!r}: must be an iteration in [0, {iterations})")
+            raise PlanError(f"{what} key {first!r}: must be an iteration in [0, {iterations})")
         if not isinstance(d, int) or isinstance(d, bool) or d < 1:
-            raise PlanError(f"replicas[{first}]={d!r}: the data-parallel degree must be a positive int")
+            raise PlanError(f"{what}[{first}]={d!r}: the {value} must be a positive int")
         pairs.append((first, d))
     pairs.sort()
     if pairs[0][0] != 0:
-        raise PlanError(f"replicas schedule {dict(pairs)}: it must say d from iteration 0 (add a key 0)")
+        raise PlanError(f"{what} schedule {dict(pairs)}: it must say the {value} from iteration 0 (add a key 0)")
     return pairs
 
 
-def scheduled_plan(schedule: object, iterations: int, make: Callable[[int], Plan]) -> Plan:
-    """The plan of a replica schedule: ``make(d)`` builds each segment's plan; the result is the
-    largest d's plan (whose functions serve every segment) with the segments attached. A schedule
-    of one d is that d's plain plan."""
+def batch_schedule(schedule: object, iterations: int, what: str = "global_batch") -> list[tuple[int, int]]:
+    """A growing global batch ``{first iteration: G}`` as sorted pairs, checked as a replica
+    schedule is (key 0 required, iteration keys, positive int values)."""
+    if not isinstance(schedule, Mapping) or not schedule:
+        raise PlanError(f"{what}={schedule!r}: give a schedule {{first iteration: global batch}} such as {{0: 16, 300: 32}}")
+    return replica_schedule(dict(schedule), iterations, what=what, value="global batch")
+
+
+def lr_schedule(schedule: object, iterations: int) -> list[tuple[int, float]]:
+    """``lr_scale={first iteration: factor}`` as sorted pairs: at each key every parameter group's
+    learning rate is multiplied by the factor (cumulatively: {4: 0.75, 8: 0.75} is 0.75 from 4 and
+    0.5625 from 8), as AdaBatch and Hydrozoa decay it when the batch doubles."""
+    if callable(schedule) or not isinstance(schedule, Mapping):
+        raise PlanError(f"lr_scale={schedule!r}: give a schedule {{first iteration: factor}} such as {{300: 0.75}}")
+    pairs: list[tuple[int, float]] = []
+    for first, f in schedule.items():
+        if not isinstance(first, int) or isinstance(first, bool) or not 0 <= first < iterations:
+            raise PlanError(f"lr_scale key {first!r}: must be an iteration in [0, {iterations}) (by-epoch keys are not supported yet)")
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < float("inf"):
+            raise PlanError(f"lr_scale[{first}]={f!r}: a positive, finite factor, e.g. 0.75")
+        pairs.append((first, float(f)))
+    return sorted(pairs)
+
+
+def _value_at(pairs: Sequence[tuple[int, Any]], t: int) -> Any:
+    return [v for first, v in pairs if first <= t][-1]
+
+
+def scheduled_plan(
+    schedule: object,
+    iterations: int,
+    make: Callable[[int], Plan],
+    global_batch: object = None,
+    lr_scale: object = None,
+) -> Plan:
+    """The plan of a replica schedule: ``make(d)`` builds each segment's plan; ``global_batch``
+    ({first iteration: G}) and ``lr_scale`` ({first iteration: factor}, cumulative) change its global
+    batch and learning-rate multiplier. The result is the largest d's plan (whose functions serve
+    every segment) with the segments attached; a schedule that never changes is one plain plan."""
     pairs = replica_schedule(schedule, iterations)
-    merged: list[tuple[int, int]] = []
-    for first, d in pairs:  # a key that does not change d is no change point
-        if not merged or merged[-1][1] != d:
-            merged.append((first, d))
-    if len(merged) == 1:
-        return make(merged[0][1])
-    plans = tuple((first, make(d)) for first, d in merged)
-    top = max((p for _, p in plans), key=lambda p: p.replicas)
-    combined = replace(top, segments=plans)
+    batches = batch_schedule(global_batch, iterations) if global_batch is not None else []
+    scales = lr_schedule(lr_scale, iterations) if lr_scale is not None else []
+    merged: list[tuple[int, tuple[int, int | None, float]]] = []
+    factor = 1.0
+    for first in sorted({f for f, _ in pairs} | {f for f, _ in batches} | {f for f, _ in scales}):
+        factor *= dict(scales).get(first, 1.0)  # in key order: the runtime and the reference multiply alike
+        key = (_value_at(pairs, first), _value_at(batches, first) if batches else None, factor)
+        if not merged or merged[-1][1] != key:  # a key that changes nothing is no change point
+            merged.append((first, key))
+    plans = tuple((first, _segment_plan(make, d, g, f)) for first, (d, g, f) in merged)
+    if len(plans) == 1:
+        return plans[0][1]
+    top = max((p for _, p in plans), key=lambda p: (p.replicas, p.micro_batch_size))
+    combined = replace(top, segments=plans, lr_scale=1.0)
     check_segments(combined)
     return combined
+
+
+def _segment_plan(make: Callable[[int], Plan], d: int, global_batch: int | None, factor: float) -> Plan:
+    plan = make(d)
+    if global_batch is None and factor == 1.0:
+        return plan
+    return replace(plan, global_batch=plan.global_batch if global_batch is None else global_batch, lr_scale=factor)
 
 
 def check_segments(plan: Plan) -> None:
@@ -78,15 +130,19 @@ def check_segments(plan: Plan) -> None:
         raise PlanError(
             f"plan.replicas={plan.replicas}: a plan with segments is the largest d's ({largest}), whose functions serve every segment"
         )
+    if plan.lr_scale != 1.0:
+        raise PlanError(
+            f"plan.lr_scale={plan.lr_scale}: a plan with segments carries each segment's lr_scale; leave the top-level one at 1.0"
+        )
     if firsts[0] != 0 or firsts != sorted(set(firsts)):
         raise PlanError(f"plan.segments start at iterations {firsts}: they must start at 0 and increase")
     for first, seg in plan.segments:
         if seg.segments:
             raise PlanError(f"plan.segments[{first}] has segments of its own: a schedule is one level deep")
-        if seg.balance != plan.balance or seg.global_batch != plan.global_batch:
+        if seg.balance != plan.balance:
             raise PlanError(
-                f"segment at iteration {first}: balance {seg.balance} and global batch {seg.global_batch} must equal "
-                f"the other segments' ({plan.balance}, {plan.global_batch}): only the replicas change (a growing batch is not supported yet)"
+                f"segment at iteration {first}: balance {seg.balance} must equal the other segments' ({plan.balance}): "
+                "the stages stay fixed across a schedule (changing them is not supported yet)"
             )
         if seg.replicas > GROUP_SIZE:
             raise PlanError(

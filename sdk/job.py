@@ -64,6 +64,8 @@ class ManualPlan(TypedDict, total=False):
     sync: str | Sequence[str] | None
     aggregators: int | Sequence[int] | None
     fan_in: int | Sequence[int] | None
+    global_batch: Mapping[int, int]  # a growing batch, {first iteration: G} (sdk/dynamic.py)
+    lr_scale: Mapping[int, float]  # with it, {first iteration: lr factor}, cumulative (sdk/dynamic.py)
 
 
 @dataclass
@@ -712,12 +714,12 @@ class Job:
         """
         check_max_cost(max_cost)
         self.validate()
-        if plan is None and dynamic.is_schedule(manual.get("replicas")):  # dynamic workers (sdk/dynamic.py)
+        if plan is None and dynamic.wants_schedule(manual):  # dynamic workers (sdk/dynamic.py)
             plan = dynamic.manual_scheduled_plan(self, manual, self.manual_plan)
-        plan = self.as_run(plan if plan is not None else self.manual_plan(**manual))  # type: ignore[arg-type]  # replicas: an int here
+        plan = self.as_run(plan if plan is not None else self.manual_plan(**manual))  # type: ignore[arg-type, misc]  # replicas: an int here
         plan.validate(layers=self.layers)
-        if plan.global_batch != self.global_batch:
-            raise PlanError(f"plan.global_batch={plan.global_batch} differs from job.global_batch={self.global_batch}")
+        if plan.plan_at(0).global_batch != self.global_batch:  # a growing batch starts at the job's
+            raise PlanError(f"plan.global_batch={plan.plan_at(0).global_batch} differs from job.global_batch={self.global_batch}")
         self.check_plan(plan)
         for _, segment in plan.segments:  # each segment's d is checked as a plan of its own would be
             self.check_plan(segment)

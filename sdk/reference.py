@@ -22,7 +22,7 @@ reference's bits must not depend on the machine's core count.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
@@ -100,3 +100,37 @@ def _global_batch_statistics(norms: list[_BatchNorm]) -> Iterator[None]:
                 v.copy_(buffers[k])
             if seen[id(m)]:
                 m(torch.cat(seen[id(m)]))  # train mode: PyTorch's own update, once, from the global batch
+
+
+def train_reference_schedule(job: Job, global_batch: Mapping[int, int], lr_scale: Mapping[int, float] | None = None) -> nn.Sequential:
+    """Plain single-process PyTorch training of a growing global batch with a learning-rate rule
+    (Hydrozoa's AdaBatch policy, docs/runtime.md "Dynamic workers"): iteration t takes the next
+    ``global_batch``-at-t samples of the epoch's seeded permutation after iteration t-1's
+    (core/training.py batch_position), the whole batch at once, and from each key of ``lr_scale``
+    on every parameter group's learning rate is the factory's times the product of the factors so
+    far. It knows nothing of replicas, stages or segments: the distributed run must equal it."""
+    if job.scheduler is not None or job.deferred_batch_norm:
+        raise ValueError("train_reference_schedule: a learning-rate scheduler or deferred batch norm is not covered")
+    with _one_thread():
+        model = job.build_model().train()
+        layers = list(model)
+        optimizer = job.optimizer(list(model.parameters()))
+        base = [g["lr"] for g in optimizer.param_groups]
+        sizes = sorted(global_batch.items())
+        samples, n = job.samples, len(job.samples)
+        factor = 1.0
+        for t in range(job.iterations):
+            if lr_scale and t in lr_scale:
+                factor *= float(lr_scale[t])
+                for g, lr in zip(optimizer.param_groups, base):
+                    g["lr"] = lr * factor
+            size = [g for first, g in sizes if first <= t][-1]
+            batch = batch_indices(job.seed, t, n, size, sizes)
+            x, y = samples.batch(batch, job.transform, job.seed, epoch_of(t, n, size, sizes))
+            optimizer.zero_grad()
+            out = run_layers(layers, 0, as_dtype(x, job.dtype), job.seed, t, 0, 0)
+            torch.autograd.backward(job.loss(out, y))
+            if job.clip_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), job.clip_grad_norm)
+            optimizer.step()
+        return model

@@ -1,7 +1,9 @@
 """Dynamic workers (issue 27 item 1, docs/runtime.md "Dynamic workers"): the data-parallel degree
 changes at given iterations, with the global batch fixed, and the run still ends with the
-parameters of plain single-process PyTorch (float64, 1e-5). What the first slice does not run yet
-is refused before anything is deployed, naming what is not supported."""
+parameters of plain single-process PyTorch (float64, 1e-5); or the global batch grows with a
+learning-rate rule (Hydrozoa's AdaBatch policy), and the run ends with the parameters of the
+single-process reference of the same schedule (sdk/reference.py train_reference_schedule). What
+is not run yet is refused before anything is deployed, naming what is not supported."""
 
 import dataclasses
 import json
@@ -197,3 +199,146 @@ def test_a_plan_with_segments_given_whole_is_checked_as_a_schedule_is():
         job.run(plan=dataclasses.replace(plan.segments[0][1], segments=plan.segments), backend="no-such-backend")
     with pytest.raises(PlanError, match="warm state"):
         make_job("dyn-plan-warm", warm_state=True).run(plan=plan, backend="no-such-backend")
+
+
+# -- a growing global batch with a learning-rate rule (Hydrozoa's AdaBatch policy) -----------------------
+# (replicas, global batch, lr_scale, iterations): d 1 -> 2 with G 8 -> 16 and lr x 0.75; and d 1 -> 2
+# -> 4 with G 8 -> 16 -> 32 and lr x 0.75 twice over 7 iterations, whose last batches cross an epoch
+# (96 samples: offsets 0, 8, 16, 32, 48, then 80 + 32 > 96 starts epoch 1 at 0, then 32)
+ADABATCH = [
+    ({0: 1, 2: 2}, {0: 8, 2: 16}, {2: 0.75}, 5),
+    ({0: 1, 2: 2, 4: 4}, {0: 8, 2: 16, 4: 32}, {2: 0.75, 4: 0.75}, 7),
+]
+
+
+def test_a_growing_batch_takes_the_samples_after_the_previous_iteration_s():
+    from stagecoach.core.training import batch_indices, batch_position, derive_seed, epoch_of
+
+    n, sizes = 96, [(0, 8), (2, 16), (4, 32)]
+    perm = [torch.randperm(n, generator=torch.Generator().manual_seed(derive_seed(3, "data", e))) for e in (0, 1)]
+    batches = [batch_indices(3, t, n, 0, sizes) for t in range(7)]
+    assert torch.equal(torch.cat(batches[:5]), perm[0][:80])  # the cumulative offset, not t * G
+    assert torch.equal(torch.cat(batches[5:]), perm[1][:64])  # 16 samples left < 32: epoch 1
+    assert [epoch_of(t, n, 0, sizes) for t in range(7)] == [0, 0, 0, 0, 0, 1, 1]
+    for g in (7, 24, 96):  # a fixed batch: the same samples as ever, through either path
+        for t in range(30):
+            assert torch.equal(batch_indices(3, t, n, g), batch_indices(3, t, n, g, [(0, g)]))
+            assert batch_position(t, n, [(0, g), (10**6, g + 1)])[:2] == (t // (n // g), (t % (n // g)) * g)
+
+
+def test_a_growing_batch_s_plan_carries_each_segment_s_batch_and_learning_rate_factor():
+    plan = scheduled_plan(
+        {0: 1, 2: 2, 4: 4},
+        8,
+        lambda d: Plan(balance=(3, 2), replicas=d, global_batch=8, sync="k_reduce", aggregators=1),
+        global_batch={0: 8, 2: 16, 4: 32},
+        lr_scale={2: 0.75, 4: 0.75, 6: 0.5},
+    )
+    got = [(f, p.replicas, p.global_batch, p.lr_scale) for f, p in plan.segments]
+    assert got == [(0, 1, 8, 1.0), (2, 2, 16, 0.75), (4, 4, 32, 0.5625), (6, 4, 32, 0.28125)]
+    assert plan.batch_sizes() == ((0, 8), (2, 16), (4, 32)) and plan.lr_scale == 1.0
+    assert Plan.from_dict(plan.to_dict()) == plan
+    assert "lr_scale" not in _plan({0: 1, 2: 2}).to_dict()["segments"][1][1]  # a fixed batch's JSON as before
+
+
+def test_adabatch_doubles_the_batch_with_d_and_decays_the_learning_rate_by_0_75_per_doubling():
+    from stagecoach.dynamic import adabatch
+
+    got = adabatch({0: 1, 300: 2, 600: 8, 900: 4}, 16)
+    assert got == {
+        "replicas": {0: 1, 300: 2, 600: 8, 900: 4},
+        "global_batch": {0: 16, 300: 32, 600: 128, 900: 64},
+        "lr_scale": {300: 0.75, 600: 0.75**2, 900: 1 / 0.75},
+    }
+    with pytest.raises(PlanError, match="power of two"):
+        adabatch({0: 2, 10: 6}, 16)
+
+
+@pytest.mark.parametrize(
+    "options, run_options, words",
+    [
+        ({"epochs": 2, "iterations": None}, {"global_batch": {0: 24, 2: 48}}, "iterations="),
+        ({"scheduler": lambda o: torch.optim.lr_scheduler.StepLR(o, 2)}, {"replicas": {0: 1, 2: 2}, "lr_scale": {2: 0.75}}, "scheduler"),
+        ({}, {"replicas": {0: 1, 2: 2}, "global_batch": {0: 16, 2: 32}}, "starts at 16"),
+        ({}, {"global_batch": {0: 24, 2: 192}}, "larger than the training set"),
+        ({}, {"replicas": {0: 1, 2: 2}, "lr_scale": {2: -1}}, "positive"),
+        ({}, {"global_batch": {"epoch:1": 48, 0: 24}}, "by-epoch"),
+        ({}, {"lr_scale": {0: 0.5}}, "optimizer factory"),
+        ({}, {"replicas": {0: 1, 2: 2}, "global_batch": {0: 24, 2: 36}, "micro_batches": 4}, "not divisible"),
+    ],
+)
+def test_what_a_growing_batch_does_not_run_is_refused_up_front(options, run_options, words):
+    with pytest.raises(PlanError, match=words):
+        make_job("dyn-grow-refused", **options).run(stages=2, backend="no-such-backend", **run_options)
+
+
+@pytest.fixture(scope="module")
+def growing_runs():
+    from stagecoach.local.backend import LocalBackend  # the embedded stack: moto and a local Lambda runtime
+
+    backend = LocalBackend()
+    started = []
+    for i, (replicas, batches, scales, iterations) in enumerate(ADABATCH):
+        job = dataclasses.replace(make_job(f"dyn-grow-{i}", iterations=iterations), global_batch=8)
+        started.append(job.run(backend=backend, stages=2, replicas=replicas, global_batch=batches, lr_scale=scales))
+    for run in started:
+        run.wait(progress=False, poll_s=2.0, timeout_s=900)
+    yield started
+    backend.stack.close()
+
+
+@pytest.mark.parametrize("case", range(len(ADABATCH)), ids=[str(c[1]) for c in ADABATCH])
+def test_a_growing_batch_with_a_learning_rate_rule_trains_what_its_reference_trains(growing_runs, case):
+    from stagecoach.reference import train_reference_schedule
+
+    run = growing_runs[case]
+    replicas, batches, scales, iterations = ADABATCH[case]
+    assert run.status() == "SUCCEEDED"
+    expected = train_reference_schedule(run.job, batches, scales)  # the whole batch at once, no replicas
+    assert max_diff(run.trained_model(), expected) < 1e-5
+    assert max_diff(run.trained_model(), train_reference_schedule(run.job, batches)) > 1e-4  # the lr rule was applied
+    assert max_diff(run.trained_model(), train_reference(run.job)) > 1e-4  # and the batch grew
+    d = [[v for f, v in sorted(replicas.items()) if f <= t][-1] for t in range(iterations)]
+    assert backward_tasks(run) == d
+
+
+def test_a_window_restarted_at_a_learning_rate_change_steps_with_the_same_rate():
+    """The window fails at t = 2 (the first iteration of G 16 and lr x 0.75) and at t = 3: each next
+    attempt starts at its resume point and takes the factor from the plan of that iteration
+    (Plan.lr_scale of its segment, in job.json), so it trains what the reference trains."""
+    from stagecoach.local.backend import LocalBackend  # the embedded stack: moto and a local Lambda runtime
+    from stagecoach.reference import train_reference_schedule
+
+    once = [{"kind": "fail", "phase": "backward", "t": t, "stage": 0, "replica": 0} for t in (2, 3)]
+    faulty = LocalBackend(faults={"once": once})
+    try:
+        replicas, batches, scales, _ = ADABATCH[0]
+        job = dataclasses.replace(make_job("dyn-grow-restarts"), global_batch=8)
+        r = job.run(backend=faulty, stages=2, replicas=replicas, global_batch=batches, lr_scale=scales, timeout_s=12)
+        assert r.wait(progress=False, poll_s=1.0, timeout_s=600) == "SUCCEEDED"
+        windows = [json.loads(faulty.clients.sfn.describe_execution(executionArn=a)["input"])["first"] for a in r.window_executions()]
+        assert sorted(windows) == [0, 2, 3]
+        assert max_diff(r.trained_model(), train_reference_schedule(job, batches, scales)) < 1e-5
+    finally:
+        faulty.stack.close()
+
+
+def test_a_job_with_a_growing_batch_stopped_and_resumed_across_the_change_trains_what_its_reference_trains(backend):
+    """Stopped at an iteration boundary around the change (at 3), resumed to more iterations: the
+    resumed window continues the data order at the cumulative offset and steps with its segment's rate."""
+    from stagecoach.reference import train_reference_schedule
+
+    def grow_job(iterations: int) -> Job:
+        return dataclasses.replace(make_job("dyn-grow-stop", iterations=iterations, checkpoint_every=2), global_batch=8)
+
+    batches, scales = {0: 8, 3: 16}, {3: 0.75}
+    long = grow_job(1000).run(backend=backend, stages=2, replicas={0: 1, 3: 2}, global_batch=batches, lr_scale=scales)
+    while not long.metrics() or long.iterations_done() < 2:
+        time.sleep(0.5)
+    long.stop()
+    assert long.wait(progress=False, poll_s=1.0, timeout_s=600) == "STOPPED"
+    total = max(long.version() + 3, 6)
+    resumed = backend.resume(long.job_id, iterations=total, job=grow_job(1000))
+    assert resumed.wait(progress=False, poll_s=2.0, timeout_s=600) == "SUCCEEDED"
+    assert backward_tasks(resumed)[:total] == [1, 1, 1] + [2] * (total - 3)
+    assert max_diff(resumed.trained_model(), train_reference_schedule(grow_job(total), batches, scales)) < 1e-5
