@@ -3,6 +3,7 @@ group is cheaper than the group's bound, so pruning never loses the optimum."""
 
 import math
 import random
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.profile.layers import LayerProfile, ModelProfile
 from stagecoach.planner.solve.bounds import LowerBounds
 from stagecoach.planner.solve.bruteforce import all_plans
-from stagecoach.planner.solve.candidates import candidate_groups
+from stagecoach.planner.solve.candidates import Candidates, candidate_groups
 from stagecoach.planner.solve.objective import max_stages_for, objective_value, objective_weights
 
 MB = 2**20
@@ -44,21 +45,35 @@ def plan_groups(est, cands) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_group_bounds_never_exceed_a_plan_through_the_group(seed):
-    rng = random.Random(seed)
+@dataclass
+class Instance:
+    """A small random planning instance, solved by brute force: its candidate groups, every
+    feasible plan with its objective, and the lower bounds over the groups."""
+
+    cands: Candidates
+    plans: list
+    objs: list[float]
+    bounds: LowerBounds
+
+
+def random_instance(rng: random.Random) -> Instance:
     plat = aws_platform()
     L, d, b, m = rng.randint(3, 5), rng.choice([1, 2, 4]), rng.choice([1, 2]), rng.choice([1, 2, 4, 8, 16])
     tiers = (rng.choice(plat.tiers_mb[:-1]), 10240)
     prof = profile(rng, L)
     a1, a2 = rng.choice([(1, 0), (1, 2**19), (1, 2**22)])
     wc, wt = objective_weights(a1, a2)
-    smax = max_stages_for(d, L, 3)
     cands = candidate_groups(prof, plat, d, b, m, tiers, sync_algos=ALGOS)
     plans = [e for e in all_plans(prof, plat, d, b, m, tiers, 3, ALGOS) if e.feasible]
-    assert plans
     objs = [objective_value(e.cost, e.time_s, a1, a2) for e in plans]
-    bounds = LowerBounds(cands, wc, wt, plat, smax)
+    return Instance(cands, plans, objs, LowerBounds(cands, wc, wt, plat, max_stages_for(d, L, 3)))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_group_bounds_never_exceed_a_plan_through_the_group(seed):
+    inst = random_instance(random.Random(seed))
+    cands, plans, objs, bounds = inst.cands, inst.plans, inst.objs, inst.bounds
+    assert plans
     cutoff = sorted(objs)[len(objs) // 3]  # refining against a cutoff discards bands above it
     for pairs, limit in (
         (bounds.grid(3), math.inf),

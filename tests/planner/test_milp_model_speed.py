@@ -15,16 +15,13 @@ import numpy as np
 import pulp
 import pytest
 from test_milp import CASES
-from test_milp_bounds import ALGOS, plan_groups, profile
+from test_milp_bounds import plan_groups, random_instance
 from test_milp_speed_decomposition import assert_bruteforce_optimum
 
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.solve import search
-from stagecoach.planner.solve.bounds import LowerBounds
-from stagecoach.planner.solve.bruteforce import all_plans
-from stagecoach.planner.solve.candidates import candidate_groups
 from stagecoach.planner.solve.milp import _lin, _Var
-from stagecoach.planner.solve.objective import max_stages_for, objective_value, objective_weights, weighted_objective
+from stagecoach.planner.solve.objective import weighted_objective
 
 
 def _both(rng: random.Random, n: int) -> tuple[list[_Var], list[pulp.LpVariable]]:
@@ -68,18 +65,8 @@ def test_expressions_and_rows_are_pulps_to_the_last_bit(seed):
 def test_bounds_over_the_alive_groups_hold_below_the_cutoff(seed):
     """Groups whose bounds exceed a cutoff left out of the sweeps: the group and pair bounds
     still hold for every plan at or below the cutoff (and are at least the full sweeps')."""
-    rng = random.Random(100 + seed)
-    plat = aws_platform()
-    L, d, b, m = rng.randint(3, 5), rng.choice([1, 2, 4]), rng.choice([1, 2]), rng.choice([1, 2, 4, 8, 16])
-    tiers = (rng.choice(plat.tiers_mb[:-1]), 10240)
-    prof = profile(rng, L)
-    a1, a2 = rng.choice([(1, 0), (1, 2**19), (1, 2**22)])
-    wc, wt = objective_weights(a1, a2)
-    smax = max_stages_for(d, L, 3)
-    cands = candidate_groups(prof, plat, d, b, m, tiers, sync_algos=ALGOS)
-    plans = [e for e in all_plans(prof, plat, d, b, m, tiers, 3, ALGOS) if e.feasible]
-    objs = [objective_value(e.cost, e.time_s, a1, a2) for e in plans]
-    bounds = LowerBounds(cands, wc, wt, plat, smax)
+    inst = random_instance(random.Random(100 + seed))
+    cands, plans, objs, bounds = inst.cands, inst.plans, inst.objs, inst.bounds
     left_out = 0
     for v0 in (min(objs), sorted(objs)[len(objs) // 20], sorted(objs)[len(objs) // 4]):
         cutoff = v0 * (1 + 1e-9) + 1e-6  # the search's own margin (objective.REL_TOL) is larger
