@@ -36,6 +36,22 @@ def asl_validator():
     return exe
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _the_shared_stack_outlives_each_module(request: pytest.FixtureRequest):
+    """A bare LocalBackend() is the process's one shared stack, the session's ``backend``: a module
+    that closes it (``backend.stack.close()`` on its own LocalBackend()) fails every later stack test
+    with connection errors far from the cause. Name the module that did it instead."""
+    yield
+    local = sys.modules.get("stagecoach.local.backend")  # not imported: no stack was started
+    shared = local.LocalBackend._shared if local is not None else None
+    if shared is not None and not shared.alive() and not getattr(shared, "_reported_dead", False):
+        shared._reported_dead = True
+        pytest.fail(
+            f"{request.module.__name__} left the session's shared local stack dead: a LocalBackend() without "
+            "options is that stack, never close it (use the `backend` fixture, or a stack of its own: faults=...)"
+        )
+
+
 _STACK_FIXTURES = {"backend"}
 
 

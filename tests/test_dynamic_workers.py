@@ -114,17 +114,15 @@ def test_what_the_first_slice_does_not_run_is_refused_up_front(options, run_opti
 
 
 @pytest.fixture(scope="module")
-def runs():
-    from stagecoach.local.backend import LocalBackend  # the embedded stack: moto and a local Lambda runtime
-
-    backend = LocalBackend()
+def runs(backend):
+    """The schedules' runs, started together on the session's stack (tests/conftest.py: a
+    LocalBackend() is the process's one shared stack, which no test may close)."""
     started = {
         str(s): make_job(f"dyn-{i}").run(backend=backend, stages=2, replicas=s, micro_batches=m) for i, (s, m) in enumerate(SCHEDULES)
     }
     for run in started.values():
         run.wait(progress=False, poll_s=2.0, timeout_s=900)
-    yield started
-    backend.stack.close()
+    return started
 
 
 @pytest.mark.parametrize("schedule", [s for s, _ in SCHEDULES], ids=str)
@@ -273,18 +271,15 @@ def test_what_a_growing_batch_does_not_run_is_refused_up_front(options, run_opti
 
 
 @pytest.fixture(scope="module")
-def growing_runs():
-    from stagecoach.local.backend import LocalBackend  # the embedded stack: moto and a local Lambda runtime
-
-    backend = LocalBackend()
+def growing_runs(backend):
+    """As ``runs``: on the session's shared stack, which no test may close."""
     started = []
     for i, (replicas, batches, scales, iterations) in enumerate(ADABATCH):
         job = dataclasses.replace(make_job(f"dyn-grow-{i}", iterations=iterations), global_batch=8)
         started.append(job.run(backend=backend, stages=2, replicas=replicas, global_batch=batches, lr_scale=scales))
     for run in started:
         run.wait(progress=False, poll_s=2.0, timeout_s=900)
-    yield started
-    backend.stack.close()
+    return started
 
 
 @pytest.mark.parametrize("case", range(len(ADABATCH)), ids=[str(c[1]) for c in ADABATCH])
