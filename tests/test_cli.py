@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from helpers import tiny_job
 
 from stagecoach.planner.plan import DEFAULT_FAN_IN
@@ -68,6 +69,7 @@ def test_the_resnet_example_trains_with_batchnorm_and_plans_whole_batches(tmp_pa
     assert plans and all(" 1x64 " in line for line in plans)  # one replica, one micro-batch of 64
 
 
+@pytest.mark.slow  # tuples across cuts: tests/test_exactness.py, fast
 def test_the_amoebanet_example_trains_with_pairs_across_cuts(tmp_path):
     """examples/amoebanet.py: the zoo's AmoebaNet-D cells on three stages, (state, skip) tuples
     crossing both cuts through the state machines."""
@@ -77,6 +79,7 @@ def test_the_amoebanet_example_trains_with_pairs_across_cuts(tmp_path):
     assert "after 4 iterations" in r.stdout and "test accuracy" in r.stdout
 
 
+@pytest.mark.slow  # a BERT cut at blocks: tests/test_any_model.py trains one exactly
 def test_the_bert_example_is_cut_from_its_graph_and_trains(tmp_path):
     """examples/bert.py: an nn.Module (not an nn.Sequential) cut at ``blocks``; ids, mask and hidden
     states cross the cuts; the tied decoder comes back tied in model.safetensors."""

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import max_diff
+from helpers import max_diff, selected
 from torch import nn
 
 from stagecoach import Job
@@ -114,18 +114,25 @@ def test_what_the_first_slice_does_not_run_is_refused_up_front(options, run_opti
 
 
 @pytest.fixture(scope="module")
-def runs(backend):
-    """The schedules' runs, started together on the session's stack (tests/conftest.py: a
+def runs(backend, request):
+    """The selected schedules' runs, started together on the session's stack (tests/conftest.py: a
     LocalBackend() is the process's one shared stack, which no test may close)."""
+    calls = [getattr(i, "callspec", None) for i in request.session.items if i.path == request.path]
+    wanted = {str(c.params["schedule"]) for c in calls if c and "schedule" in c.params}  # dicts: not hashable for helpers.selected
     started = {
-        str(s): make_job(f"dyn-{i}").run(backend=backend, stages=2, replicas=s, micro_batches=m) for i, (s, m) in enumerate(SCHEDULES)
+        str(s): make_job(f"dyn-{i}").run(backend=backend, stages=2, replicas=s, micro_batches=m)
+        for i, (s, m) in enumerate(SCHEDULES)
+        if str(s) in wanted
     }
     for run in started.values():
         run.wait(progress=False, poll_s=2.0, timeout_s=900)
     return started
 
 
-@pytest.mark.parametrize("schedule", [s for s, _ in SCHEDULES], ids=str)
+# the default run changes d once; the rest (a shrink, two changes) are `-m slow`
+@pytest.mark.parametrize(
+    "schedule", [pytest.param(s, id=str(s), marks=() if i == 0 else pytest.mark.slow) for i, (s, _) in enumerate(SCHEDULES)]
+)
 def test_a_changing_d_trains_what_plain_pytorch_trains(runs, schedule):
     run = runs[str(schedule)]
     expected = train_reference(run.job)  # the whole global batch at once: knows nothing of replicas
@@ -271,18 +278,21 @@ def test_what_a_growing_batch_does_not_run_is_refused_up_front(options, run_opti
 
 
 @pytest.fixture(scope="module")
-def growing_runs(backend):
+def growing_runs(backend, request):
     """As ``runs``: on the session's shared stack, which no test may close."""
-    started = []
+    wanted = selected(request, "case")
+    started = {}
     for i, (replicas, batches, scales, iterations) in enumerate(ADABATCH):
+        if i not in wanted:
+            continue
         job = dataclasses.replace(make_job(f"dyn-grow-{i}", iterations=iterations), global_batch=8)
-        started.append(job.run(backend=backend, stages=2, replicas=replicas, global_batch=batches, lr_scale=scales))
-    for run in started:
+        started[i] = job.run(backend=backend, stages=2, replicas=replicas, global_batch=batches, lr_scale=scales)
+    for run in started.values():
         run.wait(progress=False, poll_s=2.0, timeout_s=900)
     return started
 
 
-@pytest.mark.parametrize("case", range(len(ADABATCH)), ids=[str(c[1]) for c in ADABATCH])
+@pytest.mark.parametrize("case", [pytest.param(i, id=str(c[1]), marks=() if i == 0 else pytest.mark.slow) for i, c in enumerate(ADABATCH)])
 def test_a_growing_batch_with_a_learning_rate_rule_trains_what_its_reference_trains(growing_runs, case):
     from stagecoach.reference import train_reference_schedule
 
@@ -297,6 +307,7 @@ def test_a_growing_batch_with_a_learning_rate_rule_trains_what_its_reference_tra
     assert backward_tasks(run) == d
 
 
+@pytest.mark.slow  # a window restarted in its segment: test_a_failed_window_restarts_in_the_segment_of_its_resume_point
 def test_a_window_restarted_at_a_learning_rate_change_steps_with_the_same_rate():
     """The window fails at t = 2 (the first iteration of G 16 and lr x 0.75) and at t = 3: each next
     attempt starts at its resume point and takes the factor from the plan of that iteration
@@ -318,6 +329,7 @@ def test_a_window_restarted_at_a_learning_rate_change_steps_with_the_same_rate()
         faulty.stack.close()
 
 
+@pytest.mark.slow  # stop/resume across a change: test_a_job_stopped_and_resumed_across_a_change_trains_what_plain_pytorch_trains
 def test_a_job_with_a_growing_batch_stopped_and_resumed_across_the_change_trains_what_its_reference_trains(backend):
     """Stopped at an iteration boundary around the change (at 3), resumed to more iterations: the
     resumed window continues the data order at the cumulative offset and steps with its segment's rate."""

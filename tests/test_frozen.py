@@ -139,7 +139,9 @@ def frozen_runs(request):
     backend.stack.close()
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# 3x1x4 (read by test_no_gradient_is_sent_to_a_frozen_backbone), 2x3x2 and the frozen middle by
+# default; one stage and the scheduler's case are `-m slow`
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow if c in ("1x1x1", "3x1x2-steplr") else ()) for c in CASES])
 def test_frozen_parameters_train_exactly_as_plain_pytorch(frozen_runs, case):
     _, _, (_, d, m), _, _ = CASES[case]
     run = frozen_runs[case]

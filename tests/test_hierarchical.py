@@ -57,7 +57,8 @@ def algorithms(d: int) -> list[tuple[str, int]]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-@pytest.mark.parametrize("d,fan_in", [(3, 2), (5, 2), (5, 3), (7, 2), (7, 3)])
+# the default run: the smallest tree and one with two levels of blocks; the rest `-m slow`
+@pytest.mark.parametrize("d,fan_in", [(3, 2), (7, 3), *(pytest.param(*c, marks=pytest.mark.slow) for c in [(5, 2), (5, 3), (7, 2)])])
 def test_every_algorithm_trains_plain_pytorchs_bits_at_d_above_the_fan_in(d, fan_in, dtype, small_chunks):
     """Three iterations of Adam on real gradients: every algorithm (the hierarchical chain with K = 1,
     2 and d: B = 2..4 links of several chunks per shard) equals one optimizer stepping on the

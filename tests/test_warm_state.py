@@ -146,7 +146,9 @@ def job_functions(r) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("sync", ["scatter_reduce", "pipelined_scatter_reduce", "lambdaml_scatter_reduce"])
+@pytest.mark.parametrize(
+    "sync", ["pipelined_scatter_reduce", *(pytest.param(a, marks=pytest.mark.slow) for a in ("scatter_reduce", "lambdaml_scatter_reduce"))]
+)
 def test_with_replicas_every_worker_has_a_function_and_keeps_its_shards_state_warm(backend, stored_replicated, sync):
     warm = run_replicated(backend, f"warm-d2-{sync[:4]}", warm=True, sync=sync)
     assert same_parameters(warm.trained_model(), stored_replicated.trained_model())
