@@ -21,7 +21,9 @@ benchmarks/planner.py (b) plans them, SGD as FuncPipe §5.1), it prints in one r
    end, over the iterations);
 5. the issue's targets as measured ratios: the demo's measured cost Standard / Express (target
    >= 2.5x) and its seconds per iteration Express / Standard (target <= 1), and the orchestration
-   share of the paper-scale plans' predicted cost after (target < 10%). Printed, not asserted: the
+   share of the paper-scale plans' predicted cost after (target < 10%), with, per paper plan, the
+   chunks per shard the planner chose (Plan.chunks) beside the same plan cut by the size rule
+   (planner/plan.py chunk_count): its cost, seconds and share. Printed, not asserted: the
    machine is shared and the local times are noisy.
 
 Run: python benchmarks/cost.py [--iterations 30] [--predicted-only] [--local demo,bert] [--batch 256]
@@ -43,6 +45,8 @@ from stagecoach.core.cost import Usage
 from stagecoach.cost import CostReport, WindowRun, predict
 from stagecoach.local.backend import LocalBackend
 from stagecoach.planner.emit import workflow
+from stagecoach.planner.model.chunking import chunk_candidates
+from stagecoach.planner.model.perfmodel import evaluate
 from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.plan import PlanError
 from stagecoach.planner.profile.zoo import zoo_profile
@@ -76,6 +80,11 @@ class Case:
     auto: str
     why: str
     s_per_iteration: float
+    # a paper plan's chunks per shard (Plan.chunks, the planner's choice) and the size rule's, and the
+    # same plan with the rule's C, priced with the auto workflow and its seconds per iteration
+    chunks: str = ""
+    rule: CostReport | None = None
+    rule_s_per_iteration: float = 0.0
 
 
 def components(report: CostReport) -> dict[str, float]:
@@ -135,7 +144,16 @@ def paper_case(model: str, batch: int, iterations: int, time_limit: float) -> Ca
     cfg = est.config
     tiers = f"{min(cfg.tiers_mb)}-{max(cfg.tiers_mb)}" if min(cfg.tiers_mb) < max(cfg.tiers_mb) else str(cfg.tiers_mb[0])
     label = f"{model} G={batch} d={cfg.replicas} S={cfg.stages} {tiers} MB"
-    return Case(label, predicted, auto.workflow.lower(), auto.why_not if auto.express_usd is None else "", est.time_s)
+    # the same plan cut by the size rule (Plan.chunks 0): what the planner's choice of C changed
+    rule_cfg = dataclasses.replace(cfg, sync=tuple(dataclasses.replace(c, chunks=0) for c in cfg.sync))
+    rule_est = evaluate(rec.profile, rule_cfg, rec.platform)
+    rule_plan = dataclasses.replace(plan, chunks=(0,) * plan.stages)
+    windows = WindowRun(auto.workflow, auto.window_length, auto.memory_mb)
+    rule = predict(rule_plan, rule_est, iterations, rec.platform, windows=windows)
+    sizes = tuple(chunk_candidates(rec.profile, cfg, s)[-1] for s in range(cfg.stages))
+    chunks = f"C={','.join(map(str, plan.chunks))} (size rule {','.join(map(str, sizes))})"
+    why = auto.why_not if auto.express_usd is None else ""
+    return Case(label, predicted, auto.workflow.lower(), why, est.time_s, chunks, rule, rule_est.time_s)
 
 
 @dataclass(frozen=True)
@@ -254,6 +272,12 @@ def print_targets(cases: list[Case], runs: list[Measured], paper: int) -> None:
         print(
             f"   {case.name}: orchestration {100 * share:.1f}% of the predicted cost after (target < 10%: {'met' if share < 0.10 else 'NOT met'})"
         )
+        if case.rule is not None:
+            print(
+                f"      chunks per shard {case.chunks}: {_m(after.usd, after.iterations).strip()} m$, {case.s_per_iteration:.3f} s/iter; "
+                f"with the size rule's {_m(case.rule.usd, case.rule.iterations).strip()} m$, {case.rule_s_per_iteration:.3f} s/iter, "
+                f"orchestration {100 * orchestration_share(case.rule):.1f}%"
+            )
 
 
 def main() -> None:

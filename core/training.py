@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from stagecoach.core import boundary
-from stagecoach.planner.plan import chunk_count, writes_through
+from stagecoach.planner.plan import stage_chunks, writes_through
 
 # The dtypes a job may train in, by the names its spec carries.
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -273,16 +273,17 @@ def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
     return out
 
 
-def stage_layout(numel: int, itemsize: int, shards: int, replicas: int) -> list[list[tuple[int, int]]]:
+def stage_layout(numel: int, itemsize: int, shards: int, replicas: int, chunks: int = 0) -> list[list[tuple[int, int]]]:
     """Per shard, its chunks as [start, end) ranges of the stage's flat vector.
 
-    Everyone derives the same layout from the stage's size and the plan (shards = K, replicas = d),
-    so object keys need no manifest; the chunk count is part of the runtime contract (planner/plan.py
-    ``chunk_count``), which the performance model reads too.
+    Everyone derives the same layout from the stage's size and the plan (shards = K, replicas = d,
+    chunks = the plan's C for the stage, 0 for the size rule), so object keys need no manifest; the
+    chunk count is part of the runtime contract (planner/plan.py ``stage_chunks``), which the
+    performance model reads too, so what it predicts is what runs.
     """
     out = []
     for a, b in shard_bounds(numel, shards):
-        n = chunk_count(b - a, itemsize, replicas)
+        n = stage_chunks(chunks, b - a, itemsize, replicas)
         out.append([(a + x, a + y) for x, y in shard_bounds(b - a, n)])
     return out
 

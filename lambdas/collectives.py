@@ -82,6 +82,9 @@ class SyncSpec:
     # the gradient's dtype when each replica writes it as one object (keys.gradient, one shard of
     # one chunk after the other: syncmodel.one_gradient_object); None: one object per chunk (keys.gshard)
     one_object: torch.dtype | None = None
+    # FasDL's HAP (planner/hap.py): non-aggregators compute iteration t on version t-1, so a shard's
+    # stored parameters are kept one version longer (``forget_old_version``)
+    stale_readers: bool = False
 
     @property
     def shards(self) -> int:
@@ -218,14 +221,23 @@ def store_chunk(
 
 def forget_old_version(ch: Channel, spec: SyncSpec, shard: int) -> None:
     """Version t-1 of a shard is no longer read by anyone, unless it is the window's checkpoint
-    (whose read copies go all the same: a restart reads the stored version)."""
+    (whose read copies go all the same: a restart reads the stored version).
+
+    Under HAP (``spec.stale_readers``, planner/hap.py) a non-aggregator computes iteration v on
+    version v-1, so a window attempt that starts at v (a restart at its checkpoint, or at the
+    latest complete version: lambdas/resumepoint.py; a resumed job) reads version v-1 too. The
+    stored parameters are therefore kept one iteration longer: this task deletes those of t-2 (by
+    now neither iteration t+1's tasks nor an attempt starting at t or t+1 reads them), never the
+    window's first version w nor w-1. The optimizer state of t-1 goes as always."""
     v = spec.t - 1
     if v < 0:
         return
     ks = [keys.params_copy(spec.job, v, spec.stage, shard, c) for c in spec.chunks(shard)] if reads_copies(spec) else []
     if v != spec.window_start:
-        ks += [keys.params(spec.job, v, spec.stage, shard, c) for c in spec.chunks(shard)]
         ks += [keys.optim(spec.job, v, spec.stage, shard, c) for c in spec.chunks(shard)]
+    old, kept = (v - 1, (spec.window_start, spec.window_start - 1)) if spec.stale_readers else (v, (spec.window_start,))
+    if old >= 0 and old not in kept:
+        ks += [keys.params(spec.job, old, spec.stage, shard, c) for c in spec.chunks(shard)]
     if ks:
         ch.submit_delete(ks)
 

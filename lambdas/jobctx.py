@@ -38,6 +38,7 @@ from stagecoach.lambdas.clipping import Clip
 from stagecoach.lambdas.collectives import Layout, SyncSpec, gather, read_range
 from stagecoach.lambdas.datafetch import RemoteSamples
 from stagecoach.lambdas.stageio import ChainIO, KeyedIO, StageIO
+from stagecoach.planner import hap
 from stagecoach.planner.model.syncmodel import one_gradient_object
 from stagecoach.planner.plan import Plan
 from stagecoach.planner.profile.flows import routes
@@ -194,7 +195,7 @@ class JobContext:
         own = next(iter(self.own.values())) if self.own else self.ownership(stage)
         numel = own.numel(stage)
         itemsize = torch.empty(0, dtype=master_dtype(self.dtype)).element_size()  # the stored parameters'
-        return stage_layout(numel, itemsize, self.plan.grad_shards(stage), self.plan.replicas)
+        return stage_layout(numel, itemsize, self.plan.grad_shards(stage), self.plan.replicas, self.plan.chunks[stage])
 
     @property
     def batch_sizes(self) -> tuple[tuple[int, int], ...] | None:
@@ -248,7 +249,17 @@ class JobContext:
             group_hparams=self.hparams(t),
             clip=self.clip,
             one_object=self.one_gradient_object(stage),
+            stale_readers=self.hap_split is not None,
         )
+
+    @property
+    def hap_split(self) -> hap.HapSplit | None:
+        """FasDL's HAP configuration when the plan runs sync "k_reduce_hap" (one stage: planner/hap.py
+        ``plan_problem``): the unequal cut, each replica's loss weight and parameter version
+        (lambdas/phases.py). None for every other plan."""
+        if self.plan.sync[0] != hap.HAP_SYNC:
+            return None
+        return hap.split_of(self.plan)
 
     def one_gradient_object(self, stage: int) -> torch.dtype | None:
         """The gradient's dtype if each replica writes ``stage``'s gradient as one object (the

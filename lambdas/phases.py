@@ -38,7 +38,25 @@ from stagecoach.planner.plan import FUSED_SYNC
 def _rows(ctx: JobContext, t: int, replica: int, mb: int) -> torch.Tensor:
     plan = ctx.plan
     batch = batch_indices(ctx.seed, t, ctx.spec.dataset.n_train, plan.global_batch, ctx.batch_sizes)
+    split = ctx.hap_split
+    if split is not None:  # FasDL's unequal cut: aggregators' B^a samples first, then B^n each
+        return split.rows(batch, replica, mb)
     return micro_batch(batch, plan.replicas, plan.micro_batches, replica, mb)
+
+
+def _param_version(ctx: JobContext, t: int, replica: int) -> int:
+    """The parameter version replica r computes iteration t's gradient on: t, or under HAP
+    (planner/hap.py) max(t - 1, 0) for a non-aggregator, which reads the version before the one
+    iteration t - 1's sync Map made (its sync task keeps it: collectives.forget_old_version)."""
+    split = ctx.hap_split
+    return t if split is None else split.param_version(t, replica)
+
+
+def _loss_scale(ctx: JobContext, replica: int) -> float:
+    """The factor on a micro-batch's mean loss so the gradients sum to the global batch's mean:
+    1 / (d m), or under HAP the micro-batch's share of the global batch (HapSplit.weight)."""
+    split = ctx.hap_split
+    return 1.0 / (ctx.plan.micro_batches * ctx.plan.replicas) if split is None else split.weight(replica)
 
 
 def _inputs(
@@ -108,7 +126,7 @@ def _commit_batch_stats(ctx: JobContext, ch: Channel, ev: BackwardEvent, record:
 def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -> dict[str, Any]:
     s, r, t = ev.stage, ev.replica, ev.t
     warm = ctx.warm_attempt(ch, s, ev.window_start, ev.attempt)
-    layers = ctx.ensure_params(ch, s, t, deadline, ev.window_start, warm)
+    layers = ctx.ensure_params(ch, s, _param_version(ctx, t, r), deadline, ev.window_start, warm)
     # what this worker wrote two iterations ago, deleted while it computes: a request's latency
     # at the task's end would be on the iteration's critical path
     _forget_iteration(ctx, ch, t - 2, s, r)
@@ -126,10 +144,21 @@ def backward(ctx: JobContext, ch: Channel, ev: BackwardEvent, deadline: float) -
         _commit_batch_stats(ctx, ch, ev, record, deadline)
     out: dict[str, Any] = {"grad_norm": spec.norms[-1]} if spec.norms else {}
     if s == ctx.plan.stages - 1:
-        out["loss"] = sum(losses) / len(losses)
+        out["loss"] = _replica_loss(ctx, r, losses)
         if ctx.schedule is not None:  # the learning rate this iteration trained with, per parameter group
             out["lr"] = ctx.schedule.lrs(t)
     return out
+
+
+def _replica_loss(ctx: JobContext, replica: int, losses: list[float]) -> float:
+    """The loss the task reports, whose plain mean over the d replicas is the global batch's mean
+    (stagecoach.metrics mean_loss): its micro-batches' mean; under HAP's unequal cut, d times its
+    weighted share, d * sum_j weight(r) * loss_j (equal to the mean when every replica has G / d
+    samples), so the run's loss is the reference's (stagecoach.reference_hap)."""
+    split = ctx.hap_split
+    if split is None:
+        return sum(losses) / len(losses)
+    return split.replicas * sum(loss * split.weight(replica) for loss in losses)
 
 
 @contextmanager
@@ -177,7 +206,7 @@ def _backward_passes(
     upstream_trains = trains_up_to(ctx.ownership(s), s - 1)
     first = plan.stage_layers(s).start
     io = ctx.stage_io(s)
-    scale = 1.0 / (plan.micro_batches * plan.replicas)
+    scale = _loss_scale(ctx, r)
     losses = []
     # A later stage's inputs have been in S3 since the forward phase: the next micro-batch's
     # downloads while this one waits for its output's gradient (a middle stage) and computes, so

@@ -7,8 +7,8 @@ merged parameters. It does not train what plain PyTorch trains, so it is a sync 
 ``HAP_SYNC``, that a job must ask for by name; docs/exactness.md "FasDL's HAP" states the
 semantics, stagecoach.reference_hap computes them in one process.
 
-This module is the one definition both the single-process reference and the planner's checks read
-(and the runtime will read): who is an aggregator, how the global batch is cut, which parameter
+This module is the one definition the single-process reference, the planner's checks and the
+runtime (lambdas/phases.py) read: who is an aggregator, how the global batch is cut, which parameter
 version each replica computes on. It imports nothing (not even torch), so that planner/plan.py
 can ask it why a plan is refused.
 """
@@ -30,7 +30,7 @@ class Indices(Protocol):
 I = TypeVar("I", bound=Indices)
 
 
-HAP_SYNC = "k_reduce_hap"  # the sync mode's name (not in planner/plan.py SYNC_ALGORITHMS: no runtime runs it yet)
+HAP_SYNC = "k_reduce_hap"  # the sync mode's name (not in planner/plan.py SYNC_ALGORITHMS: no planner chooses it)
 
 
 @dataclass(frozen=True)
@@ -132,16 +132,46 @@ class HapSplit:
             raise ValueError(f"replica {replica} of {self.replicas}")
 
 
-def plan_refusal(stage: int, stages: int) -> str:
-    """Why a plan whose stage ``stage`` names HAP is refused, and what to do (planner/plan.py):
-    HAP is data-parallel (FasDL's), and the distributed runtime does not run it yet."""
-    if stages != 1:
+class HapPlan(Protocol):
+    """What HAP reads of a plan (planner/plan.py Plan; this module does not import it: plan.py imports this one)."""
+
+    @property
+    def stages(self) -> int: ...
+    @property
+    def replicas(self) -> int: ...
+    @property
+    def micro_batches(self) -> int: ...
+    @property
+    def global_batch(self) -> int: ...
+    @property
+    def aggregators(self) -> tuple[int, ...]: ...
+    @property
+    def hap_extra(self) -> int: ...
+
+
+def split_of(plan: HapPlan) -> HapSplit:
+    """The HAP configuration a one-stage plan names: d = its replicas, K = its aggregators, G, its
+    ``hap_extra`` and m (the runtime's and the reference's split: they must agree)."""
+    return HapSplit(plan.replicas, plan.aggregators[0], plan.global_batch, plan.hap_extra, plan.micro_batches)
+
+
+def plan_problem(plan: HapPlan, stage: int) -> str | None:
+    """Why a plan whose stage ``stage`` names HAP is refused, and what to do (planner/plan.py);
+    None when the runtime runs it: one stage (HAP is data-parallel, FasDL's), and a split HapSplit
+    admits. The runtime runs a one-stage plan (lambdas/phases.py): the unequal cut, and
+    non-aggregators computing on the previous version."""
+    if plan.stages != 1:
         return (
-            f"plan.sync[{stage}]={HAP_SYNC!r}: FasDL's HAP is data-parallel only, but the plan has {stages} stages: "
+            f"plan.sync[{stage}]={HAP_SYNC!r}: FasDL's HAP is data-parallel only, but the plan has {plan.stages} stages: "
             f"use stages=1 (balance of one stage), or sync 'k_reduce' for a pipelined plan"
         )
-    return (
-        f"plan.sync[{stage}]={HAP_SYNC!r}: FasDL's HAP trains with stale gradients, not what plain PyTorch trains, "
-        "and the distributed runtime does not run it yet (issue 27): use sync 'k_reduce' (FasDL's K-reduce, exact), "
-        "or compute HAP's semantics with stagecoach.reference_hap.train_reference_hap (docs/exactness.md \"FasDL's HAP\")"
-    )
+    problem = HapSplit.problem(_Unchecked(plan.replicas, plan.aggregators[0], plan.global_batch, plan.hap_extra, plan.micro_batches))
+    return None if problem is None else f"plan.sync[{stage}]={HAP_SYNC!r}: {problem}"
+
+
+@dataclass(frozen=True)
+class _Unchecked(HapSplit):
+    """A split not checked on construction, for ``plan_problem`` to ask what is wrong with it."""
+
+    def __post_init__(self) -> None:
+        pass

@@ -126,6 +126,9 @@ class Plan:
     phase_watchers: whether each window phase runs beside a phase watcher (lambdas/watcher.py),
                     where the plan allows one (limits.watchable); False: the phases' learnt Task
                     timeouts alone end a hung task (Job.phase_watchers).
+    chunks:         per stage, C: the chunks each gradient/parameter shard is cut into (``stage_chunks``);
+                    0 = the size rule ``chunk_count``; the planner records the C its predicted cost
+                    chose (planner/model/chunking.py). Changes no bits: a chunk is a range of a shard.
     """
 
     balance: tuple[int, ...]
@@ -148,6 +151,10 @@ class Plan:
     # a segment's learning-rate multiplier (a growing global batch, planner/segments.py): every
     # parameter group's lr is the optimizer factory's times this, from the segment's first iteration
     lr_scale: float = 1.0
+    chunks: tuple[int, ...] = ()
+    # FasDL's HAP (sync "k_reduce_hap", planner/hap.py): the extra samples each non-aggregator
+    # takes beyond each aggregator per iteration (HapSplit.extra); 0 for every other sync
+    hap_extra: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "balance", _int_tuple("balance", self.balance))
@@ -164,6 +171,7 @@ class Plan:
             object.__setattr__(self, "fan_in", (self.fan_in,) * n)
         else:
             object.__setattr__(self, "fan_in", _int_tuple("fan_in", self.fan_in))
+        object.__setattr__(self, "chunks", _per_stage_ints("chunks", self.chunks, n, 0))
         if not self.aggregators:
             fans = self.fan_in if len(self.fan_in) == len(self.sync) else (DEFAULT_FAN_IN,) * len(self.sync)
             object.__setattr__(self, "aggregators", tuple(_default_k(a, self.replicas, f) for a, f in zip(self.sync, fans)))
@@ -268,6 +276,7 @@ class Plan:
         self._check_batch()
         self._check_per_stage_lengths()
         self._check_sync()
+        self._check_chunks()
         self._check_concurrency()  # after the per-stage settings sync_tasks reads
         self._check_memory()
         self._check_prediction()
@@ -293,7 +302,7 @@ class Plan:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise PlanError(f"plan.{name}={v!r}: must be a positive integer")
         per = self.replicas * self.micro_batches
-        if self.global_batch % per:
+        if self.global_batch % per and hap.HAP_SYNC not in self.sync:  # HAP's unequal cut: planner/hap.py checks it
             raise PlanError(
                 f"global batch {self.global_batch} is not divisible into {self.replicas} replicas x "
                 f"{self.micro_batches} micro-batches: choose a global batch that is a multiple of {per}"
@@ -321,6 +330,7 @@ class Plan:
             ("sync", self.sync),
             ("aggregators", self.aggregators),
             ("fan_in", self.fan_in),
+            ("chunks", self.chunks),
             ("memory_mb", self.memory_mb),
             ("timeouts_s", self.timeouts_s),
         ):
@@ -331,9 +341,14 @@ class Plan:
         """Each stage's algorithm is one the runtime runs, with a K it admits (only k_reduce lets the user choose).
         The fan-in first: a hierarchical stage's default K follows from it."""
         self._check_fan_in()
+        if self.hap_extra and hap.HAP_SYNC not in self.sync:
+            raise PlanError(f"plan.hap_extra={self.hap_extra!r} is for sync {hap.HAP_SYNC!r} (FasDL's unequal partitioning): give 0")
         for s, algo in enumerate(self.sync):
-            if algo == hap.HAP_SYNC:  # FasDL's HAP: opt-in by name, refused until the runtime runs it (planner/hap.py)
-                raise PlanError(hap.plan_refusal(s, len(self.sync)))
+            if algo == hap.HAP_SYNC:  # FasDL's HAP: opt-in by name, one stage only (planner/hap.py)
+                problem = hap.plan_problem(self, s)
+                if problem is not None:
+                    raise PlanError(problem)
+                continue
             if algo not in SYNC_ALGORITHMS:
                 raise PlanError(f"plan.sync[{s}]={algo!r} is unknown: choose one of {', '.join(SYNC_ALGORITHMS)}")
             k, d = self.aggregators[s], self.replicas
@@ -345,6 +360,22 @@ class Plan:
                     f"plan.aggregators[{s}]={k} does not fit sync {algo!r}, which uses K={want}: use sync 'k_reduce' "
                     "or 'hierarchical' to choose K yourself"
                 )
+
+    def _check_chunks(self) -> None:
+        """Each stage's C is 0 (the size rule) or 1..MAX_CHUNKS; a stage of one replica exchanges
+        nothing, so its shard is one object (0 or 1)."""
+        for s, c in enumerate(self.chunks):
+            if not 0 <= c <= MAX_CHUNKS:
+                raise PlanError(
+                    f"plan.chunks[{s}]={c}: give 1..{MAX_CHUNKS} chunks per shard, or 0 for the size rule (planner/plan.py chunk_count)"
+                )
+            if c > 1 and self.replicas == 1:
+                raise PlanError(f"plan.chunks[{s}]={c} with 1 replica: nothing is exchanged, a shard is one object; give 0 or 1")
+        if self.segments and any(any(p.chunks) for p in (self, *(seg for _, seg in self.segments))):
+            raise PlanError(
+                "plan.chunks with dynamic workers (segments): a change of d re-lays the shards by the size rule "
+                "(sdk/dynamic.py), so every segment's chunks must be 0"
+            )
 
     def _check_fan_in(self) -> None:
         """Each stage's fan-in is an aggregator's count of inputs: at least 2; a hierarchical stage's
@@ -406,6 +437,9 @@ class Plan:
         d["memory_mb"] = list(self.memory_mb)
         d["timeouts_s"] = [dict(t) for t in self.timeouts_s]
         d["fan_in"] = list(self.fan_in)
+        d["chunks"] = list(self.chunks)
+        if not any(self.chunks):  # the size rule everywhere: the plan reads as it did before the field
+            d.pop("chunks")
         d["prediction"] = None if self.prediction is None else self.prediction.to_dict()
         d.pop("segments")  # a fixed d's plan reads as it always did
         if self.phase_watchers:  # likewise a watched one
@@ -414,6 +448,8 @@ class Plan:
             d["segments"] = [[first, p.to_dict()] for first, p in self.segments]
         if self.lr_scale == 1.0:  # a plan without a learning-rate rule reads as it always did
             d.pop("lr_scale")
+        if not self.hap_extra:  # likewise a plan that is not HAP's unequal partitioning
+            d.pop("hap_extra")
         return d
 
     def to_json(self) -> str:
@@ -439,6 +475,8 @@ class Plan:
             "phase_watchers",
             "segments",
             "lr_scale",
+            "chunks",
+            "hap_extra",
         }
         unknown = sorted(set(data) - known)
         if unknown:
@@ -502,6 +540,8 @@ def timeouts_from(task_s: Sequence[Mapping[str, float]], minimum: int = 60) -> t
 # MIN_CHUNK_BYTES keeps each request large against S3's per-request latency and price.
 PIPELINE_CHUNKS = 20
 MIN_CHUNK_BYTES = 1 << 20
+# The most chunks a plan may name per shard (Plan.chunks): the size rule never exceeds PIPELINE_CHUNKS.
+MAX_CHUNKS = 64
 
 
 def chunk_count(shard_numel: float, itemsize: int, replicas: int) -> int:
@@ -511,6 +551,17 @@ def chunk_count(shard_numel: float, itemsize: int, replicas: int) -> int:
     want = math.ceil(PIPELINE_CHUNKS / (replicas - 1))
     most = max(1, int(shard_numel * itemsize // MIN_CHUNK_BYTES))
     return int(max(1, min(want, most)))
+
+
+def stage_chunks(chosen: int, shard_numel: float, itemsize: int, replicas: int) -> int:
+    """C, the chunks of a shard of ``shard_numel`` elements: the plan's ``chosen`` (Plan.chunks; never
+    more than the shard's elements, so no chunk is empty), or the size rule ``chunk_count`` where it
+    is 0. The runtime (core/training.py stage_layout) and the performance model both call this."""
+    if replicas <= 1:
+        return 1
+    if chosen > 0:
+        return int(max(1, min(chosen, int(shard_numel))))
+    return chunk_count(shard_numel, itemsize, replicas)
 
 
 # Warm state written through (docs/runtime.md "State that stays warm"): a warm shard whose stored
@@ -557,6 +608,13 @@ def even_balance(layers: int, stages: int) -> tuple[int, ...]:
         raise PlanError(f"cannot split {layers} layers into {stages} stages: need 1 <= stages <= {layers}")
     q, r = divmod(layers, stages)
     return tuple(q + (1 if i < r else 0) for i in range(stages))
+
+
+def _per_stage_ints(name: str, value: Any, n: int, default: int) -> tuple[int, ...]:
+    """A per-stage setting given as nothing (``default`` everywhere), one int for every stage, or a list."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,) * n
+    return _int_tuple(name, value) if value else (default,) * n
 
 
 def _int_tuple(name: str, seq: Sequence[Any]) -> tuple[int, ...]:

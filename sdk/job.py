@@ -28,9 +28,10 @@ from stagecoach.core.graph_split import Blocks, SplitError, SplitFactory, sugges
 from stagecoach.core.profiling import measure_model
 from stagecoach.core.samples import LocalSamples, as_dtype, encode
 from stagecoach.core.schedule import MakeScheduler, Schedule, stand_in
-from stagecoach.core.training import DTYPE_NAMES, build_model, master_dtype
+from stagecoach.core.training import DTYPE_NAMES, build_model, master_dtype, tracked_norms
 from stagecoach.deploy.upload import JobCodeError, pickle_job_code
 from stagecoach.errors import StagecoachError
+from stagecoach.planner import hap
 from stagecoach.planner.emit.workflow import CHOICES as WORKFLOWS
 from stagecoach.planner.emit.workflow import WorkflowChoice
 from stagecoach.planner.emit.workflow import choose as choose_workflow
@@ -66,6 +67,7 @@ class ManualPlan(TypedDict, total=False):
     fan_in: int | Sequence[int] | None
     global_batch: Mapping[int, int]  # a growing batch, {first iteration: G} (sdk/dynamic.py)
     lr_scale: Mapping[int, float]  # with it, {first iteration: lr factor}, cumulative (sdk/dynamic.py)
+    hap_extra: int  # sync "k_reduce_hap": a non-aggregator's samples beyond an aggregator's (planner/hap.py)
 
 
 @dataclass
@@ -562,6 +564,13 @@ class Job:
             )
         except exactness.NotExact as e:
             raise JobError(str(e)) from None
+        norms = tracked_norms(list(self.build_model()), 0) if hap.HAP_SYNC in plan.sync else {}
+        if norms:  # HAP, asked for by name: as stagecoach.reference_hap.check_hap_job refuses
+            raise JobError(
+                f"sync {hap.HAP_SYNC!r}: HAP's stale replicas would update running statistics at an older parameter version "
+                f"({', '.join(sorted(norms))}): use a model without BatchNorm running statistics (track_running_stats=False, "
+                "or GroupNorm/LayerNorm), or sync 'k_reduce'"
+            )
 
     @property
     def facts(self) -> exactness.ModelFacts:
@@ -794,13 +803,18 @@ class Job:
             raise PlanError(
                 "predicting a replica schedule (its time and cost per segment) is not supported yet: predict each segment's plan"
             )
+        if hap.HAP_SYNC in plan.sync:  # its non-aggregators' stale reads and unequal cut are not in the model
+            raise PlanError(
+                f"predicting sync={hap.HAP_SYNC!r} is not supported: FasDL's own time model for it is "
+                "stagecoach.planner.baselines.fasdl.hap_prediction; a run's measured cost is Run.cost()"
+            )
         platform = self.runtime_platform(platform or aws_platform())
         sample = boundary.map_leaves(lambda t: t[0], self.head(1)[0])  # as plan() times it: any data set, numpy too
         b = plan.micro_batch_size
         profile = self.with_job_bytes(measure_model(self.build_model(), sample, micro_batch_sizes=(b,), name=self.name))
         choices = tuple(
-            SyncChoice("none", 1) if plan.replicas == 1 else SyncChoice(a, k, f)
-            for a, k, f in zip(plan.sync, plan.aggregators, plan.fan_in)
+            SyncChoice("none", 1) if plan.replicas == 1 else SyncChoice(a, k, f, c)
+            for a, k, f, c in zip(plan.sync, plan.aggregators, plan.fan_in, plan.chunks)
         )
         cfg = Config(tuple(plan.balance), tuple(plan.memory_mb), plan.replicas, b, plan.micro_batches, choices)
         return profile, cfg, platform
@@ -871,12 +885,14 @@ class Job:
         sync: str | Sequence[str] | None = None,
         aggregators: int | Sequence[int] | None = None,
         fan_in: int | Sequence[int] | None = None,
+        hap_extra: int = 0,
     ) -> Plan:
         """A plan with layers split evenly. ``sync``: one algorithm for every stage or one per stage
         (planner/plan.py SYNC_ALGORITHMS); ``aggregators``: K for k_reduce or hierarchical (one, or
         one per stage); ``fan_in``: a hierarchical stage's replicas per level-1 aggregator (one, or
         one per stage; 2..MAX_FAN_IN, default DEFAULT_FAN_IN in planner/plan.py), which also sets
-        that stage's default K, min(d, fan_in). Plan checks each and names the fix."""
+        that stage's default K, min(d, fan_in); ``hap_extra``: with sync "k_reduce_hap", each
+        non-aggregator's samples beyond an aggregator's (planner/hap.py). Plan checks each and names the fix."""
         return Plan(
             balance=even_balance(self.layers, stages),
             replicas=replicas,
@@ -885,6 +901,7 @@ class Job:
             sync=(sync,) * stages if isinstance(sync, str) else tuple(sync or ()),
             aggregators=(aggregators,) * stages if isinstance(aggregators, int) else tuple(aggregators or ()),
             fan_in=(fan_in,) * stages if isinstance(fan_in, int) else tuple(fan_in or ()),
+            hap_extra=hap_extra,
             memory_mb=(memory_mb,) * stages,
             timeouts_s=tuple({p: timeout_s for p in PHASES} for _ in range(stages)),
         )

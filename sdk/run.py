@@ -581,7 +581,9 @@ class Run:
         numel = ownership(list(model), [self.plan.stage_layers(s) for s in range(self.plan.stages)]).numel(stage)
         itemsize = torch.empty(0, dtype=master_dtype(job.dtype)).element_size()  # as stored
         parts = []
-        for k, chunks in enumerate(stage_layout(numel, itemsize, self.plan.grad_shards(stage), self.plan.replicas)):
+        for k, chunks in enumerate(
+            stage_layout(numel, itemsize, self.plan.grad_shards(stage), self.plan.replicas, self.plan.chunks[stage])
+        ):
             for c in range(len(chunks)):
                 body = self._c.s3.get_object(Bucket=self.bucket, Key=keys.params(self.job_id, v, stage, k, c))["Body"].read()
                 parts.append(st_load(body)["p"])

@@ -1,7 +1,8 @@
 """FasDL's HAP with unequal partitioning (planner/hap.py, stagecoach.reference_hap, docs/exactness.md
 "FasDL's HAP"): the split, the single-process reference against an independent implementation of
-the documented semantics, and the refusals — HAP is never what a plan gets without naming it, and
-every plan naming it is refused before anything is deployed until the runtime runs it."""
+the documented semantics, and the refusals — HAP is never what a plan gets without naming it, and a
+plan naming it runs (tests/test_hap_runtime.py) only with one stage, a possible split and no running
+statistics; anything else is refused before anything is deployed."""
 
 import pytest
 import torch
@@ -10,7 +11,8 @@ from torch.func import functional_call
 
 from stagecoach import Job
 from stagecoach.core.training import batch_indices, micro_batch
-from stagecoach.planner.hap import HAP_SYNC, HapSplit
+from stagecoach.job import JobError
+from stagecoach.planner.hap import HAP_SYNC, HapSplit, split_of
 from stagecoach.planner.model.syncmodel import ALL_SYNC
 from stagecoach.planner.plan import SYNC_ALGORITHMS, Plan, PlanError
 from stagecoach.reference import train_reference
@@ -143,7 +145,7 @@ def test_reference_refuses_running_statistics_and_another_global_batch():
         train_reference_hap(make_job(12, 2), HapSplit(3, 1, 9, 0))
 
 
-# -- refused unless asked for, and refused for every plan until the runtime runs it ----------------------
+# -- refused unless asked for; run only where the runtime computes its semantics ----------------------------
 def test_no_planner_or_default_plan_chooses_hap():
     assert HAP_SYNC not in SYNC_ALGORITHMS and HAP_SYNC not in ALL_SYNC
     assert Plan(balance=(3,), replicas=3, global_batch=12).sync == ("scatter_reduce",)
@@ -155,15 +157,46 @@ def test_a_pipelined_hap_plan_is_refused_naming_stages():
         Plan(balance=(2, 1), replicas=3, global_batch=12, sync=HAP_SYNC, aggregators=1)
 
 
-def test_a_data_parallel_hap_plan_is_refused_until_the_runtime_runs_it():
-    with pytest.raises(PlanError, match="not what plain PyTorch trains.*runtime does not run it yet.*train_reference_hap"):
-        Plan(balance=(3,), replicas=3, global_batch=12, sync=HAP_SYNC, aggregators=1)
+def test_a_data_parallel_hap_plan_runs_when_named_with_its_split():
+    p = Plan(balance=(3,), replicas=4, global_batch=14, sync=HAP_SYNC, aggregators=2, hap_extra=3)
+    assert split_of(p) == HapSplit(4, 2, 14, 3)  # 14 is no multiple of d m = 4: HAP's own cut decides
+    assert Plan.from_dict(p.to_dict()) == p
+    assert "hap_extra" not in Plan(balance=(3,), replicas=3, global_batch=12, sync="k_reduce", aggregators=1).to_dict()
 
 
-def test_run_refuses_hap_before_anything_is_deployed():
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        (dict(replicas=3, global_batch=12), "K=3 aggregators has no non-aggregator.*use sync 'k_reduce'"),  # K defaults to d
+        (dict(replicas=3, global_batch=13, aggregators=1), "does not split.*choose a global batch"),
+        (dict(replicas=4, global_batch=14, aggregators=2, hap_extra=3, micro_batches=2), "micro-batches"),
+    ],
+)
+def test_a_hap_plan_whose_split_is_impossible_is_refused_with_the_fix(kw, needle):
+    with pytest.raises(PlanError, match=needle):
+        Plan(balance=(3,), sync=HAP_SYNC, **kw)
+
+
+def test_extra_samples_without_hap_are_refused():
+    with pytest.raises(PlanError, match="hap_extra=2 is for sync 'k_reduce_hap'.*give 0"):
+        Plan(balance=(3,), replicas=3, global_batch=12, sync="k_reduce", aggregators=1, hap_extra=2)
+
+
+def test_run_refuses_what_hap_cannot_run_before_anything_is_deployed():
+    with pytest.raises(PlanError, match="data-parallel only.*use stages=1"):
+        make_job(12, 2).run(stages=2, replicas=3, sync=HAP_SYNC, aggregators=1, backend="no-such-backend")
+    bn = make_job(12, 2, net=lambda: nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)))
+    bn.deferred_batch_norm = True  # BSP would run it exactly; HAP's stale forwards would not
+    with pytest.raises(JobError, match="running statistics.*track_running_stats=False"):
+        bn.run(replicas=3, sync=HAP_SYNC, aggregators=1, backend="no-such-backend")
+
+
+def test_our_model_does_not_predict_hap_and_says_where_its_time_model_is():
     job = make_job(12, 2)
-    with pytest.raises(PlanError, match="runtime does not run it yet"):
-        job.run(replicas=3, sync=HAP_SYNC, aggregators=1, backend="no-such-backend")
+    plan = Plan(balance=(3,), replicas=3, global_batch=12, sync=HAP_SYNC, aggregators=1)
+    for predict in (job.predict, job.predict_cost):
+        with pytest.raises(PlanError, match="predicting sync='k_reduce_hap' is not supported.*hap_prediction"):
+            predict(plan)
 
 
 # -- FasDL's time model for HAP (planner/baselines/fasdl.py) next to ours ------------------------------

@@ -25,7 +25,9 @@ optimum; docs/planner-baselines.md compares.
 HAP (§IV-B, planner/hap.py): non-aggregators take B^n = B^a + extra samples, extra from Eq. 16
 (T_train(B^n) = T_train(B^a) + T_agg), and do not wait for the aggregation (staleness 1), so an
 iteration takes the BSP time of W B^a samples and trains K B^a + (W - K) B^n. ``hap_prediction``
-puts that beside our model's prediction of the BSP K-reduce plan (the runtime does not run HAP).
+puts that beside our model's prediction of the BSP K-reduce plan (the runtime runs HAP's semantics
+on one stage, but its non-aggregators do not overlap the aggregation yet, and our model does not
+predict it: docs/exactness.md "FasDL's HAP").
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ docs/performance-model.md §5.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from stagecoach.planner.limits import UPLOADS_IN_FLIGHT
 from stagecoach.planner.model.calibration import optimizer_passes
-from stagecoach.planner.plan import DEFAULT_FAN_IN, chunk_count, reduction_blocks, writes_through
+from stagecoach.planner.plan import DEFAULT_FAN_IN, chunk_count, reduction_blocks, stage_chunks, writes_through
 from stagecoach.planner.plan import SYNC_ALGORITHMS as RUNTIME_SYNC
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,6 +84,19 @@ class SyncAlgorithm:
 
     name = "abstract"
     fused = False  # True: no sync Map, the backward tasks synchronise among themselves
+    chunks = 0  # the plan's C per shard (Plan.chunks); 0: the size rule (plan.chunk_count)
+
+    def with_chunks(self, chunks: int) -> SyncAlgorithm:
+        """This algorithm priced with ``chunks`` per shard (0: the size rule), as a plan naming them runs."""
+        if chunks == self.chunks:
+            return self
+        out = copy.copy(self)
+        out.chunks = chunks
+        return out
+
+    def chunks_per_shard(self, d: int, k: int, stored_bytes: float) -> int:
+        """C of the runtime's layout for this algorithm's chosen ``chunks`` (plan.stage_chunks)."""
+        return chunks_per_shard(d, k, stored_bytes, self.chunks)
 
     def stage(
         self,
@@ -118,8 +132,15 @@ def read_copies(d: int) -> int:
     return 1 if d >= READ_COPIES_MIN_REPLICAS else 0
 
 
-def chunks_per_shard(d: int, k: int, stored_bytes: float) -> int:
-    """C of the runtime's layout (plan.chunk_count), from the stage's stored (fp32) parameter bytes."""
+def chunks_per_shard(d: int, k: int, stored_bytes: float, chosen: int = 0) -> int:
+    """C of the runtime's layout (plan.stage_chunks), from the stage's stored (fp32) parameter
+    bytes and the plan's chosen C (0: the size rule, plan.chunk_count)."""
+    return stage_chunks(chosen, stored_bytes / (4 * k), 4, d)
+
+
+def rule_chunks(d: int, k: int, stored_bytes: float) -> int:
+    """C by the size rule alone (plan.chunk_count): the most chunks the planner considers
+    (planner/model/chunking.py), each at least MIN_CHUNK_BYTES."""
     return chunk_count(stored_bytes / (4 * k), 4, d)
 
 
@@ -258,7 +279,7 @@ class ScatterReduce(SyncAlgorithm):
     ) -> StageSync:
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
         pm = master_ratio * p_bytes
-        c = chunks_per_shard(d, k, pm)
+        c = self.chunks_per_shard(d, k, pm)
         chunk = p_bytes / (k * c)  # a gradient chunk; a parameter chunk is master_ratio times it
         sf = _stateful(plat) * _state_share(plat, pm / k)
         rho_io = rho * _state_share(plat, pm / k)  # the state's bytes that cross S3 per iteration
@@ -406,7 +427,7 @@ class PipelinedScatterReduce(SyncAlgorithm):
     ) -> StageSync:
         w, lat, rho = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio
         pm = master_ratio * p_bytes
-        c = chunks_per_shard(d, d, pm)
+        c = self.chunks_per_shard(d, d, pm)
         chunk = p_bytes / (d * c) / w  # seconds of one gradient chunk on a link
         share = _state_share(plat, pm / d)  # warm: the state crosses S3 once per checkpoint
         sf = _stateful(plat) * share
@@ -474,7 +495,7 @@ class LambdaMLScatterReduce(SyncAlgorithm):
     ) -> StageSync:
         w, lat, rho, q = plat.bandwidth_Bps, plat.storage_latency_s, plat.optimizer_state_ratio, plat.poll_delay_s
         pm = master_ratio * p_bytes
-        c = chunks_per_shard(d, d, pm)
+        c = self.chunks_per_shard(d, d, pm)
         share = _state_share(plat, pm / d)  # warm: the state crosses S3 once per checkpoint
         sf = _stateful(plat) * share
         e = (d - 1) * p_bytes / (d * w)  # gradients
@@ -631,6 +652,7 @@ class SyncChoice:
     algo: str
     k: int
     fan_in: int = DEFAULT_FAN_IN
+    chunks: int = 0  # Plan.chunks: C per shard; 0 = the size rule (plan.chunk_count)
 
     def label(self) -> str:
         if self.algo == "hierarchical" and self.fan_in != DEFAULT_FAN_IN:
@@ -640,9 +662,9 @@ class SyncChoice:
     @property
     def algorithm(self) -> SyncAlgorithm:
         if self.algo == "hierarchical" and self.fan_in != DEFAULT_FAN_IN:
-            return Hierarchical(self.fan_in)
+            return Hierarchical(self.fan_in).with_chunks(self.chunks)
         if self.algo in SYNC_ALGORITHMS:
-            return SYNC_ALGORITHMS[self.algo]
+            return SYNC_ALGORITHMS[self.algo].with_chunks(self.chunks)
         if self.algo in MODEL_ONLY_SYNC:
             return MODEL_ONLY_SYNC[self.algo]
         raise ValueError(f"unknown sync algorithm {self.algo!r}: choose one of {sorted(SYNC_ALGORITHMS)}")

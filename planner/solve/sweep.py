@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagecoach.planner.limits import max_stages_at
+from stagecoach.planner.model.chunking import choose_chunks, chosen_chunks
 from stagecoach.planner.model.fits import check_plannable
 from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate, timeouts
 from stagecoach.planner.model.platforms import Platform, aws_platform
@@ -24,7 +25,7 @@ from stagecoach.planner.model.syncmodel import ALL_SYNC
 from stagecoach.planner.plan import Plan, Prediction
 from stagecoach.planner.profile.layers import ModelProfile
 from stagecoach.planner.solve.candidates import Candidates, candidate_groups
-from stagecoach.planner.solve.objective import max_stages_for, objective_value
+from stagecoach.planner.solve.objective import max_stages_for, objective_value, objective_weights
 from stagecoach.planner.solve.pareto import FUNCPIPE_WEIGHTS, pareto_front, recommend_within_accuracy
 from stagecoach.planner.solve.search import heuristic_incumbent, solve_fixed
 
@@ -105,6 +106,7 @@ class PlannedConfig:
             global_batch=c.global_batch,
             sync=tuple(f[0] for f in fields),
             aggregators=tuple(f[1] for f in fields),
+            chunks=chosen_chunks(c),  # each stage's C, chosen by predicted cost (model/chunking.py)
             memory_mb=tuple(c.tiers_mb),
             timeouts_s=timeouts(e),  # plan.timeouts_from: refuses a phase that cannot fit 15 minutes
             prediction=Prediction(
@@ -281,7 +283,7 @@ def plan_model(
             continue
         cfg = best[1]
         sweep.found.append(cfg)  # a free incumbent for the other weights
-        e = evaluate(prof, cfg, plat)
+        e = evaluate(prof, choose_chunks(prof, cfg, plat, *objective_weights(a1, a2)), plat)  # C per stage (model/chunking.py)
         how = "heuristic" if not use_milp else ("milp" if proven else "milp(time_limit)")
         cands.append(PlannedConfig(e, (a1, a2), how, time.perf_counter() - t0, prof, plat))
     if not cands:
