@@ -55,7 +55,7 @@ def test_a_small_warm_stage_stores_every_version_and_its_container_skips_the_dow
     assert sum(g for _, g in warm_requests) < sum(g for _, g in stored_requests), (warm_requests, stored_requests)
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])  # d = 2: `-m slow`
 def test_a_container_recycled_mid_window_costs_a_rerun_not_a_window_restart(stored, replicas):
     """Kills at t = 1 (stage 0) and t = 3 (stage 1): the re-runs land in new containers, which
     load the state's version from S3. One window execution, no WarmStateLost, bit-identical
