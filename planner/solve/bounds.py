@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -124,9 +125,30 @@ class LowerBounds:
         self.const = wt * (o + plat.iteration_overhead_s) + wc * pt * global_transitions(1)
         self.ends = [np.nonzero(self.J == n)[0] for n in range(L + 1)]
         self.starts = [np.nonzero(self.I == n)[0] for n in range(L + 1)]
-        self.ends_a, self.starts_a = self.ends, self.starts  # the arcs of the current sweep (``_sweeps``)
         self.va = np.unique(self.A[~self.fin])
         self.vb = np.unique(self.B)
+        self._view: tuple[bytes, LowerBounds] | None = None  # the last ``_restricted`` view
+
+    def _restricted(self, alive: np.ndarray) -> LowerBounds:
+        """These bounds over the groups ``alive`` only (the same band values va, vb, so the same
+        band floors): the sweeps' arrays then span the 100-1,300 groups alive, not all 3,700
+        (AmoebaNet-D36, L = 30), and every number is the one the masked sweep over all of them
+        computes (the same sums, minima over the same arcs). The last view is kept: the final
+        MILPs ask for the same mask several times."""
+        key = alive.tobytes()
+        if self._view is not None and self._view[0] == key:
+            return self._view[1]
+        idx = np.nonzero(alive)[0]
+        sub = copy.copy(self)
+        for name in ("I", "J", "A", "B", "Kg", "fin", "base", "cA", "cB"):
+            setattr(sub, name, getattr(self, name)[idx])
+        for name in ("wpre", "wsuf", "selfw"):
+            setattr(sub, name, getattr(self, name)[:, idx])
+        sub.ends = [np.nonzero(sub.J == n)[0] for n in range(self.L + 1)]
+        sub.starts = [np.nonzero(sub.I == n)[0] for n in range(self.L + 1)]
+        sub._view = None
+        self._view = (key, sub)
+        return sub
 
     # -- bands ------------------------------------------------------------------------------------
     def grid(self, n: int) -> tuple[np.ndarray, ...]:
@@ -164,18 +186,10 @@ class LowerBounds:
         self.payB = self.cB[None, :] * np.maximum(0.0, self.thB[:, None] - B[None, :])
         self.needA, self.needB = aLo > 0, bLo > 0
 
-    def _sweeps(
-        self, P: tuple[np.ndarray, ...], ctx: bool, prefix: bool = True, alive: np.ndarray | None = None
-    ) -> tuple[np.ndarray | None, np.ndarray]:
+    def _sweeps(self, P: tuple[np.ndarray, ...], ctx: bool, prefix: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
         """pre[c, fA, fB, count, pair, node]: cheapest path 0 -> node; sufc[...]: cheapest
-        node -> L using at most ``count`` stages, ending with the flags the band requires.
-        ``alive``: only these groups are arcs (``group_bounds`` says why that is valid)."""
+        node -> L using at most ``count`` stages, ending with the flags the band requires."""
         self._setup(P)
-        if alive is None:
-            self.ends_a, self.starts_a = self.ends, self.starts
-        else:
-            self.ends_a = [qs[alive[qs]] for qs in self.ends]
-            self.starts_a = [qs[alive[qs]] for qs in self.starts]
         wpre = self.wpre if ctx else self.base[None, :]
         wsuf = self.wsuf if ctx else self.base[None, :]
         pre = self._prefix_sweep(wpre, len(P[0])) if prefix else None
@@ -188,7 +202,7 @@ class LowerBounds:
         pre = np.full((wpre.shape[0], 2, 2, self.smax + 1, nP, L + 1), np.inf)
         pre[:, 0, 0, 0, :, 0] = 0.0
         for n in range(1, L):
-            qs = self.ends_a[n]
+            qs = self.ends[n]
             if len(qs) == 0:
                 continue
             pre[..., n] = self._arcs(pre[..., self.I[qs]], qs, wpre, forward=True)
@@ -208,7 +222,7 @@ class LowerBounds:
                     ok &= ~self.needB
                 suf[:, fa, fb, 0, ok, L] = 0.0
         for n in range(L - 1, -1, -1):
-            qs = self.starts_a[n]
+            qs = self.starts[n]
             if len(qs) == 0:
                 continue
             suf[..., n] = self._arcs(suf[..., self.J[qs]], qs, wsuf, forward=False)
@@ -237,7 +251,12 @@ class LowerBounds:
     def pair_bounds(self, P: tuple[np.ndarray, ...], alive: np.ndarray | None = None) -> np.ndarray:
         """A lower bound of every plan whose maxima fall in each band pair (``alive``: of every
         such plan below the cutoff that killed the other groups, ``group_bounds``)."""
-        _, sufc = self._sweeps(P, ctx=False, prefix=False, alive=alive)
+        if alive is not None:
+            sub = self._restricted(alive)
+            out = sub.pair_bounds(P)
+            self.thA, self.thB = sub.thA, sub.thB
+            return out
+        _, sufc = self._sweeps(P, ctx=False, prefix=False)
         return np.asarray(sufc[0, 0, 0, self.smax, :, 0] + self._band_const())
 
     def _split(self, vals: np.ndarray, lo: float, hi: float) -> list[tuple[float, float]]:
@@ -287,7 +306,13 @@ class LowerBounds:
         G = len(self.I)
         if len(P[0]) == 0:
             return np.full((0, G), np.inf) if per_pair else np.full(G, np.inf)
-        pre, sufc = self._sweeps(P, ctx, alive=alive)
+        if alive is not None:
+            sub = self._restricted(alive)
+            full = np.full((len(P[0]), G), np.inf)
+            full[:, alive] = sub.group_bounds(P, ctx, per_pair=True)
+            self.thA, self.thB = sub.thA, sub.thB
+            return full if per_pair else full.min(axis=0)
+        pre, sufc = self._sweeps(P, ctx)
         assert pre is not None  # a prefix sweep was asked for
         cpre = np.where(self.fin, self.K, self.Kg) if ctx else np.zeros(G, int)
         csuf = self.Kg if ctx else np.zeros(G, int)
@@ -304,6 +329,4 @@ class LowerBounds:
         a0 = np.where(self.fin, 0.0, self.A)
         bott = self.wt * (self.m - 1) * (np.maximum(self.thA[:, None], a0[None, :]) + np.maximum(self.thB[:, None], self.B[None, :]))
         out = best + bott + self.const
-        if alive is not None:
-            out = np.where(alive[None, :], out, np.inf)
         return np.asarray(out if per_pair else out.min(axis=0))

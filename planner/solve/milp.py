@@ -680,7 +680,11 @@ def solve_milp(
     prob = milp.prob
     ref = max(1e-12, wc * 1e-4 + wt)  # scale the objective to O(1e4) for HiGHS's tolerances
     prob += weighted_objective(cost, TF + TBS + plat.iteration_overhead_s, wc, wt) * (1.0 / ref)
-    bound = cutoff / ref if cutoff is not None and math.isfinite(cutoff) and not relax else None
+    bound = None
+    if cutoff is not None and math.isfinite(cutoff):
+        # an LP only has to show it ends above the cutoff (with the margin lp_refutes allows): the
+        # dual simplex stops once its objective, a lower bound of the LP's, passes it
+        bound = (cutoff + 1e-9 * abs(cutoff) if relax else cutoff) / ref
     h = _highs(time_limit, gap, threads, bound)
     prob.solve(h)
     nvars, ncons = len(prob.cols), len(prob.rows)
@@ -688,6 +692,8 @@ def solve_milp(
     ms = h.modelStatusToString(st).lower()
     value = prob.value()
     if relax:
+        if st == _ST.kObjectiveBound:  # the LP's optimum is above the cutoff: nothing at or below it
+            return MilpSolution(None, math.inf, "infeasible", nvars, ncons)
         ok = ms == "optimal" and value is not None
         return MilpSolution(
             None, value * ref if ok and value is not None else math.inf, ms, nvars, ncons, milp.heaviest_path(cands) if ok else None
