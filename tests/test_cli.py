@@ -53,6 +53,7 @@ def test_train_prints_loss_accuracy_and_results(tmp_path):
         assert (tmp_path / directory / f).exists(), f
 
 
+@pytest.mark.slow  # batch norm across stages: tests/test_transparency.py; whole batches planned: tests/test_exactness.py
 def test_the_resnet_example_trains_with_batchnorm_and_plans_whole_batches(tmp_path):
     """examples/resnet.py: BatchNorm on three stages through the state machines; its plans keep
     the global batch together (one replica, one micro-batch)."""

@@ -409,6 +409,7 @@ def test_the_performance_model_counts_the_transitions_and_invocations_the_emitte
     assert est.invocations == tasks
 
 
+@pytest.mark.slow  # `stagecoach stop`: test_stop_command_and_inspect_show_a_stopped_job_and_its_cost; the daemon: test_local_daemon.py
 def test_stop_from_another_process_through_the_local_daemon(tmp_path, monkeypatch):
     """`stagecoach local start`; a job on it; `stagecoach stop JOB` run as a separate process (as
     from another shell) ends it at a boundary; Ctrl-C's message names exactly that command."""

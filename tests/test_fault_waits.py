@@ -4,6 +4,7 @@ bit-identical to a fault-free run and no window restarts (docs/reliability.md)."
 
 import json
 
+import pytest
 from helpers import recovery_job, same_parameters, task_errors
 
 from stagecoach.local.backend import LocalBackend
@@ -20,6 +21,7 @@ def _item_events(events, failed_id):
     return chain
 
 
+@pytest.mark.slow  # a hung producer re-run and waited for: tests/test_faults.py's hang tests, by default
 def test_a_consumer_whose_producer_hung_twice_waits_again_at_once_and_the_result_is_bit_identical(backend):
     """Stage 1's backward task of replica 0 hangs at t = 2, and so does its first re-run: stage 0's
     backward task, waiting for its input gradient, gives up just before its learnt timeout

@@ -270,6 +270,7 @@ def _short_of_memory(backend, name: str):
     return r, record
 
 
+@pytest.mark.slow  # remediation: tests/test_faults.py; a group's worker error reaching the job: test_a_group_fails_with_its_workers_own_error_and_cause
 def test_a_stage_short_of_memory_in_a_group_is_remediated(backend, inline, small_groups):
     r, _ = _short_of_memory(backend, "grouped-oom")
     assert same_parameters(r.trained_model(), inline.trained_model())
