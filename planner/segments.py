@@ -9,7 +9,8 @@ micro-batch size) change, and optionally the global batch (``global_batch={first
 the data order continuing: core/training.py batch_position) with a learning-rate multiplier
 (``lr_scale={first iteration: factor}``, cumulative, each segment's ``Plan.lr_scale``): Hydrozoa's
 AdaBatch policy. What would need the state re-cut (a changing K or chunk layout), a policy
-callable, by-epoch keys, and the planner's per-segment prediction are refused here, each named.
+callable, and by-epoch keys are refused here, each named. A schedule is predicted segment by
+segment (sdk/dynamic.py, sdk/cost.py predict_schedule), with the joined window's own states below.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ from stagecoach.planner.plan import Plan, PlanError
 
 # the sync algorithms a segment with d > 1 may use: K sync tasks that own K fixed shards
 SCHEDULED_SYNC = ("k_reduce", "all_reduce")
+# State transitions of the joined window (planner/emit/segments.py) beyond its segments' own, in a
+# fault-free run: every window enters Start (a Choice) and its first segment's Enter_s{j} (a Pass);
+# an iteration that leaves its segment inside a window enters Segment (a Choice), Switch_s{j} (a
+# Pass) and that segment's Go? once more (the gate ran once). A change at a window boundary adds
+# nothing: the next window enters its segment through Start.
+TRANSITIONS_SEGMENT_ENTRY = 2
+TRANSITIONS_SEGMENT_SWITCH = 3
 
 
 def replica_schedule(

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from stagecoach.core.cost import Prices, Usage, express_billed_s, gb_seconds, usage_by_phase, watcher_usage
 from stagecoach.core.records import JobSpec, TaskMetrics, WatcherUsage
+from stagecoach.planner import segments
 from stagecoach.planner.emit import asl
 from stagecoach.planner.limits import WATCH_GRACE_S
 from stagecoach.planner.model.passes import PassEstimate
@@ -179,23 +181,10 @@ def predict(
     iteration also enters its Due and Choice states, and a window holds fewer iterations.
     ``windows``: how the windows run (default: STANDARD, of ``asl.window_length``); as EXPRESS no
     state of a window is a billed transition, each window is a request and its duration instead."""
-    S, d = plan.stages, plan.replicas
-    per_s = [m / 1024.0 for m in plan.memory_mb]
-    gbs = {
-        "forward": sum(d * estimate.stage_forward_s[s] * per_s[s] for s in range(S - 1)),
-        "backward": sum(d * estimate.stage_backward_s[s] * per_s[s] for s in range(S)),
-        "sync": sum(plan.sync_tasks(s) * estimate.stage_sync_s[s] * per_s[s] for s in range(S)),
-    }
-    inv = {"forward": (S - 1) * d, "backward": S * d, "sync": sum(plan.sync_tasks(s) for s in range(S))}
     windows = windows or WindowRun(asl.STANDARD, asl.window_length(plan, evals=evals, saves=saves))
     billed = windows.workflow == asl.STANDARD  # Express windows' states are not billed per transition
-    tr = asl.phase_transitions(plan)
     n = iterations
-    # each task also PUTs its metrics object (lambdas/handler.py), which the model's requests leave out
-    phases = {
-        p: Usage(gb_s=gbs[p] * n, invocations=inv[p] * n, transitions=tr[p] * n * billed, puts=inv[p] * n)
-        for p in ("forward", "backward", "sync")
-    }
+    phases = _task_phases(plan, estimate, n, billed)
     phases["orchestration"] = _orchestration(plan, estimate, n, platform, capped, windows, checks=bool(evals) + bool(saves))
     for name, versions, p in (("evaluate", evals, evaluate), ("checkpoint", saves, checkpoint)):
         if versions and p is None:
@@ -206,6 +195,81 @@ def predict(
     phases["client"] = Usage()
     phases = {p: phases[p] for p in PHASES if p in phases}  # in the measured report's order
     unsplit = Usage(puts=round(estimate.s3_puts * n), gets=round(estimate.s3_gets * n))
+    return CostReport("predicted", iterations, phases, Prices.of(platform), unsplit=unsplit)
+
+
+def _task_phases(plan: Plan, estimate: Estimate, n: int, billed: bool) -> dict[str, Usage]:
+    """``n`` iterations' forward, backward and sync tasks and their states (``billed``: STANDARD
+    windows); each task also PUTs its metrics object (lambdas/handler.py), which the model's
+    requests leave out."""
+    S, d = plan.stages, plan.replicas
+    per_s = [m / 1024.0 for m in plan.memory_mb]
+    gbs = {
+        "forward": sum(d * estimate.stage_forward_s[s] * per_s[s] for s in range(S - 1)),
+        "backward": sum(d * estimate.stage_backward_s[s] * per_s[s] for s in range(S)),
+        "sync": sum(plan.sync_tasks(s) * estimate.stage_sync_s[s] * per_s[s] for s in range(S)),
+    }
+    inv = {"forward": (S - 1) * d, "backward": S * d, "sync": sum(plan.sync_tasks(s) for s in range(S))}
+    tr = asl.phase_transitions(plan)
+    return {
+        p: Usage(gb_s=gbs[p] * n, invocations=inv[p] * n, transitions=tr[p] * n * billed, puts=inv[p] * n)
+        for p in ("forward", "backward", "sync")
+    }
+
+
+@dataclass(frozen=True)
+class SegmentCost:
+    """One segment of a replica schedule as ``predict_schedule`` prices it: its ``iterations``
+    from ``first``, its plan (Plan.plan_at: on the deployed functions' memory), the performance
+    model's estimate of one of its iterations and, for a job that checkpoints, of its checkpoint pass."""
+
+    first: int
+    iterations: int
+    plan: Plan
+    estimate: Estimate
+    checkpoint: PassEstimate | None = None
+
+
+def predict_schedule(
+    parts: Sequence[SegmentCost], iterations: int, platform: Platform, length: int, capped: bool = False, saves: Sequence[int] = ()
+) -> CostReport:
+    """The predicted cost of a replica schedule (docs/runtime.md "Dynamic workers"): each
+    segment's iterations, checkpoints (a version v is kept after iteration v - 1) and per-iteration
+    states as ``predict`` has an ordinary plan's, summed; then the run's STANDARD windows of
+    ``length`` iterations, each a joined window (planner/emit/segments.py) with its Start and
+    Enter states and a gate at its end (the segment of its last iteration's), a Segment, Switch and
+    Go? per change inside a window (planner/segments.py), and the job's states. A change adds no
+    Lambda time: the model charges no cold start to a cold iteration's cost (a job's first either)."""
+    phases = {p: Usage() for p in ("forward", "backward", "sync", "orchestration", "checkpoint")}
+    unsplit = Usage()
+    for part in parts:
+        n, est, seg = part.iterations, part.estimate, part.plan
+        for p, u in _task_phases(seg, est, n, billed=True).items():
+            phases[p] += u
+        kept = [v for v in saves if part.first < v <= part.first + n]
+        if kept and part.checkpoint is None:
+            raise ValueError("checkpoint versions given without the checkpoint pass's estimate (planner/model/passes.py)")
+        if kept and part.checkpoint is not None:
+            phases["checkpoint"] += pass_usage(seg, part.checkpoint, len(kept))
+        gate, w = gate_usage(seg, platform, capped), watchers_predicted(seg, est)
+        per_iteration = asl.phase_transitions(seg)["orchestration"] + asl.TRANSITIONS_DUE_CHECK * bool(saves)
+        phases["orchestration"] += Usage(
+            gb_s=(gate.gb_s + w.gb_s) * n,
+            invocations=(gate.invocations + w.invocations) * n,
+            transitions=per_iteration * n,
+            puts=(gate.puts + w.puts) * n,
+            gets=(gate.gets + w.gets) * n,
+        )
+        unsplit += Usage(puts=round(est.s3_puts * n), gets=round(est.s3_gets * n))
+    ends = [min(start + length, iterations) for start in range(0, iterations, length)]
+    for end in ends:  # each window's last gate, at the memory and tasks of its last iteration's segment
+        phases["orchestration"] += gate_usage([p.plan for p in parts if p.first < end][-1], platform, capped)
+    inside = sum(1 for p in parts[1:] if p.first % length)
+    per_window = asl.TRANSITIONS_WINDOW_FIXED + segments.TRANSITIONS_SEGMENT_ENTRY + asl.TRANSITIONS_JOB_PER_WINDOW
+    fixed = len(ends) * per_window + inside * segments.TRANSITIONS_SEGMENT_SWITCH + asl.TRANSITIONS_JOB_FIXED
+    phases["orchestration"] += Usage(transitions=fixed)
+    phases["client"] = Usage()
+    phases = {p: phases[p] for p in PHASES if p in phases and (p != "checkpoint" or saves)}
     return CostReport("predicted", iterations, phases, Prices.of(platform), unsplit=unsplit)
 
 
@@ -244,7 +308,9 @@ def _orchestration(plan: Plan, estimate: Estimate, n: int, platform: Platform, c
 
 # -- measured --------------------------------------------------------------------------------------
 def state_phase(name: str) -> str:
-    """The phase a state of the window state machine belongs to (planner/emit/asl.py names)."""
+    """The phase a state of the window state machine belongs to (planner/emit/asl.py names; a
+    joined window's, planner/emit/segments.py, with their segment's suffix ``_s{j}``)."""
+    name = re.sub(r"_s\d+$", "", name)
     for prefix, phase in (("Forward", "forward"), ("Backward", "backward"), ("Sync", "sync")):
         if name.startswith(prefix):  # BackwardSync, Backward{s}, Backward{s}Task, Forward{s}Group, ...
             return phase

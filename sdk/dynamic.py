@@ -10,18 +10,26 @@ Refused up front, with the fix: warm state (a new replica or a shrinking d would
 container holds), evaluation (its Map's replicas belong to one segment), Express or "auto" windows
 (a window's length is priced from one iteration's prediction), deferred batch norm (not covered by a
 test yet), and a stage whose chunk layout changes with d (the stored state would need re-cutting).
+
+Predicted (``predict_schedule``; the cost: Job.predict_cost, sdk/cost.py predict_schedule): each
+segment as an ordinary plan for its iterations, summed, in joined windows (docs/runtime.md
+"Dynamic workers").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from stagecoach.core.training import master_dtype, ownership, stage_layout
+from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate
+from stagecoach.planner.model.platforms import Platform
 from stagecoach.planner.plan import Plan, PlanError
-from stagecoach.planner.segments import batch_schedule, check_segments, replica_schedule, scheduled_plan
+from stagecoach.planner.profile.layers import ModelProfile
+from stagecoach.planner.segments import batch_schedule, check_segments, replica_schedule, scheduled_plan, segment_bounds
 
 if TYPE_CHECKING:
     from stagecoach.job import Job
@@ -144,3 +152,57 @@ def _check_layouts(job: Job, plan: Plan) -> None:
                 f"a replica schedule ({_schedule_text(plan)}): stage {s}'s stored parameters would be cut into different chunks "
                 "at different d (a large stage); re-cutting the state is not supported yet: keep d within a range of equal chunking"
             )
+
+
+# what the performance model evaluates a segment's plan from (Job._model_of for one platform)
+ModelOf = Callable[[Plan], tuple[ModelProfile, Config, Platform]]
+
+
+@dataclass(frozen=True)
+class ScheduleSegment:
+    """One segment of a replica schedule as the performance model predicts it
+    (``Job.predict_schedule``): from iteration ``first``, ``iterations`` of them at d
+    ``replicas``, the global batch and each replica's micro-batch size there, the estimate of one
+    of its iterations, and ``cold_s``: what its first iteration adds while Lambda scales the
+    functions to the new workers (Estimate.cold_ramp_s, 0 up to 1,000 environments a function)
+    when d grows; 0 for the first segment, as for a fixed plan's first iteration."""
+
+    first: int
+    iterations: int
+    replicas: int
+    global_batch: int
+    micro_batch_size: int
+    estimate: Estimate
+    cold_s: float = 0.0
+
+    @property
+    def time_s(self) -> float:
+        """The segment's predicted seconds: its iterations' and its change's."""
+        return self.iterations * self.estimate.time_s + self.cold_s
+
+
+def predict_schedule(plan: Plan, iterations: int, model_of: ModelOf) -> list[ScheduleSegment]:
+    """Each segment of ``plan`` that starts before ``iterations``, predicted as an ordinary plan
+    is (perfmodel.evaluate on the segment's Config: its d, micro-batch size, and the deployed
+    functions' memory)."""
+    out: list[ScheduleSegment] = []
+    for first, end, seg in segment_bounds(plan, iterations):
+        est = evaluate(*model_of(seg))
+        grows = bool(out) and seg.replicas > out[-1].replicas
+        out.append(
+            ScheduleSegment(
+                first, end - first, seg.replicas, seg.global_batch, seg.micro_batch_size, est, est.cold_ramp_s if grows else 0.0
+            )
+        )
+    return out
+
+
+def check_predictable(job: Job, plan: Plan, workflow: str | None) -> None:
+    """Refuse to predict a schedule the run would refuse (``check_scheduled``) where the prediction
+    depends on it: evaluation and Express or "auto" windows."""
+    if job.eval_versions():
+        raise PlanError(f"a replica schedule ({_schedule_text(plan)}): evaluation is not supported yet: leave Job(evaluation=...) out")
+    if (workflow or plan.workflow or job.workflow) != "standard":
+        raise PlanError(
+            f"a replica schedule ({_schedule_text(plan)}): Express and 'auto' windows are not supported yet: use workflow='standard'"
+        )

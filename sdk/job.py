@@ -45,6 +45,7 @@ from stagecoach.planner.plan import PHASES, Plan, PlanError, even_balance
 from stagecoach.planner.profile.flows import Flow
 from stagecoach.planner.profile.layers import ModelProfile
 from stagecoach.planner.profile.state import optimizer_state_ratio, state_profile
+from stagecoach.planner.segments import segment_bounds
 from stagecoach.planner.solve.sweep import PlanningResult, default_micro_batch_sizes, plan_model
 from stagecoach.profile_tiers import profile_tiers
 from stagecoach.run import Run
@@ -745,8 +746,22 @@ class Job:
     def predict(self, plan: Plan, platform: Platform | None = None) -> Estimate:
         """The performance model's estimate of one iteration of ``plan`` on AWS (or ``platform``),
         for any plan, the planner's or one written by hand: the model's layers are timed here at
-        the plan's micro-batch size (one thread = one vCPU), as ``plan()`` times them."""
+        the plan's micro-batch size (one thread = one vCPU), as ``plan()`` times them. A replica
+        schedule (``plan.segments``) has no one iteration: ``predict_schedule`` predicts each segment's."""
+        if plan.segments:
+            raise PlanError(
+                "plan has segments (a replica schedule): its iterations differ by segment; Job.predict_schedule(plan) "
+                "estimates each segment's, Job.predict_cost(plan) the whole run's cost"
+            )
         return evaluate(*self._model_of(plan, platform))
+
+    def predict_schedule(self, plan: Plan, platform: Platform | None = None) -> list[dynamic.ScheduleSegment]:
+        """Each segment of a replica schedule (``plan.segments``; a fixed plan is one segment) as
+        the performance model predicts it, on AWS (or ``platform``): its first iteration and
+        iterations, d, global batch, micro-batch size, one iteration's Estimate as ``predict``
+        gives an ordinary plan's, and what the change to it adds (sdk/dynamic.py ScheduleSegment)."""
+        plan = self.as_run(plan)
+        return dynamic.predict_schedule(plan, self.iterations, lambda p: self._model_of(p, platform))
 
     def predict_cost(
         self, plan: Plan, platform: Platform | None = None, capped: bool = False, workflow: str | None = None
@@ -755,8 +770,17 @@ class Job:
         and the evaluations and checkpoints the job asks for (planner/model/passes.py), each
         per phase as ``Run.cost()`` measures it. ``capped``: the job runs under a cost cap,
         whose gate reads the iteration's metrics (docs/cost.md). ``workflow``: the windows' type
-        (default: the plan's, else the job's; ``window_choice``)."""
+        (default: the plan's, else the job's; ``window_choice``). A replica schedule's: the sum of
+        its segments' (docs/runtime.md "Dynamic workers")."""
         plan = self.as_run(plan)
+        if plan.segments:  # a replica schedule: each segment predicted as an ordinary plan for its iterations
+            dynamic.check_predictable(self, plan, workflow)
+            length, saves, parts = self.window_choice(plan, platform, workflow).window_length, self.checkpoint_versions(), []
+            for first, end, seg in segment_bounds(plan, self.iterations):
+                profile, cfg, runtime = self._model_of(seg, platform)
+                ck = checkpoint_pass(profile, cfg, runtime) if saves else None
+                parts.append(costs.SegmentCost(first, end - first, seg, evaluate(profile, cfg, runtime), ck))
+            return costs.predict_schedule(parts, self.iterations, runtime, length, capped=capped, saves=saves)
         profile, cfg, platform = self._model_of(plan, platform)
         evals, saves = self.eval_versions(), self.checkpoint_versions()
         samples = len(self._evaluation_samples()) if evals else 0
@@ -801,7 +825,8 @@ class Job:
         plan's micro-batch size, the plan as a Config, and the platform as this job uses it."""
         if plan.segments:  # a replica schedule's d per segment (planner/segments.py): not one Config
             raise PlanError(
-                "predicting a replica schedule (its time and cost per segment) is not supported yet: predict each segment's plan"
+                "a replica schedule (plan.segments) is not one Config: Job.predict_schedule(plan) predicts each segment, "
+                "Job.predict_cost(plan) the run's cost"
             )
         if hap.HAP_SYNC in plan.sync:  # its non-aggregators' stale reads and unequal cut are not in the model
             raise PlanError(

@@ -16,12 +16,16 @@ import torch
 from helpers import max_diff, selected
 from torch import nn
 
-from stagecoach import Job
+from stagecoach import Job, dynamic
+from stagecoach import cost as costs
+from stagecoach.core.cost import Usage
 from stagecoach.core.records import JobSpec
+from stagecoach.planner import segments
 from stagecoach.planner.emit import asl
 from stagecoach.planner.emit.asl_check import check_definition
+from stagecoach.planner.model.platforms import aws_platform
 from stagecoach.planner.plan import Plan, PlanError
-from stagecoach.planner.segments import scheduled_plan
+from stagecoach.planner.segments import scheduled_plan, segment_bounds
 from stagecoach.reference import train_reference
 
 ITERATIONS = 5
@@ -191,10 +195,110 @@ def test_a_failed_window_restarts_in_the_segment_of_its_resume_point():
         faulty.stack.close()
 
 
-def test_the_schedule_s_time_and_cost_are_not_predicted_yet():
-    job = make_job("dyn-predict")
-    with pytest.raises(PlanError, match="not supported yet"):
-        job.predict_cost(_plan({0: 1, 2: 2}))
+def _scheduled(job: Job, **manual) -> Plan:
+    """The plan ``job.run(stages=2, **manual)`` runs."""
+    return job.as_run(dynamic.manual_scheduled_plan(job, {"stages": 2, **manual}, job.manual_plan))
+
+
+@pytest.fixture
+def timed_once(monkeypatch):
+    """The model's layers timed once per micro-batch size and reused: every prediction here reads
+    the same profile (Job._model_of times them anew each call, and timings vary between calls)."""
+    import stagecoach.job
+
+    profiles: dict[tuple, object] = {}
+    real = stagecoach.job.measure_model
+
+    def measure(model, sample, micro_batch_sizes, name):
+        key = (tuple(micro_batch_sizes), name)
+        if key not in profiles:
+            profiles[key] = real(model, sample, micro_batch_sizes=micro_batch_sizes, name=name)
+        return profiles[key]
+
+    monkeypatch.setattr(stagecoach.job, "measure_model", measure)
+
+
+@pytest.mark.usefixtures("timed_once")
+@pytest.mark.parametrize(
+    "manual", [{"replicas": {0: 1, 3: 2}}, dynamic.adabatch({0: 1, 2: 2, 4: 4}, GLOBAL_BATCH)], ids=["fixed-batch", "adabatch"]
+)
+def test_a_schedule_s_predicted_cost_is_its_segments_predictions_in_one_joined_window(manual):
+    """Each segment predicted as an ordinary plan for its iterations (its d, global batch and
+    micro-batch size), summed; the windows' orchestration is one joined window and one job instead
+    of a window and a job per segment, plus the joined window's Start and Enter and, per change
+    inside the window, its Segment, Switch and second Go? (planner/segments.py)."""
+    job = make_job("dyn-predict", iterations=6)
+    plan = _scheduled(job, **manual)
+    assert job.window_choice(plan).window_length >= 6  # one window: every change is inside it
+    parts = segment_bounds(plan, 6)
+    alone = [dataclasses.replace(job, iterations=end - first).predict_cost(seg) for first, end, seg in parts]
+    predicted = job.predict_cost(plan)
+    assert predicted.iterations == 6 and set(predicted.phases) == set(alone[0].phases)
+    for phase in ("forward", "backward", "sync"):
+        expected = sum((r.phases[phase] for r in alone), Usage())
+        assert dataclasses.replace(predicted.phases[phase], gb_s=0.0) == dataclasses.replace(expected, gb_s=0.0), phase
+        assert predicted.phases[phase].gb_s == pytest.approx(expected.gb_s, rel=1e-12), phase
+    assert predicted.unsplit == sum((r.unsplit for r in alone), Usage())
+    changes = len(parts) - 1
+    gate = costs.gate_usage(plan.plan_at(0), aws_platform(), capped=False)  # a window's last gate
+    job_window = asl.TRANSITIONS_WINDOW_FIXED + asl.TRANSITIONS_JOB_PER_WINDOW + asl.TRANSITIONS_JOB_FIXED
+    overhead = segments.TRANSITIONS_SEGMENT_ENTRY + changes * (segments.TRANSITIONS_SEGMENT_SWITCH - job_window)
+    orchestration = [r.phases["orchestration"] for r in alone]
+    p = predicted.phases["orchestration"]
+    assert p.transitions == sum(u.transitions for u in orchestration) + overhead
+    assert (p.invocations, p.puts, p.gets) == tuple(
+        sum(getattr(u, f) for u in orchestration) - changes * getattr(gate, f) for f in ("invocations", "puts", "gets")
+    )
+    assert p.gb_s == pytest.approx(sum(u.gb_s for u in orchestration) - changes * gate.gb_s, rel=1e-12)
+    assert predicted.usd > max(r.usd for r in alone)
+
+
+@pytest.mark.usefixtures("timed_once")
+def test_a_schedule_predicts_each_segment_and_refuses_one_iteration_s_estimate():
+    job = make_job("dyn-predict", iterations=6)
+    plan = _scheduled(job, **dynamic.adabatch({0: 1, 2: 2, 4: 4}, GLOBAL_BATCH))
+    segs = job.predict_schedule(plan)
+    assert [(s.first, s.iterations, s.replicas, s.global_batch, s.micro_batch_size) for s in segs] == [
+        (0, 2, 1, 24, 24),
+        (2, 2, 2, 48, 24),
+        (4, 2, 4, 96, 24),
+    ]
+    for s in segs:
+        assert s.estimate == job.predict(plan.plan_at(s.first))  # as an ordinary plan of its d and batch
+        assert s.cold_s == 0.0 and s.time_s == pytest.approx(2 * s.estimate.time_s)  # d <= 1,000: no scaling ramp
+    with pytest.raises(PlanError, match="predict_schedule"):
+        job.predict(plan)
+    with pytest.raises(PlanError, match="Express"):
+        job.predict_cost(plan, workflow="express")
+
+
+def test_the_joined_window_enters_the_states_its_prediction_counts():
+    """The states planner/segments.py's TRANSITIONS_SEGMENT_* count: Start and Enter_s{j} once per
+    window; at a change inside one, Segment, Switch_s{j}, and Go?_s{j} once more."""
+    states = asl.window_definition(_plan({0: 1, 3: 2}), ["f0", "f1"], abort_key_format="jobs/{}/abort/{}")["States"]
+    assert [states["Init"]["Next"], states["Start"]["Default"], states["Enter_s0"]["Next"]] == ["Start", "Enter_s0", "Gate_s0"]
+    assert segments.TRANSITIONS_SEGMENT_ENTRY == len(["Start", "Enter_s0"])
+    assert {"Variable": "$.t", "NumericGreaterThanEquals": 3, "Next": "Segment"} in states["Go?_s0"]["Choices"]
+    assert states["Segment"]["Choices"][0]["Next"] == "Switch_s1" and states["Switch_s1"]["Next"] == "Go?_s1"
+    assert segments.TRANSITIONS_SEGMENT_SWITCH == len(["Segment", "Switch_s1", "Go?_s1"])
+
+
+def test_a_schedule_s_measured_invocations_and_transitions_are_its_predicted_ones(backend, monkeypatch):
+    """On the stack, windows of 2 iterations ([0, 2) [2, 4) [4, 6)): d changes at 2 (a window
+    boundary) and at 5 (inside a window), and versions 2, 4 and 6 are kept (each in its segment): the
+    prediction has every invocation and state transition the run is billed for, per phase."""
+    monkeypatch.setattr(asl, "window_length", lambda plan, limit=asl.HISTORY_LIMIT, **kw: 2)
+    job = make_job("dyn-cost", iterations=6, checkpoint_every=2)
+    assert job.checkpoint_versions() == [2, 4, 6]
+    run = job.run(backend=backend, stages=2, replicas={0: 1, 2: 2, 5: 1})
+    assert run.wait(progress=False, poll_s=1.0, timeout_s=600) == "SUCCEEDED"
+    measured, predicted = run.cost(), run.predicted_cost()
+    assert predicted.iterations == 6 and len(run.window_executions()) == 3
+    for phase in ("forward", "backward", "sync", "checkpoint", "orchestration"):
+        m, p = measured.phases[phase], predicted.phases[phase]
+        assert (m.invocations, m.transitions) == (p.invocations, p.transitions), (phase, m, p)
+    assert predicted.phases["backward"].invocations == 2 * (1 + 1 + 2 + 2 + 2 + 1)
+    assert measured.total.transitions == predicted.total.transitions
 
 
 def test_a_plan_with_segments_given_whole_is_checked_as_a_schedule_is():
