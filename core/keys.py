@@ -129,6 +129,13 @@ def gradient(job: str, t: int, stage: int, replica: int) -> str:
     return f"{_spread(job, replica)}iter/{t}/gshard/s{stage}/r{replica}/all"
 
 
+def gsend(job: str, t: int, stage: int, replica: int, group: int) -> str:
+    """Group ``group`` of the chunks replica ``replica`` sends its peers in a fused exchange (one
+    flat tensor of consecutive chunks, each read by its owner with a ranged GET:
+    lambdas/collectives.py ``send_groups``): in place of one ``gshard`` object per chunk."""
+    return f"{_spread(job, replica)}iter/{t}/gshard/s{stage}/r{replica}/g{group}"
+
+
 def partial(job: str, t: int, stage: int, block: int, shard: int, chunk: int) -> str:
     """A level-1 aggregator's running prefix: chunk ``chunk`` of shard ``shard`` summed over every
     replica through block ``block`` (the hierarchical chain, lambdas/collectives.py ``reduce_block``),

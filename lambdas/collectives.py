@@ -26,7 +26,8 @@ other grouping (blocks summed apart, then their sums) would differ in the last b
   shard from them, in the paper's staggered order (in round c, replica r sends chunk c of shard
   r+i to the replica that fetches it at step i), reduces and updates each chunk as soon as the d-1
   copies have arrived, uploads it, and meanwhile downloads the others' updated chunks, so the
-  container ends the task holding version t+1 and the next phase reads nothing.
+  container ends the task holding version t+1 and the next phase reads nothing. The chunks for
+  the peers travel in objects of 4 consecutive chunks (``send_groups``), each read by a ranged GET.
 - ``lambdaml_scatter_reduce`` (LambdaML), fused into the backward task too (``LambdaMLExchange``):
   the same shards, objects and reduction, in LambdaML's four phases one after another, each
   starting when the previous has ended in this worker: after the whole backward pass, upload the
@@ -54,6 +55,7 @@ from stagecoach.core.optim_state import apply_update, chunk_segments
 from stagecoach.core.versions import optimizer_keeps_state
 from stagecoach.lambdas.channel import Channel, flat_safetensors, results
 from stagecoach.lambdas.clipping import Clip
+from stagecoach.planner.model.syncmodel import exchange_group_chunks
 from stagecoach.planner.plan import reduction_blocks
 
 Layout = Sequence[Sequence[tuple[int, int]]]  # per shard, its chunks' [start, end) in the flat vector
@@ -654,6 +656,36 @@ def exchange_order(spec: SyncSpec, replica: int) -> list[tuple[int, int]]:
     return out + [(replica, c) for c in spec.chunks(replica)]
 
 
+def send_groups(algo: str, replicas: int, layout: Layout, replica: int) -> list[list[tuple[int, int]]]:
+    """The objects replica ``replica`` sends its peers in a fused exchange: the chunks of the d-1
+    shards the others own, in the stage's flat order, cut into groups of
+    ``syncmodel.exchange_group_chunks`` consecutive chunks (one object each, ``keys.gsend``). A
+    group is PUT once its last chunk is final; the backward pass finalises the flat vector from
+    its end, so each group's chunks become final together, as they would land together as
+    separate objects in the uploader's lanes. The groups are cut from the end: the first, final
+    last (the first layers' gradients), holds the remainder, so the least waits on it after the pass."""
+    sent = [(k, c) for k in range(replicas) if k != replica for c in range(len(layout[k]))]
+    size = exchange_group_chunks(algo, replicas, max((len(x) for x in layout), default=1))
+    first = len(sent) % size or size
+    return [sent[:first]] + [sent[i : i + size] for i in range(first, len(sent), size)] if sent else []
+
+
+def group_ranges(spec: SyncSpec, group: Sequence[tuple[int, int]], dtype: torch.dtype) -> dict[tuple[int, int], tuple[int, int]]:
+    """Each chunk's bytes [start, end) in a group object (``flat_safetensors``, its header padded to
+    ``ONE_OBJECT_HEADER``: the data starts at a known offset, no look at the header first)."""
+    size, at, out = torch.empty(0, dtype=dtype).element_size(), 8 + ONE_OBJECT_HEADER, {}
+    for k, c in group:
+        a, b = spec.layout[k][c]
+        out[k, c] = (at, at + (b - a) * size)
+        at += (b - a) * size
+    return out
+
+
+def sent_keys(algo: str, job: str, t: int, stage: int, replicas: int, layout: Layout, replica: int) -> list[str]:
+    """The exchange objects replica ``replica`` wrote at iteration ``t`` (for their deletion)."""
+    return [keys.gsend(job, t, stage, replica, g) for g in range(len(send_groups(algo, replicas, layout, replica)))]
+
+
 class PipelinedExchange:
     """FuncPipe's pipelined scatter-reduce for replica r (K = d, shard r is r's own).
 
@@ -663,11 +695,17 @@ class PipelinedExchange:
     """
 
     gather_early = True  # queue the gather while reducing (LambdaML's phases: after its own upload)
+    algo = "pipelined_scatter_reduce"  # how its chunks are grouped into objects (``send_groups``)
 
     def __init__(self, ch: Channel, spec: SyncSpec, replica: int, warm: Warm | None = None) -> None:
         if spec.shards != spec.replicas:
             raise ValueError(f"a scatter-reduce in the workers needs K = d shards, got K={spec.shards}, d={spec.replicas}")
         self.ch, self.spec, self.r = ch, spec, replica
+        # the objects this replica sends: which group each chunk goes in, and the chunks kept till it is whole
+        self.groups = send_groups(self.algo, spec.replicas, spec.layout, replica)
+        self.group_of = {key: g for g, keys_ in enumerate(self.groups) for key in keys_}
+        self.filling: dict[int, dict[tuple[int, int], torch.Tensor]] = {}
+        self.dtype = torch.float32  # the gradient's (the parameters'), set by ``stream``
         self.own: dict[int, torch.Tensor] = {}
         # shard r's optimizer state: held in this container (warm), else prefetched from S3
         self.warm = warm
@@ -678,12 +716,23 @@ class PipelinedExchange:
     def _download_own(self) -> None:
         """Queue the downloads of chunk c of shard r from every other replica: in the staggered
         order, at step i of a round r reads from the replica r-i."""
-        spec, ch, r, d = self.spec, self.ch, self.r, self.spec.replicas
-        self.incoming = {
-            (c, src): ch.submit_wait(keys.gshard(spec.job, spec.t, spec.stage, src, r, c), spec.deadline)
-            for c in spec.chunks(r)
-            for src in ((r - i) % d for i in range(1, d))
-        }
+        spec, r, d = self.spec, self.r, self.spec.replicas
+        sources = [(r - i) % d for i in range(1, d)]
+        groups = {src: send_groups(self.algo, d, spec.layout, src) for src in sources}
+        self.incoming = {(c, src): self._fetch(src, groups[src], c) for c in spec.chunks(r) for src in sources}
+
+    def _fetch(self, src: int, groups: Sequence[Sequence[tuple[int, int]]], c: int) -> Future[dict[str, torch.Tensor]]:
+        """Chunk c of shard r from replica ``src``'s exchange object that holds it (``groups``:
+        src's ``send_groups``): one ranged GET, polling until the object exists; an empty chunk
+        needs no request."""
+        spec = self.spec
+        g = next(i for i, group in enumerate(groups) if (self.r, c) in group)
+        a, b = group_ranges(spec, groups[g], self.dtype)[self.r, c]
+        if a == b:
+            done: Future[dict[str, torch.Tensor]] = Future()
+            done.set_result({"g": torch.zeros(0, dtype=self.dtype)})
+            return done
+        return self.ch.submit_wait_range(keys.gsend(spec.job, spec.t, spec.stage, src, g), (a, b), self.dtype, spec.deadline)
 
     def _download_gathered(self) -> None:
         """Queue the downloads of the other shards' updated chunks (version t+1), round by round."""
@@ -703,11 +752,28 @@ class PipelinedExchange:
         poll a GET, which the job pays for and a shared S3 endpoint serves)."""
         self._download_own()
 
-    def _send(self, k: int, c: int, g: torch.Tensor) -> Future[None]:
-        """Upload chunk c of shard k of this replica's gradient, for k's owner."""
-        return self.ch.submit_put(keys.gshard(self.spec.job, self.spec.t, self.spec.stage, self.r, k, c), {"g": g})
+    def _send(self, k: int, c: int, g: torch.Tensor) -> Future[None] | None:
+        """Chunk c of shard k of this replica's gradient, for k's owner: kept until the rest of its
+        group is final, then the group uploaded as one object (its future; None while it fills)."""
+        gi = self.group_of[k, c]
+        filling = self.filling.setdefault(gi, {})
+        filling[k, c] = g
+        if len(filling) < len(self.groups[gi]):
+            return None
+        del self.filling[gi]
+        flat = torch.cat([filling[key].reshape(-1) for key in self.groups[gi]])
+        if flat.dtype != self.dtype:  # its readers' ranges assume the parameters' dtype
+            raise ValueError(f"stage {self.spec.stage}'s gradient is {flat.dtype}, its parameters {self.dtype}: mixed dtypes in one stage")
+        key = keys.gsend(self.spec.job, self.spec.t, self.spec.stage, self.r, gi)
+        return self.ch.submit_put_bytes(key, flat_safetensors("g", flat, ONE_OBJECT_HEADER))
+
+    def _gradient_dtype(self, params: Sequence[nn.Parameter]) -> None:
+        """The exchanged chunks' dtype: the parameters' (``GradStream.chunk``), for the ranged reads."""
+        self.dtype = params[0].dtype if params else torch.float32
 
     def stream(self, params: Sequence[nn.Parameter]) -> GradStream:
+        self._gradient_dtype(params)
+
         def emit(k: int, c: int, g: torch.Tensor) -> None:
             if k == self.r:
                 self.own[c] = g
@@ -763,15 +829,18 @@ class LambdaMLExchange(PipelinedExchange):
     """
 
     gather_early = False
+    algo = "lambdaml_scatter_reduce"
 
     def stream(self, params: Sequence[nn.Parameter]) -> GradStream:
+        self._gradient_dtype(params)
         held: dict[tuple[int, int], torch.Tensor] = {}
         self.held = held
         return GradStream(params, self.spec.layout, exchange_order(self.spec, self.r), lambda k, c, g: held.__setitem__((k, c), g))
 
     def finish(self, params_t: torch.Tensor) -> torch.Tensor:
         r = self.r
-        results([self._send(k, c, self.held[k, c]) for k, c in exchange_order(self.spec, r) if k != r])  # phase 1
+        sent = [self._send(k, c, self.held[k, c]) for k, c in exchange_order(self.spec, r) if k != r]
+        results([f for f in sent if f is not None])  # phase 1
         self.own = {c: g for (k, c), g in self.held.items() if k == r}
         self._download_own()
         results(list(self.incoming.values()))  # phase 2: the whole shard has arrived

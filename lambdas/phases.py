@@ -472,6 +472,8 @@ def _forget_iteration(ctx: JobContext, ch: Channel, t: int, stage: int, replica:
     layout = ctx.layout(stage)
     if ctx.one_gradient_object(stage) is not None:
         ks.append(keys.gradient(job, t, stage, replica))
+    elif plan.sync[stage] in collectives.EXCHANGES:  # its exchange objects
+        ks += collectives.sent_keys(plan.sync[stage], job, t, stage, plan.replicas, layout, replica)
     else:
         ks += [keys.gshard(job, t, stage, replica, k, c) for k in range(len(layout)) for c in range(len(layout[k]))]
     ch.submit_delete(ks)

@@ -12,6 +12,18 @@ import threading
 import time
 
 
+def ranged(body: bytes, header: str | None) -> bytes:
+    """The part of ``body`` a GetObject ``Range`` header (``bytes=a-b``, both ends included, b
+    clipped to the object) asks for, as S3 serves it; the whole body without one."""
+    if header is None:
+        return body
+    a, _, b = header.removeprefix("bytes=").partition("-")
+    start, end = int(a), min(len(body) - 1, int(b)) if b else len(body) - 1
+    if start > end:
+        raise ValueError(f"range {header} of a {len(body)}-byte object is not satisfiable (S3: 416)")
+    return body[start : end + 1]
+
+
 class _Exceptions:
     class NoSuchKey(Exception):
         pass
@@ -33,11 +45,12 @@ class MemoryS3:
             self.puts += 1
         return {}
 
-    def get_object(self, Bucket: str, Key: str, **_: object) -> dict:
+    def get_object(self, Bucket: str, Key: str, Range: str | None = None, **_: object) -> dict:
         with self.lock:
             if Key not in self.objects:
                 raise _Exceptions.NoSuchKey(Key)
             body = self.objects[Key]
+        body = ranged(body, Range)
         return {"Body": io.BytesIO(body), "ContentLength": len(body)}
 
     def delete_objects(self, Bucket: str, Delete: dict) -> dict:

@@ -289,10 +289,11 @@ def test_lambdamls_exchange_starts_after_the_backward_pass_and_the_pipelined_one
         assert not ch._pending and not s3.keys(prefix), "no request may start before the backward pass has ended"
     else:
         end = time.time() + 10
-        while len(s3.keys(prefix)) < len(layout[1]) and time.time() < end:  # the uploads started during it land
+        groups = collectives.send_groups(algo, d, layout, 0)  # shard 1's chunks, merged (keys.gsend)
+        while len(s3.keys(prefix)) < len(groups) and time.time() < end:  # the uploads started during it land
             time.sleep(0.01)
         sent = s3.keys(prefix)
-        assert len(sent) == len(layout[1]) and all("/r0/k1/" in key for key in sent)
+        assert sum(map(len, groups)) == len(layout[1]) and sent == sorted(keys.gsend(JOB, 0, 0, 0, g) for g in range(len(groups)))
     ch.settle(failed=True)
 
 

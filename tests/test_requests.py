@@ -1,12 +1,15 @@
 """S3 requests per iteration, counted where AWS would bill them: every request the local stack serves
 (sdk/local/access.py ``REQUEST_LOG_ENV``), by kind of object, for a job of the README demo's shape
-(3 stages x 2 replicas x 2 micro-batches, scatter-reduce, Adam). Issue 26's cuts stay cut (a small
-stage's gradient is one object per replica, read by ranged GETs), the performance model counts
+(3 stages x 2 replicas x 2 micro-batches, scatter-reduce, Adam), and of a float64 one whose backward
+tasks exchange the gradient (pipelined scatter-reduce). Issue 26's cuts stay cut (a small stage's
+gradient is one object per replica; a fused exchange's chunks travel merged; both read by ranged
+GETs), the performance model counts
 exactly the PUTs and GETs the tasks make, and the parameters are still plain PyTorch's, bit for bit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections import Counter
@@ -18,7 +21,7 @@ from helpers import max_diff
 from memory_s3 import MemoryS3
 from torch import nn
 
-from stagecoach import Job
+from stagecoach import Job, Run
 from stagecoach.lambdas.channel import Channel
 from stagecoach.local.access import REQUEST_LOG_ENV
 from stagecoach.local.backend import BUCKET, LocalBackend
@@ -100,9 +103,39 @@ def run_twice(backend: LocalBackend, job: str) -> frozenset[int]:
     return frozenset(w.t for w in phase_watchers(backend.clients.s3, backend.resources.bucket, job) if w.again)
 
 
+def float64_job(name: str) -> Job:
+    """A float64 job for 2 stages x 4 replicas: its runs equal plain PyTorch's to float64 noise."""
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 10, generator=g, dtype=torch.float64), torch.randint(0, 3, (64,), generator=g)
+    return Job(
+        name=name,
+        model=lambda: nn.Sequential(nn.Linear(10, 24), nn.Tanh(), nn.Linear(24, 3)),
+        loss=nn.CrossEntropyLoss(),
+        optimizer=lambda p: torch.optim.Adam(p, lr=1e-2),
+        train=(x, y),
+        global_batch=16,
+        iterations=ITERATIONS,
+        seed=0,
+        dtype=torch.float64,
+    )
+
+
+MERGED = {"stages": 2, "replicas": 4, "micro_batches": 1}
+MERGED_CHUNKS = 2  # C per shard: each backward task sends (d-1) C = 6 chunks, in 2 objects
+
+
+def start_merged(backend: LocalBackend) -> dict[str, Run]:
+    """The float64 job with its gradients exchanged in the backward tasks (merged objects, ranged
+    GETs) and, for its bits, the same job reduced by a sync Map (scatter-reduce: the same left fold)."""
+    job = float64_job("requests-merged")
+    plan = dataclasses.replace(job.manual_plan(sync="pipelined_scatter_reduce", **MERGED), chunks=(MERGED_CHUNKS,) * 2)
+    twin = dataclasses.replace(job.manual_plan(sync="scatter_reduce", aggregators=4, **MERGED), chunks=(MERGED_CHUNKS,) * 2)
+    return {"exchange": job.run(plan=plan, backend=backend), "map": float64_job("requests-map").run(plan=twin, backend=backend)}
+
+
 @pytest.fixture(scope="module")
-def counted(tmp_path_factory):
-    """The demo-shaped job, run on a stack of its own that logs every S3 request it serves."""
+def logged(tmp_path_factory):
+    """The jobs of this module, run on a stack of its own that logs every S3 request it serves."""
     log = str(tmp_path_factory.mktemp("requests") / "s3.log")
     saved = {k: os.environ.get(k) for k in (REQUEST_LOG_ENV, "STAGECOACH_LOCAL_ATTACH")}
     # set while the stack starts (its server inherits it) and the module's runs go
@@ -115,9 +148,14 @@ def counted(tmp_path_factory):
         run = job.run(backend=backend, **SHAPE)
         # the same job whose gradients travel as chunk objects: the pipelined sync exchanges them itself
         chunked = demo_like("requests-chunked").run(backend=backend, sync="pipelined_scatter_reduce", **SHAPE)
-        assert run.wait(progress=False, timeout_s=900) == "SUCCEEDED"
-        assert chunked.wait(progress=False, timeout_s=900) == "SUCCEEDED"
+        for r in (run, chunked):
+            assert r.wait(progress=False, timeout_s=900) == "SUCCEEDED"
+        merged = start_merged(backend)  # after the demo's: a loaded machine's late tasks run twice
+        for r in merged.values():
+            assert r.wait(progress=False, timeout_s=900) == "SUCCEEDED"
         counts = per_iteration(log, run.job_id, run_twice(backend, run.job_id))
+        ex = merged["exchange"]
+        merged_counts = per_iteration(log, ex.job_id, run_twice(backend, ex.job_id))
     except BaseException:
         if backend is not None:
             backend.stack.close()  # the stack it started, also when its runs fail
@@ -129,8 +167,20 @@ def counted(tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    yield job, run, counts, chunked
+    yield (job, run, counts, chunked), (merged, merged_counts)
     backend.stack.close()
+
+
+@pytest.fixture(scope="module")
+def counted(logged):
+    """The demo-shaped job's run, its requests per iteration, and its pipelined twin's run."""
+    return logged[0]
+
+
+@pytest.fixture(scope="module")
+def merged(logged):
+    """The float64 exchange run and its sync-Map twin, and the exchange run's requests per iteration."""
+    return logged[1]
 
 
 def test_each_replica_sends_a_small_stages_gradient_as_one_object(counted):
@@ -204,3 +254,53 @@ def test_a_workers_list_counts_as_what_s3_bills_it_a_put():
     s3.put_object(Bucket="bucket", Key="jobs/j/abort/w0-a", Body=b"{}")
     assert ch.any_under("jobs/j/abort/w0-") and not ch.any_under("jobs/j/abort/w5-")
     assert (ch.stats.puts, ch.stats.gets) == (2, 0)
+
+
+def test_the_exchange_sends_its_peers_chunks_in_merged_objects(merged):
+    """Each backward task PUTs its (d-1) C = 6 peer chunks as 2 objects (UPLOADS_IN_FLIGHT chunks
+    each), not 6; each owner still reads every chunk of its shard, now by a ranged GET: 2 stages x
+    d = 4 tasks x 2 objects = 16 PUTs an iteration where one object per chunk was 48."""
+    runs, each = merged
+    d, c, stages = MERGED["replicas"], MERGED_CHUNKS, MERGED["stages"]
+    per_task = syncmodel.exchange_objects("pipelined_scatter_reduce", d, c)
+    assert per_task == 2 and each["gshard", "PUT"] == stages * d * per_task == 16
+    assert stages * d * (d - 1) * c - each["gshard", "PUT"] == 32  # the PUTs the merge saves
+    assert each["gshard", "RANGE"] == stages * d * (d - 1) * c and each["gshard", "GET"] == 0
+
+
+def test_merged_exchange_objects_train_the_same_bits(merged):
+    """The transport changed, not the reduction: every stage equals, to the bit, the same job
+    reduced by a sync Map (the same left fold), and plain PyTorch's within float64 noise."""
+    runs, _ = merged
+    ex, twin = runs["exchange"], runs["map"]
+    for s in range(MERGED["stages"]):
+        assert torch.equal(ex.stage_vector(s), twin.stage_vector(s))
+    job = ex.job
+    assert max_diff(ex.trained_model(), job.build_model()) > 1e-3
+    assert max_diff(ex.trained_model(), train_reference(job, replicas=MERGED["replicas"], micro_batches=1)) < 1e-12
+
+
+def test_the_model_counts_the_merged_exchanges_requests(merged):
+    """The model's PUTs per iteration are the exchange tasks' own, exactly; its GETs, polls
+    aside, too but for the optimizer state's reload (as for the demo)."""
+    runs, each = merged
+    run = runs["exchange"]
+    est = run.job.predict(run.plan)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Platform, "polls_while_waiting", lambda self, wait_s, *_, **__: 0.0)
+        quiet = run.job.predict(run.plan)
+    puts = sum(v for (k, cls), v in each.items() if k in TASK_KINDS and cls == "PUT")
+    gets = sum(v for (k, cls), v in each.items() if k in TASK_KINDS and cls in ("GET", "RANGE"))
+    assert puts == est.s3_puts
+    assert gets == pytest.approx(quiet.s3_gets, abs=0.5)
+
+
+def test_the_in_memory_s3_serves_a_range_as_s3_does():
+    """``bytes=a-b`` is [a, b] with both ends included, b clipped to the object (the GetObject
+    page's Range, RFC 9110); the exchange's ranged reads rely on it in the in-memory S3 too."""
+    s3 = MemoryS3()
+    s3.put_object(Bucket="bucket", Key="k", Body=bytes(range(10)))
+    got = [s3.get_object(Bucket="bucket", Key="k", Range=r)["Body"].read() for r in ("bytes=2-4", "bytes=8-20", "bytes=3-")]
+    assert got == [bytes([2, 3, 4]), bytes([8, 9]), bytes(range(3, 10))]
+    with pytest.raises(ValueError, match="not satisfiable"):
+        s3.get_object(Bucket="bucket", Key="k", Range="bytes=10-12")

@@ -162,6 +162,24 @@ def one_gradient_object(algo: str, k: int, chunks: int, grad_bytes: float, block
     return algo in ONE_OBJECT_SYNC and blocks == 1 and k > 1 and chunks == 1 and grad_bytes <= ONE_OBJECT_GRADIENT_BYTES
 
 
+# The fused exchanges (``collectives.PipelinedExchange``) send a peer's chunks not one object each but
+# merged, consecutive chunks of the flat gradient (the own shard left out) in one object, which each
+# owner reads its chunk of by a ranged GET: the pipelined exchange merges UPLOADS_IN_FLIGHT chunks,
+# the group its uploader lands together anyway (its lag in ``PipelinedScatterReduce``), so an object
+# is complete as soon as its chunks would have landed; LambdaML's, which uploads only after the
+# backward pass, merges them all. The same PUT bytes in fewer PUTs; GETs and the bits unchanged.
+def exchange_group_chunks(algo: str, d: int, chunks: int) -> int:
+    """How many peer chunks (of the (d-1) C a backward task sends) go in one exchange object. The
+    runtime (lambdas/collectives.py ``send_groups``) and this model decide it by this one function."""
+    return max(1, (d - 1) * chunks) if algo == "lambdaml_scatter_reduce" else UPLOADS_IN_FLIGHT
+
+
+def exchange_objects(algo: str, d: int, chunks: int) -> int:
+    """The exchange objects a backward task PUTs per iteration (``exchange_group_chunks``)."""
+    sent = (d - 1) * chunks
+    return -(-sent // exchange_group_chunks(algo, d, chunks))
+
+
 def _stateful(plat: Platform) -> int:
     return 1 if plat.optimizer_state_ratio > 0 else 0
 
@@ -401,7 +419,9 @@ class PipelinedScatterReduce(SyncAlgorithm):
     chunk of shard r ((1+rho) P/d on the upload link, from the first reduced chunk on), and
     downloads the others' updated chunks (E again), each a group and a latency behind its PUT.
     Chunks handed to the uploader together (UPLOADS_IN_FLIGHT = 4) share the link and land
-    together, so the pipeline's lag is a group: a = min(4, (d-1) C) chunks, a' = min(4, C).
+    together, so the pipeline's lag is a group: a = min(4, (d-1) C) chunks, a' = min(4, C); each
+    such group travels as one object (``exchange_group_chunks``), read by ranged GETs, so the lag
+    is the same and the PUTs are ceil((d-1) C / 4) + C (1 + state), not (d-1) C + C (1 + state).
     After the backward pass, with u = max(a, E - g_last) the exchange uploads left:
         X   = max(max(prefetch left, t_lat + a) + E, u + t_lat + a)   exchange downloaded
         own = max(u, X - E + a) + (1 + rho) P/(d w)                  r's chunks uploaded
@@ -453,7 +473,7 @@ class PipelinedScatterReduce(SyncAlgorithm):
             d,
             tail_s=tail,
             shards=d * c,
-            tail_puts=(d - 1) * c + c * (1 + sf),
+            tail_puts=exchange_objects(self.name, d, c) + c * (1 + sf),
             tail_gets=2 * (d - 1) * c * (1 + polls) + c * _state_reads(plat),
             backward_extra_bytes=((d - 1) * p_bytes + (d + 2 * rho) * pm) / d,
         )
@@ -475,6 +495,7 @@ class LambdaMLScatterReduce(SyncAlgorithm):
     update (opt/d: ZeRO-1, each worker updates its own shard; LambdaML's own workers each update
     their whole replica from the merged gradient — the same bytes on the links, the same bits;
     ``LambdaMLPublishedScatterReduce`` prices that, for LambdaML's measured runs).
+    Phase 1 PUTs the (d-1) C chunks as one object (``exchange_group_chunks``), read by ranged GETs.
     The task ends holding version t+1: the next phase loads nothing. Memory as the pipelined
     algorithm's: the exchanged chunks and the gathered vector, and r's new parameters and state.
     """
@@ -511,7 +532,7 @@ class LambdaMLScatterReduce(SyncAlgorithm):
             d,
             tail_s=tail,
             shards=d * c,
-            tail_puts=(d - 1) * c + c * (1 + sf),
+            tail_puts=exchange_objects(self.name, d, c) + c * (1 + sf),
             tail_gets=2 * (d - 1) * c * (1 + polls) + c * _state_reads(plat),
             backward_extra_bytes=((d - 1) * p_bytes + (d + 2 * rho) * pm) / d,
         )
