@@ -236,13 +236,16 @@ class LowerBounds:
         ca: dict[str | None, Any] = {None: True, "s": sA, "ns": ~sA}
         cb: dict[str | None, Any] = {None: True, "b": bg, "nb": ~bg}
         al, pA, pB, wq = self.allow[:, qs], self.payA[:, qs], self.payB[:, qs], w[:, qs][:, None, None, :]
+        pay = {(False, False): 0.0, (True, False): pA, (False, True): pB, (True, True): pA + pB}
         X = [[D[:, f1, f2, :-1] + wq for f2 in (0, 1)] for f1 in (0, 1)]
         out = np.full(D.shape[:-1], np.inf)
+        buf = np.empty_like(X[0][0])  # (the same sums and minima as fresh arrays, without allocating nine)
+        v = np.empty(buf.shape[:-1])
         for fa, fb, fa2, fb2, cA, cB, pa, pb in _TRANS:
-            add = np.where(ca[cA] & cb[cB] & al, (pA if pa else 0.0) + (pB if pb else 0.0), np.inf)
+            add = np.where(ca[cA] & cb[cB] & al, pay[(pa, pb)], np.inf)
             (s1, s2), (d1, d2) = ((fa, fb), (fa2, fb2)) if forward else ((fa2, fb2), (fa, fb))
-            v = (X[s1][s2] + add[None, None]).min(axis=-1)
-            out[:, d1, d2, 1:] = np.minimum(out[:, d1, d2, 1:], v)
+            np.min(np.add(X[s1][s2], add[None, None], out=buf), axis=-1, out=v)
+            np.minimum(out[:, d1, d2, 1:], v, out=out[:, d1, d2, 1:])
         return out
 
     def _band_const(self) -> np.ndarray:
