@@ -64,3 +64,18 @@ def test_function_level_imports_are_optional_dependencies_that_say_so() -> None:
                 if not (name or "").startswith(OPTIONAL) or not commented:
                     found.append(f"{rel}:{node.lineno} {fn.name} imports {name}")
     assert not found, "import at the top of the module, or (a heavy optional dependency) say so in a comment:\n" + "\n".join(found)
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """pytest imports test modules by their basename (rootdir import mode, no __init__.py): two
+    files of one name in different folders stop the whole run at collection."""
+    seen: dict[str, str] = {}
+    clashes = []
+    for folder, _, files in os.walk(os.path.join(ROOT, "tests")):
+        for name in files:
+            if name.startswith("test_") and name.endswith(".py"):
+                path = os.path.relpath(os.path.join(folder, name), ROOT)
+                if name in seen:
+                    clashes.append((seen[name], path))
+                seen.setdefault(name, path)
+    assert not clashes, f"test modules of the same name (rename one): {clashes}"
