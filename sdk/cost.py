@@ -251,15 +251,7 @@ def predict_schedule(
             raise ValueError("checkpoint versions given without the checkpoint pass's estimate (planner/model/passes.py)")
         if kept and part.checkpoint is not None:
             phases["checkpoint"] += pass_usage(seg, part.checkpoint, len(kept))
-        gate, w = gate_usage(seg, platform, capped), watchers_predicted(seg, est)
-        per_iteration = asl.phase_transitions(seg)["orchestration"] + asl.TRANSITIONS_DUE_CHECK * bool(saves)
-        phases["orchestration"] += Usage(
-            gb_s=(gate.gb_s + w.gb_s) * n,
-            invocations=(gate.invocations + w.invocations) * n,
-            transitions=per_iteration * n,
-            puts=(gate.puts + w.puts) * n,
-            gets=(gate.gets + w.gets) * n,
-        )
+        phases["orchestration"] += _iteration_orchestration(seg, est, n, platform, capped, bool(saves), billed=True)
         unsplit += Usage(puts=round(est.s3_puts * n), gets=round(est.s3_gets * n))
     ends = [min(start + length, iterations) for start in range(0, iterations, length)]
     for end in ends:  # each window's last gate, at the memory and tasks of its last iteration's segment
@@ -287,14 +279,12 @@ def _orchestration(plan: Plan, estimate: Estimate, n: int, platform: Platform, c
     """The gates, the windows' bookkeeping states and the job's (STANDARD windows), or the
     windows' requests and duration and the job's states (EXPRESS)."""
     count = math.ceil(n / windows.length)
+    standard = windows.workflow == asl.STANDARD
+    usage = _iteration_orchestration(plan, estimate, n, platform, capped, checks, standard)
     gate = gate_usage(plan, platform, capped)
-    gates = n + count  # one before each iteration and one at each window's end
-    usage = Usage(gb_s=gate.gb_s * gates, invocations=gates, puts=gate.puts * gates, gets=gate.gets * gates)
-    w = watchers_predicted(plan, estimate)
-    usage = usage + Usage(gb_s=w.gb_s * n, invocations=w.invocations * n, puts=w.puts * n, gets=w.gets * n)
-    if windows.workflow == asl.STANDARD:
-        per_iteration = asl.phase_transitions(plan)["orchestration"] + asl.TRANSITIONS_DUE_CHECK * checks
-        transitions = per_iteration * n + count * (asl.TRANSITIONS_WINDOW_FIXED + asl.TRANSITIONS_JOB_PER_WINDOW)
+    usage = usage + Usage(gb_s=gate.gb_s * count, invocations=count, puts=gate.puts * count, gets=gate.gets * count)  # window ends
+    if standard:
+        transitions = count * (asl.TRANSITIONS_WINDOW_FIXED + asl.TRANSITIONS_JOB_PER_WINDOW)
         return usage + Usage(transitions=transitions + asl.TRANSITIONS_JOB_FIXED)
     full, last = divmod(n, windows.length)
     durations = [windows.length * estimate.time_s] * full + ([last * estimate.time_s] if last else [])
@@ -303,6 +293,20 @@ def _orchestration(plan: Plan, estimate: Estimate, n: int, platform: Platform, c
         transitions=count * asl.TRANSITIONS_JOB_PER_EXPRESS_WINDOW + asl.TRANSITIONS_JOB_FIXED,
         express_requests=count,
         express_gb_s=billed_s * windows.memory_mb / 1024.0,
+    )
+
+
+def _iteration_orchestration(plan: Plan, estimate: Estimate, n: int, platform: Platform, capped: bool, checks: int, billed: bool) -> Usage:
+    """``n`` iterations' own orchestration: the gate before each, the phase watchers, and (``billed``:
+    STANDARD windows) each iteration's bookkeeping states with its due checks (``checks``)."""
+    gate, w = gate_usage(plan, platform, capped), watchers_predicted(plan, estimate)
+    per_iteration = asl.phase_transitions(plan)["orchestration"] + asl.TRANSITIONS_DUE_CHECK * checks
+    return Usage(
+        gb_s=(gate.gb_s + w.gb_s) * n,
+        invocations=(gate.invocations + w.invocations) * n,
+        transitions=per_iteration * n * billed,
+        puts=(gate.puts + w.puts) * n,
+        gets=(gate.gets + w.gets) * n,
     )
 
 
