@@ -100,9 +100,10 @@ def test_staleness_changes_the_run_against_bsp_k_reduce(runs):
     assert all(abs(a - b) > 1e-9 for a, b in zip(got[1:], plain[1:], strict=True))  # then stale replicas
 
 
-def test_non_aggregators_end_after_their_gradient_and_only_aggregators_sync(runs):
+def test_every_replica_computes_and_only_aggregators_sync(runs):
     """Each HAP iteration: d backward tasks (the replicas), then K sync tasks — shard k's owner
-    is sync task k — and every non-aggregator's task has ended before any sync task starts."""
+    is sync task k. (That non-aggregators do not wait for the aggregation is the window's shape
+    today, BSP's too: the sync Map starts after the backward Map; no overlap yet.)"""
     run, (_, _, split) = runs["unequal"], CASES["unequal"]
     ms = run.metrics()
     for t in range(run.job.iterations):
@@ -110,7 +111,6 @@ def test_non_aggregators_end_after_their_gradient_and_only_aggregators_sync(runs
         sync = [m for m in ms if m.t == t and m.phase == "sync"]
         assert sorted(m.index for m in back) == list(range(split.replicas))
         assert sorted(m.index for m in sync) == list(range(split.aggregators))
-        assert max(m.end for m in back if m.index >= split.aggregators) <= min(m.start for m in sync)
 
 
 # -- which stored versions a HAP sync task deletes -------------------------------------------------------
