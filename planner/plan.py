@@ -179,12 +179,7 @@ class Plan:
             object.__setattr__(self, "aggregators", (self.aggregators,) * n)
         else:
             object.__setattr__(self, "aggregators", _int_tuple("aggregators", self.aggregators))
-        if not self.memory_mb:
-            object.__setattr__(self, "memory_mb", (2048,) * n)
-        elif isinstance(self.memory_mb, int):
-            object.__setattr__(self, "memory_mb", (self.memory_mb,) * n)
-        else:
-            object.__setattr__(self, "memory_mb", _int_tuple("memory_mb", self.memory_mb))
+        object.__setattr__(self, "memory_mb", _per_stage_ints("memory_mb", self.memory_mb, n, 2048))
         if not self.timeouts_s:
             object.__setattr__(self, "timeouts_s", tuple({p: 300 for p in PHASES} for _ in range(n)))
         else:
