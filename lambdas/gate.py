@@ -39,9 +39,12 @@ from typing import Any
 
 from stagecoach.core import keys
 from stagecoach.core.cost import Prices, Usage, express_gb_s, gb_seconds, task_usage
+from stagecoach.core.decisions import decisions_key, with_decisions
 from stagecoach.core.events import GateEvent
 from stagecoach.core.records import CostTally, JobSpec, StopRecord, StopRequest, TaskMetrics
+from stagecoach.lambdas import policy
 from stagecoach.lambdas.channel import Channel
+from stagecoach.lambdas.policy import covered
 from stagecoach.lambdas.timeouts import expected, learn, learnt_for, task_keys
 from stagecoach.planner.emit import asl
 from stagecoach.planner.limits import WATCH_GRACE_S, map_transitions
@@ -50,14 +53,21 @@ from stagecoach.planner.plan import Plan
 _SPECS: dict[tuple[str, str], JobSpec] = {}
 
 
-def _spec(ch: Channel, job: str) -> JobSpec:
+def _spec(ch: Channel, job: str, t: int | None = None) -> JobSpec:
+    """The job's spec, kept per container; read again when a replica policy's plan in it has not
+    decided iteration ``t`` (the gate of another container may have since: lambdas/policy.py)."""
     key = (ch.bucket, job)
+    if key in _SPECS and t is not None and _SPECS[key].plan.get("choices") and not covered(_SPECS[key].to_plan(), t):
+        del _SPECS[key]
     if key not in _SPECS:
         body = ch.get_bytes(keys.job_spec(job))
         if body is None:
             raise FileNotFoundError(f"job {job!r} has no spec in s3://{ch.bucket}/{keys.job_spec(job)}")
+        spec = JobSpec.model_validate_json(body)
+        if spec.plan.get("choices"):  # a replica policy: its decisions so far (core/decisions.py)
+            spec = with_decisions(spec, ch.get_bytes(decisions_key(job)))
         _SPECS.clear()
-        _SPECS[key] = JobSpec.model_validate_json(body)
+        _SPECS[key] = spec
     return _SPECS[key]
 
 
@@ -66,7 +76,7 @@ def job_plan(ch: Channel, job: str, t: int | None = None) -> Plan:
     (lambdas/watcher.py) needs no more of the job (its code is the tasks'), and a container of
     its own function keeps the spec from one watcher to the next. ``t``: the plan iteration t runs
     (dynamic workers: its segment's replicas)."""
-    return _spec(ch, job).to_plan(t)
+    return _spec(ch, job, t).to_plan(t)
 
 
 def iteration_usage(ch: Channel, job: str, plan: Plan, t: int, spec: JobSpec | None = None) -> Usage:
@@ -279,7 +289,7 @@ def _cap_request(ch: Channel, spec: JobSpec, ev: GateEvent, tally: CostTally) ->
 
 def gate(ev: GateEvent, ch: Channel, started: float, memory_mb: int) -> dict[str, Any]:
     """May the job run iteration ``ev.t``? ``{"stop": bool}`` for the window's Go? choice."""
-    spec = _spec(ch, ev.job)
+    spec = _spec(ch, ev.job, ev.t if ev.t < ev.end else None)
     body = ch.get_bytes(keys.stop_request(ev.job))
     request = StopRequest.model_validate_json(body) if body is not None else _nonfinite_request(ch, spec, ev)
     out: dict[str, Any] = {"stop": False}
@@ -292,6 +302,8 @@ def gate(ev: GateEvent, ch: Channel, started: float, memory_mb: int) -> dict[str
         record = StopRecord(version=ev.t, reason=request.reason, time=time.time(), detail=request.detail, attempt=ev.attempt)
         ch.put_bytes(keys.stopped(ev.job), record.model_dump_json().encode())
         out["stop"] = True
+    if spec.plan.get("choices"):  # a replica policy: the segment this iteration runs, decided at its window's first
+        spec = _policy_segment(ch, spec, ev, out)
     # after the meter: the tally leaves out these few requests, the client's measured cost does not
     warm = _warm_attempt(ch, spec, ev)
     out["timeouts"] = learn(ch, ev.job, spec.to_plan(ev.t), ev.t, warm)
@@ -299,6 +311,22 @@ def gate(ev: GateEvent, ch: Channel, started: float, memory_mb: int) -> dict[str
     # again in another container would not find it (WarmStateLost restarts the window)
     out["expect"] = {} if warm else expected(learnt_for(ch.bucket, ev.job))
     return out
+
+
+def _policy_segment(ch: Channel, spec: JobSpec, ev: GateEvent, out: dict[str, Any]) -> JobSpec:
+    """Put the segment iteration ``ev.t`` runs in the gate's answer ``out`` (the policy window
+    routes on it): decided if the spec does not cover it yet, at the window's first iteration
+    (lambdas/policy.py ``decide``), not where none runs (the window's end, a stop); the spec as it
+    now is, kept for this container."""
+    if ev.t < ev.end and not out["stop"] and not covered(spec.to_plan(), ev.t):
+        segment, spec = policy.decide(ch, spec, ev)
+        _SPECS.clear()
+        _SPECS[(ch.bucket, ev.job)] = spec
+        out["segment"] = segment
+        return spec
+    plan = spec.to_plan()
+    out["segment"] = policy.segment_of(plan, ev.t) if covered(plan, ev.t) else policy.last_segment(plan)
+    return spec
 
 
 _WARM: dict[str, bool] = {}

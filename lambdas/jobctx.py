@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from stagecoach.core import keys
+from stagecoach.core.decisions import decisions_key, with_decisions
 from stagecoach.core.optim_state import group_runs
 from stagecoach.core.records import EvalSpec, JobSpec
 from stagecoach.core.schedule import MakeScheduler, Schedule, hyperparameters, stand_in
@@ -430,16 +431,16 @@ def job_context(channel: Channel, job: str, t: int | None = None) -> JobContext:
     (sdk/deploy/resume.py rewrote its spec): the spec is read again, the container's warm state kept."""
     key = (channel.bucket, job)
     ctx = _CACHE.get(key)
-    if ctx is not None and t is not None and t >= ctx.spec.iterations:
+    if ctx is not None and t is not None and (t >= ctx.spec.iterations or _undecided(ctx.spec, t)):
         body = channel.get_bytes(keys.job_spec(job))
         if body is not None:
-            ctx.spec = JobSpec.model_validate_json(body)
+            ctx.spec = _with_decisions(channel, job, JobSpec.model_validate_json(body))
     if key not in _CACHE:
         spec_body = channel.get_bytes(keys.job_spec(job))
         code_body = channel.get_bytes(keys.job_code(job))
         if spec_body is None or code_body is None:
             raise FileNotFoundError(f"job {job!r} has no spec or code in s3://{channel.bucket}/{keys.job_prefix(job)}")
-        spec = JobSpec.model_validate_json(spec_body)
+        spec = _with_decisions(channel, job, JobSpec.model_validate_json(spec_body))
         code = cloudpickle.loads(code_body)  # the user's own code, from the job's own bucket
         _CACHE.clear()  # one job per function: drop any other job's state
         _CACHE[key] = JobContext(
@@ -455,6 +456,20 @@ def job_context(channel: Channel, job: str, t: int | None = None) -> JobContext:
             make_scheduler=code.get("scheduler"),
         )
     ctx = _CACHE[key]
+    if t is not None and ctx.spec.plan.get("choices") and not ctx.spec.plan.get("segments"):  # the gate decides first
+        raise RuntimeError(f"job {job!r}: its replica policy has decided no iteration's d yet (iteration {t})")
     if t is not None and ctx.spec.plan.get("segments"):  # dynamic workers: the plan iteration t runs
         ctx.plan = ctx.spec.to_plan(t)
     return ctx
+
+
+def _with_decisions(channel: Channel, job: str, spec: JobSpec) -> JobSpec:
+    """A replica policy's spec with its decisions so far (core/decisions.py); any other as it is."""
+    return with_decisions(spec, channel.get_bytes(decisions_key(job))) if spec.plan.get("choices") else spec
+
+
+def _undecided(spec: JobSpec, t: int) -> bool:
+    """Whether the spec's plan is a replica policy's (lambdas/policy.py) that has not decided
+    iteration t's d as this copy of it says: read the spec again (the gate has since, for an
+    iteration; a version at the decided end, a checkpoint's, runs in the last decision's plan)."""
+    return bool(spec.plan.get("choices")) and not (spec.plan.get("segments") and t < int(spec.plan.get("decided", 0)))

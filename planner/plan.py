@@ -151,6 +151,11 @@ class Plan:
     # a segment's learning-rate multiplier (a growing global batch, planner/segments.py): every
     # parameter group's lr is the optimizer factory's times this, from the segment's first iteration
     lr_scale: float = 1.0
+    # a replica policy (planner/segments.py ReplicaPolicy): the d values it may choose, in order
+    # (the fields above are the largest's plan), and the iterations [0, decided) its decisions so
+    # far cover, materialized in ``segments`` by the gate (lambdas/gate.py); empty and 0 otherwise
+    choices: tuple[int, ...] = ()
+    decided: int = 0
     chunks: tuple[int, ...] = ()
     # FasDL's HAP (sync "k_reduce_hap", planner/hap.py): the extra samples each non-aggregator
     # takes beyond each aggregator per iteration (HapSplit.extra); 0 for every other sync
@@ -191,6 +196,7 @@ class Plan:
         if isinstance(self.prediction, Mapping):  # from JSON
             object.__setattr__(self, "prediction", Prediction.from_dict(self.prediction))
         object.__setattr__(self, "segments", _segment_tuple(self.segments))
+        object.__setattr__(self, "choices", _int_tuple("choices", self.choices) if self.choices else ())
         if isinstance(self.lr_scale, bool) or not isinstance(self.lr_scale, (int, float)) or not 0 < self.lr_scale < float("inf"):
             raise PlanError(f"plan.lr_scale={self.lr_scale!r}: a positive, finite learning-rate multiplier")
         object.__setattr__(self, "lr_scale", float(self.lr_scale))
@@ -445,6 +451,10 @@ class Plan:
             d.pop("lr_scale")
         if not self.hap_extra:  # likewise a plan that is not HAP's unequal partitioning
             d.pop("hap_extra")
+        d["choices"] = list(self.choices)
+        if not self.choices:  # likewise a plan without a replica policy
+            d.pop("choices")
+            d.pop("decided")
         return d
 
     def to_json(self) -> str:
@@ -470,6 +480,8 @@ class Plan:
             "phase_watchers",
             "segments",
             "lr_scale",
+            "choices",
+            "decided",
             "chunks",
             "hap_extra",
         }

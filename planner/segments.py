@@ -8,15 +8,19 @@ written by one segment is read unchanged by the next; only the replicas (and wit
 micro-batch size) change, and optionally the global batch (``global_batch={first iteration: G}``,
 the data order continuing: core/training.py batch_position) with a learning-rate multiplier
 (``lr_scale={first iteration: factor}``, cumulative, each segment's ``Plan.lr_scale``): Hydrozoa's
-AdaBatch policy. What would need the state re-cut (a changing K or chunk layout), a policy
-callable, and by-epoch keys are refused here, each named. A schedule is predicted segment by
+AdaBatch policy. What would need the state re-cut (a changing K or chunk layout) and a policy
+callable are refused here, each named; a by-epoch schedule (sdk/dynamic.py by_epoch) reaches here
+already keyed by iteration. A schedule is predicted segment by
 segment (sdk/dynamic.py, sdk/cost.py predict_schedule), with the joined window's own states below.
+A policy (``ReplicaPolicy``) declares its choices of d; its plan is the largest choice's with
+``choices``, each choice checked as a segment is (``policy_plan``), its decisions applied at run
+time (``decided_plan``: lambdas/policy.py records them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stagecoach.planner.limits import GROUP_SIZE
@@ -33,23 +37,112 @@ TRANSITIONS_SEGMENT_ENTRY = 2
 TRANSITIONS_SEGMENT_SWITCH = 3
 
 
+@dataclass(frozen=True)
+class PolicyMetrics:
+    """What a replica policy sees at a window's first iteration: the run so far. ``iteration``: the
+    window's first (the next to run); ``epoch``: its epoch; ``replicas``: the d the iteration
+    before it ran (None at iteration 0); ``losses``: each iteration's loss so far (the global
+    batch's mean, as Run.losses() reads it; NaN where a replica's was not finite)."""
+
+    iteration: int
+    epoch: int
+    replicas: int | None
+    losses: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ReplicaPolicy:
+    """A worker-scaling policy (Hydrozoa's, seed 002 §3.5): ``choose(metrics)`` returns the next
+    window's d, one of ``choices``. The gate calls it in the cloud, on the job's stage-0 function
+    with the job's role, at each window's first iteration (docs/runtime.md "Dynamic workers");
+    declaring the choices up front lets every one's functions and window graph exist, and be
+    checked, before anything is deployed. It must be a deterministic function of ``metrics``: a
+    window that restarts, or a resumed job, reuses the recorded decision instead of calling it."""
+
+    choose: Callable[[PolicyMetrics], int]
+    choices: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not callable(self.choose):
+            raise PlanError(f"ReplicaPolicy(choose={self.choose!r}): choose must be a function of the run's metrics returning d")
+        choices = tuple(self.choices) if isinstance(self.choices, (list, tuple)) else ()
+        if not choices or any(not isinstance(d, int) or isinstance(d, bool) or d < 1 for d in choices) or len(set(choices)) < len(choices):
+            raise PlanError(f"ReplicaPolicy(choices={self.choices!r}): give the distinct d values it may choose, e.g. (1, 2, 4)")
+        object.__setattr__(self, "choices", tuple(sorted(choices)))
+
+    def __repr__(self) -> str:
+        return f"ReplicaPolicy(choose={getattr(self.choose, '__name__', self.choose)!r}, choices={self.choices})"
+
+
+def choice_plan(plan: Plan, d: int) -> Plan:
+    """A policy plan's plan at d (one of ``plan.choices``): the largest d's plan with d replicas,
+    so the same stages, K, micro-batches, global batch, memory and timeouts."""
+    return replace(plan, replicas=d, choices=(), decided=0, segments=(), prediction=None)
+
+
+def policy_plan(policy: ReplicaPolicy, make: Callable[[int], Plan]) -> Plan:
+    """The plan of ``replicas=policy``: the largest choice's plan (``make(d)``), its ``choices``
+    the policy's; every choice's plan checked as a schedule's segments are (the same K, a sync
+    with fixed shards, no phases in groups) before anything is deployed."""
+    top = replace(make(max(policy.choices)), choices=policy.choices, decided=0, segments=())
+    for s in range(top.stages):
+        if top.sync[s] not in SCHEDULED_SYNC:
+            raise PlanError(
+                f"replica policy choosing from {list(policy.choices)}, stage {s}: sync {top.sync[s]!r} cuts the state into d shards, "
+                "which change with d; use sync='k_reduce' (or 'all_reduce'): re-cutting the shards is not supported yet"
+            )
+    plans = []
+    for d in policy.choices:
+        try:
+            plans.append(choice_plan(top, d))
+        except PlanError as e:
+            raise PlanError(
+                f"replica policy choice d={d}: {e} (every choice runs the largest's stages and K: aggregators <= the smallest choice, "
+                f"e.g. aggregators={min(policy.choices)})"
+            ) from None
+    check_segments(replace(top, segments=tuple(enumerate(plans))), "replica policy choice #")
+    return top
+
+
+def decided_plan(plan: Plan, decisions: Sequence[tuple[int, int, int]]) -> Plan:
+    """A policy ``plan`` with its ``decisions`` ((first, end, d) per window, in order) as segments
+    (consecutive equal d merged) and ``decided`` their end: every reader that takes the plan of
+    iteration t (Plan.plan_at) reads the d the policy chose for it."""
+    segs: list[tuple[int, Plan]] = []
+    for first, _, d in decisions:
+        if not segs or segs[-1][1].replicas != d:
+            segs.append((first, choice_plan(plan, d)))
+    return replace(plan, segments=tuple(segs), decided=max((end for _, end, _ in decisions), default=0))
+
+
 def replica_schedule(
     schedule: object, iterations: int, what: str = "replicas", value: str = "data-parallel degree"
 ) -> list[tuple[int, int]]:
     """``schedule`` as sorted (first iteration, d) pairs, checked: a dict of int iteration keys,
     starting at 0, each below ``iterations``, to a positive int d. Refuses, by name, what this slice
     does not run yet."""
+    if isinstance(schedule, ReplicaPolicy):
+        raise PlanError(f"replicas={schedule!r}: a replica policy is no fixed schedule: build its plan with policy_plan")
     if callable(schedule):
         raise PlanError(
-            "replicas=<policy>: a worker-scaling policy called at window boundaries is not supported yet; "
-            "pass a fixed schedule {first iteration: d}, e.g. {0: 1, 300: 2}"
+            "replicas=<function>: a worker-scaling policy must declare the d values it may choose, so every one's "
+            "functions exist before its window starts: replicas=ReplicaPolicy(choose=<function>, choices=(1, 2, 4)) "
+            "(stagecoach.dynamic.ReplicaPolicy)"
+        )
+    if type(schedule).__name__ == "ByEpoch":  # sdk/dynamic.py by_epoch: needs the job's data order
+        raise PlanError(
+            f"{what}=by_epoch(...): an epoch's first iteration depends on the job's training set and batch; "
+            "pass it to Job.run, or key it by iteration first: stagecoach.dynamic.iteration_keys(job, {...})"
         )
     if not isinstance(schedule, Mapping) or not schedule:
         raise PlanError(f"replicas={schedule!r}: give an int d, or a schedule {{first iteration: d}} such as {{0: 1, 300: 2}}")
     pairs: list[tuple[int, int]] = []
     for first, d in schedule.items():
         if isinstance(first, str):
-            raise PlanError(f"{what} key {first!r}: by-epoch (or any non-iteration) keys are not supported yet; key by first iteration")
+            raise PlanError(
+                f"{what} key {first!r}: by-epoch (or any non-iteration) keys are not keys: key by first iteration, "
+                "or by epoch with stagecoach.dynamic.by_epoch({epoch: value}) (Job.run converts it)"
+            )
         if not isinstance(first, int) or isinstance(first, bool) or not 0 <= first < iterations:
             raise PlanError(f"{what} key {first!r}: must be an iteration in [0, {iterations})")
         if not isinstance(d, int) or isinstance(d, bool) or d < 1:
@@ -78,7 +171,7 @@ def lr_schedule(schedule: object, iterations: int) -> list[tuple[int, float]]:
     pairs: list[tuple[int, float]] = []
     for first, f in schedule.items():
         if not isinstance(first, int) or isinstance(first, bool) or not 0 <= first < iterations:
-            raise PlanError(f"lr_scale key {first!r}: must be an iteration in [0, {iterations}) (by-epoch keys are not supported yet)")
+            raise PlanError(f"lr_scale key {first!r}: must be an iteration in [0, {iterations}) (by epoch: stagecoach.dynamic.by_epoch)")
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < float("inf"):
             raise PlanError(f"lr_scale[{first}]={f!r}: a positive, finite factor, e.g. 0.75")
         pairs.append((first, float(f)))
@@ -126,14 +219,15 @@ def _segment_plan(make: Callable[[int], Plan], d: int, global_batch: int | None,
     return replace(plan, global_batch=plan.global_batch if global_batch is None else global_batch, lr_scale=factor)
 
 
-def check_segments(plan: Plan) -> None:
+def check_segments(plan: Plan, what: str = "segment at iteration") -> None:
     """Refuse a segmented plan whose segments would not read each other's stored state unchanged:
     a different stage split or global batch, a sync algorithm without fixed shards, a K that
-    changes (the state would need re-cutting), or a segment whose phases run in groups."""
+    changes (the state would need re-cutting), or a segment whose phases run in groups. A policy
+    plan's segments are its decisions so far (``decided_plan``), its largest d its largest choice."""
     if not plan.segments:
         return
     firsts = [first for first, _ in plan.segments]
-    largest = max(seg.replicas for _, seg in plan.segments)
+    largest = max(plan.choices or [seg.replicas for _, seg in plan.segments])
     if plan.replicas != largest:
         raise PlanError(
             f"plan.replicas={plan.replicas}: a plan with segments is the largest d's ({largest}), whose functions serve every segment"
@@ -149,23 +243,22 @@ def check_segments(plan: Plan) -> None:
             raise PlanError(f"plan.segments[{first}] has segments of its own: a schedule is one level deep")
         if seg.balance != plan.balance:
             raise PlanError(
-                f"segment at iteration {first}: balance {seg.balance} must equal the other segments' ({plan.balance}): "
+                f"{what} {first}: balance {seg.balance} must equal the other segments' ({plan.balance}): "
                 "the stages stay fixed across a schedule (changing them is not supported yet)"
             )
         if seg.replicas > GROUP_SIZE:
             raise PlanError(
-                f"segment at iteration {first}: d={seg.replicas} > {GROUP_SIZE} runs its phases in groups, "
-                "not supported with a replica schedule yet"
+                f"{what} {first}: d={seg.replicas} > {GROUP_SIZE} runs its phases in groups, not supported with a replica schedule yet"
             )
-        _check_shards(plan, first, seg)
+        _check_shards(plan, first, seg, what)
 
 
-def _check_shards(plan: Plan, first: int, seg: Plan) -> None:
+def _check_shards(plan: Plan, first: int, seg: Plan, what: str) -> None:
     """Every stage keeps its K: the stored parameters and optimizer state are cut the same way."""
     for s in range(seg.stages):
         if seg.replicas > 1 and seg.sync[s] not in SCHEDULED_SYNC:
             raise PlanError(
-                f"segment at iteration {first}, stage {s}: sync {seg.sync[s]!r} cuts the state into d shards, which change with d; "
+                f"{what} {first}, stage {s}: sync {seg.sync[s]!r} cuts the state into d shards, which change with d; "
                 f"with a replica schedule use sync='k_reduce' (or 'all_reduce'): re-cutting the shards is not supported yet"
             )
         ks = {p.grad_shards(s) for _, p in plan.segments}

@@ -6,6 +6,11 @@ A growing global batch with a learning-rate rule (``global_batch=``, ``lr_scale=
 AdaBatch policy) runs too; with it ``Job(epochs=)`` is refused (an epoch is no fixed number of
 iterations), and so is a learning-rate scheduler (its steps and the multiplier are not composed yet).
 
+Keyed by epoch (``by_epoch``), a schedule is converted to the iteration keys it names before
+anything else (``iteration_keys``). A policy (``ReplicaPolicy``, planner/segments.py) is the
+largest choice's plan with ``Plan.choices``; the gate calls it in the cloud at each window's first
+iteration and records its decisions (lambdas/policy.py, core/decisions.py).
+
 Refused up front, with the fix: warm state (a new replica or a shrinking d would need the state a
 container holds), evaluation (its Map's replicas belong to one segment), Express or "auto" windows
 (a window's length is priced from one iteration's prediction), deferred batch norm (not covered by a
@@ -18,26 +23,58 @@ segment as an ordinary plan for its iterations, summed, in joined windows (docs/
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from stagecoach.core.training import master_dtype, ownership, stage_layout
+from stagecoach.core.training import epoch_of, master_dtype, ownership, stage_layout
 from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate
 from stagecoach.planner.model.platforms import Platform
 from stagecoach.planner.plan import Plan, PlanError
 from stagecoach.planner.profile.layers import ModelProfile
-from stagecoach.planner.segments import batch_schedule, check_segments, replica_schedule, scheduled_plan, segment_bounds
+from stagecoach.planner.segments import PolicyMetrics as PolicyMetrics  # re-exported: how to write a policy
+from stagecoach.planner.segments import ReplicaPolicy as ReplicaPolicy
+from stagecoach.planner.segments import (
+    batch_schedule,
+    check_segments,
+    choice_plan,
+    policy_plan,
+    replica_schedule,
+    scheduled_plan,
+    segment_bounds,
+)
 
 if TYPE_CHECKING:
     from stagecoach.job import Job
 
 
+@dataclass(frozen=True)
+class ByEpoch:
+    """A schedule keyed by epoch, ``by_epoch({0: 1, 2: 2})``: Job.run converts it to iteration keys
+    (``iteration_keys``) from the job's training set and batch schedule."""
+
+    schedule: Mapping[int, Any]
+
+
+def by_epoch(schedule: Mapping[int, Any]) -> ByEpoch:
+    """A ``replicas``, ``global_batch`` or ``lr_scale`` schedule keyed by epoch instead of by first
+    iteration, as Hydrozoa applies its policy at epoch boundaries: ``job.run(stages=2,
+    replicas=by_epoch({0: 1, 2: 2, 4: 4}))`` changes d where epochs 2 and 4 start, the first iteration
+    whose batch the data order takes from that epoch's permutation (core/training.py batch_position;
+    with a fixed batch, epoch e starts at e * (samples // global batch)). A wrapper, not bare keys:
+    an int key is an iteration everywhere else, so an epoch key must say so."""
+    if not isinstance(schedule, Mapping) or not schedule:
+        raise PlanError(f"by_epoch({schedule!r}): give a dict {{first epoch: value}} such as {{0: 1, 2: 2}}")
+    return ByEpoch(dict(schedule))
+
+
 def is_schedule(replicas: object) -> bool:
-    """Whether ``replicas`` asks for dynamic workers (a dict, or a policy, which is refused)."""
-    return isinstance(replicas, Mapping) or callable(replicas)
+    """Whether ``replicas`` asks for dynamic workers (a dict, an epoch schedule, a ReplicaPolicy; a
+    bare function is refused, naming ReplicaPolicy)."""
+    return isinstance(replicas, (Mapping, ByEpoch, ReplicaPolicy)) or callable(replicas)
 
 
 def wants_schedule(manual: Mapping[str, Any]) -> bool:
@@ -46,13 +83,17 @@ def wants_schedule(manual: Mapping[str, Any]) -> bool:
     return is_schedule(manual.get("replicas")) or manual.get("global_batch") is not None or manual.get("lr_scale") is not None
 
 
-def adabatch(replicas: Mapping[int, int], global_batch: int, decay: float = 0.75) -> dict[str, Any]:
+def adabatch(replicas: Mapping[int, int] | ByEpoch, global_batch: int, decay: float = 0.75) -> dict[str, Any]:
     """Hydrozoa's evaluated policy (seed 002 §4.3, adapting AdaBatch; Smith et al. 2018) as
     ``Job.run`` settings: the global batch grows with d (``global_batch`` at the first d, each
     replica keeping its share) and at each change the learning rate is multiplied by ``decay`` per
     doubling (Hydrozoa: 0.75 where AdaBatch decays a fixed batch's by 0.375). E.g.
     ``job.run(stages=2, **adabatch({0: 1, 300: 2, 600: 4}, job.global_batch))``. A change that is
-    not a doubling, halving or power of two thereof is refused: give ``lr_scale`` yourself."""
+    not a doubling, halving or power of two thereof is refused: give ``lr_scale`` yourself. With
+    ``by_epoch({0: 1, 2: 2})`` every schedule it returns is keyed by epoch as well."""
+    if isinstance(replicas, ByEpoch):  # the same rule keyed by epoch: each of the three schedules by_epoch
+        out = adabatch(replicas.schedule, global_batch, decay)
+        return {name: by_epoch(value) if value else value for name, value in out.items()}
     pairs = sorted(replicas.items())
     if not pairs or pairs[0][0] != 0:
         raise PlanError(f"adabatch({dict(pairs)}): the schedule must say d from iteration 0 (add a key 0)")
@@ -71,13 +112,83 @@ def adabatch(replicas: Mapping[int, int], global_batch: int, decay: float = 0.75
     return {"replicas": dict(pairs), "global_batch": batches, "lr_scale": scales}
 
 
+_KEYED = ("replicas", "global_batch", "lr_scale")
+
+
+def iteration_keys(job: Job, manual: Mapping[str, Any]) -> dict[str, Any]:
+    """``manual`` with every ``by_epoch`` schedule keyed by first iteration instead: epoch e starts
+    at the first iteration whose batch the data order takes from epoch e's permutation, by the
+    job's training set and its batch schedule (a by-epoch ``global_batch`` converted first, key by
+    key, each size placed where the sizes before it end an epoch). The result runs as the
+    iteration-keyed schedule it names; an epoch that starts at or after the job's last iteration
+    is refused, not dropped."""
+    out = dict(manual)
+    if not any(isinstance(out.get(name), ByEpoch) for name in _KEYED):
+        return out
+    n = len(job.samples)
+    batches = out.get("global_batch")
+    if isinstance(batches, ByEpoch):
+        batches = out["global_batch"] = _batches_by_epoch(batches, n, job.iterations)
+    sizes = batch_schedule(batches, job.iterations) if batches is not None else [(0, job.global_batch)]
+    starts = epoch_starts(n, sizes, job.iterations)
+    for name in ("replicas", "lr_scale"):
+        value = out.get(name)
+        if isinstance(value, ByEpoch):
+            out[name] = {_epoch_start(starts, e, name, job.iterations): v for e, v in _epoch_items(value, name)}
+    return out
+
+
+def epoch_starts(n_samples: int, sizes: Sequence[tuple[int, int]], iterations: int) -> list[int]:
+    """The first iteration of each epoch that starts before ``iterations`` (index: the epoch),
+    under the batch schedule ``sizes`` (core/training.py epoch_of, the rule the workers use)."""
+    starts: list[int] = []
+    for t in range(iterations):
+        if epoch_of(t, n_samples, sizes[0][1], list(sizes)) == len(starts):
+            starts.append(t)
+    return starts
+
+
+def _epoch_items(schedule: ByEpoch, name: str) -> list[tuple[int, Any]]:
+    items = sorted(schedule.schedule.items(), key=lambda kv: (not isinstance(kv[0], int), kv[0]))
+    for e, _ in items:
+        if not isinstance(e, int) or isinstance(e, bool) or e < 0:
+            raise PlanError(f"{name}=by_epoch(...) key {e!r}: must be an epoch, an int >= 0")
+    return items
+
+
+def _epoch_start(starts: list[int], epoch: int, name: str, iterations: int) -> int:
+    if epoch >= len(starts):
+        raise PlanError(
+            f"{name}=by_epoch(...) key {epoch}: epoch {epoch} starts at or after the job's last iteration "
+            f"({iterations} iterations are {len(starts)} epochs or parts of one): drop the key or train longer"
+        )
+    return starts[epoch]
+
+
+def _batches_by_epoch(schedule: ByEpoch, n: int, iterations: int) -> dict[int, int]:
+    """A by-epoch global batch as {first iteration: G}: each size from where the sizes before it
+    start its epoch (a size changed there starts at the epoch's first sample: batch_position)."""
+    sizes: list[tuple[int, int]] = []
+    for e, g in _epoch_items(schedule, "global_batch"):
+        if isinstance(g, bool) or not isinstance(g, int) or not 0 < g <= n:
+            raise PlanError(f"global_batch=by_epoch(...)[{e}]={g!r}: a global batch in [1, {n}] (the training set's size)")
+        if not sizes and e != 0:
+            raise PlanError(f"global_batch=by_epoch({dict(schedule.schedule)}): it must say the global batch from epoch 0 (add a key 0)")
+        sizes.append((_epoch_start(epoch_starts(n, sizes, iterations), e, "global_batch", iterations) if sizes else 0, g))
+    return dict(sizes)
+
+
 def manual_scheduled_plan(job: Job, manual: Mapping[str, Any], make: Callable[..., Plan]) -> Plan:
     """The plan of ``Job.run(replicas={first iteration: d}, global_batch={first iteration: G},
     lr_scale={first iteration: factor}, ...)``: each segment a manual plan (``make``:
     Job.manual_plan) with the same settings but d (and G, and its cumulative learning-rate
     factor), each stage's sync K-reduce with K the smallest d unless given (K must stay fixed:
-    planner/segments.py). An int ``replicas`` is {0: d}; ``global_batch`` must start at the job's."""
+    planner/segments.py). An int ``replicas`` is {0: d}; ``global_batch`` must start at the job's.
+    A ``by_epoch`` schedule is first keyed by iteration (``iteration_keys``)."""
+    manual = iteration_keys(job, manual)
     replicas = manual.get("replicas", 1)
+    if isinstance(replicas, ReplicaPolicy):
+        return _manual_policy_plan(manual, replicas, make)
     pairs = replica_schedule({0: replicas} if isinstance(replicas, int) else replicas, job.iterations)
     batches = manual.get("global_batch")
     if batches is not None:
@@ -98,6 +209,24 @@ def manual_scheduled_plan(job: Job, manual: Mapping[str, Any], make: Callable[..
     )
 
 
+def _manual_policy_plan(manual: Mapping[str, Any], policy: ReplicaPolicy, make: Callable[..., Plan]) -> Plan:
+    """The plan of ``Job.run(replicas=ReplicaPolicy(...))``: its largest choice's manual plan,
+    K-reduce with K the smallest choice unless given, every choice checked (planner/segments.py
+    policy_plan). A growing batch or a learning-rate rule with it is refused: the policy picks d
+    only, the global batch stays the job's."""
+    for name in ("global_batch", "lr_scale"):
+        if manual.get(name) is not None:
+            raise PlanError(
+                f"replicas={policy!r} with {name}=: a policy chooses d with a fixed global batch; "
+                "a growing batch or a learning-rate rule with a policy is not supported yet: leave it out, or give a fixed schedule"
+            )
+    rest = {k: v for k, v in manual.items() if k != "replicas"}
+    rest["sync"] = rest.get("sync") or "k_reduce"
+    if rest["sync"] == "k_reduce":
+        rest["aggregators"] = rest.get("aggregators") or min(policy.choices)
+    return policy_plan(policy, lambda d: make(**rest, replicas=d))
+
+
 def check_scheduled(job: Job, plan: Plan) -> None:
     """Refuse a job that a segmented ``plan`` would not train exactly, naming cause and fix."""
     if plan.lr_scale != 1.0 and not plan.segments:
@@ -105,7 +234,9 @@ def check_scheduled(job: Job, plan: Plan) -> None:
             f"plan.lr_scale={plan.lr_scale}: a learning-rate multiplier belongs to a schedule's segments (Plan.segments); "
             "for one rate throughout set it in the optimizer factory (lr=...)"
         )
-    if not plan.segments:
+    if plan.choices:
+        _check_policy(job, plan)
+    if not plan.segments and not plan.choices:
         return
     check_segments(plan)
     growing = len(plan.batch_sizes()) > 1
@@ -134,7 +265,18 @@ def check_scheduled(job: Job, plan: Plan) -> None:
     _check_layouts(job, plan)
 
 
+def _check_policy(job: Job, plan: Plan) -> None:
+    """A replica policy's plan, before anything is deployed: no decisions yet (they are the run's)."""
+    if plan.segments or plan.decided:
+        raise PlanError(
+            f"plan.choices={list(plan.choices)} with segments or decided={plan.decided}: a replica policy's decisions are made "
+            "by its run (jobs/{job}/policy/decisions.json); start it from a plan without them"
+        )
+
+
 def _schedule_text(plan: Plan) -> str:
+    if plan.choices and not plan.segments:
+        return f"a replica policy choosing d from {list(plan.choices)}"
     return ", ".join(f"d={seg.replicas} from iteration {first}" for first, seg in plan.segments)
 
 
@@ -146,7 +288,8 @@ def _check_layouts(job: Job, plan: Plan) -> None:
     itemsize = torch.empty(0, dtype=master_dtype(job.dtype)).element_size()
     for s in range(plan.stages):
         numel = sum(p.numel() for p in own.owned[s])
-        layouts = {str(stage_layout(numel, itemsize, seg.grad_shards(s), seg.replicas)) for _, seg in plan.segments}
+        segs = [choice_plan(plan, d) for d in plan.choices] if plan.choices else [seg for _, seg in plan.segments]
+        layouts = {str(stage_layout(numel, itemsize, seg.grad_shards(s), seg.replicas)) for seg in segs}
         if len(layouts) > 1:
             raise PlanError(
                 f"a replica schedule ({_schedule_text(plan)}): stage {s}'s stored parameters would be cut into different chunks "
@@ -185,6 +328,7 @@ def predict_schedule(plan: Plan, iterations: int, model_of: ModelOf) -> list[Sch
     """Each segment of ``plan`` that starts before ``iterations``, predicted as an ordinary plan
     is (perfmodel.evaluate on the segment's Config: its d, micro-batch size, and the deployed
     functions' memory)."""
+    check_no_policy(plan)
     out: list[ScheduleSegment] = []
     for first, end, seg in segment_bounds(plan, iterations):
         est = evaluate(*model_of(seg))
@@ -197,9 +341,49 @@ def predict_schedule(plan: Plan, iterations: int, model_of: ModelOf) -> list[Sch
     return out
 
 
+def check_no_policy(plan: Plan) -> None:
+    """Refuse to predict a replica policy's plan: its d is decided at run time, and its windows'
+    own states (an entry, a switch where the gate chose another d) are not in the schedule's cost."""
+    if plan.choices:
+        raise PlanError(
+            f"{_schedule_text(plan)}: its d is decided at run time, window by window; predict each choice's plan instead: "
+            "stagecoach.planner.segments.choice_plan(plan, d)"
+        )
+
+
+def with_policy(job: Job, replicas: object) -> Job:
+    """``job`` as ``Job.run(replicas=policy)`` launches it: a copy carrying the policy, which
+    deploy/upload.py pickles with the model's code, so the gate (lambdas/gate.py) calls it in the cloud."""
+    if not isinstance(replicas, ReplicaPolicy):
+        return job
+    copy = dataclasses.replace(job)
+    copy._replica_policy = replicas
+    return copy
+
+
+def check_policy_run(job: Job, plan: Plan, max_cost: float | None) -> None:
+    """A policy plan runs with its policy (``Job.run(replicas=ReplicaPolicy(...))``), whose
+    choices are the plan's. A cost cap with a policy is refused: the gate's tally counts each
+    iteration's states by its plan, not a policy window's entry and switch (docs/cost.md)."""
+    if not plan.choices:
+        return
+    policy = job._replica_policy
+    if policy is None or policy.choices != plan.choices:
+        raise PlanError(
+            f"plan.choices={list(plan.choices)}: a plan of a replica policy runs with the policy itself, "
+            f"Job.run(replicas=ReplicaPolicy(choose=..., choices={tuple(plan.choices)}), ...), which ships it to the gate"
+        )
+    if max_cost is not None:
+        raise PlanError(
+            f"max_cost with {_schedule_text(plan)}: the engine's tally does not count a policy window's own states yet; "
+            "leave max_cost out, or give a fixed schedule {first iteration: d}"
+        )
+
+
 def check_predictable(job: Job, plan: Plan, workflow: str | None) -> None:
     """Refuse to predict a schedule the run would refuse (``check_scheduled``) where the prediction
-    depends on it: evaluation and Express or "auto" windows."""
+    depends on it: evaluation and Express or "auto" windows; and a replica policy's."""
+    check_no_policy(plan)
     if job.eval_versions():
         raise PlanError(f"a replica schedule ({_schedule_text(plan)}): evaluation is not supported yet: leave Job(evaluation=...) out")
     if (workflow or plan.workflow or job.workflow) != "standard":

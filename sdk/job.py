@@ -59,15 +59,15 @@ class ManualPlan(TypedDict, total=False):
     """A manual plan's settings, as ``Job.run`` takes them without a plan (``Job.manual_plan``)."""
 
     stages: int
-    replicas: int | Mapping[int, int]  # a dict: dynamic workers, {first iteration: d} (sdk/dynamic.py)
+    replicas: int | Mapping[int, int] | dynamic.ByEpoch | dynamic.ReplicaPolicy  # dynamic workers (sdk/dynamic.py)
     micro_batches: int
     memory_mb: int
     timeout_s: int
     sync: str | Sequence[str] | None
     aggregators: int | Sequence[int] | None
     fan_in: int | Sequence[int] | None
-    global_batch: Mapping[int, int]  # a growing batch, {first iteration: G} (sdk/dynamic.py)
-    lr_scale: Mapping[int, float]  # with it, {first iteration: lr factor}, cumulative (sdk/dynamic.py)
+    global_batch: Mapping[int, int] | dynamic.ByEpoch  # a growing batch, {first iteration: G} (sdk/dynamic.py)
+    lr_scale: Mapping[int, float] | dynamic.ByEpoch  # with it, {first iteration: lr factor}, cumulative (sdk/dynamic.py)
     hap_extra: int  # sync "k_reduce_hap": a non-aggregator's samples beyond an aggregator's (planner/hap.py)
 
 
@@ -179,6 +179,7 @@ class Job:
     workflow: str = "standard"
     phase_watchers: bool = True
     _facts: exactness.ModelFacts | None = field(default=None, init=False, repr=False)
+    _replica_policy: dynamic.ReplicaPolicy | None = field(default=None, init=False, repr=False)  # run(replicas=policy)
     _samples: LocalSamples | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -724,8 +725,10 @@ class Job:
         """
         check_max_cost(max_cost)
         self.validate()
+        job = self
         if plan is None and dynamic.wants_schedule(manual):  # dynamic workers (sdk/dynamic.py)
             plan = dynamic.manual_scheduled_plan(self, manual, self.manual_plan)
+            job = dynamic.with_policy(self, manual.get("replicas"))  # a policy ships with the job's code
         plan = self.as_run(plan if plan is not None else self.manual_plan(**manual))  # type: ignore[arg-type, misc]  # replicas: an int here
         plan.validate(layers=self.layers)
         if plan.plan_at(0).global_batch != self.global_batch:  # a growing batch starts at the job's
@@ -734,9 +737,10 @@ class Job:
         for _, segment in plan.segments:  # each segment's d is checked as a plan of its own would be
             self.check_plan(segment)
         dynamic.check_scheduled(self, plan)
+        dynamic.check_policy_run(job, plan, max_cost)
         backend = get_backend(backend)
         plan = learnt.refine(plan, self.name, backend.clients.s3, backend.resources.bucket)
-        return backend.launch(self, plan, reserve_concurrency=reserve_concurrency, max_cost_usd=max_cost)
+        return backend.launch(job, plan, reserve_concurrency=reserve_concurrency, max_cost_usd=max_cost)
 
     def as_run(self, plan: Plan) -> Plan:
         """``plan`` as this job runs it: without phase watchers when the job leaves them out
@@ -748,6 +752,7 @@ class Job:
         for any plan, the planner's or one written by hand: the model's layers are timed here at
         the plan's micro-batch size (one thread = one vCPU), as ``plan()`` times them. A replica
         schedule (``plan.segments``) has no one iteration: ``predict_schedule`` predicts each segment's."""
+        dynamic.check_no_policy(plan)
         if plan.segments:
             raise PlanError(
                 "plan has segments (a replica schedule): its iterations differ by segment; Job.predict_schedule(plan) "
@@ -773,6 +778,7 @@ class Job:
         (default: the plan's, else the job's; ``window_choice``). A replica schedule's: the sum of
         its segments' (docs/runtime.md "Dynamic workers")."""
         plan = self.as_run(plan)
+        dynamic.check_no_policy(plan)
         if plan.segments:  # a replica schedule: each segment predicted as an ordinary plan for its iterations
             dynamic.check_predictable(self, plan, workflow)
             length, saves, parts = self.window_choice(plan, platform, workflow).window_length, self.checkpoint_versions(), []

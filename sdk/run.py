@@ -22,6 +22,7 @@ from stagecoach import cost as costs
 from stagecoach import express_logs as xlogs
 from stagecoach import history as learnt
 from stagecoach.core import keys
+from stagecoach.core.decisions import decisions_key, with_decisions
 from stagecoach.core.graph_split import Blocks, SplitFactory
 from stagecoach.core.records import EvalResult, JobSpec, StopRecord, StopRequest, TaskMetrics, WatcherUsage
 from stagecoach.core.stagebuild import load_buffers
@@ -500,6 +501,8 @@ class Run:
 
         done = 0
         by_it = self._by_iteration()
+        if self.plan.choices and by_it and max(by_it) >= self.plan.decided:  # a replica policy has decided more since
+            self.plan = self.spec().to_plan()  # with its decisions (read_spec)
         # dynamic workers: each iteration by its own segment's plan (planner/segments.py)
         while by_it.get(done) and all(
             sum(1 for m in by_it[done] if m.stage == s and m.phase == phase) >= need
@@ -663,8 +666,16 @@ def job_status(description: dict[str, Any]) -> str:
 
 def read_spec(s3: BotoClient, bucket: str, job_id: str) -> JobSpec:
     """What was deployed for the job (``jobs/{job}/job.json``): a Run's spec, and the plan of a Run
-    opened on a job started elsewhere (Backend.attach, resume)."""
-    return JobSpec.model_validate_json(s3.get_object(Bucket=bucket, Key=keys.job_spec(job_id))["Body"].read())
+    opened on a job started elsewhere (Backend.attach, resume). A replica policy's plan comes with
+    its decisions so far (core/decisions.py), so iteration t's plan is the one it ran."""
+    spec = JobSpec.model_validate_json(s3.get_object(Bucket=bucket, Key=keys.job_spec(job_id))["Body"].read())
+    if not spec.plan.get("choices"):
+        return spec
+    try:
+        body = s3.get_object(Bucket=bucket, Key=decisions_key(job_id))["Body"].read()
+    except s3.exceptions.NoSuchKey:
+        body = None
+    return with_decisions(spec, body)
 
 
 def request_stop(s3: BotoClient, bucket: str, job_id: str) -> bool:

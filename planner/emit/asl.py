@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from stagecoach.planner.emit.groups import group_bounds, grouped_map
-from stagecoach.planner.emit.segments import joined_windows
+from stagecoach.planner.emit.segments import joined_windows, policy_windows
 from stagecoach.planner.emit.tasks import KILLED_ERROR, KILLED_RETRY, LAMBDA_RETRY, WORKER_RETRY, worker_map, worker_task
 from stagecoach.planner.limits import EXPRESS_MAX_DURATION_S, GROUP_SIZE, HISTORY_MAX_EVENTS, map_groups, map_transitions
 from stagecoach.planner.plan import Plan, plan_watchable, watcher_function, worker_function
-from stagecoach.planner.segments import check_segments
+from stagecoach.planner.segments import check_segments, choice_plan
 
 HISTORY_LIMIT = HISTORY_MAX_EVENTS
 # Share of the history a window may plan to use; the rest absorbs retries (each retry of a Task
@@ -583,6 +583,29 @@ def _segmented_window(
     return joined_windows(parts, f"Stagecoach window: {plan.stages} stages, replicas {schedule}")
 
 
+def _policy_window(
+    plan: Plan,
+    functions: Sequence[str],
+    per_worker: bool,
+    evals: Sequence[int],
+    saves: Sequence[int],
+    abort_key_format: str,
+    group_arn: str | None,
+) -> dict[str, Any]:
+    """The window of a replica policy's plan: each choice's window as a fixed plan's, joined into
+    one (planner/emit/segments.py) that runs a window on the segment its gate chose."""
+    graphs = [
+        (
+            d,
+            window_definition(
+                choice_plan(plan, d), functions, per_worker, evals, saves, abort_key_format=abort_key_format, group_arn=group_arn
+            ),
+        )
+        for d in plan.choices
+    ]
+    return policy_windows(graphs, f"Stagecoach window: {plan.stages} stages, replicas chosen from {list(plan.choices)} by a policy")
+
+
 def window_definition(
     plan: Plan,
     functions: Sequence[str],
@@ -607,6 +630,8 @@ def window_definition(
     tasks runs its groups on."""
     if len(functions) != plan.stages:
         raise ValueError(f"need one function per stage ({plan.stages}), got {len(functions)}")
+    if plan.choices:  # a replica policy: each choice's graph, joined, routed by the gate (planner/emit/segments.py)
+        return _policy_window(plan, functions, per_worker, evals, saves, abort_key_format, group_arn)
     if plan.segments:  # dynamic workers: each segment's graph, joined (planner/emit/segments.py)
         return _segmented_window(plan, functions, per_worker, evals, saves, abort_key_format, group_arn)
     s_count, d = plan.stages, plan.replicas

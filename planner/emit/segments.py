@@ -97,3 +97,35 @@ def joined_windows(parts: Sequence[tuple[int, dict[str, Any]]], comment: str) ->
     states.update(_dispatch("Start", "$.t", firsts, "Enter"))
     states.update(_dispatch("Segment", "$.t", firsts, "Switch"))
     return {"Comment": comment, "StartAt": "Init", "States": states}
+
+
+def _route_on_gate(go: dict[str, Any], j: int, count: int) -> dict[str, Any]:
+    """A policy window's Go? of choice j: after Done and Stopped, an iteration whose gate chose
+    another choice's segment goes to Segment."""
+    other = [{"Variable": "$.gate.segment", "NumericEquals": k, "Next": "Segment"} for k in range(count) if k != j]
+    return {**go, "Choices": [*go["Choices"], *other]}
+
+
+def policy_windows(parts: Sequence[tuple[int, dict[str, Any]]], comment: str) -> dict[str, Any]:
+    """One definition of a replica policy's window graphs ``parts`` ((d, definition) per choice,
+    in order): the window enters the largest choice's graph (its Map items serve any d), and every
+    Gate answers ``segment``, the choice the policy made for the iteration's window (recorded by
+    the gate, lambdas/gate.py); a Go? whose gate chose another segment goes to Segment, which
+    enters that one's Go? through Switch_s{k} with the gate's answer kept (the gate ran once),
+    as a schedule's change inside a window does: at most once per window, at its first iteration."""
+    count = len(parts)
+    init = parts[-1][1]["States"]["Init"]
+    states: dict[str, Any] = {"Init": {**init, "Next": suffixed("Enter", count - 1)}}
+    for j, (_, definition) in enumerate(parts):
+        renamed = _renamed(definition, j)["States"]
+        del renamed[suffixed("Init", j)]
+        gate = renamed[suffixed("Gate", j)]
+        gate["ResultSelector"] = {**gate["ResultSelector"], "segment.$": "$.Payload.segment"}
+        renamed[suffixed("Go?", j)] = _route_on_gate(renamed[suffixed("Go?", j)], j, count)
+        states.update(renamed)
+        if j == count - 1:
+            states[suffixed("Enter", j)] = _entry(definition["States"]["Init"], j, mid_window=False)
+        states[suffixed("Switch", j)] = _entry(definition["States"]["Init"], j, mid_window=True)
+    choices = [{"Variable": "$.gate.segment", "NumericEquals": k, "Next": suffixed("Switch", k)} for k in range(count)]
+    states["Segment"] = {"Type": "Choice", "Choices": choices[:-1], "Default": choices[-1]["Next"]}
+    return {"Comment": comment, "StartAt": "Init", "States": states}

@@ -77,6 +77,7 @@ def pickle_job_code(job: Job) -> bytes:
         *([job.transform] if job.transform else []),
         *(job.metrics or {}).values(),
         *([job.scheduler] if job.scheduler else []),
+        *([job._replica_policy.choose] if job._replica_policy else []),
     )
     for m in modules:
         cloudpickle.register_pickle_by_value(m)
@@ -87,6 +88,7 @@ def pickle_job_code(job: Job) -> bytes:
         "transform": job.transform,
         "metrics": job.metrics,
         "scheduler": job.scheduler,
+        "replica_policy": job._replica_policy,  # Job.run(replicas=policy): the gate calls it (lambdas/gate.py)
     }
     try:
         body: bytes = cloudpickle.dumps(code)  # cloudpickle ships no type information
