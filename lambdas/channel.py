@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import random
+import re
 import struct
 import threading
 import time
@@ -51,6 +52,13 @@ WAIT_FIRST_S = 0.005
 WAIT_FACTOR = 0.2
 WAIT_MAX_S = 0.04
 WAIT_JITTER = 0.25  # each pause is drawn between 1 -/+ this times it, so waiters do not poll in step
+# A wait that recurs every iteration (its key names an iteration or a version: ``wait_pattern``) sleeps
+# WAIT_AHEAD x the shortest of its last WAIT_MEMORY waits in this process before its first GET,
+# then polls as a fresh wait (``expected_wait_s``; docs/runtime.md "Waiting for an object").
+WAIT_AHEAD_ENV = "STAGECOACH_WAIT_AHEAD"  # another share, 0: off (to measure the loop without it: benchmarks/wait_schedule.py)
+WAIT_AHEAD = float(os.environ.get(WAIT_AHEAD_ENV) or 0.8)
+WAIT_MEMORY = 3
+WAIT_SLEEP_STEP_S = 0.05  # how often a sleeping waiter looks whether its task failed elsewhere (no GET)
 
 
 def poll_cap_s(waiters: int) -> float:
@@ -151,6 +159,57 @@ class WindowAborted(StagecoachError):
 
 ABORT_CHECK_S = 1.0  # how often a waiting task looks for its window's abort marker
 
+# The waits this process made, by ``wait_pattern``: the last WAIT_MEMORY times after which each
+# object was still missing (a warm Lambda container keeps them from one task to the next).
+_WAITS: dict[str, list[float]] = {}
+_WAITS_LOCK = threading.Lock()
+_NUMBERED = re.compile(r"^(r|sync|v|it)[0-9]+$")
+_VERSIONED = re.compile(r"^(v|it)[0-9]+$")
+
+
+def wait_pattern(key: str, waits_of: str = "") -> str | None:
+    """What a wait for ``key`` has in common with the same wait of other iterations and replicas:
+    the key with its iteration (the component after ``iter``) or version (``v{n}``, ``it{n}``),
+    its replicas (``r{n}``) and its spread prefix (``sync{nn}``) left out, so a container that
+    serves another replica next iteration still knows the wait, after ``waits_of`` (the waiting
+    task's phase). None for a key that names no iteration or version: a one-off object, nothing
+    to learn from. Several objects of one task may share a pattern (the peers' chunks of an
+    exchange): ``Channel.wait_bytes`` tells them apart by their order in the task."""
+    parts = key.split("/")
+    if not any(part == "iter" or _VERSIONED.match(part) for part in parts[:-1]):
+        return None
+    out = []
+    for i, part in enumerate(parts):
+        out.append("*" if i and parts[i - 1] == "iter" else _NUMBERED.sub(r"\1*", part))
+    return f"{waits_of}:" + "/".join(out)
+
+
+def expected_wait_s(pattern: str | None) -> float:
+    """The shortest of the last WAIT_MEMORY waits of ``pattern`` in this process (0: none yet): a
+    lower bound of when its object lands, so a single slow iteration does not make the next one late."""
+    if pattern is None:
+        return 0.0
+    with _WAITS_LOCK:
+        seen = _WAITS.get(pattern)
+        return min(seen) if seen else 0.0
+
+
+def remember_wait(pattern: str | None, missing_s: float | None) -> None:
+    """After a wait of ``pattern``: ``missing_s``, the time after its start at which its object was
+    still missing (the end of its last 404). None, the object was there at the first GET: when it
+    landed is unknown (an upstream faster than before, or no wait at all), so the pattern is
+    forgotten and the next wait polls from its start, as a first one does, and learns again: a
+    wait that came early makes one wait late, not the next ones."""
+    if pattern is None:
+        return
+    with _WAITS_LOCK:
+        if missing_s is None:
+            _WAITS.pop(pattern, None)
+            return
+        seen = _WAITS.setdefault(pattern, [])
+        seen.append(max(0.0, missing_s))
+        del seen[:-WAIT_MEMORY]
+
 
 @dataclass
 class ChannelStats:
@@ -239,11 +298,15 @@ class Channel:
     poll_cap: float = 0.0  # poll_cap_s(the plan's peak invocations): set by the handler
     abort_key: str | None = None  # keys.window_abort of the task's window attempt: set by the handler
     attempt: str = ""  # the task's window attempt (execution name): set by the handler
+    # the task's phase: a forward task's wait for an input and the backward task's re-read of it
+    # (there at once) are different waits of one key (``wait_pattern``): set by the handler
+    waits_of: str = ""
     _pending: list[Future[Any]] = field(default_factory=list, repr=False)
     _aborted: threading.Event = field(default_factory=threading.Event, repr=False)
     # how many of this task's threads wait for an object now (``wait_bytes``)
     _waiting: int = field(default=0, repr=False)
     _waiting_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _begun: dict[str, int] = field(default_factory=dict, repr=False)  # waits begun per pattern (``_nth``)
 
     # -- single requests -------------------------------------------------------------------------
     def put_bytes(self, key: str, body: bytes) -> None:
@@ -304,7 +367,7 @@ class Channel:
         with self._waiting_lock:
             self._waiting += 1
         try:
-            return self._wait_bytes(key, deadline, producer, byte_range)
+            return self._wait_bytes(key, deadline, producer, byte_range, self._nth(wait_pattern(key, self.waits_of)))
         finally:
             with self._waiting_lock:
                 self._waiting -= 1
@@ -320,30 +383,71 @@ class Channel:
         cap = max(WAIT_MAX_S, self.poll_cap * self._waiting)
         return min(cap, max(WAIT_FIRST_S, WAIT_FACTOR * waited_s))
 
-    def _wait_bytes(self, key: str, deadline: float, producer: str | None, byte_range: tuple[int, int] | None = None) -> bytes:
+    def _nth(self, pattern: str | None) -> str | None:
+        """``pattern`` and how many waits of it this task began before: the n-th wait of a pattern
+        in a task is the same wait every iteration (a task's waits start in the order it submits
+        them), the peers' chunks of an exchange or the replicas' gradients a sync task reads each
+        its own."""
+        if pattern is None:
+            return None
+        with self._waiting_lock:
+            n = self._begun[pattern] = self._begun.get(pattern, -1) + 1
+        return f"{pattern}#{n}"
+
+    def _wait_bytes(
+        self, key: str, deadline: float, producer: str | None, byte_range: tuple[int, int] | None = None, pattern: str | None = None
+    ) -> bytes:
         start = time.time()
-        next_check = start + ABORT_CHECK_S
-        while True:
+        # a recurring wait sleeps most of what it took before, then polls as a fresh wait: its
+        # pauses start at WAIT_FIRST_S again near the expected landing, so it is noticed no later
+        wake = min(deadline, start + WAIT_AHEAD * expected_wait_s(pattern))
+        body, next_check = self._sleep_until(wake, start + ABORT_CHECK_S, key, producer, byte_range)
+        polling_from, missing = time.time(), None
+        while body is None:
             body = self.get_bytes(key, byte_range)
             if body is not None:
-                return body
+                break
+            missing = time.time() - start
             if self._aborted.is_set():
                 raise ObjectWaitTimeout(f"s3://{self.bucket}/{key}: the task failed elsewhere, stopped waiting")
             if time.time() >= next_check:
                 next_check = time.time() + ABORT_CHECK_S
                 body = self._look_around(key, producer, byte_range)
                 if body is not None:
-                    return body
-            pause = self.pause_s(time.time() - start) * random.uniform(1 - WAIT_JITTER, 1 + WAIT_JITTER)
+                    break
+            pause = self.pause_s(time.time() - polling_from) * random.uniform(1 - WAIT_JITTER, 1 + WAIT_JITTER)
             if time.time() + pause > deadline:
                 # a last look first: a deadline shorter than a check's period (a learnt timeout,
                 # lambdas/timeouts.py) still tells a lost object from a late one
                 body = self._look_around(key, producer, byte_range)
                 if body is not None:
-                    return body
+                    break
                 raise ObjectWaitTimeout(f"s3://{self.bucket}/{key} did not appear before the task's deadline")
             with self.stats.activity("wait"):
                 time.sleep(pause)
+        remember_wait(pattern, missing)
+        return body
+
+    def _sleep_until(
+        self, wake: float, next_check: float, key: str, producer: str | None, byte_range: tuple[int, int] | None
+    ) -> tuple[bytes | None, float]:
+        """Sleep without a GET of ``key`` until ``wake`` (epoch s), in steps of at most
+        WAIT_SLEEP_STEP_S, so a task that failed elsewhere stops the wait as soon as a poll would
+        have, and still look around every ABORT_CHECK_S (the abort marker, a lost object): a
+        stopped or aborted window is noticed as soon as without the sleep. Returns the object if
+        a look found it, and the next look's time."""
+        while (now := time.time()) < wake:
+            if self._aborted.is_set():
+                raise ObjectWaitTimeout(f"s3://{self.bucket}/{key}: the task failed elsewhere, stopped waiting")
+            if now >= next_check:
+                next_check = now + ABORT_CHECK_S
+                body = self._look_around(key, producer, byte_range)
+                if body is not None:
+                    return body, next_check
+                continue
+            with self.stats.activity("wait"):
+                time.sleep(min(wake, next_check, now + WAIT_SLEEP_STEP_S) - now)
+        return None, next_check
 
     def _look_around(self, key: str, producer: str | None, byte_range: tuple[int, int] | None = None) -> bytes | None:
         """While waiting for ``key``: WindowAborted if another task of the window attempt failed

@@ -169,6 +169,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     ch.poll_cap = poll_cap_s(ctx.plan.peak_invocations())
     ch.abort_key = keys.window_abort(ev.job, ev.attempt) if ev.attempt else None
     ch.attempt = ev.attempt
+    ch.waits_of = ev.phase  # its waits recur, phase by phase, every iteration (Channel.wait_bytes)
     deadline = t0 + wait_budget(context.get_remaining_time_in_millis() / 1000.0, _task_timeout(ctx, ev))
     try:
         with MemoryWatch(_client(), ev.bucket, ev.job, ev.stage, int(context.memory_limit_in_mb)):

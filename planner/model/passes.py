@@ -88,7 +88,7 @@ def evaluate_pass(profile: ModelProfile, cfg: Config, plat: Platform, samples: i
     # each stage but the last PUTs its m_r outputs, each but the first GETs them (polling while they
     # travel), the last PUTs one record per replica; the parameters are loaded as the forward phase's
     hand_offs = (S - 1) * sum(ms)
-    polls = sum(plat.polls_while_waiting(terms[s - 1].fwd_hop_s) for s in range(1, S)) * sum(ms)
+    polls = sum(plat.polls_while_waiting(terms[s - 1].fwd_hop_s, learnt=True) for s in range(1, S)) * sum(ms)
     shard_gets = sum(0 if t.sync.params_cached else t.sync.shards for t in terms)
     return PassEstimate(tuple(task_s), (d,) * S, float(hand_offs + d), hand_offs + polls + d * shard_gets, per_stage_maps=True)
 

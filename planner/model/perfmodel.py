@@ -265,8 +265,9 @@ def _stage_requests(
     # while a micro-batch's input (or its output's gradient) is on its way from the neighbour, the
     # waiter polls for it: the neighbour's PUT latency and bytes, and the poll that notices it
     # (prefetching, a forward task asks for the next input a compute earlier)
-    poll_in = plat.polls_while_waiting(lat + io.in_b / w + poll + (fwd_s if io.prefetch else 0.0))
-    poll_back = plat.polls_while_waiting(lat + io.og_b / w + poll)
+    # (a hand-off's wait recurs every iteration: the runtime's warm workers sleep most of it, learnt)
+    poll_in = plat.polls_while_waiting(lat + io.in_b / w + poll + (fwd_s if io.prefetch else 0.0), learnt=True)
+    poll_back = plat.polls_while_waiting(lat + io.og_b / w + poll, learnt=True)
     gets = puts = 0.0
     # the first stage's inputs are its rows of the data set, in the container (or streamed: below),
     # not GETs; the last stage's targets likewise; every other input is a GET per micro-batch

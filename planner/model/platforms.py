@@ -135,6 +135,9 @@ class Platform:
     poll_max_s: float = 0.04
     poll_look_every_s: float = 1.0
     poll_jitter: float = 0.25  # each pause uniform in 1 -/+ this times it (WAIT_JITTER)
+    # A wait that recurs every iteration sleeps this share of its last waits before its first GET
+    # (WAIT_AHEAD; ``polls_while_waiting(learnt=True)``).
+    poll_ahead: float = 0.8
     # -- prices (USD), AWS list prices on PRICES_AS_OF ----------------------------------------------
     price_gb_s: float = 0.0000166667  # Lambda x86 per GB-s (GB = 1,024 MB); arm64 is 0.0000133334
     price_request: float = 0.20 / 1e6  # Lambda invocations
@@ -167,19 +170,35 @@ class Platform:
         """Seconds of one pass over ``param_bytes`` of parameters at a tier (``param_pass_s_per_byte``)."""
         return self.param_pass_s_per_byte * param_bytes / self.speedup(memory_mb)
 
-    def polls_while_waiting(self, wait_s: float, cap_s: float = 0.0, looks: int = 2) -> float:
+    def polls_while_waiting(self, wait_s: float, cap_s: float = 0.0, looks: int = 2, learnt: bool = False) -> float:
         """The extra GETs a worker makes while it waits ``wait_s`` for an object (from its first GET
         to the object's landing), by the channel's loop (lambdas/channel.py ``_wait_bytes``): 404s
         a round trip (``storage_latency_s``) plus a pause apart, and ``looks`` GETs (the abort
         marker, the producer's metrics) about every ``poll_look_every_s``. ``cap_s``: the pause's
         cap when the job's GET budget raises it (channel.poll_cap_s x the task's waiters).
-        Expected values over the channel's jitter; docs/performance-model.md §4.4."""
+        Expected values over the channel's jitter; docs/performance-model.md §4.4. ``learnt``: a wait
+        that recurs every iteration, in a warm process that has made it before (``_learnt_polls``)."""
         if wait_s <= 0:
             return 0.0
         cap = max(self.poll_max_s, cap_s)
+        if learnt and self.poll_ahead > 0:
+            return self._learnt_polls(wait_s, cap, looks)
         looks_made = looks * math.floor((wait_s + self.storage_latency_s) / self._look_period(wait_s, cap, looks))
         # the looks' round trips delay the polls
         return self._misses(wait_s - looks_made * self.storage_latency_s, cap) + looks_made
+
+    def _learnt_polls(self, wait_s: float, cap: float, looks: int) -> float:
+        """The GETs of a recurring wait (lambdas/channel.py WAIT_AHEAD): it sleeps a = poll_ahead x
+        wait_s, GETting only for its looks, one every poll_look_every_s (T) exactly, floor(a / T)
+        of them; then it polls as a fresh wait for the rest, r = wait_s - a, its next look due
+        T (floor(a / T) + 1) - a into it, the later ones ``_look_period`` apart."""
+        period, lat = self.poll_look_every_s, self.storage_latency_s
+        ahead = self.poll_ahead * wait_s
+        rest = wait_s - ahead
+        slept = math.floor(ahead / period)
+        due = (slept + 1) * period - ahead
+        polled = 0 if rest + lat < due else 1 + math.floor((rest + lat - due) / self._look_period(rest, cap, looks))
+        return self._misses(rest - looks * polled * lat, cap) + looks * (slept + polled)
 
     def _look_period(self, wait_s: float, cap: float, looks: int) -> float:
         """The mean time between the channel's looks around ``wait_s``: a look comes with the first

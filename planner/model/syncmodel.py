@@ -467,7 +467,7 @@ class PipelinedScatterReduce(SyncAlgorithm):
         own_end = own_start + (1 + rho_io) * pm / (d * w)
         gather_end = max(x + e_p, own_end + lat + own_lag)  # the others' updated chunks, a group behind theirs
         tail = max(own_end, gather_end) + lat + opt_s / (d * c)
-        polls = plat.polls_while_waiting(lat + chunk)  # a peer's chunk: its PUT latency and bytes
+        polls = plat.polls_while_waiting(lat + chunk, learnt=True)  # a peer's chunk: its PUT latency and bytes
         return StageSync.in_backward(
             self.name,
             d,
@@ -526,7 +526,7 @@ class LambdaMLScatterReduce(SyncAlgorithm):
         u = (1 + rho * share) * pm / (d * w)
         own = lat + max(opt_s / d + u / c, opt_s / (d * c) + u)  # phase 3
         tail = down + own + lat + master_ratio * e + q  # phase 4: the others' master parameters
-        polls = plat.polls_while_waiting(q)
+        polls = plat.polls_while_waiting(q, learnt=True)
         return StageSync.in_backward(
             self.name,
             d,
