@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from sim_clock import Clock
 
 from stagecoach.core.netem import Network
 from stagecoach.lambdas import channel as channel_module
@@ -25,17 +26,6 @@ from stagecoach.lambdas.channel import (
 from stagecoach.planner.limits import JOB_POLL_BUDGET_PER_S, S3_GET_PER_PREFIX_PER_S
 from stagecoach.planner.model.platforms import Platform, aws_platform
 from stagecoach.planner.plan import Plan
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def time(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
 
 
 class NeverThere:

@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from sim_clock import Clock
 
 from stagecoach.core import keys
 from stagecoach.core.netem import Network
@@ -30,17 +31,6 @@ from stagecoach.lambdas.channel import (
 from stagecoach.planner.model.platforms import aws_platform
 
 AWS_ROUND_TRIP_S = 0.03
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def time(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
 
 
 class Landing:
