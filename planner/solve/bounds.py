@@ -128,6 +128,7 @@ class LowerBounds:
         self.va = np.unique(self.A[~self.fin])
         self.vb = np.unique(self.B)
         self._view: tuple[bytes, LowerBounds] | None = None  # the last ``_restricted`` view
+        self._memo: tuple[bytes, tuple[Any, ...], np.ndarray, np.ndarray] | None = None  # the last sweep with context (``_sweeps``)
 
     def _restricted(self, alive: np.ndarray) -> LowerBounds:
         """These bounds over the groups ``alive`` only (the same band values va, vb, so the same
@@ -146,7 +147,7 @@ class LowerBounds:
             setattr(sub, name, getattr(self, name)[:, idx])
         sub.ends = [np.nonzero(sub.J == n)[0] for n in range(self.L + 1)]
         sub.starts = [np.nonzero(sub.I == n)[0] for n in range(self.L + 1)]
-        sub._view = None
+        sub._view, sub._memo = None, None
         self._view = (key, sub)
         return sub
 
@@ -186,15 +187,40 @@ class LowerBounds:
         self.payB = self.cB[None, :] * np.maximum(0.0, self.thB[:, None] - B[None, :])
         self.needA, self.needB = aLo > 0, bLo > 0
 
+    def _setup_arcs(self) -> None:
+        """Per transition of the flag automaton, what an arc adds (inf: not allowed), over every
+        group: each DP step takes its arcs' columns instead of recomputing them per node."""
+        ca: dict[str | None, Any] = {None: True, "s": self.setsA, "ns": ~self.setsA}
+        cb: dict[str | None, Any] = {None: True, "b": self.big, "nb": ~self.big}
+        pay = {(False, False): 0.0, (True, False): self.payA, (False, True): self.payB, (True, True): self.payA + self.payB}
+        self.arc_add = np.stack([np.where(ca[cA] & cb[cB] & self.allow, pay[(pa, pb)], np.inf) for _, _, _, _, cA, cB, pa, pb in _TRANS])
+
     def _sweeps(self, P: tuple[np.ndarray, ...], ctx: bool, prefix: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
         """pre[c, fA, fB, count, pair, node]: cheapest path 0 -> node; sufc[...]: cheapest
         node -> L using at most ``count`` stages, ending with the flags the band requires."""
+        key = b"".join(v.tobytes() for v in P)
+        # what a sweep reads, by identity (a copy given other weights, as the tests make, sweeps anew)
+        deps = (self.wpre, self.wsuf, self.base, self.I, self.J, self.A, self.B, self.cA, self.cB, self.smax, self.K)
+        m = self._memo
+        # rows K of it are the sweep without context (its prefix's where base is wpre's row K, as built)
+        hit = m is not None and m[0] == key and all(a is b for a, b in zip(m[1], deps))
+        if m is not None and hit and (ctx or not prefix or np.array_equal(self.base, self.wpre[self.K])):
+            self._setup(P)
+            return (m[2], m[3]) if ctx else (m[2][self.K :], m[3][self.K :])
         self._setup(P)
+        self._setup_arcs()
         wpre = self.wpre if ctx else self.base[None, :]
-        wsuf = self.wsuf if ctx else self.base[None, :]
-        pre = self._prefix_sweep(wpre, len(P[0])) if prefix else None
+        # with context, the suffix sweep also runs the weights without (its last row): every row
+        # of a sweep is computed on its own, so row K of both is, bit for bit, the sweep without
+        # context, and the group and pair bounds of the same pairs that follow reuse it
+        wsuf = np.vstack([self.wsuf, self.base[None, :]]) if ctx else self.base[None, :]
+        pre = self._prefix_sweep(wpre, len(P[0])) if prefix or ctx else None
         suf = self._suffix_sweep(wsuf, len(P[0]))
-        return pre, np.minimum.accumulate(suf, axis=3)
+        sufc = np.minimum.accumulate(suf, axis=3)
+        if ctx:
+            assert pre is not None
+            self._memo = (key, deps, pre, sufc)
+        return pre, sufc
 
     def _prefix_sweep(self, wpre: np.ndarray, nP: int) -> np.ndarray:
         """Forward over the nodes: the cheapest paths 0 -> node per flags and stage count."""
@@ -232,17 +258,14 @@ class LowerBounds:
         """One DP step over the arcs (groups) ``qs`` into a node: D[..., x] is the table at arc
         x's other end; the result the node's table, one more stage, over the flag automaton
         (forward: flags before the arc -> after it; backward the other way round)."""
-        sA, bg = self.setsA[:, qs], self.big[:, qs]
-        ca: dict[str | None, Any] = {None: True, "s": sA, "ns": ~sA}
-        cb: dict[str | None, Any] = {None: True, "b": bg, "nb": ~bg}
-        al, pA, pB, wq = self.allow[:, qs], self.payA[:, qs], self.payB[:, qs], w[:, qs][:, None, None, :]
-        pay = {(False, False): 0.0, (True, False): pA, (False, True): pB, (True, True): pA + pB}
+        wq = w[:, qs][:, None, None, :]
         X = [[D[:, f1, f2, :-1] + wq for f2 in (0, 1)] for f1 in (0, 1)]
         out = np.full(D.shape[:-1], np.inf)
         buf = np.empty_like(X[0][0])  # (the same sums and minima as fresh arrays, without allocating nine)
         v = np.empty(buf.shape[:-1])
-        for fa, fb, fa2, fb2, cA, cB, pa, pb in _TRANS:
-            add = np.where(ca[cA] & cb[cB] & al, pay[(pa, pb)], np.inf)
+        adds = self.arc_add[:, :, qs]
+        for t, (fa, fb, fa2, fb2, _, _, _, _) in enumerate(_TRANS):
+            add = adds[t]
             (s1, s2), (d1, d2) = ((fa, fb), (fa2, fb2)) if forward else ((fa2, fb2), (fa, fb))
             np.min(np.add(X[s1][s2], add[None, None], out=buf), axis=-1, out=v)
             np.minimum(out[:, d1, d2, 1:], v, out=out[:, d1, d2, 1:])
@@ -324,10 +347,12 @@ class LowerBounds:
         ca = {None: True, "s": self.setsA, "ns": ~self.setsA}
         cb = {None: True, "b": self.big, "nb": ~self.big}
         best = np.full((len(P[0]), G), np.inf)
+        tmp = np.empty_like(best)  # (the same sums and minima as fresh arrays, in place)
         for fa, fb, fa2, fb2, cA, cB, pa, pb in _TRANS:
             add = np.where(ca[cA] & cb[cB], (self.payA if pa else 0.0) + (self.payB if pb else 0.0), np.inf)
             for cp in range(self.smax):
-                best = np.minimum(best, Pg[fa, fb, cp] + Sg[fa2, fb2, self.smax - 1 - cp] + add)
+                np.add(Pg[fa, fb, cp], Sg[fa2, fb2, self.smax - 1 - cp], out=tmp)
+                np.minimum(best, np.add(tmp, add, out=tmp), out=best)
         best = np.where(self.allow, best, np.inf) + self.selfw[1 if ctx else 0][None, :]
         a0 = np.where(self.fin, 0.0, self.A)
         bott = self.wt * (self.m - 1) * (np.maximum(self.thA[:, None], a0[None, :]) + np.maximum(self.thB[:, None], self.B[None, :]))

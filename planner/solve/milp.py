@@ -141,36 +141,63 @@ def _lin(pairs: Any, const: float = 0.0) -> _Expr:
 class _Model:
     """Rows in the order they are added, an objective, and the solve: the columns sorted by name
     and the rows in order, handed to HiGHS in one call (as pulp 3.3's HiGHS interface orders
-    them, so the simplex sees the same model)."""
+    them, so the simplex sees the same model). The rows' entries are kept in flat lists (columns,
+    coefficients, a length per row), not one dict per row: a band LP's model was built and handed
+    over in about 40% of its time, mostly per-row Python work (AmoebaNet-D36, L = 30, d = 32)."""
 
     def __init__(self) -> None:
-        self.rows: list[_Row] = []
         self.objective = _Expr()
         self.cols: list[_Var] = []
+        self._vars: list[_Var] = []  # every row's columns, row after row
+        self._coefs: list[float] = []
+        self._nnz: list[int] = []  # entries per row
+        self._lo: list[float] = []  # row bounds (-inf / inf: none)
+        self._hi: list[float] = []
+
+    @property
+    def nrows(self) -> int:
+        return len(self._nnz)
+
+    def row(self, expr: dict[_Var, float], lo: float | None, hi: float | None) -> None:
+        """lo <= sum of ``expr``'s terms <= hi (None: unbounded)."""
+        self._vars.extend(expr)
+        self._coefs.extend(expr.values())
+        self._nnz.append(len(expr))
+        self._lo.append(-highspy.kHighsInf if lo is None else lo)
+        self._hi.append(highspy.kHighsInf if hi is None else hi)
+
+    def add(self, pairs: list[tuple[_Var, float]], sense: str, rhs: float) -> None:
+        """The row ``_lin(pairs) <sense> rhs`` (sense "<=", ">=" or "=="), with _lin's sums of
+        repeated columns and _Expr's row bounds to the last bit, without building either."""
+        acc = dict(pairs)
+        if len(acc) != len(pairs):  # a repeated column: sum its coefficients in _lin's order
+            acc = {}
+            for var, c in pairs:
+                acc[var] = acc.get(var, 0.0) + c
+        b = -(0.0 - rhs)
+        self._vars.extend(acc)  # (``row``, inlined: a model has thousands of rows)
+        self._coefs.extend(acc.values())
+        self._nnz.append(len(acc))
+        self._lo.append(-highspy.kHighsInf if sense == "<=" else b)
+        self._hi.append(highspy.kHighsInf if sense == ">=" else b)
 
     def __iadd__(self, item: Any) -> _Model:
         row = item[0] if isinstance(item, tuple) else item
         if isinstance(row, _Row):
-            self.rows.append(row)
+            self.row(row.expr, row.lo, row.hi)
         else:
             self.objective = row
         return self
 
     def solve(self, h: highspy.Highs) -> None:
         """Pass the model to ``h``, run it and read the columns' values."""
-        seen: dict[_Var, float] = dict(self.objective)
-        for row in self.rows:
-            seen.update(row.expr)  # (only the keys matter: every column in a row or the objective)
+        seen: dict[_Var, Any] = dict.fromkeys(self.objective)
+        seen.update(dict.fromkeys(self._vars))  # (every column in a row or the objective)
         self.cols = sorted(seen, key=lambda v: v.name)
         index = {v: c for c, v in enumerate(self.cols)}
-        cols: list[int] = []
-        rows: list[int] = []
-        coef: list[float] = []
-        for r, row in enumerate(self.rows):
-            cols.extend(map(index.__getitem__, row.expr.keys()))
-            coef.extend(row.expr.values())
-            rows.extend([r] * len(row.expr))
-        ca, ra, va = np.array(cols, dtype=np.int32), np.array(rows, dtype=np.int32), np.array(coef, dtype=np.float64)
+        ca = np.fromiter(map(index.__getitem__, self._vars), dtype=np.int32, count=len(self._vars))
+        ra = np.repeat(np.arange(self.nrows, dtype=np.int32), self._nnz)
+        va = np.array(self._coefs, dtype=np.float64)
         nz = va != 0
         order = np.argsort(ca[nz], kind="stable")  # column-wise, each column's rows ascending
         ca, ra, va = ca[nz][order], ra[nz][order], va[nz][order]
@@ -179,7 +206,7 @@ class _Model:
         inf = highspy.kHighsInf
         h.passModel(
             len(self.cols),
-            len(self.rows),
+            self.nrows,
             int(start[-1]),
             1,  # MatrixFormat.kColwise
             1,  # ObjSense.kMinimize
@@ -187,17 +214,16 @@ class _Model:
             np.array([self.objective.get(v, 0.0) for v in self.cols], dtype=np.float64),
             np.array([-inf if v.lo is None else v.lo for v in self.cols], dtype=np.float64),
             np.array([inf if v.hi is None else v.hi for v in self.cols], dtype=np.float64),
-            np.array([-inf if r.lo is None else r.lo for r in self.rows], dtype=np.float64),
-            np.array([inf if r.hi is None else r.hi for r in self.rows], dtype=np.float64),
+            np.array(self._lo, dtype=np.float64),
+            np.array(self._hi, dtype=np.float64),
             start,
             ra,
             va,
             np.array([1 if v.integer else 0 for v in self.cols], dtype=np.int32),
         )
         h.run()
-        values = list(h.getSolution().col_value)
-        for c, v in enumerate(self.cols):
-            v.val = values[c]
+        for v, val in zip(self.cols, list(h.getSolution().col_value)):
+            v.val = val
 
     def value(self) -> float | None:
         """The objective at the columns' values (constant included), as pulp.value sums it."""
@@ -361,15 +387,15 @@ class _PathMilp:
         L, x, start, end = self.L, self.x, self.start, self.end
         for n in range(L + 1):
             rhs = 1 if n == 0 else (-1 if n == L else 0)
-            self.prob += _lin([(v, 1.0) for q in start[n] for v in x[q]] + [(v, -1.0) for q in end[n] for v in x[q]]) == rhs, f"path_{n}"
-        self.prob += _lin([(v, 1.0) for xs in x for v in xs]) <= smax, "stages"
+            self.prob.add([(v, 1.0) for q in start[n] for v in x[q]] + [(v, -1.0) for q in end[n] for v in x[q]], "==", rhs)
+        self.prob.add([(v, 1.0) for xs in x for v in xs], "<=", smax)
         # a stage whose sync Map is wider than d (hierarchical: K roots and their level-1
         # aggregators) adds its width to BackwardSync's peak: sum over stages of max(d, tasks)
         # within the account (limits.peak_invocations; smax covers S d when no option is wider)
         width = [[max(self.d, op.terms.sync.tasks) for op in g.options] for g in self.groups]
         if any(w > self.d for ws in width for w in ws):
             peak = max_peak_invocations(self.plat.concurrency)
-            self.prob += _lin([(v, float(w)) for xs, ws in zip(x, width) for v, w in zip(xs, ws)]) <= peak, "peak"
+            self.prob.add([(v, float(w)) for xs, ws in zip(x, width) for v, w in zip(xs, ws)], "<=", peak)
         return _lin([(v, 1.0) for q in start[0] if self.groups[q].j == L for v in x[q]])
 
     # -- forward (§3.1) ---------------------------------------------------------------------------
@@ -405,10 +431,10 @@ class _PathMilp:
                 _Var(f"el_{q}", 0, ul),
             )
             for var, u in ((self.ea[q], ua), (self.em[q], um), (self.el[q], ul)):
-                prob += _lin([(var, 1.0)] + [(v, -u) for v in self.x[q]]) <= 0
+                prob.add([(var, 1.0)] + [(v, -u) for v in self.x[q]], "<=", 0)
             for var, lo in ((self.ea[q], fl.LA[g.i]), (self.em[q], fl.MA[g.i]), (self.el[q], fl.ML[g.i])):
                 if 0 < lo < math.inf:
-                    prob += _lin([(var, 1.0)] + [(v, -lo) for v in self.x[q]]) >= 0
+                    prob.add([(var, 1.0)] + [(v, -lo) for v in self.x[q]], ">=", 0)
 
     def _forward_tasks(self, cap: _Caps) -> None:
         """Each forward stage's maxima (ma >= em, ml >= el, and its own) and F_s - o, kept
@@ -418,30 +444,28 @@ class _PathMilp:
             if g.j == self.L:
                 continue  # the last stage's forward runs inside its backward task
             ma[q], ml[q] = _Var(f"ma_{q}", 0), _Var(f"ml_{q}", 0)
-            prob += _lin([(ma[q], 1.0)] + [(v, -g.a) for v in x[q]]) >= 0
-            prob += _lin([(ml[q], 1.0)] + [(v, -op.load_s) for v, op in zip(x[q], g.options)]) >= 0
+            prob.add([(ma[q], 1.0)] + [(v, -g.a) for v in x[q]], ">=", 0)
+            prob.add([(ml[q], 1.0)] + [(v, -op.load_s) for v, op in zip(x[q], g.options)], ">=", 0)
             if q in em:
-                prob += _lin([(ma[q], 1.0), (em[q], -1.0)]) >= 0
-                prob += _lin([(ml[q], 1.0), (el[q], -1.0)]) >= 0
+                prob.add([(ma[q], 1.0), (em[q], -1.0)], ">=", 0)
+                prob.add([(ml[q], 1.0), (el[q], -1.0)], ">=", 0)
             terms = [(ml[q], 1.0), (ma[q], m - 1.0)] + [(v, g.ao) for v in x[q]] + ([(ea[q], 1.0)] if q in ea else [])
             self.F[q] = _lin(terms)  # F_s - o: the forward task's duration
             if cap.UL[g.i] + cap.UA[g.i] + g.ao + (m - 1) * max(cap.UM[g.i], g.a) > maxT:
-                prob += _lin(terms + [(v, -maxT) for v in x[q]]) <= 0
+                prob.add(terms + [(v, -maxT) for v in x[q]], "<=", 0)
 
     def _prefix_conservation(self) -> None:
         """At every inner node the state leaving the stage that ends there enters the next one."""
         groups, x, ea, em, el = self.groups, self.x, self.ea, self.em, self.el
         for n in range(1, self.L):
             ins, outs = self.end[n], self.start[n]
-            self.prob += (
-                _lin(
-                    [(ea[q], 1.0) for q in ins if q in ea] + [(v, groups[q].af) for q in ins for v in x[q]] + [(ea[q], -1.0) for q in outs]
-                )
-                == 0,
-                f"sumA_{n}",
+            self.prob.add(
+                [(ea[q], 1.0) for q in ins if q in ea] + [(v, groups[q].af) for q in ins for v in x[q]] + [(ea[q], -1.0) for q in outs],
+                "==",
+                0,
             )
-            self.prob += _lin([(self.ma[q], 1.0) for q in ins] + [(em[q], -1.0) for q in outs]) == 0, f"maxA_{n}"
-            self.prob += _lin([(self.ml[q], 1.0) for q in ins] + [(el[q], -1.0) for q in outs]) == 0, f"maxL_{n}"
+            self.prob.add([(self.ma[q], 1.0) for q in ins] + [(em[q], -1.0) for q in outs], "==", 0)
+            self.prob.add([(self.ml[q], 1.0) for q in ins] + [(el[q], -1.0) for q in outs], "==", 0)
 
     # -- backward (§3.2) --------------------------------------------------------------------------
     def backward(self, cap: _Caps, floors: tuple[float, float]) -> None:
@@ -451,9 +475,9 @@ class _PathMilp:
             self._backward_task(cap, q, g)
         self._suffix_conservation()
         if floors[0] > 0:  # the band's floor of the forward bottleneck: the max carried into the last stage
-            self.prob += _lin([(self.em[q], 1.0) for q in self.end[self.L] if q in self.em]) >= floors[0], "floorA"
+            self.prob.add([(self.em[q], 1.0) for q in self.end[self.L] if q in self.em], ">=", floors[0])
         if floors[1] > 0:  # ... and of the backward bottleneck: the suffix max of the first stage
-            self.prob += _lin([(self.mb[q], 1.0) for q in self.start[0]]) >= floors[1], "floorB"
+            self.prob.add([(self.mb[q], 1.0) for q in self.start[0]], ">=", floors[1])
 
     def _backward_task(self, cap: _Caps, q: int, g: Group) -> None:
         """Group q's backward maximum (mb), its suffix state (xb, xm, ll; the last stage loads
@@ -461,18 +485,18 @@ class _PathMilp:
         not already imply it."""
         m, prob, x = self.m, self.prob, self.x[q]
         self.mb[q] = _Var(f"mb_{q}", 0)
-        prob += _lin([(self.mb[q], 1.0)] + [(v, -g.bb) for v in x]) >= 0
+        prob.add([(self.mb[q], 1.0)] + [(v, -g.bb) for v in x], ">=", 0)
         terms = [(self.mb[q], m - 1.0)] + [(v, g.bo) for v in x]
         if g.j < self.L:
             ub, ux, ul = min(cap.UB[g.j], cap.fcap[q]), min(cap.UX[g.j], cap.fcap[q] / m), min(cap.ULL, cap.fcap[q])
             xb, xm, ll = _Var(f"xb_{q}", 0, ub), _Var(f"xm_{q}", 0, ux), _Var(f"ll_{q}", 0, ul)
             self.xb[q], self.xm[q], self.ll[q] = xb, xm, ll
             for var, u in ((xb, ub), (xm, ux), (ll, ul)):
-                prob += _lin([(var, 1.0)] + [(v, -u) for v in x]) <= 0
+                prob.add([(var, 1.0)] + [(v, -u) for v in x], "<=", 0)
             for var, lo in ((xb, self.fl.LB[g.j]), (xm, self.fl.MB[g.j]), (ll, self.fl.LL[g.j])):
                 if 0 < lo < math.inf:
-                    prob += _lin([(var, 1.0)] + [(v, -lo) for v in x]) >= 0
-            prob += _lin([(self.mb[q], 1.0), (xm, -1.0)]) >= 0
+                    prob.add([(var, 1.0)] + [(v, -lo) for v in x], ">=", 0)
+            prob.add([(self.mb[q], 1.0), (xm, -1.0)], ">=", 0)
             terms += [(xb, 1.0), (ll, 1.0)]
             hi = cap.ULL + cap.UB[g.j] + g.bo + (m - 1) * max(cap.UX[g.j], g.bb)
         else:
@@ -480,29 +504,25 @@ class _PathMilp:
             hi = max(op.load_s for op in g.options) + g.bo + (m - 1) * g.bb
         self.BT[q] = _lin(terms)  # BT_s - o - tail_s
         if hi + max(op.tail_s for op in g.options) > self.maxT:
-            prob += _lin(terms + [(v, op.tail_s - self.maxT) for v, op in zip(x, g.options)]) <= 0
+            prob.add(terms + [(v, op.tail_s - self.maxT) for v, op in zip(x, g.options)], "<=", 0)
 
     def _suffix_conservation(self) -> None:
         """Stages starting at a node pass their suffix state to the stage ending there."""
         groups, x, xb, ll = self.groups, self.x, self.xb, self.ll
         for n in range(1, self.L):
             ins, outs = self.start[n], self.end[n]
-            self.prob += (
-                _lin(
-                    [(xb[q], 1.0) for q in ins if q in xb] + [(v, groups[q].bf) for q in ins for v in x[q]] + [(xb[q], -1.0) for q in outs]
-                )
-                == 0,
-                f"sumB_{n}",
+            self.prob.add(
+                [(xb[q], 1.0) for q in ins if q in xb] + [(v, groups[q].bf) for q in ins for v in x[q]] + [(xb[q], -1.0) for q in outs],
+                "==",
+                0,
             )
-            self.prob += _lin([(self.mb[q], 1.0) for q in ins] + [(self.xm[q], -1.0) for q in outs]) == 0, f"maxB_{n}"
-            self.prob += (
-                _lin(
-                    [(ll[q], 1.0) for q in ins if q in ll]
-                    + [(v, op.load_s) for q in ins if groups[q].j == self.L for v, op in zip(x[q], groups[q].options)]
-                    + [(ll[q], -1.0) for q in outs]
-                )
-                == 0,
-                f"lastL_{n}",
+            self.prob.add([(self.mb[q], 1.0) for q in ins] + [(self.xm[q], -1.0) for q in outs], "==", 0)
+            self.prob.add(
+                [(ll[q], 1.0) for q in ins if q in ll]
+                + [(v, op.load_s) for q in ins if groups[q].j == self.L for v, op in zip(x[q], groups[q].options)]
+                + [(ll[q], -1.0) for q in outs],
+                "==",
+                0,
             )
 
     def wait_caps(self, ws: WaitSlack) -> None:
@@ -513,7 +533,7 @@ class _PathMilp:
                 continue
             base = ws.before[g.i] + ws.after[g.j] + sl
             terms = [(self.ml[q], 1.0), (self.xb[q], 1.0), (self.ll[q], 1.0)] + ([(self.ea[q], 1.0)] if q in self.ea else [])
-            self.prob += _lin(terms + [(v, -(base + op.load_s)) for v, op in zip(self.x[q], g.options)]) <= 0
+            self.prob.add(terms + [(v, -(base + op.load_s)) for v, op in zip(self.x[q], g.options)], "<=", 0)
 
     # -- backward and sync: the branches (§3.3) -------------------------------------------------
     def branches(self, cap: _Caps) -> Any:
@@ -525,20 +545,20 @@ class _PathMilp:
         W, xw = {}, {}
         for q, g in enumerate(groups):
             W[q] = _Var(f"w_{q}", 0)
-            prob += _lin([(W[q], 1.0)] + self._minus_branch_end(q)) >= 0
+            prob.add([(W[q], 1.0)] + self._minus_branch_end(q), ">=", 0)
             if g.j < self.L:
                 xw[q] = _Var(f"xw_{q}", 0, cap.UW[g.j])
-                prob += _lin([(xw[q], 1.0)] + [(v, -cap.UW[g.j]) for v in x[q]]) <= 0
-                prob += _lin([(W[q], 1.0), (xw[q], -1.0)]) >= 0
+                prob.add([(xw[q], 1.0)] + [(v, -cap.UW[g.j]) for v in x[q]], "<=", 0)
+                prob.add([(W[q], 1.0), (xw[q], -1.0)], ">=", 0)
         for n in range(1, self.L):
-            prob += _lin([(W[q], 1.0) for q in self.start[n]] + [(xw[q], -1.0) for q in self.end[n]]) == 0, f"maxBranch_{n}"
+            prob.add([(W[q], 1.0) for q in self.start[n]] + [(xw[q], -1.0) for q in self.end[n]], "==", 0)
         TBS = _Var("T_backward_sync", 0)
-        prob += _lin([(TBS, 1.0)] + [(W[q], -1.0) for q in self.start[0]]) >= self.o, "branch_0"
+        prob.add([(TBS, 1.0)] + [(W[q], -1.0) for q in self.start[0]], ">=", self.o)
         for n in range(1, self.L):  # valid (implied) node rows: cheap, and they help the LP where flows merge
             terms = [(TBS, 1.0)]
             for q in self.start[n]:
                 terms += self._minus_branch_end(q)
-            prob += _lin(terms) >= self.o, f"branch_{n}"
+            prob.add(terms, ">=", self.o)
         return TBS
 
     def _minus_branch_end(self, q: int) -> list[tuple[Any, float]]:
@@ -687,7 +707,7 @@ def solve_milp(
         bound = (cutoff + 1e-9 * abs(cutoff) if relax else cutoff) / ref
     h = _highs(time_limit, gap, threads, bound)
     prob.solve(h)
-    nvars, ncons = len(prob.cols), len(prob.rows)
+    nvars, ncons = len(prob.cols), prob.nrows
     st = h.getModelStatus()
     ms = h.modelStatusToString(st).lower()
     value = prob.value()

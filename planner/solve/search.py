@@ -18,7 +18,8 @@ enumerated by the caller — the plan minimising a1*cost + a2*time under the per
    surviving band of the bottleneck values with the maxima pinned to the band's floor
    ("enumerating the bottleneck"; a band whose MILP would hold over 100 groups is split first, and
    bands are used whenever one MILP would hold over 300; a band whose LP relaxation is already at
-   or above the incumbent is refuted without its MILP); otherwise one MILP over every surviving
+   or above the incumbent is refuted without its MILP, and otherwise its MILP waits for its turn
+   by that LP's optimum: best first); otherwise one MILP over every surviving
    group. Every final MILP is first tried by its LP relaxation, which also decides it when the
    plan along its heaviest arcs is priced within the gap of the LP (``_Search.lp_refutes``); once
    the groups' bounds are known, the bound sweeps leave out the groups beyond the cutoff
@@ -294,6 +295,7 @@ class _Band:
     row: np.ndarray = field(compare=False, repr=False)
     nrow: np.ndarray = field(compare=False, repr=False)  # ... without context (for the MILP's WaitSlack)
     depth: int = field(default=0, compare=False)
+    lp: bool = field(default=False, compare=False)  # its LP relaxation ran, below the cutoff then: lb is its optimum
 
 
 @dataclass
@@ -318,6 +320,7 @@ class _Search:
     info: dict[str, Any] = field(default_factory=dict)
     milps: list[dict[str, Any]] = field(default_factory=list)
     mask: np.ndarray | None = None  # the groups alive at some cutoff >= today's (LowerBounds.group_bounds' ``alive``)
+    lp_value: float = -math.inf  # the last lp_refutes' LP optimum (-inf: none)
     wc: float = field(init=False)
     wt: float = field(init=False)
 
@@ -408,6 +411,8 @@ class _Search:
         cut = self.cut()
         out = lp.status == "infeasible" or (lp.status == "optimal" and lp.objective > cut + 1e-9 * abs(cut))
         word = "refuted" if out else "lp"
+        # a lower bound of every plan of the MILP below the cutoff (its LP's optimum, or nothing known)
+        self.lp_value = lp.objective if lp.status == "optimal" and math.isfinite(lp.objective) else -math.inf
         if not out and lp.status == "optimal" and lp.path is not None:
             e = evaluate(self.profile, lp.path, self.plat)
             v = objective_value(e.cost, e.time_s, self.a1, self.a2) if e.feasible else math.inf
@@ -584,6 +589,12 @@ class _Search:
             qs = [int(q) for q in np.nonzero(band.row <= self.cut())[0]]
             if not qs or _min_stages([self.cands.groups[q] for q in qs], self.cands.layers) > self.smax:
                 continue
+            if band.lp:  # second time here: its LP's optimum is still below the cutoff, so its MILP
+                cut = self.cut()
+                if band.lb <= cut + 1e-9 * abs(cut):  # (lp_refutes' margin)
+                    kept |= set(qs)
+                    self.run(qs, floors=(band.thA, band.thB), tag=f"band{band.tag}", slack=self.slack(bounds, qs, band.nrow))
+                continue
             if len(qs) > BAND_SPLIT_GROUPS and band.depth < BAND_SPLIT_DEPTH:
                 halves = self._split_band(bounds, band)
                 if halves:
@@ -593,7 +604,11 @@ class _Search:
             kept |= set(qs)
             slack = self.slack(bounds, qs, band.nrow)
             if not self.lp_refutes(qs, (band.thA, band.thB), slack, f"band{band.tag}"):
-                self.run(qs, floors=(band.thA, band.thB), tag=f"band{band.tag}", slack=slack)
+                # its MILP waits for its turn by the LP's optimum, a bound of the band as valid as
+                # the DP's and higher: the MILPs then run most promising first, and the optimum
+                # found early refutes the bands whose LPs end above it without their MILPs
+                band.lb, band.lp = max(band.lb, self.lp_value), True
+                heapq.heappush(work, band)
         return kept
 
     def _split_band(self, bounds: LowerBounds, band: _Band) -> list[_Band]:
