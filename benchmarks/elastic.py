@@ -373,6 +373,8 @@ def hap_tables(results: Sequence[HapResult], points: int = 8) -> str:
             ["seconds"] + [r.sync for r in ran], [[round(s, 1)] + [loss_at(list(zip(r.seconds, r.losses)), s) for r in ran] for s in grid]
         )
     )
+    # seconds per iteration: the first task's start to the last iteration's end, over the iterations
+    out.append(table(["sync", "s/iteration"], [[r.sync, r.seconds[-1] / len(r.losses)] for r in ran]))
     return "\n\n".join(out)
 
 

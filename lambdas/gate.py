@@ -15,8 +15,10 @@ and once more when the window has run its last one (planner/emit/asl.py ``Gate``
 
 Stopping happens only between iterations: every task of iteration t-1 has finished, so version t
 of the parameters, optimizer state and running statistics is complete, and nothing of iteration t
-has started. The gate records ``jobs/{job}/stop/stopped.json`` (version t) for a later resume,
-and the window ends in its ``Stopped`` state.
+has started but, with FasDL's HAP overlapped (planner/emit/asl.py ``hap_overlap``), the
+non-aggregators' gradients of t, computed on version t-1 and computed again by a resume. The
+gate records ``jobs/{job}/stop/stopped.json`` (version t) for a later resume, and the window
+ends in its ``Stopped`` state.
 
 Timeouts: the gate also returns the TimeoutSeconds the iteration's Tasks run under, learnt from
 the job's task metrics (lambdas/timeouts.py), so a hung task is noticed in seconds.

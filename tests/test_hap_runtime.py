@@ -102,8 +102,8 @@ def test_staleness_changes_the_run_against_bsp_k_reduce(runs):
 
 def test_every_replica_computes_and_only_aggregators_sync(runs):
     """Each HAP iteration: d backward tasks (the replicas), then K sync tasks — shard k's owner
-    is sync task k. (That non-aggregators do not wait for the aggregation is the window's shape
-    today, BSP's too: the sync Map starts after the backward Map; no overlap yet.)"""
+    is sync task k. (That the non-aggregators' tasks of t+1 run beside iteration t's aggregation
+    is tests/test_hap_overlap.py's.)"""
     run, (_, _, split) = runs["unequal"], CASES["unequal"]
     ms = run.metrics()
     for t in range(run.job.iterations):

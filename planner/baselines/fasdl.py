@@ -26,8 +26,8 @@ HAP (§IV-B, planner/hap.py): non-aggregators take B^n = B^a + extra samples, ex
 (T_train(B^n) = T_train(B^a) + T_agg), and do not wait for the aggregation (staleness 1), so an
 iteration takes the BSP time of W B^a samples and trains K B^a + (W - K) B^n. ``hap_prediction``
 puts that beside our model's prediction of the BSP K-reduce plan (the runtime runs HAP's semantics
-on one stage, but its non-aggregators do not overlap the aggregation yet, and our model does not
-predict it: docs/exactness.md "FasDL's HAP").
+on one stage, its non-aggregators' next gradient overlapping the aggregation, planner/emit/asl.py
+``_hap_backward_sync``; our model does not predict it: docs/exactness.md "FasDL's HAP").
 """
 
 from __future__ import annotations

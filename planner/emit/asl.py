@@ -25,6 +25,7 @@ from typing import Any, Final
 from stagecoach.planner.emit.groups import group_bounds, grouped_map
 from stagecoach.planner.emit.segments import joined_windows, policy_windows
 from stagecoach.planner.emit.tasks import KILLED_ERROR, KILLED_RETRY, LAMBDA_RETRY, WORKER_RETRY, worker_map, worker_task
+from stagecoach.planner.hap import HAP_SYNC
 from stagecoach.planner.limits import EXPRESS_MAX_DURATION_S, GROUP_SIZE, HISTORY_MAX_EVENTS, map_groups, map_transitions
 from stagecoach.planner.plan import Plan, plan_watchable, watcher_function, worker_function
 from stagecoach.planner.segments import check_segments, choice_plan
@@ -113,6 +114,25 @@ def _map_events(items: int) -> int:
     return EV_MAP + (g * (EV_MAP_ITEM + EV_GROUP_TASK) if g else items * (EV_MAP_ITEM + EV_TASK))
 
 
+# FasDL's HAP overlapped (``hap_overlap``): the two Choices of its BackwardSync, Lead? and Ahead?
+TRANSITIONS_HAP_CHOICES = 2
+
+
+def hap_overlap(plan: Plan) -> bool:
+    """Whether ``plan``'s window runs FasDL's HAP overlapped (``_hap_backward_sync``): the
+    non-aggregators' backward tasks of iteration t+1 beside iteration t's aggregators' backward
+    and sync Maps. A one-stage HAP plan of a fixed d whose Maps run inline (at most GROUP_SIZE
+    replicas); any other HAP window runs its iterations one after the other, as before."""
+    return (
+        plan.stages == 1
+        and plan.replicas > 1
+        and plan.sync[0] == HAP_SYNC
+        and not plan.segments
+        and not plan.choices
+        and not map_groups(plan.replicas)
+    )
+
+
 def watched_phases(plan: Plan) -> int:
     """How many of an iteration's phases run beside a watcher (``_watched``): Forward (S > 1) and
     BackwardSync, when the plan is ``watchable``."""
@@ -127,6 +147,14 @@ def phase_transitions(plan: Plan) -> dict[str, int]:
     to the orchestration."""
     s, d = plan.stages, plan.replicas
     w = TRANSITIONS_WATCHED_PHASE if watchable(plan) else 0
+    if hap_overlap(plan):  # a steady iteration: the aggregators' Map, the next non-aggregators', Lead? and Ahead?
+        k = plan.aggregators[0]
+        return {
+            "forward": 0,
+            "backward": 1 + map_transitions(k) + map_transitions(d - k),
+            "sync": map_transitions(plan.sync_tasks(0)),
+            "orchestration": TRANSITIONS_ITERATION_BOOKKEEPING + TRANSITIONS_HAP_CHOICES,
+        }
     return {
         "forward": (1 + (s - 1) * map_transitions(d) + w) if s > 1 else 0,
         "backward": 1 + s * map_transitions(d) + w,
@@ -152,7 +180,10 @@ def events_per_iteration(plan: Plan, evals: Sequence[int] = (), saves: Sequence[
         n += 2 * EV_PASS + _map_events(s)  # CheckpointDue, CheckpointChoice, Checkpoint
     if s > 1:
         n += EV_PARALLEL + (s - 1) * _map_events(d)  # Forward
-    n += EV_PARALLEL + s * _map_events(d)  # backward Maps
+    if hap_overlap(plan):  # a bound: the attempt's first iteration's Maps of all d and of the next d - K, Lead? and Ahead?
+        n += EV_PARALLEL + 2 * EV_PASS + _map_events(d) + _map_events(d - plan.aggregators[0])
+    else:
+        n += EV_PARALLEL + s * _map_events(d)  # backward Maps
     n += EV_WATCHED_PHASE * watched_phases(plan)
     n += sum(_map_events(plan.sync_tasks(st)) for st in range(s) if plan.sync_tasks(st))  # sync Maps
     n += EV_PASS  # Next
@@ -220,6 +251,10 @@ def _item_lists(plan: Plan, fn: FunctionOf, per_worker: bool) -> dict[str, Any]:
     lists["shards"] = shards
     if groups:
         lists["groups"] = groups
+    if hap_overlap(plan):  # the aggregators' and the non-aggregators' Maps (``_hap_backward_sync``)
+        k = plan.aggregators[0]
+        item: Callable[[int], Any] = (lambda r: {"replica": r, "fn": fn(0, "r", r)}) if per_worker else (lambda r: r)
+        lists["hap"] = {"a": [item(r) for r in range(k)], "n": [item(r) for r in range(k, d)]}
     return lists
 
 
@@ -241,6 +276,7 @@ def _init_state(plan: Plan, fn: FunctionOf, per_worker: bool, evals: Sequence[in
             "attempt.$": "$$.Execution.Name",
             "redo": 0,  # iterations run again after a lost object (Redo)
             **_item_lists(plan, fn, per_worker),
+            **_hap_position(plan),
             **({"evals": sorted(set(evals))} if evals else {}),
             **(
                 {"saves": sorted(set(saves)), "sv": [{"stage": st, "replica": 0, "fn": fn(st, "r", 0)} for st in range(s_count)]}
@@ -250,6 +286,14 @@ def _init_state(plan: Plan, fn: FunctionOf, per_worker: bool, evals: Sequence[in
         },
         "Next": "Gate",
     }
+
+
+def _hap_position(plan: Plan) -> dict[str, Any]:
+    """An overlapped HAP window's position (``_hap_backward_sync``), set in Init: ``lead``, whether
+    this iteration's non-aggregators have still to compute its gradient (the attempt's first
+    iteration, and a redo), and ``ahead``, the iteration after t, whose non-aggregators' gradient
+    the iteration computes if it is before the window's end."""
+    return {"lead": True, "ahead.$": "States.MathAdd($.first, 1)"} if hap_overlap(plan) else {}
 
 
 def _gate_states(plan: Plan, gate_function: str) -> dict[str, Any]:
@@ -323,6 +367,18 @@ class _Maps:
             items, sel, fn = "$.ranks", {"stage": s, "replica.$": "$$.Map.Item.Value"}, self.functions[s]
         return worker_map(name, items, _timed(sel, timeout), worker_task(phase, fn, _fixed(timeout), "replica"), nxt)
 
+    def hap_replicas(self, name: str, items: str, t_path: str, nxt: str | None) -> dict[str, Any]:
+        """An overlapped HAP window's backward tasks of the replicas at ``items`` (``$.hap.a``, the
+        aggregators; ``$.hap.n``, the non-aggregators), of the iteration at ``t_path``, under the
+        gate's learnt timeout for the backward phase."""
+        fn: str | None = None
+        if self.per_worker:
+            sel = {"stage": 0, "replica.$": "$$.Map.Item.Value.replica", "fn.$": "$$.Map.Item.Value.fn"}
+        else:
+            sel, fn = {"stage": 0, "replica.$": "$$.Map.Item.Value"}, self.functions[0]
+        sel = _timed({**sel, "t.$": t_path}, "$.gate.timeouts.b0")
+        return worker_map(name, items, sel, worker_task("backward", fn, None, "replica"), nxt)
+
     def shards(self, name: str, s: int, nxt: str | None) -> dict[str, Any]:
         """Stage ``s``'s sync tasks, under the gate's learnt timeout for them."""
         timeout = f"$.gate.timeouts.s{s}"
@@ -380,11 +436,13 @@ def _redo_states(plan: Plan, carry: dict[str, Any], redos: int) -> dict[str, Any
         "Redo": {
             "Type": "Pass",
             "Parameters": {
-                **carry,
+                **_without_lead(carry),
                 "t.$": "$.t",
                 "gate.$": "$.gate",
                 "attempt.$": "States.Format('{}-r{}', $$.Execution.Name, $.redo)",
                 "redo.$": "States.MathAdd($.redo, 1)",
+                # a redo runs every replica's backward task of t again (``_hap_backward_sync``)
+                **({"lead": True} if hap_overlap(plan) else {}),
             },
             "Next": "Forward" if plan.stages > 1 else "BackwardSync",
         },
@@ -397,8 +455,11 @@ PHASE_DONE = "PhaseDone"
 
 
 def watchable(plan: Plan) -> bool:
-    """Whether a window of ``plan`` runs its phases beside a watcher (limits.watchable)."""
-    return plan_watchable(plan)
+    """Whether a window of ``plan`` runs its phases beside a watcher (limits.watchable). Not an
+    overlapped HAP window (``hap_overlap``): its BackwardSync runs tasks of two iterations, and the
+    watcher knows one iteration's (it would end the phase once iteration t's were done, with the
+    next iteration's non-aggregators still running)."""
+    return plan_watchable(plan) and not hap_overlap(plan)
 
 
 def _watcher(name: str, watch: str, functions: Sequence[str], per_worker: bool, timeout_s: int) -> dict[str, Any]:
@@ -474,6 +535,57 @@ def _stage_branch(maps: _Maps, s: int) -> dict[str, Any]:
     return {"StartAt": f"Backward{s}", "States": states}
 
 
+def _backward_sync(maps: _Maps, redos: int) -> dict[str, Any]:
+    """BackwardSync: a Parallel of a branch per stage (``_stage_branch``)."""
+    branches = [_stage_branch(maps, s) for s in range(maps.plan.stages)]
+    return {"Type": "Parallel", "Branches": branches, "ResultPath": None, "Catch": _phase_catch(redos), "Next": "Advance"}
+
+
+def _hap_backward_sync(maps: _Maps, redos: int) -> dict[str, Any]:
+    """BackwardSync of an overlapped HAP window (``hap_overlap``; docs/runtime.md "FasDL's HAP"):
+    a non-aggregator's gradient of iteration t+1 is computed on version t (staleness 1), which
+    exists when iteration t starts, so it runs beside iteration t's aggregation. Two branches:
+
+    - Lead? -> the aggregators' backward tasks of t (all d replicas' in the attempt's first
+      iteration or a redo, ``lead``: no earlier iteration of this attempt computed the
+      non-aggregators' gradient of t) -> the sync Map of t, which reduces all d gradients of t;
+    - Ahead? -> the non-aggregators' backward tasks of t+1 (``ahead``), unless t+1 is the window's
+      end (the next window's first iteration computes them).
+
+    The sync Map of t ends before iteration t+1 starts (the Parallel waits for both branches), so
+    version t+1 is complete when the non-aggregators of t+2 read it, and the gradient of t+1 is in
+    S3 before the sync Map of t+1 starts. The gate still runs between iterations: a stop after t
+    leaves the non-aggregators' gradient of t+1 computed, which a resume computes again (the same
+    bytes under the same keys)."""
+    timeout = "$.gate.timeouts.b0"
+    lead = {
+        "Lead?": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.lead", "BooleanEquals": True, "Next": "Backward0"}],
+            "Default": "Backward0Aggregators",
+        },
+        "Backward0": maps.replicas("Backward0", 0, "backward", timeout, "Sync0"),
+        "Backward0Aggregators": maps.hap_replicas("Backward0Aggregators", "$.hap.a", "$.t", "Sync0"),
+        "Sync0": maps.shards("Sync0", 0, None),
+    }
+    ahead = {
+        "Ahead?": {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.ahead", "NumericLessThanPath": "$.end", "Next": "Backward0Ahead"}],
+            "Default": "NoneAhead",
+        },
+        "Backward0Ahead": maps.hap_replicas("Backward0Ahead", "$.hap.n", "$.ahead", None),
+        "NoneAhead": {"Type": "Succeed"},
+    }
+    return {
+        "Type": "Parallel",
+        "Branches": [{"StartAt": "Lead?", "States": lead}, {"StartAt": "Ahead?", "States": ahead}],
+        "ResultPath": None,
+        "Catch": _phase_catch(redos),
+        "Next": "Advance",
+    }
+
+
 def _abort_states(abort_key_format: str) -> dict[str, Any]:
     """Abort and Failed. A failed phase leaves its other tasks running (Step Functions cannot stop
     a Lambda invocation), waiting for objects the failed one will never write: the abort marker
@@ -494,7 +606,7 @@ def _abort_states(abort_key_format: str) -> dict[str, Any]:
     }
 
 
-def _carry(lists: Sequence[str], evals: Sequence[int], saves: Sequence[int]) -> dict[str, Any]:
+def _carry(lists: Sequence[str], evals: Sequence[int], saves: Sequence[int], hap: bool = False) -> dict[str, Any]:
     """What a Pass between iterations keeps of the state: everything Init set but ``t``, which
     the Pass sets itself (a Pass's Parameters replace the whole state); ``lists``: the item
     lists' names (``_item_lists``)."""
@@ -512,6 +624,8 @@ def _carry(lists: Sequence[str], evals: Sequence[int], saves: Sequence[int]) -> 
         carry.update({"evals.$": "$.evals"})
     if saves:
         carry.update({"saves.$": "$.saves", "sv.$": "$.sv"})
+    if hap:  # an overlapped HAP window's position (``_hap_position``)
+        carry.update({"lead.$": "$.lead", "ahead.$": "$.ahead"})
     return carry
 
 
@@ -525,7 +639,7 @@ def _after_iteration_states(maps: _Maps, carry: dict[str, Any], evals: Sequence[
     states: dict[str, Any] = {
         "Advance": {
             "Type": "Pass",
-            "Parameters": {**carry, "t.$": "States.MathAdd($.t, 1)"},
+            "Parameters": {**_without_lead(carry), "t.$": "States.MathAdd($.t, 1)", **_hap_advance(plan)},
             "Next": f"{chain[0]}Due" if chain else "Gate",
         }
     }
@@ -539,6 +653,17 @@ def _after_iteration_states(maps: _Maps, carry: dict[str, Any], evals: Sequence[
             states[name] = {**maps.per_stage(name, plan.stages, "evaluate", long_timeout), "Next": nxt}
         states[name]["Catch"] = [dict(ABORT_CATCH)]
     return states
+
+
+def _without_lead(carry: dict[str, Any]) -> dict[str, Any]:
+    """``carry`` for a Pass that sets ``lead`` itself (a field and its path may not both be given)."""
+    return {k: v for k, v in carry.items() if k != "lead.$"}
+
+
+def _hap_advance(plan: Plan) -> dict[str, Any]:
+    """An overlapped HAP window's position after iteration t (``_hap_position``): the next
+    iteration's non-aggregators are done, and the one after it is ahead."""
+    return {"lead": False, "ahead.$": "States.MathAdd($.t, 2)"} if hap_overlap(plan) else {}
 
 
 def _due_states(name: str, versions: str, carry: dict[str, Any], nxt: str) -> dict[str, Any]:
@@ -638,12 +763,11 @@ def window_definition(
     redos = redo_limit(plan, evals=evals, saves=saves)
     maps = _Maps(plan, functions, per_worker, group_arn)
     fn = _function_of(functions, per_worker)
-    carry = _carry(list(_item_lists(plan, fn, per_worker)), evals, saves)
+    carry = _carry(list(_item_lists(plan, fn, per_worker)), evals, saves, hap_overlap(plan))
     states: dict[str, Any] = {"Init": _init_state(plan, fn, per_worker, evals, saves), **_gate_states(plan, functions[0])}
     if s_count > 1:
         states["Forward"] = _forward_state(maps, redos)
-    branches = [_stage_branch(maps, s) for s in range(s_count)]
-    states["BackwardSync"] = {"Type": "Parallel", "Branches": branches, "ResultPath": None, "Catch": _phase_catch(redos), "Next": "Advance"}
+    states["BackwardSync"] = _hap_backward_sync(maps, redos) if hap_overlap(plan) else _backward_sync(maps, redos)
     if watchable(plan):
         for name, watch in (("Forward", "forward"), ("BackwardSync", "backward")):
             if name in states:
