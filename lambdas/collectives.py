@@ -87,6 +87,13 @@ class SyncSpec:
     # FasDL's HAP (planner/hap.py): non-aggregators compute iteration t on version t-1, so a shard's
     # stored parameters are kept one version longer (``forget_old_version``)
     stale_readers: bool = False
+    # per shard, per chunk: the stored (shard, chunk) whose keys hold it, when K or the chunks
+    # change between segments (core/stored_layout.py); (): the layout is the stored one
+    names: tuple[tuple[tuple[int, int], ...], ...] = ()
+
+    def stored(self, shard: int, chunk: int) -> tuple[int, int]:
+        """The (shard, chunk) of the stored version's keys (``keys.params``, ``keys.optim``)."""
+        return self.names[shard][chunk] if self.names else (shard, chunk)
 
     @property
     def shards(self) -> int:
@@ -163,7 +170,7 @@ def prefetch_state(ch: Channel, spec: SyncSpec, shard: int) -> list[Future[bytes
     """Start downloading the optimizer state of ``shard`` at version t (None: nothing to fetch)."""
     if spec.t == 0 or not stateful(spec.make_optimizer):
         return None
-    return [ch.submit_get_bytes(keys.optim(spec.job, spec.t, spec.stage, shard, c)) for c in spec.chunks(shard)]
+    return [ch.submit_get_bytes(keys.optim(spec.job, spec.t, spec.stage, *spec.stored(shard, c))) for c in spec.chunks(shard)]
 
 
 def update_chunk(
@@ -188,7 +195,7 @@ def update_chunk(
         got = source[c]
         body = got if isinstance(got, bytes) else got.result()
         if body is None:
-            raise FileNotFoundError(f"optimizer state {keys.optim(spec.job, spec.t, spec.stage, shard, c)} is missing")
+            raise FileNotFoundError(f"optimizer state {keys.optim(spec.job, spec.t, spec.stage, *spec.stored(shard, c))} is missing")
     new_p, new_state = step_chunk(spec, shard, c, param, grad, body)
     sent = store_chunk(ch, spec, shard, c, new_p, new_state, params=True, optim=warm is None or warm.store, copy=copy)
     if warm is not None:
@@ -213,11 +220,11 @@ def store_chunk(
     and optimizer state (if ``optim``)."""
     out = []
     if params:
-        out.append(ch.submit_put(keys.params(spec.job, spec.t + 1, spec.stage, shard, c), {"p": p}))
+        out.append(ch.submit_put(keys.params(spec.job, spec.t + 1, spec.stage, *spec.stored(shard, c)), {"p": p}))
     if params and copy:
-        out.append(ch.submit_put(keys.params_copy(spec.job, spec.t + 1, spec.stage, shard, c), {"p": p}))
+        out.append(ch.submit_put(keys.params_copy(spec.job, spec.t + 1, spec.stage, *spec.stored(shard, c)), {"p": p}))
     if optim and stateful(spec.make_optimizer):
-        out.append(ch.submit_put_bytes(keys.optim(spec.job, spec.t + 1, spec.stage, shard, c), state))
+        out.append(ch.submit_put_bytes(keys.optim(spec.job, spec.t + 1, spec.stage, *spec.stored(shard, c)), state))
     return out
 
 
@@ -234,12 +241,12 @@ def forget_old_version(ch: Channel, spec: SyncSpec, shard: int) -> None:
     v = spec.t - 1
     if v < 0:
         return
-    ks = [keys.params_copy(spec.job, v, spec.stage, shard, c) for c in spec.chunks(shard)] if reads_copies(spec) else []
+    ks = [keys.params_copy(spec.job, v, spec.stage, *spec.stored(shard, c)) for c in spec.chunks(shard)] if reads_copies(spec) else []
     if v != spec.window_start:
-        ks += [keys.optim(spec.job, v, spec.stage, shard, c) for c in spec.chunks(shard)]
+        ks += [keys.optim(spec.job, v, spec.stage, *spec.stored(shard, c)) for c in spec.chunks(shard)]
     old, kept = (v - 1, (spec.window_start, spec.window_start - 1)) if spec.stale_readers else (v, (spec.window_start,))
     if old >= 0 and old not in kept:
-        ks += [keys.params(spec.job, old, spec.stage, shard, c) for c in spec.chunks(shard)]
+        ks += [keys.params(spec.job, old, spec.stage, *spec.stored(shard, c)) for c in spec.chunks(shard)]
     if ks:
         ch.submit_delete(ks)
 
@@ -253,8 +260,8 @@ def reads_copies(spec: SyncSpec) -> bool:
 def _copy_or_stored(ch: Channel, spec: SyncSpec, version: int, k: int, c: int) -> dict[str, torch.Tensor]:
     """A chunk's parameters at ``version`` from its read copy, or, where there is none (version 0,
     a restart's checkpoint, a shard updated in the backward tasks), from the stored version."""
-    got = ch.get_tensors(keys.params_copy(spec.job, version, spec.stage, k, c))
-    return got if got is not None else ch.wait_tensors(keys.params(spec.job, version, spec.stage, k, c), spec.deadline)
+    got = ch.get_tensors(keys.params_copy(spec.job, version, spec.stage, *spec.stored(k, c)))
+    return got if got is not None else ch.wait_tensors(keys.params(spec.job, version, spec.stage, *spec.stored(k, c)), spec.deadline)
 
 
 def gather(ch: Channel, spec: SyncSpec, version: int, have: dict[tuple[int, int], torch.Tensor] | None = None) -> torch.Tensor:
@@ -265,7 +272,7 @@ def gather(ch: Channel, spec: SyncSpec, version: int, have: dict[tuple[int, int]
     futures = {
         (k, c): ch._submit("down", _copy_or_stored, ch, spec, version, k, c)
         if copies
-        else ch.submit_wait(keys.params(spec.job, version, spec.stage, k, c), spec.deadline)
+        else ch.submit_wait(keys.params(spec.job, version, spec.stage, *spec.stored(k, c)), spec.deadline)
         for k in range(spec.shards)
         for c in spec.chunks(k)
         if (k, c) not in have
@@ -546,9 +553,11 @@ def _shard_requests(
         else:
             calls += [functools.partial(ch.submit_wait, key, spec.deadline, inputs.producer) for key in inputs.keys(c)]
         if stateful_opt:
-            calls.append(functools.partial(ch.submit_get_bytes, keys.optim(spec.job, spec.t, spec.stage, shard, c)))
+            calls.append(functools.partial(ch.submit_get_bytes, keys.optim(spec.job, spec.t, spec.stage, *spec.stored(shard, c))))
         if download_params:
-            calls.append(functools.partial(ch.submit_wait, keys.params(spec.job, spec.t, spec.stage, shard, c), spec.deadline))
+            calls.append(
+                functools.partial(ch.submit_wait, keys.params(spec.job, spec.t, spec.stage, *spec.stored(shard, c)), spec.deadline)
+            )
     return calls
 
 
@@ -741,7 +750,7 @@ class PipelinedExchange:
             (k, c) for c in range(max(len(x) for x in spec.layout)) for k in ((r + i) % d for i in range(1, d)) if c < len(spec.layout[k])
         ]
         self.gathered = {
-            key: ch.submit_wait(keys.params(spec.job, spec.t + 1, spec.stage, key[0], key[1]), spec.deadline) for key in others
+            key: ch.submit_wait(keys.params(spec.job, spec.t + 1, spec.stage, *spec.stored(*key)), spec.deadline) for key in others
         }
 
     def _start_downloads(self) -> None:
@@ -888,7 +897,7 @@ def update_warm(
             got = held[c]
             body = got if isinstance(got, bytes) else got.result()
             if body is None:
-                raise FileNotFoundError(f"optimizer state {keys.optim(spec.job, spec.t, spec.stage, 0, c)} is missing")
+                raise FileNotFoundError(f"optimizer state {keys.optim(spec.job, spec.t, spec.stage, *spec.stored(0, c))} is missing")
         new_p, new_state = step_chunk(spec, 0, c, params_t[a:b], grad[a:b], body)
         store_chunk(ch, spec, 0, c, new_p, new_state, params=store_params, optim=store_state)
         out.append(new_p)

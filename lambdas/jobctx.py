@@ -21,6 +21,7 @@ from stagecoach.core.optim_state import group_runs
 from stagecoach.core.records import EvalSpec, JobSpec
 from stagecoach.core.schedule import MakeScheduler, Schedule, hyperparameters, stand_in
 from stagecoach.core.stagebuild import build_stage, held_bytes, load_buffers, stage_buffers
+from stagecoach.core.stored_layout import Cut, iteration_cut, stored_layout
 from stagecoach.core.training import (
     DTYPES,
     Ownership,
@@ -31,7 +32,6 @@ from stagecoach.core.training import (
     load_running_stats,
     master_dtype,
     running_stats,
-    stage_layout,
 )
 from stagecoach.errors import StagecoachError
 from stagecoach.lambdas.channel import Channel
@@ -76,6 +76,7 @@ class JobContext:
     # a sync task's own shard of the parameters (d > 1, a function per sync task): (version, chunks)
     shard_held: dict[tuple[int, int], tuple[int, list[torch.Tensor]]] = field(default_factory=dict)
     retried_window: dict[str, bool] = field(default_factory=dict)  # window attempt -> an earlier attempt failed
+    cuts: dict[tuple[int, ...], Cut] = field(default_factory=dict)  # (stage, d, K, C) -> the iteration's layout (per spec)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -145,7 +146,7 @@ class JobContext:
         with torch.no_grad():
             for t in tied:
                 values = read_range(
-                    channel, self.job, t.owner, self.layout(t.owner), version, t.offset, t.offset + t.param.numel(), deadline
+                    channel, self.job, t.owner, self.stored_layout(t.owner), version, t.offset, t.offset + t.param.numel(), deadline
                 )
                 t.param.copy_(values.view_as(t.param))
         self.tied_version[stage] = version
@@ -191,12 +192,30 @@ class JobContext:
         """The parameters ``stage`` owns (its flat vector), each once."""
         return self.ownership(stage).owned[stage]
 
-    def layout(self, stage: int) -> Layout:
-        """How stage ``stage``'s flat vector is cut into K shards of chunks (training.stage_layout)."""
+    def layout(self, stage: int, at: int | None = None) -> Layout:
+        """How stage ``stage``'s flat vector is cut into K shards of chunks in this task's iteration
+        (``at``: in iteration ``at``'s): the plan's own layout (training.stage_layout), or, when K
+        or the chunks change between segments, the stored chunks inside each of its shards
+        (core/stored_layout.py)."""
+        return self.cut(stage, at).layout
+
+    def cut(self, stage: int, at: int | None = None) -> Cut:
+        """The iteration's layout of ``stage`` and its chunks' stored names (core/stored_layout.py)."""
+        plan = self.plan if at is None else self.spec.to_plan(at) if self.spec.plan.get("segments") else self.plan
+        key = (stage, plan.replicas, plan.grad_shards(stage), plan.chunks[stage])
+        if key not in self.cuts:
+            own = next(iter(self.own.values())) if self.own else self.ownership(stage)
+            itemsize = torch.empty(0, dtype=master_dtype(self.dtype)).element_size()  # the stored parameters'
+            whole = self.spec.to_plan() if self.spec.plan.get("segments") or self.spec.plan.get("choices") else plan
+            self.cuts[key] = iteration_cut(whole, plan, stage, own.numel(stage), itemsize)
+        return self.cuts[key]
+
+    def stored_layout(self, stage: int) -> Layout:
+        """How every version of ``stage`` is stored: the keys' shards and chunks (core/stored_layout.py)."""
         own = next(iter(self.own.values())) if self.own else self.ownership(stage)
-        numel = own.numel(stage)
-        itemsize = torch.empty(0, dtype=master_dtype(self.dtype)).element_size()  # the stored parameters'
-        return stage_layout(numel, itemsize, self.plan.grad_shards(stage), self.plan.replicas, self.plan.chunks[stage])
+        itemsize = torch.empty(0, dtype=master_dtype(self.dtype)).element_size()
+        whole = self.spec.to_plan() if self.spec.plan.get("segments") or self.spec.plan.get("choices") else self.plan
+        return stored_layout(whole, stage, own.numel(stage), itemsize)
 
     @property
     def batch_sizes(self) -> tuple[tuple[int, int], ...] | None:
@@ -251,6 +270,7 @@ class JobContext:
             clip=self.clip,
             one_object=self.one_gradient_object(stage),
             stale_readers=self.hap_split is not None,
+            names=self.cut(stage).names,
         )
 
     @property
@@ -435,6 +455,7 @@ def job_context(channel: Channel, job: str, t: int | None = None) -> JobContext:
         body = channel.get_bytes(keys.job_spec(job))
         if body is not None:
             ctx.spec = _with_decisions(channel, job, JobSpec.model_validate_json(body))
+            ctx.cuts.clear()  # a resumed job's plan may have other segments
     if key not in _CACHE:
         spec_body = channel.get_bytes(keys.job_spec(job))
         code_body = channel.get_bytes(keys.job_code(job))

@@ -1,20 +1,25 @@
 """Dynamic workers (issue 27): the data-parallel degree d changes at iteration boundaries.
 
 A schedule ``{first iteration: d}`` becomes one Plan whose ``segments`` hold each segment's plan
-(docs/runtime.md "Dynamic workers"). It is exact by keeping everything the stored state depends
-on fixed across segments: the stages and per stage K (how many shards the parameters and the
-elementwise optimizer state are cut into, and how many sync tasks update them), so a version
-written by one segment is read unchanged by the next; only the replicas (and with them the
-micro-batch size) change, and optionally the global batch (``global_batch={first iteration: G}``,
-the data order continuing: core/training.py batch_position) with a learning-rate multiplier
-(``lr_scale={first iteration: factor}``, cumulative, each segment's ``Plan.lr_scale``): Hydrozoa's
-AdaBatch policy. What would need the state re-cut (a changing K or chunk layout) and a policy
-callable are refused here, each named; a by-epoch schedule (sdk/dynamic.py by_epoch) reaches here
+(docs/runtime.md "Dynamic workers"). The stages stay fixed across segments; per stage K (how many
+shards the parameters and the elementwise optimizer state are cut into, and how many sync tasks
+update them) and the chunks may change with d: every version is stored in one layout that serves
+every segment, the common refinement of their chunks (core/stored_layout.py), each iteration's
+shard a run of whole stored chunks, so a version written by one segment is read by the next
+unchanged and its optimizer state is each stored chunk's own (nothing is re-cut; an elementwise
+update does not depend on the cut). The replicas change, and with them the micro-batch size, and
+optionally the global batch (``global_batch={first iteration: G}``, the data order continuing:
+core/training.py batch_position) with a learning-rate multiplier (``lr_scale={first iteration:
+factor}``, cumulative, each segment's ``Plan.lr_scale``): Hydrozoa's AdaBatch policy. Refused
+here, each named: a sync algorithm outside ``SCHEDULED_SYNC`` (the fused ones keep state in their
+containers, the hierarchical chain is not covered by a test), a different stage split, and
+segments past GROUP_SIZE replicas; a by-epoch schedule (sdk/dynamic.py by_epoch) reaches here
 already keyed by iteration. A schedule is predicted segment by
 segment (sdk/dynamic.py, sdk/cost.py predict_schedule), with the joined window's own states below.
 A policy (``ReplicaPolicy``) declares its choices of d; its plan is the largest choice's with
 ``choices``, each choice checked as a segment is (``policy_plan``), its decisions applied at run
-time (``decided_plan``: lambdas/policy.py records them).
+time (``decided_plan``: lambdas/policy.py records them); its choices share the largest's K
+(``POLICY_SYNC``), their chunks may differ.
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ from typing import Any
 from stagecoach.planner.limits import GROUP_SIZE
 from stagecoach.planner.plan import Plan, PlanError
 
-# the sync algorithms a segment with d > 1 may use: K sync tasks that own K fixed shards
-SCHEDULED_SYNC = ("k_reduce", "all_reduce")
+# the sync algorithms a segment with d > 1 may use: backward writes K shards, K sync tasks reduce
+# and update them from S3 (lambdas/collectives.py reduce_shard), K = that segment's (scatter_reduce: d)
+SCHEDULED_SYNC = ("k_reduce", "all_reduce", "scatter_reduce")
+# a policy's choices are the largest choice's plan at each d (choice_plan): the same K, so not scatter_reduce
+POLICY_SYNC = ("k_reduce", "all_reduce")
 # State transitions of the joined window (planner/emit/segments.py) beyond its segments' own, in a
 # fault-free run: every window enters Start (a Choice) and its first segment's Enter_s{j} (a Pass);
 # an iteration that leaves its segment inside a window enters Segment (a Choice), Switch_s{j} (a
@@ -86,10 +94,12 @@ def policy_plan(policy: ReplicaPolicy, make: Callable[[int], Plan]) -> Plan:
     with fixed shards, no phases in groups) before anything is deployed."""
     top = replace(make(max(policy.choices)), choices=policy.choices, decided=0, segments=())
     for s in range(top.stages):
-        if top.sync[s] not in SCHEDULED_SYNC:
+        if top.sync[s] not in POLICY_SYNC:
             raise PlanError(
-                f"replica policy choosing from {list(policy.choices)}, stage {s}: sync {top.sync[s]!r} cuts the state into d shards, "
-                "which change with d; use sync='k_reduce' (or 'all_reduce'): re-cutting the shards is not supported yet"
+                f"replica policy choosing from {list(policy.choices)}, stage {s}: sync {top.sync[s]!r} is not supported with a policy, "
+                "whose choices share the largest choice's K (re-cutting the shards between choices is not supported); use sync='k_reduce' "
+                "(or 'all_reduce'), or a fixed schedule "
+                "(replicas={first iteration: d}), whose segments may each use their own K"
             )
     plans = []
     for d in policy.choices:
@@ -221,9 +231,10 @@ def _segment_plan(make: Callable[[int], Plan], d: int, global_batch: int | None,
 
 def check_segments(plan: Plan, what: str = "segment at iteration") -> None:
     """Refuse a segmented plan whose segments would not read each other's stored state unchanged:
-    a different stage split or global batch, a sync algorithm without fixed shards, a K that
-    changes (the state would need re-cutting), or a segment whose phases run in groups. A policy
-    plan's segments are its decisions so far (``decided_plan``), its largest d its largest choice."""
+    a different stage split, a sync algorithm outside ``SCHEDULED_SYNC``, or a segment whose
+    phases run in groups (a K or chunk layout that changes is stored in the common refinement:
+    core/stored_layout.py). A policy plan's segments are its decisions so far (``decided_plan``),
+    its largest d its largest choice."""
     if not plan.segments:
         return
     firsts = [first for first, _ in plan.segments]
@@ -254,20 +265,21 @@ def check_segments(plan: Plan, what: str = "segment at iteration") -> None:
 
 
 def _check_shards(plan: Plan, first: int, seg: Plan, what: str) -> None:
-    """Every stage keeps its K: the stored parameters and optimizer state are cut the same way."""
+    """Every stage's sync reduces K shards from S3, K the segment's own (a K that changes is served
+    by the stored layout, core/stored_layout.py); a policy's choices share one K (``choice_plan``)."""
     for s in range(seg.stages):
         if seg.replicas > 1 and seg.sync[s] not in SCHEDULED_SYNC:
             raise PlanError(
-                f"{what} {first}, stage {s}: sync {seg.sync[s]!r} cuts the state into d shards, which change with d; "
-                f"with a replica schedule use sync='k_reduce' (or 'all_reduce'): re-cutting the shards is not supported yet"
+                f"{what} {first}, stage {s}: sync {seg.sync[s]!r} is not supported with a replica schedule yet "
+                "(the fused algorithms keep state in their containers; the hierarchical chain is not covered by a test): "
+                "use sync='k_reduce', 'scatter_reduce' or 'all_reduce'"
             )
-        ks = {p.grad_shards(s) for _, p in plan.segments}
-        if len(ks) > 1:
-            smallest = min(p.replicas for _, p in plan.segments)
+        ks = {p.grad_shards(s) for _, p in plan.segments if p.replicas > 1}
+        if plan.choices and len(ks) > 1:
+            smallest = min(plan.choices)
             raise PlanError(
-                f"stage {s}: K (its shards of parameters and optimizer state) would be {sorted(ks)} across the schedule; "
-                f"it must stay fixed: aggregators <= the smallest d ({smallest}), e.g. aggregators={smallest} "
-                "(re-cutting the shards when K changes is not supported yet)"
+                f"stage {s}: K would be {sorted(ks)} across the replica policy's choices; a policy's choices share the largest "
+                f"choice's K: aggregators <= the smallest choice ({smallest}), e.g. aggregators={smallest}"
             )
 
 

@@ -14,7 +14,8 @@ iteration and records its decisions (lambdas/policy.py, core/decisions.py).
 Refused up front, with the fix: warm state (a new replica or a shrinking d would need the state a
 container holds), evaluation (its Map's replicas belong to one segment), Express or "auto" windows
 (a window's length is priced from one iteration's prediction), deferred batch norm (not covered by a
-test yet), and a stage whose chunk layout changes with d (the stored state would need re-cutting).
+test yet). A stage whose K or chunk layout changes with d is stored in the common refinement of
+every segment's chunks (core/stored_layout.py), so nothing is re-cut.
 
 Predicted (``predict_schedule``; the cost: Job.predict_cost, sdk/cost.py predict_schedule): each
 segment as an ordinary plan for its iterations, summed, in joined windows (docs/runtime.md
@@ -30,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from stagecoach.core.training import epoch_of, master_dtype, ownership, stage_layout
+from stagecoach.core import stored_layout
+from stagecoach.core.training import epoch_of, master_dtype, ownership
 from stagecoach.planner.model.perfmodel import Config, Estimate, evaluate
 from stagecoach.planner.model.platforms import Platform
 from stagecoach.planner.plan import Plan, PlanError
@@ -40,7 +42,6 @@ from stagecoach.planner.segments import ReplicaPolicy as ReplicaPolicy
 from stagecoach.planner.segments import (
     batch_schedule,
     check_segments,
-    choice_plan,
     policy_plan,
     replica_schedule,
     scheduled_plan,
@@ -182,8 +183,8 @@ def manual_scheduled_plan(job: Job, manual: Mapping[str, Any], make: Callable[..
     """The plan of ``Job.run(replicas={first iteration: d}, global_batch={first iteration: G},
     lr_scale={first iteration: factor}, ...)``: each segment a manual plan (``make``:
     Job.manual_plan) with the same settings but d (and G, and its cumulative learning-rate
-    factor), each stage's sync K-reduce with K the smallest d unless given (K must stay fixed:
-    planner/segments.py). An int ``replicas`` is {0: d}; ``global_batch`` must start at the job's.
+    factor), each stage's sync K-reduce with K the smallest d unless given (a K that changes is
+    stored in the common refinement: core/stored_layout.py; sync='scatter_reduce' runs K = d). An int ``replicas`` is {0: d}; ``global_batch`` must start at the job's.
     A ``by_epoch`` schedule is first keyed by iteration (``iteration_keys``)."""
     manual = iteration_keys(job, manual)
     replicas = manual.get("replicas", 1)
@@ -202,7 +203,7 @@ def manual_scheduled_plan(job: Job, manual: Mapping[str, Any], make: Callable[..
     rest = {k: v for k, v in manual.items() if k not in ("replicas", "global_batch", "lr_scale")}
     rest.setdefault("sync", "k_reduce")
     rest["sync"] = rest["sync"] or "k_reduce"
-    if rest["sync"] == "k_reduce":  # another algorithm's K is its own (planner/segments.py refuses one that changes)
+    if rest["sync"] == "k_reduce":  # another algorithm's K is its own, per segment (core/stored_layout.py)
         rest["aggregators"] = rest.get("aggregators") or smallest
     return scheduled_plan(
         dict(pairs), job.iterations, lambda d: make(**rest, replicas=d), global_batch=batches, lr_scale=manual.get("lr_scale")
@@ -281,20 +282,17 @@ def _schedule_text(plan: Plan) -> str:
 
 
 def _check_layouts(job: Job, plan: Plan) -> None:
-    """Every segment cuts each stage's stored parameters into the same shards and chunks
-    (training.stage_layout: the chunk count depends on d for a large stage)."""
+    """Every stage has a stored layout that serves all segments (core/stored_layout.py): where K or
+    the chunks change with d, the stored chunks are the common refinement of every segment's, so a
+    version written by one segment is read by the next unchanged; refused only where a segment has
+    an empty shard (more shards than elements) and the layouts differ."""
     master = job.build_model(master_dtype(job.dtype))
     own = ownership(list(master), [plan.stage_layers(s) for s in range(plan.stages)])
     itemsize = torch.empty(0, dtype=master_dtype(job.dtype)).element_size()
-    for s in range(plan.stages):
-        numel = sum(p.numel() for p in own.owned[s])
-        segs = [choice_plan(plan, d) for d in plan.choices] if plan.choices else [seg for _, seg in plan.segments]
-        layouts = {str(stage_layout(numel, itemsize, seg.grad_shards(s), seg.replicas)) for seg in segs}
-        if len(layouts) > 1:
-            raise PlanError(
-                f"a replica schedule ({_schedule_text(plan)}): stage {s}'s stored parameters would be cut into different chunks "
-                "at different d (a large stage); re-cutting the state is not supported yet: keep d within a range of equal chunking"
-            )
+    try:
+        stored_layout.check(plan, [sum(p.numel() for p in own.owned[s]) for s in range(plan.stages)], itemsize)
+    except PlanError as e:
+        raise PlanError(f"a replica schedule ({_schedule_text(plan)}): {e}") from None
 
 
 # what the performance model evaluates a segment's plan from (Job._model_of for one platform)

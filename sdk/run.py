@@ -26,6 +26,7 @@ from stagecoach.core.decisions import decisions_key, with_decisions
 from stagecoach.core.graph_split import Blocks, SplitFactory
 from stagecoach.core.records import EvalResult, JobSpec, StopRecord, StopRequest, TaskMetrics, WatcherUsage
 from stagecoach.core.stagebuild import load_buffers
+from stagecoach.core.stored_layout import stored_layout
 from stagecoach.core.training import (
     DTYPES,
     assign_flat,
@@ -34,7 +35,6 @@ from stagecoach.core.training import (
     master_dtype,
     ownership,
     running_stats,
-    stage_layout,
 )
 from stagecoach.deploy.chain import follow
 from stagecoach.deploy.resources import (
@@ -584,9 +584,7 @@ class Run:
         numel = ownership(list(model), [self.plan.stage_layers(s) for s in range(self.plan.stages)]).numel(stage)
         itemsize = torch.empty(0, dtype=master_dtype(job.dtype)).element_size()  # as stored
         parts = []
-        for k, chunks in enumerate(
-            stage_layout(numel, itemsize, self.plan.grad_shards(stage), self.plan.replicas, self.plan.chunks[stage])
-        ):
+        for k, chunks in enumerate(stored_layout(self.plan, stage, numel, itemsize)):  # as every version is stored
             for c in range(len(chunks)):
                 body = self._c.s3.get_object(Bucket=self.bucket, Key=keys.params(self.job_id, v, stage, k, c))["Body"].read()
                 parts.append(st_load(body)["p"])

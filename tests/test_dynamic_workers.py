@@ -106,7 +106,7 @@ def backward_tasks(run) -> list[int]:
         ({}, {"replicas": lambda metrics: 2}, "policy"),
         ({}, {"replicas": {"epoch:1": 2, 0: 1}}, "by-epoch"),
         ({}, {"replicas": {1: 2}}, "key 0"),
-        ({}, {"replicas": {0: 1, 2: 2}, "sync": "scatter_reduce"}, "re-cutting"),
+        ({}, {"replicas": {0: 1, 2: 2}, "sync": "pipelined_scatter_reduce"}, "not supported with a replica schedule"),
         ({}, {"replicas": {0: 2, 2: 4}, "aggregators": 4}, "aggregators"),
         ({"warm_state": True}, {"replicas": {0: 1, 2: 2}}, "warm state"),
         ({"workflow": "express"}, {"replicas": {0: 1, 2: 2}}, "Express"),

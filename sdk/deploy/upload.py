@@ -18,7 +18,8 @@ from stagecoach.core import keys, versions
 from stagecoach.core.records import DatasetRef, EvalSpec, JobSpec
 from stagecoach.core.samples import LocalSamples
 from stagecoach.core.stagebuild import stage_buffers
-from stagecoach.core.training import DTYPE_NAMES, flat_params, master_dtype, ownership, running_stats, stage_layout, stage_writes_through
+from stagecoach.core.stored_layout import stored_layout
+from stagecoach.core.training import DTYPE_NAMES, flat_params, master_dtype, ownership, running_stats, stage_writes_through
 from stagecoach.deploy.dataset import upload_samples
 from stagecoach.deploy.resources import Clients, StackResources
 from stagecoach.deploy.roles import grant_datasets
@@ -169,7 +170,7 @@ def upload_job(
     c.s3.put_object(Bucket=res.bucket, Key=keys.plan(job_id), Body=plan.to_json().encode())
     for s in range(plan.stages):
         flat = flats[s]
-        for k, chunks in enumerate(stage_layout(flat.numel(), flat.element_size(), plan.grad_shards(s), plan.replicas, plan.chunks[s])):
+        for k, chunks in enumerate(stored_layout(plan, s, flat.numel(), flat.element_size())):  # every segment's chunks
             for ci, (a, b) in enumerate(chunks):
                 c.s3.put_object(Bucket=res.bucket, Key=keys.params(job_id, 0, s, k, ci), Body=_safetensors({"p": flat[a:b]}))
         # a container that builds only its stage on the meta device has no values for its buffers
