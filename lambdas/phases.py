@@ -463,13 +463,14 @@ def _forget_iteration(ctx: JobContext, ch: Channel, t: int, stage: int, replica:
     """Delete what this worker wrote two iterations ago (a bucket lifecycle rule is the safety net)."""
     if t < 0:
         return
-    plan, job = ctx.plan, ctx.job
+    job = ctx.job
+    plan = ctx.spec.to_plan(t) if ctx.spec.plan.get("segments") else ctx.plan  # iteration t's (dynamic workers)
     io = ctx.stage_io(stage)
     ks = [k for j in range(plan.micro_batches) for k in io.written(t, replica, j)]
     ks += [keys.tied_grad(job, t, owner, stage, replica) for owner in {tied.owner for tied in ctx.tied(stage)}]
     if ctx.deferred_batch_norm and ctx.running_stats(stage):
         ks.append(keys.bn_stats(job, t, stage, replica))
-    layout = ctx.layout(stage)
+    layout = ctx.layout(stage, at=t)  # as iteration t cut it: K and the chunks may change with d
     if ctx.one_gradient_object(stage) is not None:
         ks.append(keys.gradient(job, t, stage, replica))
     elif plan.sync[stage] in collectives.EXCHANGES:  # its exchange objects

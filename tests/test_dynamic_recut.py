@@ -8,6 +8,7 @@ with momentum, a window restarted after a change, and a job stopped and resumed 
 K, each equal to plain PyTorch (float64, 1e-5)."""
 
 import dataclasses
+import itertools
 import json
 import time
 
@@ -158,6 +159,11 @@ def test_misaligned_shards_and_two_algorithms_train_what_plain_pytorch_trains(ba
     listed = run.backend.clients.s3.list_objects_v2(Bucket=run.bucket, Prefix=f"jobs/{run.job_id}/params/v6/s0/")
     assert len(listed.get("Contents", [])) == sum(len(sh) for sh in stored)  # the last version, in the stored chunks
     assert keys.params(run.job_id, 6, 0, len(stored) - 1, len(stored[-1]) - 1) in {o["Key"] for o in listed["Contents"]}
+    # each backward task deleted its gradient shards of two iterations before, as that iteration cut
+    # them (K = 3 at t = 2, 3; deleted by t = 4, 5's tasks, K = 4): none is left for the lifecycle rule
+    for t, s, r in itertools.product((2, 3), (0, 1), range(3)):
+        prefix = keys.gshard(run.job_id, t, s, r, 0, 0).rsplit("k0/c0", 1)[0]
+        assert run.backend.clients.s3.list_objects_v2(Bucket=run.bucket, Prefix=prefix).get("KeyCount", 0) == 0, prefix
 
 
 def test_one_to_eight_replicas_with_k_equal_to_d(backend, windows_of_two):
