@@ -143,6 +143,7 @@ class TaskMetrics(_Record):
     bytes_down: int
     puts: int
     gets: int
+    misses: int = 0  # of the gets, those answered 404: polls while waiting (none in older records)
     compute_s: float  # the rest of the task
     container: str
     container_started: float

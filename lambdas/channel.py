@@ -221,6 +221,7 @@ class ChannelStats:
     bytes_down: int = 0
     puts: int = 0
     gets: int = 0
+    misses: int = 0  # of the gets, those answered 404: a wait's polls (and a lookup of what is not there)
     _active: dict[str, int] = field(default_factory=lambda: {"up": 0, "down": 0, "wait": 0}, repr=False)
     _last: float = field(default_factory=time.perf_counter, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -337,7 +338,7 @@ class Channel:
                 body: bytes = resp["Body"].read()
             except self.s3.exceptions.NoSuchKey:
                 self.net.latency(time.perf_counter() - t0)  # a 404 costs its round trip
-                self.stats.count(gets=1)
+                self.stats.count(gets=1, misses=1)
                 return None
             if self.net.down:  # emulated: the first byte after the latency (the real GET took part of it)
                 self.net.latency(time.perf_counter() - t0)
