@@ -7,6 +7,7 @@ import json
 import os
 import time
 import uuid
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -62,6 +63,9 @@ if TYPE_CHECKING:  # both sit above this module (pyproject [tool.importlinter]):
 # loss (Job.stop_on_nonfinite_loss), its checkpoint kept (Step Functions reports it as FAILED with
 # the error Stagecoach.Stopped; Run tells them apart)
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "STOPPED"}
+# How long a finished job's measured cost waits for a phase watcher's record (Run._settled_watchers):
+# a watcher ends within its poll (lambdas/watcher.py POLL_S) of its phase's end, then writes it
+WATCHER_SETTLE_S = 20.0
 
 
 class RunFailed(StagecoachError, RuntimeError):
@@ -562,8 +566,28 @@ class Run:
         jobs = self._events(self.job_executions())
         histories = jobs + self._events(self.window_executions() + self.group_executions())
         express = self.express_window_histories(jobs)  # their gates: Express windows keep no history
-        watchers = phase_watchers(self._c.s3, self.bucket, self.job_id, self._watchers)
+        watchers = self._settled_watchers([*histories, *(e for run in express for e in run)])
         return costs.measure(self.spec(), metrics, [histories], self.iterations_done(), watched, watchers=watchers, express=express)
+
+    def _settled_watchers(self, events: list[dict[str, Any]], settle_s: float = WATCHER_SETTLE_S) -> list[WatcherUsage]:
+        """The phase watchers' records, once every watcher the histories started has written its own
+        (``events``). A watcher's Task is abandoned when its phase ends first and the invocation
+        writes its record as its last act (lambdas/watcher.py), so the last phase's may land just
+        after the job ended: a finished job's cost waits for it (``settle_s`` at most; a watcher
+        that died before writing is named in a warning, its use missing from the figure)."""
+        started = started_watchers(events)
+        while True:
+            watchers = phase_watchers(self._c.s3, self.bucket, self.job_id, self._watchers)
+            missing = started - {(w.t, w.watch, w.attempt) for w in watchers}
+            if not missing or self.status() == "RUNNING":
+                return watchers
+            if settle_s <= 0:
+                warnings.warn(
+                    f"job {self.job_id}: phase watchers {sorted(missing)} left no record: the measured cost misses their use", stacklevel=3
+                )
+                return watchers
+            time.sleep(0.2)
+            settle_s -= 0.2
 
     def predicted_cost(self) -> costs.CostReport:
         """The performance model's cost of the whole run on AWS, for this plan (docs/cost.md).
@@ -735,6 +759,19 @@ def phase_watchers(s3: BotoClient, bucket: str, job_id: str, seen: dict[str, Wat
             if o["Key"] not in seen:
                 seen[o["Key"]] = WatcherUsage.model_validate_json(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read())
     return list(seen.values())
+
+
+def started_watchers(events: list[dict[str, Any]]) -> set[tuple[int, str, str]]:
+    """The phase watchers (t, watch, attempt) that ``events`` (window histories, or an Express
+    window's logged events in their shape) invoked: each writes one record under that key."""
+    out = set()
+    for e in events:
+        if e.get("type") != "TaskScheduled":
+            continue
+        payload = json.loads(e["taskScheduledEventDetails"].get("parameters") or "{}").get("Payload") or {}
+        if isinstance(payload, dict) and payload.get("phase") == "watch":
+            out.add((int(payload["t"]), str(payload["watch"]), str(payload["attempt"])))
+    return out
 
 
 def recorded_watching(s3: BotoClient, bucket: str, job_id: str) -> dict[str, int]:
