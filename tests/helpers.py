@@ -110,7 +110,7 @@ def run_in_waves(starts: dict, wave: int) -> dict:
     for w in range(0, len(items), wave):
         started = {key: start() for key, start in items[w : w + wave]}
         for run in started.values():
-            run.wait(progress=False, poll_s=2.0, timeout_s=900)
+            run.wait(progress=False, poll_s=0.2, timeout_s=900)
         done.update(started)
     return done
 

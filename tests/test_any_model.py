@@ -234,7 +234,7 @@ def runs(backend, request):
         job = make_job(f"any-{opt_name[:4]}-{s}{d}{m}", OPTIMIZERS[opt_name])
         started[(opt_name, (s, d, m))] = job.run(stages=s, replicas=d, micro_batches=m, backend=backend)
     for run in started.values():
-        run.wait(progress=False, poll_s=2.0, timeout_s=600)
+        run.wait(progress=False, poll_s=0.2, timeout_s=600)
     return started
 
 

@@ -56,7 +56,7 @@ def runs(backend):
         "split": make_job("bf16-split").run(stages=2, replicas=2, micro_batches=2, backend=backend),
     }
     for run in started.values():
-        run.wait(progress=False, poll_s=2.0, timeout_s=600)
+        run.wait(progress=False, poll_s=0.2, timeout_s=600)
     return started
 
 

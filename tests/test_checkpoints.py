@@ -18,7 +18,7 @@ from stagecoach.reference import train_reference
 @pytest.fixture(scope="module")
 def first(backend):
     run = bn_job("ckpt-first", checkpoint_every=2).run(stages=2, backend=backend)
-    run.wait(progress=False, poll_s=2.0, timeout_s=600)
+    run.wait(progress=False, poll_s=0.2, timeout_s=600)
     return run
 
 
@@ -38,7 +38,7 @@ def test_a_job_starts_from_a_checkpoint_like_plain_pytorch_continues(first, back
     start = first.checkpoint(4)
     job = dataclasses.replace(bn_job("ckpt-second", init_from=start), iterations=3)
     run = job.run(stages=2, backend=backend)
-    run.wait(progress=False, poll_s=2.0, timeout_s=600)
+    run.wait(progress=False, poll_s=0.2, timeout_s=600)
     initial = job.user_model(job.build_model()).state_dict()
     assert max(float((initial[k].double() - start[k].double()).abs().max()) for k in start) == 0.0
     # plain PyTorch: the user's module loaded with the checkpoint, a fresh optimizer, full batches

@@ -44,7 +44,7 @@ def test_the_chunk_count_changes_no_bits(backend):
         runs[c] = job.run(plan=plans[c], backend=backend)
     assert plans[1].chunks == (1, 1) and plans[4].chunks == (4, 4)
     for c, run in runs.items():
-        status = run.wait(progress=False, poll_s=2.0, timeout_s=900)
+        status = run.wait(progress=False, poll_s=0.2, timeout_s=900)
         assert status == "SUCCEEDED", (c, status)
     for c, run in runs.items():  # the runtime cut each shard as the plan says: objects c0..c{C-1}
         pages = backend.clients.s3.get_paginator("list_objects_v2").paginate(

@@ -463,7 +463,7 @@ def test_a_resumed_job_is_reached_by_its_id_or_any_arn_on_the_local_stack(backen
     monkeypatch.setattr(options, "running_stack", lambda: object())  # the session's stack stands in for the daemon
     job = tiny_job("cli-ids")
     run = job.run(stages=1, backend=backend)
-    assert run.wait(progress=False, timeout_s=240) == "SUCCEEDED"
+    assert run.wait(progress=False, poll_s=0.2, timeout_s=240) == "SUCCEEDED"
     cli = CliRunner()
     r = cli.invoke(main, ["resume", run.execution_arn, "--iterations", "1000", "--no-wait"])  # far more than run before the stop
     assert r.exit_code == 0 and f"job {run.job_id}: resumed" in r.output, r.output
@@ -471,7 +471,7 @@ def test_a_resumed_job_is_reached_by_its_id_or_any_arn_on_the_local_stack(backen
     assert resumed.endswith(f":{run.job_id}-r1"), r.output
     r = cli.invoke(main, ["stop", run.job_id])
     assert r.exit_code == 0 and "stop requested" in r.output and resumed in r.output, r.output
-    assert backend.attach(run.job_id).wait(progress=False, timeout_s=300) == "STOPPED"
+    assert backend.attach(run.job_id).wait(progress=False, poll_s=0.2, timeout_s=300) == "STOPPED"
     r = cli.invoke(main, ["inspect", run.job_id])
     assert r.exit_code == 0 and f"job {run.job_id}: STOPPED" in r.output and f"execution {resumed}" in r.output, r.output
     r = cli.invoke(main, ["cleanup", resumed])

@@ -118,7 +118,7 @@ def test_logs_shows_a_finished_jobs_tasks_on_the_local_stack(backend, monkeypatc
     monkeypatch.setattr(options, "running_stack", lambda: object())  # the session's stack stands in for the daemon
     job = tiny_job("cli-logs")
     run = job.run(stages=2, backend=backend)
-    assert run.wait(progress=False, timeout_s=240) == "SUCCEEDED"
+    assert run.wait(progress=False, poll_s=0.2, timeout_s=240) == "SUCCEEDED"
     r = CliRunner().invoke(main, ["logs", run.job_id])
     assert r.exit_code == 0, r.output
     assert r.output.count("task done") == 2 * 3  # per iteration: forward s0, backward s0 and s1

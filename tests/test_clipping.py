@@ -70,7 +70,7 @@ def runs(backend, request):
     wanted = selected(request, "name")
     started = {name: make_job(f"clip-{name}").run(backend=backend, **plan) for name, plan in PLANS.items() if name in wanted}
     for run in started.values():
-        run.wait(progress=False, poll_s=2.0, timeout_s=600)
+        run.wait(progress=False, poll_s=0.2, timeout_s=600)
     return started
 
 

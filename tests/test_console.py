@@ -120,7 +120,7 @@ def faulty():
 @pytest.fixture(scope="module")
 def run(faulty):
     r = recovery_job("console").run(stages=2, replicas=1, micro_batches=2, timeout_s=20, backend=faulty)
-    r.wait(progress=False, poll_s=1.0, timeout_s=600)
+    r.wait(progress=False, poll_s=0.2, timeout_s=600)
     return r
 
 

@@ -168,7 +168,7 @@ def runs(backend):
         "tensors": rows_job("ds-tensors", (X, Y)).run(**plan),
     }
     for run in started.values():
-        run.wait(progress=False, poll_s=2.0, timeout_s=600)
+        run.wait(progress=False, poll_s=0.2, timeout_s=600)
     return started
 
 

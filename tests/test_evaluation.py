@@ -92,7 +92,7 @@ def reference_evaluations(job: Job, replicas: int, micro_batches: int) -> dict[i
 def test_evaluations_on_lambda_equal_plain_pytorch_in_eval_mode(backend):
     job = regression_job()
     run = job.run(stages=2, replicas=2, micro_batches=2, backend=backend)
-    run.wait(progress=False, poll_s=2.0, timeout_s=600)
+    run.wait(progress=False, poll_s=0.2, timeout_s=600)
     got = run.evaluations()
     want = reference_evaluations(job, 2, 2)
     assert [e.version for e in got] == [2, 4, 5] and all(e.samples == 19 for e in got)

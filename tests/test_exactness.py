@@ -557,7 +557,7 @@ def exact_runs(backend, request):
 @pytest.mark.parametrize("label", EXACT_LABELS)
 def test_accepted_edge_models_train_exactly_like_plain_pytorch(exact_runs, label):
     j, d, m, run = exact_runs[label]
-    run.wait(progress=False, timeout_s=600)
+    run.wait(progress=False, poll_s=0.2, timeout_s=600)
     got = run.trained_model().state_dict()
     want = train_reference(j, replicas=d, micro_batches=m).state_dict()
     assert got.keys() == want.keys()
@@ -568,7 +568,7 @@ def test_accepted_edge_models_train_exactly_like_plain_pytorch(exact_runs, label
 @pytest.mark.parametrize("label", EXACT_LABELS)
 def test_the_spec_records_whether_containers_build_only_their_stage(exact_runs, label):
     j, _, _, run = exact_runs[label]
-    run.wait(progress=False, timeout_s=600)
+    run.wait(progress=False, poll_s=0.2, timeout_s=600)
     spec = run.spec()
     if label.endswith("(full build)"):
         assert spec.build == "full" and "attribute 'scale'" in spec.full_build_reason

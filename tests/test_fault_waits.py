@@ -36,7 +36,7 @@ def test_a_consumer_whose_producer_hung_twice_waits_again_at_once_and_the_result
         runs = []
         for stack, name in ((backend, "waits-clean"), (faulty, "waits")):
             r = recovery_job(name, warm=False).run(stages=2, replicas=2, micro_batches=2, timeout_s=60, backend=stack)
-            r.wait(progress=False, poll_s=1.0, timeout_s=900)
+            r.wait(progress=False, poll_s=0.2, timeout_s=900)
             runs.append(r)
         r = runs[1]
         errors = task_errors(r)

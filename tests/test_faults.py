@@ -17,7 +17,7 @@ TIMEOUT_S = 12  # a hung task and a lost object are waited out this long
 
 def run(backend, name: str, warm: bool = True, **plan):
     r = recovery_job(name, warm).run(stages=2, replicas=2, micro_batches=2, timeout_s=TIMEOUT_S, backend=backend, **plan)
-    r.wait(progress=False, poll_s=1.0, timeout_s=900)
+    r.wait(progress=False, poll_s=0.2, timeout_s=900)
     return r
 
 
@@ -67,7 +67,7 @@ def test_a_hung_task_is_ended_by_its_phase_watcher_before_its_timeout(clean):
     faulty = LocalBackend(faults={"once": [HANG]})
     try:
         r = recovery_job("watched", warm=False).run(stages=2, replicas=2, micro_batches=2, timeout_s=60, backend=faulty)
-        r.wait(progress=False, poll_s=1.0, timeout_s=900)
+        r.wait(progress=False, poll_s=0.2, timeout_s=900)
         assert len(r.window_executions()) == 1
         events = r.history(execution_arn=r.window_executions()[0])
         (ended,) = _entered(events, "WatchBackwardSyncEnded")
@@ -95,7 +95,7 @@ def test_a_hung_task_is_timed_out_after_the_learnt_timeout_and_retried(clean):
     faulty = LocalBackend(faults={"once": [HANG, killed_watcher]})
     try:
         r = recovery_job("hung", warm=False).run(stages=2, replicas=2, micro_batches=2, timeout_s=60, backend=faulty)
-        r.wait(progress=False, poll_s=1.0, timeout_s=900)
+        r.wait(progress=False, poll_s=0.2, timeout_s=900)
         assert "States.Timeout" in task_errors(r)
         assert len(_entered(r.history(execution_arn=r.window_executions()[0]), "WatchBackwardSyncQuiet")) == 1
         assert len(r.window_executions()) == 1, "the task retry, not a window restart, recovered it"
@@ -142,7 +142,7 @@ def test_a_stage_planned_with_too_little_memory_is_raised_a_tier_and_completes(b
         timeouts_s=[{"forward": TIMEOUT_S, "backward": TIMEOUT_S, "sync": TIMEOUT_S}] * 2,
     )
     r = job.run(plan=plan, backend=backend)
-    r.wait(progress=False, poll_s=1.0, timeout_s=900)
+    r.wait(progress=False, poll_s=0.2, timeout_s=900)
     c = backend.clients
     fn = r.spec().window_state_machine.split(":")[-1].replace("-window", "-s1")
     # warm state with d = 2: a function per replica and per sync task, every one of stage 1's raised
@@ -191,7 +191,7 @@ def test_a_worker_killed_for_memory_before_its_watchdog_wrote_anything_is_recogn
             timeouts_s=[{"forward": TIMEOUT_S, "backward": TIMEOUT_S, "sync": TIMEOUT_S}] * 2,
         )
         r = recovery_job("oom-unknown").run(plan=plan, backend=faulty)
-        assert r.wait(progress=False, poll_s=1.0, timeout_s=900) == "SUCCEEDED"
+        assert r.wait(progress=False, poll_s=0.2, timeout_s=900) == "SUCCEEDED"
         c = faulty.clients
         records = c.s3.list_objects_v2(Bucket=r.bucket, Prefix=f"jobs/{r.job_id}/remediations/")["Contents"]
         record = Remediation.model_validate_json(c.s3.get_object(Bucket=r.bucket, Key=records[0]["Key"])["Body"].read())
@@ -216,7 +216,7 @@ def test_when_a_window_fails_its_waiting_tasks_stop_within_seconds():
     faulty = LocalBackend(faults={"once": [{"kind": "fail", "phase": "forward", "t": 1, "stage": 0, "replica": 1}]})
     try:
         r = recovery_job("aborted").run(stages=3, replicas=2, micro_batches=2, timeout_s=TIMEOUT_S, backend=faulty)
-        r.wait(progress=False, poll_s=1.0, timeout_s=900)
+        r.wait(progress=False, poll_s=0.2, timeout_s=900)
         assert "Stagecoach.InjectedFailure" in task_errors(r)
         c = faulty.clients
         markers = c.s3.list_objects_v2(Bucket=r.bucket, Prefix=f"jobs/{r.job_id}/abort/")["Contents"]

@@ -214,7 +214,7 @@ def test_a_plan_the_account_cannot_run_at_once_is_refused_before_anything_is_cre
         job.run(stages=2, replicas=3, backend=small)
     assert {f["FunctionName"] for f in small.clients.lambda_.list_functions()["Functions"]} == functions
     run = job.run(stages=2, replicas=2, backend=small)  # 4 at once, 9 with headroom: fits
-    assert run.wait(progress=False, timeout_s=300) == "SUCCEEDED"
+    assert run.wait(progress=False, poll_s=0.2, timeout_s=300) == "SUCCEEDED"
 
 
 def test_a_job_can_reserve_the_concurrency_its_stages_need(backend):
@@ -235,7 +235,7 @@ def test_a_job_can_reserve_the_concurrency_its_stages_need(backend):
         name="reserved",
     )
     run = job.run(stages=2, replicas=3, sync="k_reduce", aggregators=2, backend=backend, reserve_concurrency=True)
-    assert run.wait(progress=False, timeout_s=300) == "SUCCEEDED"
+    assert run.wait(progress=False, poll_s=0.2, timeout_s=300) == "SUCCEEDED"
     lam = backend.clients.lambda_
     # warm state with d = 3: a function per replica and per sync task, each running one task at a
     # time, so each reserves 2 (one function per stage would reserve twice max(d = 3, K = 2) = 6);

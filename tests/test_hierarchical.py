@@ -423,7 +423,7 @@ def test_a_chain_trains_plain_pytorchs_bits_end_to_end(backend):
     plan = dataclasses.replace(plan, fan_in=2)
     assert plan.blocks(0) == 3 and plan.sync_tasks(0) == 2 * (3 + 1) and plan.sync_tasks(1) == 0
     run = job.run(plan=plan, backend=backend)
-    run.wait(progress=False, poll_s=2.0, timeout_s=900)
+    run.wait(progress=False, poll_s=0.2, timeout_s=900)
     trained, expected = run.trained_model(), train_reference(run.job, replicas=d, micro_batches=1)
     assert max_diff(trained, run.job.build_model()) > 1e-3, "training must have moved the parameters"
     for (name, p), q in zip(trained.named_parameters(), expected.parameters()):

@@ -213,7 +213,7 @@ def test_inspect_a_local_run_through_the_daemon(tmp_path, monkeypatch):
             warm_state=False,
         )
         run = job.run(plan=job.manual_plan(stages=2, replicas=1, memory_mb=1024, timeout_s=120), backend=backend)
-        run.wait(progress=False, timeout_s=240)
+        run.wait(progress=False, poll_s=0.2, timeout_s=240)
 
         out = runner.invoke(inspect_command, [run.execution_arn, "--backend", "local", "--plot", str(tmp_path / "plots")])
         assert out.exit_code == 0, out.output

@@ -27,7 +27,7 @@ def test_a_job_continues_as_new_executions_and_trains_exactly_like_pytorch(backe
         name="chain",
     )
     run = job.run(stages=2, replicas=2, micro_batches=1, backend=backend)
-    assert run.wait(progress=False, poll_s=1.0, timeout_s=600) == "SUCCEEDED"
+    assert run.wait(progress=False, poll_s=0.2, timeout_s=600) == "SUCCEEDED"
     links = run.executions()
     assert [a.rsplit(":", 1)[-1] for a in links] == [run.job_id, f"{run.job_id}-c1"]
     windows = sorted(run.window_executions())

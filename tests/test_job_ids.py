@@ -64,7 +64,7 @@ def test_list_attach_and_resume_find_a_job_whose_id_reads_like_a_continuation(ba
         )
 
     run = job(2).run(backend=backend, stages=1)
-    assert run.job_id == job_id and run.wait(progress=False, poll_s=1.0, timeout_s=600) == "SUCCEEDED"
+    assert run.job_id == job_id and run.wait(progress=False, poll_s=0.2, timeout_s=600) == "SUCCEEDED"
     assert [a.rsplit(":", 1)[-1] for a in run.executions()] == [job_id, f"{job_id}-c1"]
     assert job_id_from(run.executions()[-1]) == job_id
     listed = [j for j in backend.jobs() if j.job.startswith("ids-")]
@@ -74,7 +74,7 @@ def test_list_attach_and_resume_find_a_job_whose_id_reads_like_a_continuation(ba
 
     resumed = backend.resume(job_id, iterations=4, job=job(2))
     assert resumed.execution_arn.endswith(f":{job_id}-r1")
-    assert resumed.wait(progress=False, poll_s=1.0, timeout_s=600) == "SUCCEEDED"
+    assert resumed.wait(progress=False, poll_s=0.2, timeout_s=600) == "SUCCEEDED"
     # the resumption continued too, under a name of its own (its first continuation is the chain's second)
     assert [a.rsplit(":", 1)[-1] for a in resumed.executions()] == [f"{job_id}-r1", f"{job_id}-c2"]
     assert job_id_from(resumed.executions()[-1]) == job_id

@@ -42,13 +42,13 @@ def test_a_resumed_job_ends_bit_identical_to_an_uninterrupted_one(backend):
     whole = make_job("life-whole", 8).run(backend=backend, **one)
     first = make_job("life-part", 4).run(backend=backend, **one)
     for run in (whole, first):
-        run.wait(progress=False, poll_s=2.0, timeout_s=600)
+        run.wait(progress=False, poll_s=0.2, timeout_s=600)
     assert last_checkpoint(backend.clients, backend.resources.bucket, first.job_id) == 4
     with pytest.raises(DeployError, match="already: give --iterations above 4"):
         backend.resume(first.job_id)
     resumed = backend.resume(first.job_id, iterations=8, job=make_job("life-part", 4))
     assert resumed.execution_arn.endswith(f"{first.job_id}-r1") and resumed.job.iterations == 8
-    resumed.wait(progress=False, poll_s=2.0, timeout_s=600)
+    resumed.wait(progress=False, poll_s=0.2, timeout_s=600)
     got, want = resumed.trained_model().state_dict(), whole.trained_model().state_dict()
     assert all(torch.equal(got[k], want[k]) for k in want)  # bit for bit
     assert resumed.losses() == whole.losses()  # iterations 0-3 from the first execution, 4-7 from the resumption
@@ -69,17 +69,17 @@ def test_a_stopped_job_resumes_to_the_parameters_of_an_uninterrupted_one(backend
     resumed to 3 iterations past the checkpoint it kept: bit-identical to those iterations at once."""
     long = make_job("life-stop", 1000).run(backend=backend, **PLAN)  # far more than it runs before the stop
     while not long.metrics() or long.iterations_done() < 2:  # metrics() reads what the tasks wrote so far
-        time.sleep(0.5)
+        time.sleep(0.2)
     long.stop()
-    assert long.wait(progress=False, poll_s=1.0, timeout_s=600) == "STOPPED"
+    assert long.wait(progress=False, poll_s=0.2, timeout_s=600) == "STOPPED"
     assert {j.job: j.status for j in backend.jobs()}[long.job_id] == "STOPPED"
     kept = long.version()
     assert 0 <= kept <= long.iterations_done()
     total = kept + 3
     whole = make_job("life-whole2", total).run(backend=backend, **PLAN)
     resumed = backend.resume(long.job_id, iterations=total, job=make_job("life-stop", 1000))
-    assert resumed.wait(progress=False, poll_s=2.0, timeout_s=600) == "SUCCEEDED"
-    whole.wait(progress=False, poll_s=2.0, timeout_s=600)
+    assert resumed.wait(progress=False, poll_s=0.2, timeout_s=600) == "SUCCEEDED"
+    whole.wait(progress=False, poll_s=0.2, timeout_s=600)
     got, want = resumed.trained_model().state_dict(), whole.trained_model().state_dict()
     assert all(torch.equal(got[k], want[k]) for k in want)
 
@@ -98,9 +98,9 @@ def test_a_stopped_and_resumed_job_has_one_status_and_one_cost_everywhere(backen
     cli = CliRunner()
     run = make_job("life-one", 1000).run(backend=backend, **PLAN)
     while not run.metrics() or run.iterations_done() < 1:
-        time.sleep(0.5)
+        time.sleep(0.2)
     run.stop()
-    assert run.wait(progress=False, poll_s=1.0, timeout_s=600) == "STOPPED"
+    assert run.wait(progress=False, poll_s=0.2, timeout_s=600) == "STOPPED"
     total = run.version() + 2
     r = cli.invoke(main, ["resume", run.job_id, "--iterations", str(total), "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
@@ -135,9 +135,9 @@ def test_a_stopped_and_resumed_job_has_one_status_and_one_cost_everywhere(backen
     # a stopped job cleaned up: its stop record is gone, its execution's error is not
     gone = make_job("life-gone", 1000).run(backend=backend, stages=1)
     while not gone.metrics():
-        time.sleep(0.5)
+        time.sleep(0.2)
     gone.stop()
-    assert gone.wait(progress=False, poll_s=1.0, timeout_s=600) == "STOPPED"
+    assert gone.wait(progress=False, poll_s=0.2, timeout_s=600) == "STOPPED"
     assert cli.invoke(main, ["cleanup", gone.job_id]).exit_code == 0
     listed = {line.split()[0]: line.split()[-4] for line in cli.invoke(main, ["list"]).output.splitlines()[1:]}
     assert listed[gone.job_id] == "STOPPED", listed
@@ -159,7 +159,7 @@ def test_a_run_without_its_job_rebuilds_the_model_from_the_uploaded_code(backend
     }
     runs = {k: job.run(backend=backend, **plan) for k, (job, plan) in jobs.items()}
     for name, run in runs.items():
-        assert run.wait(progress=False, poll_s=1.0, timeout_s=600) == "SUCCEEDED", name
+        assert run.wait(progress=False, poll_s=0.2, timeout_s=600) == "SUCCEEDED", name
         want = run.trained_model()
         got = backend.attach(run.job_id).trained_model()
         assert type(got) is type(want), name
@@ -182,7 +182,7 @@ def test_a_run_nobody_waited_on_is_learnt_from_by_the_first_inspect(backend, mon
     older, newer = make_job("life-learn", 2).run(backend=backend, stages=1), make_job("life-learn", 2).run(backend=backend, stages=1)
     deadline = time.time() + 300
     while {older.status(), newer.status()} != {"SUCCEEDED"} and time.time() < deadline:  # not wait(): it would learn
-        time.sleep(0.5)
+        time.sleep(0.2)
     assert history.recorded_job(s3, bucket, "life-learn") is None
     r = CliRunner().invoke(main, ["inspect", newer.job_id])
     assert r.exit_code == 0 and "SUCCEEDED" in r.output, r.output

@@ -116,13 +116,13 @@ def test_a_run_outlives_its_client_and_the_stack_keeps_jobs_across_a_restart(tmp
         st = read_state()
         assert st is not None and st["code"] == code_identity()
         quick = LocalBackend().attach(job_id(p.stdout))
-        assert quick.wait(progress=False, timeout_s=300) == "SUCCEEDED"
+        assert quick.wait(progress=False, poll_s=0.2, timeout_s=300) == "SUCCEEDED"
         p = stagecoach("train", "long.py", "--stages", "1", "--replicas", "1", "--iterations", "1000", "--no-wait", cwd=tmp_path, env=env)
         assert p.returncode == 0 and "started this project's local stack" not in p.stderr, p.stdout + p.stderr
         long_ = LocalBackend().attach(job_id(p.stdout))
         deadline = time.time() + 300
         while iterations_done(long_) < 2 and time.time() < deadline:
-            time.sleep(0.5)
+            time.sleep(0.2)
         assert iterations_done(long_) >= 2
 
         before = last_checkpoint(long_.backend.clients, long_.backend.resources.bucket, long_.job_id)
@@ -153,14 +153,14 @@ def test_a_run_outlives_its_client_and_the_stack_keeps_jobs_across_a_restart(tmp
         assert kept >= before  # its checkpoints came through the restart
         resumed = backend.resume(long_.job_id, iterations=kept + 2)
         assert resumed.execution_arn.endswith(f"{long_.job_id}-r1")
-        assert resumed.wait(progress=False, timeout_s=300) == "SUCCEEDED"
+        assert resumed.wait(progress=False, poll_s=0.2, timeout_s=300) == "SUCCEEDED"
         assert len(resumed.losses()) == kept + 2  # the metrics written before the restart were kept
 
         # a stop that does not wait: the job running then is kept as ABORTED, as Step Functions shows
         # an execution stopped before it ended, and can be resumed again
         again = backend.resume(long_.job_id, iterations=1000)
         while iterations_done(again) < kept + 3 and time.time() < deadline + 300:
-            time.sleep(0.5)
+            time.sleep(0.2)
         r = runner.invoke(local_group, ["stop", "--drain", "0"])
         assert r.exit_code == 0 and f"kept as ABORTED (resume them): {long_.job_id}" in r.output, r.output
         assert runner.invoke(local_group, ["start"]).exit_code == 0

@@ -217,7 +217,7 @@ TIMEOUT_S = 60  # what a consumer of a lost object waited before ObjectLost
 def _run(backend: Any, name: str) -> Any:
     job = dataclasses.replace(recovery_job(name), iterations=3)
     r = job.run(stages=2, replicas=2, micro_batches=2, timeout_s=TIMEOUT_S, backend=backend)
-    r.wait(progress=False, poll_s=1.0, timeout_s=900)
+    r.wait(progress=False, poll_s=0.2, timeout_s=900)
     return r
 
 

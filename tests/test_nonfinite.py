@@ -147,7 +147,7 @@ def test_a_nan_on_one_replica_is_a_nan_loss_and_the_option_stops_the_job(backend
     plan = dict(stages=2, replicas=2, micro_batches=1)
     plain = nan_job("nf-plain", 4, stop=False).run(backend=backend, **plan)
     stopping = nan_job("nf-stop", 20, stop=True).run(backend=backend, **plan)
-    assert plain.wait(progress=False, poll_s=1.0, timeout_s=600) == "SUCCEEDED"
+    assert plain.wait(progress=False, poll_s=0.2, timeout_s=600) == "SUCCEEDED"
     losses = plain.losses()
     assert math.isfinite(losses[0]) and all(math.isnan(v) for v in losses[1:])
     one = {m.index: m.loss for m in plain.metrics() if m.t == 1 and m.phase == "backward" and m.stage == 1}
@@ -156,7 +156,7 @@ def test_a_nan_on_one_replica_is_a_nan_loss_and_the_option_stops_the_job(backend
     outputs = [e["taskSucceededEventDetails"]["output"] for e in plain.history(windows=True) if e["type"] == "TaskSucceeded"]
     assert outputs and all(strict_json(o) for o in outputs)
 
-    assert stopping.wait(progress=False, poll_s=1.0, timeout_s=600) == "STOPPED"
+    assert stopping.wait(progress=False, poll_s=0.2, timeout_s=600) == "STOPPED"
     record = stopping.stopped()
     assert record is not None and record.reason == "nonfinite_loss" and record.version == 2
     assert "iteration 1" in record.detail and "replica 1" in record.detail

@@ -106,7 +106,7 @@ def test_a_policy_s_changing_d_trains_what_plain_pytorch_trains(backend, monkeyp
     monkeypatch.setattr(asl, "window_length", lambda plan, limit=asl.HISTORY_LIMIT, **kw: 2)
     job = make_job("policy-run", iterations=6)
     run = job.run(backend=backend, stages=2, replicas=POLICY)
-    assert run.wait(progress=False, poll_s=1.0, timeout_s=600) == "SUCCEEDED"
+    assert run.wait(progress=False, poll_s=0.2, timeout_s=600) == "SUCCEEDED"
     assert backward_tasks(run) == [1, 1, 2, 2, 1, 1]
     record = _decisions(run)
     assert record["decisions"] == [[0, 2, 1], [2, 4, 2], [4, 6, 1]]
@@ -128,7 +128,7 @@ def test_a_restarted_window_reuses_the_recorded_decision(monkeypatch):
     try:
         job = make_job("policy-restart", iterations=6)
         run = job.run(backend=faulty, stages=2, replicas=POLICY, timeout_s=12)
-        assert run.wait(progress=False, poll_s=1.0, timeout_s=600) == "SUCCEEDED"
+        assert run.wait(progress=False, poll_s=0.2, timeout_s=600) == "SUCCEEDED"
         firsts = sorted(
             json.loads(faulty.clients.sfn.describe_execution(executionArn=a)["input"])["first"] for a in run.window_executions()
         )
@@ -148,13 +148,13 @@ def test_a_job_with_a_policy_stopped_and_resumed_keeps_its_decisions_and_trains_
     monkeypatch.setattr(asl, "window_length", lambda plan, limit=asl.HISTORY_LIMIT, **kw: 2)
     long = make_job("policy-stop", iterations=1000).run(backend=backend, stages=2, replicas=POLICY)
     while not long.metrics() or long.iterations_done() < 3:
-        time.sleep(0.5)
+        time.sleep(0.2)
     long.stop()
-    assert long.wait(progress=False, poll_s=1.0, timeout_s=600) == "STOPPED"
+    assert long.wait(progress=False, poll_s=0.2, timeout_s=600) == "STOPPED"
     before = _decisions(long)["decisions"]
     total = long.version() + 3
     resumed = backend.resume(long.job_id, iterations=total, job=make_job("policy-stop", iterations=1000))
-    assert resumed.wait(progress=False, poll_s=2.0, timeout_s=600) == "SUCCEEDED"
+    assert resumed.wait(progress=False, poll_s=0.2, timeout_s=600) == "SUCCEEDED"
     after = _decisions(resumed)["decisions"]
     assert [d for _, _, d in after[: len(before)]] == [d for _, _, d in before]  # the decisions made before the stop kept
     assert all(a[0] == b[0] for a, b in zip(after, before)) and len(after) > len(before)

@@ -74,7 +74,7 @@ def epoch_runs(backend):
         "adabatch": grow.run(backend=backend, stages=2, **dynamic.adabatch(by_epoch({0: 1, 1: 2}), 32)),
     }
     for run in runs.values():
-        run.wait(progress=False, poll_s=2.0, timeout_s=900)
+        run.wait(progress=False, poll_s=0.2, timeout_s=900)
     return runs
 
 

@@ -149,10 +149,10 @@ def logged(tmp_path_factory):
         # the same job whose gradients travel as chunk objects: the pipelined sync exchanges them itself
         chunked = demo_like("requests-chunked").run(backend=backend, sync="pipelined_scatter_reduce", **SHAPE)
         for r in (run, chunked):
-            assert r.wait(progress=False, timeout_s=900) == "SUCCEEDED"
+            assert r.wait(progress=False, poll_s=0.2, timeout_s=900) == "SUCCEEDED"
         merged = start_merged(backend)  # after the demo's: a loaded machine's late tasks run twice
         for r in merged.values():
-            assert r.wait(progress=False, timeout_s=900) == "SUCCEEDED"
+            assert r.wait(progress=False, poll_s=0.2, timeout_s=900) == "SUCCEEDED"
         counts = per_iteration(log, run.job_id, run_twice(backend, run.job_id))
         ex = merged["exchange"]
         merged_counts = per_iteration(log, ex.job_id, run_twice(backend, ex.job_id))

@@ -114,7 +114,7 @@ def runs(backend, request):
             continue
         started[name] = make_job(f"sched-{name[:12]}", opt, sched).run(backend=backend, **plan)
     for run in started.values():
-        run.wait(progress=False, poll_s=2.0, timeout_s=600)
+        run.wait(progress=False, poll_s=0.2, timeout_s=600)
     return started
 
 

@@ -97,7 +97,7 @@ def test_a_stage_counts_only_what_it_reads_and_computes():
 @pytest.fixture(scope="module")
 def skip_run(backend):
     run = skip_job("skip-stages").run(stages=4, replicas=2, micro_batches=3, backend=backend)
-    run.wait(progress=False, poll_s=2.0, timeout_s=600)
+    run.wait(progress=False, poll_s=0.2, timeout_s=600)
     return run
 
 

@@ -304,7 +304,7 @@ def test_each_container_holds_its_stage_and_the_job_trains_like_plain_pytorch(ba
     from stagecoach import Plan
 
     run = job.run(plan=Plan(balance=[3, 2, 3], global_batch=16), backend=backend)
-    assert run.wait(progress=False, timeout_s=600) == "SUCCEEDED", run.failure()
+    assert run.wait(progress=False, poll_s=0.2, timeout_s=600) == "SUCCEEDED", run.failure()
     spec = run.spec()
     assert (spec.build, spec.full_build_reason) == ("meta", None)
     listed = backend.clients.s3.list_objects_v2(Bucket=run.bucket, Prefix=keys.initial_buffers(run.job_id, 0)[:-1])["Contents"]
@@ -353,7 +353,7 @@ def test_a_model_whose_whole_exceeds_what_a_function_may_hold_trains_stage_by_st
 
     tiny = _linear_job("meta-base", 8, 2)
     run = tiny.run(plan=Plan(balance=[2], global_batch=16, memory_mb=1024), backend=backend)
-    assert run.wait(progress=False, timeout_s=600) == "SUCCEEDED", run.failure()
+    assert run.wait(progress=False, poll_s=0.2, timeout_s=600) == "SUCCEEDED", run.failure()
     base_mb = max(m.max_rss_mb for m in run.metrics())
 
     stages, width = 32, 1448
@@ -363,7 +363,7 @@ def test_a_model_whose_whole_exceeds_what_a_function_may_hold_trains_stage_by_st
     memory_mb = math.ceil(base_mb + whole_mb / 2)
     assert whole_mb > memory_mb - base_mb  # the whole model does not fit beside the runtime
     run = job.run(plan=Plan(balance=[1] * stages, global_batch=16, memory_mb=memory_mb), backend=backend)
-    assert run.wait(progress=False, timeout_s=900) == "SUCCEEDED", run.failure()
+    assert run.wait(progress=False, poll_s=0.2, timeout_s=900) == "SUCCEEDED", run.failure()
     assert run.spec().build == "meta"
     c = backend.clients
     assert not c.s3.list_objects_v2(Bucket=run.bucket, Prefix=f"jobs/{run.job_id}/remediations/").get("Contents")

@@ -39,10 +39,10 @@ def test_the_second_run_of_a_job_takes_its_timeouts_from_the_first(backend):
         name="timeouts-twice",
     )
     first = job.run(stages=2, replicas=2, backend=backend)
-    first.wait(progress=False)
+    first.wait(progress=False, poll_s=0.2)
     assert first.plan.timeouts_s[0]["backward"] == 300  # the manual plan's default
     second = job.run(stages=2, replicas=2, backend=backend)
-    second.wait(progress=False)
+    second.wait(progress=False, poll_s=0.2)
     observed = observed_task_seconds(first.metrics(), stages=2)
     assert observed[1]["backward"] > 0
     assert second.plan.timeouts_s == timeouts_from(observed)

@@ -295,7 +295,7 @@ def _start_deferred_bn(backend, configs):
         job = make_job(f"tr-dbn-{opt_name[:4]}-{s}{d}{m}", model_with_batchnorm, OPTIMIZERS[opt_name], deferred_batch_norm=True)
         started[(opt_name, (s, d, m))] = job.run(stages=s, replicas=d, micro_batches=m, sync=sync, backend=backend)
     for run in started.values():
-        run.wait(progress=False, poll_s=2.0, timeout_s=600)
+        run.wait(progress=False, poll_s=0.2, timeout_s=600)
     return started
 
 

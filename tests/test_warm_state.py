@@ -27,7 +27,7 @@ def short_windows():
 
 def run(backend, name: str, warm: bool):
     r = recovery_job(name, warm).run(stages=2, replicas=1, micro_batches=2, timeout_s=TIMEOUT_S, backend=backend)
-    r.wait(progress=False, poll_s=1.0, timeout_s=900)
+    r.wait(progress=False, poll_s=0.2, timeout_s=900)
     return r
 
 
@@ -130,7 +130,7 @@ def test_a_job_without_warm_state_is_planned_and_predicted_with_its_state_throug
 # -- d > 1: one function per worker, each owner's optimizer state warm in its own container ---------
 def run_replicated(backend, name: str, warm: bool, sync: str):
     r = recovery_job(name, warm).run(stages=2, replicas=2, micro_batches=2, sync=sync, timeout_s=TIMEOUT_S, backend=backend)
-    r.wait(progress=False, poll_s=1.0, timeout_s=900)
+    r.wait(progress=False, poll_s=0.2, timeout_s=900)
     return r
 
 

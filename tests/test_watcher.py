@@ -270,7 +270,7 @@ def test_a_job_without_phase_watchers_trains_exactly_with_no_watcher_function_or
     job = recovery_job("unwatched", warm=False)
     job.phase_watchers = False
     r = job.run(stages=2, replicas=2, micro_batches=2, backend=backend)
-    r.wait(progress=False, poll_s=1.0, timeout_s=600)
+    r.wait(progress=False, poll_s=0.2, timeout_s=600)
     names = [f["FunctionName"] for f in backend.clients.lambda_.list_functions()["Functions"] if r.job_id in f["FunctionName"]]
     assert names and not any(n.endswith("-w") for n in names), names
     scheduled = [e for e in r.history(windows=True) if e["type"] == "TaskScheduled"]

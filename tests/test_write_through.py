@@ -21,7 +21,7 @@ TIMEOUT_S = 20
 def run(backend, name: str, warm: bool, replicas: int = 1):
     sync = {"sync": "scatter_reduce"} if replicas > 1 else {}
     r = recovery_job(name, warm).run(stages=2, replicas=replicas, micro_batches=2, timeout_s=TIMEOUT_S, backend=backend, **sync)
-    r.wait(progress=False, poll_s=1.0, timeout_s=900)
+    r.wait(progress=False, poll_s=0.2, timeout_s=900)
     return r
 
 
