@@ -224,8 +224,8 @@ def test_window_runs_on_motos_interpreter_with_the_history_the_emitter_predicts(
     from helpers import create_function, run_state_machine
 
     plan = Plan(balance=[1, 1], replicas=2, micro_batches=1, global_batch=2)
-    fn = create_function(backend, "noop.handler")
-    create_function(backend, "noop.handler", name=watcher_function(fn))  # the phase watcher's
+    fn = create_function(backend, "noop.phase_after_watcher")
+    create_function(backend, "noop.handler", name=watcher_function(fn))  # the phase watcher's, done first
     d, events = run_state_machine(
         backend,
         asl.window_definition(plan, [fn] * 2, abort_key_format=keys.WINDOW_ABORT),
