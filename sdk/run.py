@@ -84,6 +84,7 @@ class Run:
         self._seen: set[str] = set()
         self._evals: dict[str, EvalResult] = {}
         self._watchers: dict[str, WatcherUsage] = {}  # phase watchers' records read so far (written once each)
+        self._unrecorded: set[tuple[int, str, str]] = set()  # watchers waited for in vain (_settled_watchers)
         self._watch_requests = {"puts": 0, "gets": 0}  # this Run's own S3 requests (list, get): part of the cost
         # where wait() records them, so that every reader of the job prices them alike (``cost``)
         self._watch_key = watch_key(job_id, uuid.uuid4().hex)
@@ -578,10 +579,11 @@ class Run:
         started = started_watchers(events)
         while True:
             watchers = phase_watchers(self._c.s3, self.bucket, self.job_id, self._watchers)
-            missing = started - {(w.t, w.watch, w.attempt) for w in watchers}
+            missing = started - {(w.t, w.watch, w.attempt) for w in watchers} - self._unrecorded
             if not missing or self.status() == "RUNNING":
                 return watchers
-            if settle_s <= 0:
+            if settle_s <= 0:  # once per Run: asked again, it does not wait for these again
+                self._unrecorded |= missing
                 warnings.warn(
                     f"job {self.job_id}: phase watchers {sorted(missing)} left no record: the measured cost misses their use", stacklevel=3
                 )
